@@ -1,0 +1,47 @@
+# The course's tasks. `make lab` and `make test` set everything up on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CUDA 13 driver gets the cu13 wheels; a CUDA 12 driver, or no GPU at all, the cu12 ones (their NVRTC
+# compiles the course's CUDA C even without a GPU).
+CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
+CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
+
+.PHONY: setup lab test notebooks record exercises check-exercises grade probe clean
+
+$(BIN)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
+	  f"the course needs Python 3.11 or 3.12, and {sys.executable} is {v[0]}.{v[1]}: run make PYTHON=python3.12 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --progress-bar off -e ".[$(CUDA_EXTRA),test]"
+	touch $@
+
+setup: $(BIN)/.installed                ## create .venv with everything the course needs
+
+lab: setup                              ## open the course in JupyterLab
+	$(BIN)/python -m gpucourse lab
+
+test: setup                             ## run the test suite (CPU mode without a GPU)
+	$(BIN)/python -m pytest
+
+probe: setup                            ## GPU or CPU mode, and what the GPU is
+	$(BIN)/python -m gpucourse probe
+
+notebooks: setup                        ## execute every lesson and solution notebook, print a summary
+	$(BIN)/python -m gpucourse run
+
+record: setup                           ## on a GPU: record every lesson's figures in results/
+	$(BIN)/python -m gpucourse record
+
+exercises: setup                        ## regenerate exercises/ from solutions/
+	$(BIN)/python -m gpucourse exercises
+
+check-exercises: setup                  ## fail if exercises/ differs from what solutions/ generates
+	$(BIN)/python -m gpucourse exercises --check
+
+grade: setup                            ## grade one notebook: make grade NB=exercises/01_vector_multiply/vector_multiply.ipynb
+	$(BIN)/python -m gpucourse grade $(NB)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .grading

@@ -1,0 +1,15 @@
+"""Each lesson's GPU measurements, shared by its notebook (GPU mode) and by `python -m gpucourse record`.
+
+A lesson module has LESSON (its id), FIGURES (the keys it records) and run() -> (figures, ceilings),
+plus the plotting functions
+its notebook uses for both measured and recorded figures.
+"""
+import importlib
+
+LESSONS = {
+    "01_vector_multiply": "benchmarks.vector_multiply",
+}
+
+
+def module(lesson: str):
+    return importlib.import_module(LESSONS[lesson])

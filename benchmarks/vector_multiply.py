@@ -1,0 +1,232 @@
+"""Lesson 1's measurements on a GPU, and the figures drawn from them (measured or recorded).
+
+Every function that measures needs GPU mode; every plot function takes the figures plus their source
+label, so the notebook draws recorded figures in CPU mode with the same code.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from gpucourse import bench, plots, runtime
+from kernels import vector_multiply as vm
+
+LESSON = "01_vector_multiply"
+FLOP_PER_ELEMENT = 1
+BYTES_PER_ELEMENT = 3 * 4  # float32: read a, read b, write out
+FIGURES = ("kernels", "grids", "transfers", "launch", "utilisation", "sweep")  # what run() records
+
+
+def _inputs(n: int):
+    cp = runtime.cupy()
+    runtime.check_fits(3 * n * 4 + n * 4, f"vector multiply of {n:,} float32 elements")
+    a = cp.random.random(n, dtype=cp.float32)
+    b = cp.random.random(n, dtype=cp.float32)
+    return a, b, cp.full(n, cp.nan, dtype=cp.float32)
+
+
+def _launchers(a, b, out):
+    """name -> (kind, zero-argument launch) for every way the course multiplies two vectors."""
+    cuda = runtime.cuda()
+    na, nb, nout = cuda.as_cuda_array(a), cuda.as_cuda_array(b), cuda.as_cuda_array(out)  # wrap once
+    return {
+        "numba, one thread per element": ("kernel", lambda: vm.multiply(na, nb, nout, kernel="one_per_thread")),
+        "numba, grid-stride": ("kernel", lambda: vm.multiply(na, nb, nout, kernel="grid_stride")),
+        "CUDA C, grid-stride": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_grid_stride")),
+        "CUDA C, float4": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_vec4")),
+        "CUDA C, float4 x4 unrolled": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_vec4_unroll4")),
+        "cupy.multiply": ("library", lambda: vm.multiply_library(a, b, out)),
+    }
+
+
+def kernel_table(n: int | None = None, repeats: int = 20) -> dict:
+    """Every kernel and cupy.multiply on two n-element float32 vectors, beside a device-to-device copy of
+    the same size measured in the same run. Each result is checked against a * b."""
+    cp = runtime.cupy()
+    n = n or runtime.size("vector_multiply.n")
+    a, b, out = _inputs(n)
+    expected = a * b
+    rows = []
+    for name, (kind, launch) in bench.progress(_launchers(a, b, out).items(), desc="kernels"):
+        out.fill(cp.nan)
+        t = bench.time_gpu(launch, repeats=repeats)
+        if not bool(cp.array_equal(out, expected)):
+            raise runtime.CourseError(f"{name} gave a wrong result; not timing it")
+        rows.append({"name": name, "kind": kind, **t.summary(), "gbps": t.gbps(BYTES_PER_ELEMENT * n)})
+    del expected
+    t = bench.time_gpu(lambda: out.data.copy_from_device_async(a.data, a.nbytes), repeats=repeats)
+    copy = t.gbps(2 * a.nbytes)
+    rows.append({"name": "device-to-device copy", "kind": "ceiling", **t.summary(), "gbps": copy})
+    library = next(r["gbps"] for r in rows if r["kind"] == "library")
+    for r in rows:
+        r["of_copy"] = r["gbps"] / copy
+        r["of_library"] = r["gbps"] / library
+    return {"n": n, "bytes": BYTES_PER_ELEMENT * n, "copy_gbps": copy, "rows": rows}
+
+
+def grid_sweep(n: int | None = None, repeats: int = 20) -> dict:
+    """GB/s of the CUDA C grid-stride kernels against the number of blocks launched: a grid-stride loop
+    lets you choose the grid, and the best choice differs between scalar and float4 loads."""
+    n = n or runtime.size("vector_multiply.n")
+    a, b, out = _inputs(n)
+    sms = runtime.get().device["sms"]
+    per_sm = [1, 2, 4, 8, 16, 32, 64]
+    series = {}
+    for variant in bench.progress(("vmul_grid_stride", "vmul_vec4"), desc="grids"):
+        full = math.ceil(n / (256 * vm.ELEMENTS_PER_THREAD[variant]))
+        blocks = [k * sms for k in per_sm if k * sms < full] + [full]
+        series[variant] = {"blocks": blocks, "gbps": [
+            bench.time_gpu(lambda: vm.multiply_cuda_c(a, b, out, variant=variant, blocks=g), repeats=repeats)
+            .gbps(BYTES_PER_ELEMENT * n) for g in blocks]}
+    return {"n": n, "sms": sms, "threads": 256, "series": series}
+
+
+def transfer_table(n: int | None = None) -> dict:
+    """Host -> device copies of the two input vectors from pageable and from pinned host memory, the result
+    back, and the kernel itself: where the time of the whole job goes."""
+    import cupyx
+
+    cp = runtime.cupy()
+    n = n or runtime.size("vector_multiply.n")
+    runtime.check_fits(3 * n * 4, "the transfer measurement")
+    rng = np.random.default_rng(1)
+    pageable = [rng.random(n, dtype=np.float32) for _ in range(3)]
+    pinned = [cupyx.empty_pinned(n, dtype=np.float32) for _ in range(3)]
+    pinned[0][:], pinned[1][:] = pageable[0], pageable[1]
+    a, b, out = (cp.empty(n, dtype=cp.float32) for _ in range(3))
+    na, nb, nout = (runtime.cuda().as_cuda_array(x) for x in (a, b, out))
+    steps = {  # name: (work, bytes moved, warm-up runs, timed runs)
+        "a, b host->device, pageable": (lambda: (a.set(pageable[0]), b.set(pageable[1])), 2 * n * 4, 1, 3),
+        "a, b host->device, pinned": (lambda: (a.set(pinned[0]), b.set(pinned[1])), 2 * n * 4, 1, 5),
+        "kernel (numba grid-stride)": (lambda: vm.multiply(na, nb, nout), 3 * n * 4, 3, 20),
+        "out device->host, pageable": (lambda: out.get(out=pageable[2]), n * 4, 1, 3),
+        "out device->host, pinned": (lambda: out.get(out=pinned[2]), n * 4, 1, 5),
+    }
+    rows = []
+    for name, (work, nbytes, warmup, repeats) in bench.progress(steps.items(), desc="transfers"):
+        t = bench.time_gpu(work, warmup=warmup, repeats=repeats)
+        rows.append({"name": name, **t.summary(), "gbps": t.gbps(nbytes)})
+    if not np.array_equal(pinned[2], pinned[0] * pinned[1]):
+        raise runtime.CourseError("the vector multiply after the transfers gave a wrong result")
+    return {"n": n, "rows": rows}
+
+
+def launch_timing(n: int | None = None) -> dict:
+    """The seed's "the multiply took only 80 µs": a host timer around an asynchronous launch, against the
+    same timer with a synchronise, against CUDA events."""
+    cp = runtime.cupy()
+    cuda = runtime.cuda()
+    n = n or runtime.size("vector_multiply.n")
+    a, b, out = (cuda.as_cuda_array(x) for x in _inputs(n))
+
+    def launch():
+        vm.multiply(a, b, out)
+
+    no_sync = bench.wall_clock(launch, synchronize=False, repeats=10)
+    with_sync = bench.wall_clock(launch, synchronize=True, repeats=10)
+    events = bench.time_gpu(launch, repeats=10)
+    cp.cuda.Device().synchronize()
+    return {"n": n, "wall_no_sync_ms": no_sync.median_ms, "wall_sync_ms": with_sync.median_ms,
+            "events_ms": events.median_ms}
+
+
+def utilisation(seconds: float = 3.0) -> dict:
+    """What NVML (and so nvidia-smi) calls utilisation while ONE block of 32 threads spins on one SM, against
+    the same kernel on every SM; beside it, the work each really did."""
+    import pynvml
+
+    cp = runtime.cupy()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(cp.cuda.Device().id)
+    sms = runtime.get().device["sms"]
+
+    def median_utilisation(during: float) -> float:
+        samples, end = [], time.perf_counter() + during
+        time.sleep(0.5)  # NVML averages over its own sample period: skip the start
+        while time.perf_counter() < end:
+            samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            time.sleep(0.1)
+        return float(np.median(samples))
+
+    cp.cuda.Device().synchronize()
+    time.sleep(1.0)
+    result = {"idle_pct": median_utilisation(1.5), "sms": sms, "seconds": seconds}
+    for label, blocks in (("one_block", 1), ("every_sm", 8 * sms)):
+        rounds = vm.spin(seconds, blocks=blocks)  # asynchronous: sample while it runs
+        result[f"{label}_pct"] = median_utilisation(seconds - 0.3)
+        cp.cuda.Device().synchronize()
+        result[f"{label}_gflop"] = float(rounds.sum()) * 1000 * 2 / 1e9  # a multiply-add is 2 FLOPs
+        result[f"{label}_blocks"] = blocks
+    result["work_ratio"] = result["every_sm_gflop"] / result["one_block_gflop"]
+    return result
+
+
+def size_sweep(repeats: int = 20) -> dict:
+    """GB/s against vector length: small launches are dominated by fixed costs, large ones by bandwidth."""
+    cp = runtime.cupy()
+    sizes = list(runtime.size("vector_multiply.sweep"))
+    series = {"CUDA C, float4": [], "numba, grid-stride": [], "cupy.multiply": []}
+    for n in bench.progress(sizes, desc="sizes"):
+        a, b, out = _inputs(n)
+        launchers = _launchers(a, b, out)
+        for name in series:
+            t = bench.time_gpu(launchers[name][1], repeats=repeats)
+            series[name].append(t.gbps(BYTES_PER_ELEMENT * n))
+        del a, b, out
+        cp.get_default_memory_pool().free_all_blocks()
+    return {"sizes": sizes, "gbps": series}
+
+
+def run() -> tuple:
+    """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
+    ceilings = bench.measure_ceilings().as_dict()
+    measure = {"kernels": kernel_table, "grids": grid_sweep, "transfers": transfer_table, "launch": launch_timing,
+               "utilisation": utilisation, "sweep": size_sweep}
+    return {key: measure[key]() for key in FIGURES}, ceilings
+
+
+# ------------------------------------------------------------------------------------- figures
+
+def plot_kernels(table: dict, source: str):
+    values = {r["name"]: r["gbps"] for r in table["rows"] if r["kind"] != "ceiling"}
+    return plots.bars(values, unit="GB/s", source=source, ceiling=("device-to-device copy", table["copy_gbps"]),
+                      title=f"Vector multiply, 2 x {table['n'] * 4 / 2**30:.0f} GiB float32 (bytes read + written)")
+
+
+def plot_grids(grids: dict, source: str, copy_gbps: float):
+    series = {variant: ([g / grids["sms"] for g in v["blocks"]], v["gbps"]) for variant, v in grids["series"].items()}
+    return plots.lines(series, levels={"device-to-device copy, GB/s": copy_gbps}, logy=False, source=source,
+                       xlabel=f"blocks per SM ({grids['threads']} threads each); the last point covers every element once",
+                       ylabel="GB/s", title="Choosing the grid")
+
+
+def plot_transfers(table: dict, source: str):
+    values = {r["name"]: r["median_ms"] for r in table["rows"]}
+    return plots.bars(values, unit="ms", source=source, title="Where the time goes: copies vs the kernel")
+
+
+def plot_sweep(sweep: dict, copy_gbps: float, source: str):
+    series = {name: (sweep["sizes"], gbps) for name, gbps in sweep["gbps"].items()}
+    return plots.lines(series, levels={"device-to-device copy (2 GiB), GB/s": copy_gbps}, source=source,
+                       xlabel="elements per vector", ylabel="GB/s", title="Achieved bandwidth against vector length")
+
+
+def plot_roofline(table: dict, ceilings: dict, source: str):
+    intensity = FLOP_PER_ELEMENT / BYTES_PER_ELEMENT
+    points = {r["name"]: (intensity, r["gbps"] * intensity / 1e3) for r in table["rows"]
+              if r["name"] in ("numba, grid-stride", "cupy.multiply", "CUDA C, float4")}
+    return plots.roofline(bandwidth_gbps=ceilings["copy_gbps"], source=source, points=points,
+                          peaks_tflops={"FP32 (cuBLAS)": ceilings["fp32_tflops"],
+                                        "FP16 tensor cores (cuBLAS)": ceilings["fp16_tflops"]},
+                          title="Vector multiply on the roofline")
+
+
+def table_text(table: dict) -> str:
+    """The kernel table as aligned text."""
+    lines = [f"{'':32} {'median':>10} {'GB/s':>8} {'of copy':>8} {'of cupy':>8}"]
+    for r in table["rows"]:
+        lines.append(f"{r['name']:32} {bench.format_ms(r['median_ms']):>10} {r['gbps']:8.0f} "
+                     f"{r['of_copy']:8.2f} {r['of_library']:8.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,233 @@
+"""Measuring GPU work honestly: CUDA events, warm-up, repeats, medians; rates; this GPU's ceilings.
+
+    t = bench.time_gpu(lambda: kernel[blocks, threads](a, b, out))
+    print(t, t.gbps(3 * a.nbytes))
+
+GPU work is asynchronous: a launch returns to Python long before the kernel ends. ``time_gpu`` records a
+CUDA event before and after the work on the same stream and reads the time between them on the GPU's own
+clock, after synchronising. ``wall_clock`` shows what a host timer sees with and without synchronising.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import runtime
+
+
+@dataclass
+class Timing:
+    """Repeated measurements of one piece of GPU work, in milliseconds."""
+
+    samples_ms: list
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.samples_ms)
+
+    @property
+    def max_ms(self) -> float:
+        return max(self.samples_ms)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: 0.02 means the middle half lies within 2%."""
+        if len(self.samples_ms) < 4:
+            return (self.max_ms - self.min_ms) / self.median_ms
+        q = statistics.quantiles(self.samples_ms, n=4)
+        return (q[2] - q[0]) / self.median_ms
+
+    def gbps(self, nbytes: float) -> float:
+        """Bandwidth at the median time, in GB/s (10^9 bytes a second)."""
+        return gbps(nbytes, self.median_ms)
+
+    def tflops(self, flops: float) -> float:
+        return tflops(flops, self.median_ms)
+
+    def summary(self) -> dict:
+        return {"median_ms": self.median_ms, "min_ms": self.min_ms, "max_ms": self.max_ms,
+                "spread": self.spread, "repeats": len(self.samples_ms)}
+
+    def __str__(self) -> str:
+        return (f"{format_ms(self.median_ms)} median of {len(self.samples_ms)} "
+                f"(min {format_ms(self.min_ms)}, middle half within {100 * self.spread:.1f}%)")
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return nbytes / (ms * 1e-3) / 1e9
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / (ms * 1e-3) / 1e12
+
+
+def format_ms(ms: float) -> str:
+    if ms >= 1000:
+        return f"{ms / 1000:.3g} s"
+    if ms >= 1:
+        return f"{ms:.3g} ms"
+    return f"{ms * 1000:.3g} µs"
+
+
+def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, repeats: int = 20) -> Timing:
+    """Time ``work`` with CUDA events on the current stream: warm-up, then ``repeats`` timed runs.
+
+    setup: called before every run, untimed; its return value (a tuple, or one value) is passed to
+    ``work``. Use it for fresh inputs where a cache could flatter, or to poison an output buffer.
+    Numba kernels launched without a stream and CuPy calls both go to the legacy default stream, so one
+    pair of events brackets either.
+    """
+    if repeats < 1 or warmup < 0:
+        raise runtime.CourseInputError("repeats must be at least 1 and warmup at least 0")
+    runtime.require_gpu("timing with CUDA events")
+    cp = runtime.cupy()
+    stream = cp.cuda.get_current_stream()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def args():
+        if setup is None:
+            return ()
+        a = setup()
+        return a if isinstance(a, tuple) else (a,)
+
+    for _ in range(warmup):
+        work(*args())
+    cp.cuda.Device().synchronize()
+    samples = []
+    for _ in range(repeats):
+        a = args()
+        cp.cuda.Device().synchronize()  # the setup's own GPU work must not land inside the timed region
+        start.record(stream)
+        work(*a)
+        end.record(stream)
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end))
+    return Timing(samples)
+
+
+def wall_clock(work: Callable, *, synchronize: bool, repeats: int = 5) -> Timing:
+    """What a host timer (time.perf_counter) reports around ``work``, with or without synchronising.
+
+    Without synchronising it measures only the launch: the GPU is still working when the timer stops.
+    """
+    runtime.require_gpu("timing GPU work")
+    cp = runtime.cupy()
+    work()
+    cp.cuda.Device().synchronize()
+    samples = []
+    for _ in range(repeats):
+        cp.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        work()
+        if synchronize:
+            cp.cuda.Device().synchronize()
+        samples.append((time.perf_counter() - t0) * 1e3)
+        cp.cuda.Device().synchronize()
+    return Timing(samples)
+
+
+def progress(items: Iterable | None = None, desc: str = "", total: int | None = None):
+    """A progress bar over a sweep (tqdm, drawn as a widget in JupyterLab): iterate over ``items``, or
+    call ``.update()`` by hand ``total`` times."""
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, total=total)
+
+
+# ------------------------------------------------------------------------------------- ceilings
+
+@dataclass
+class Ceilings:
+    """What this GPU really reaches, measured with library calls, not read off a datasheet."""
+
+    gpu: str
+    copy_gbps: float  # device-to-device copy, counting bytes read + written
+    h2d_pageable_gbps: float
+    h2d_pinned_gbps: float
+    d2h_pinned_gbps: float
+    fp32_tflops: float  # cuBLAS SGEMM through cupy.matmul
+    fp16_tflops: float  # cuBLAS HGEMM (tensor cores) through cupy.matmul
+    measured: str  # ISO date
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GPUCOURSE_CACHE", Path.home() / ".cache" / "gpucourse"))
+
+
+def ceilings(refresh: bool = False) -> Ceilings:
+    """This GPU's measured ceilings, measured once (about 10 s) and cached per GPU and driver."""
+    rt = runtime.get()
+    runtime.require_gpu("measuring this GPU's ceilings")
+    from .records import slug
+
+    path = cache_dir() / f"ceilings-{slug(rt.device['name'])}-{rt.device['driver']}.json"
+    if path.exists() and not refresh:
+        return Ceilings(**json.loads(path.read_text()))
+    c = measure_ceilings()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(c.as_dict(), indent=1))
+    return c
+
+
+def measure_ceilings() -> Ceilings:
+    import datetime
+
+    copy_bytes = min(runtime.size("ceilings.copy_bytes"), _free_bytes() // 4)
+    xfer_bytes = min(runtime.size("ceilings.transfer_bytes"), _free_bytes() // 4)
+    n = runtime.size("ceilings.gemm_n")
+    steps = [lambda: _copy_gbps(copy_bytes), lambda: _transfer_gbps(xfer_bytes),
+             lambda: _gemm_tflops(n, "float32"), lambda: _gemm_tflops(n, "float16")]
+    copy, (h2d_pageable, h2d_pinned, d2h_pinned), fp32, fp16 = [
+        step() for step in progress(steps, desc="measuring ceilings")]
+    return Ceilings(
+        gpu=runtime.get().device["name"], copy_gbps=copy, h2d_pageable_gbps=h2d_pageable,
+        h2d_pinned_gbps=h2d_pinned, d2h_pinned_gbps=d2h_pinned, fp32_tflops=fp32, fp16_tflops=fp16,
+        measured=datetime.date.today().isoformat(),
+    )
+
+
+def _copy_gbps(nbytes: int) -> float:
+    """Device-to-device cudaMemcpyAsync, counting bytes read plus bytes written."""
+    cp = runtime.cupy()
+    src = cp.random.random(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    return time_gpu(lambda: dst.data.copy_from_device_async(src.data, src.nbytes)).gbps(2 * src.nbytes)
+
+
+def _transfer_gbps(nbytes: int) -> tuple:
+    """Host -> device from pageable and from pinned memory, and device -> pinned host."""
+    import cupyx
+    import numpy as np
+
+    cp = runtime.cupy()
+    dev = cp.empty(nbytes // 4, dtype=cp.float32)
+    pageable = np.random.default_rng(0).random(dev.size, dtype=np.float32)
+    pinned = cupyx.empty_pinned(dev.shape, dtype=np.float32)
+    pinned[:] = pageable
+    return (time_gpu(lambda: dev.set(pageable), repeats=5, warmup=1).gbps(nbytes),
+            time_gpu(lambda: dev.set(pinned), repeats=10).gbps(nbytes),
+            time_gpu(lambda: dev.get(out=pinned), repeats=10).gbps(nbytes))
+
+
+def _gemm_tflops(n: int, dtype: str) -> float:
+    """cuBLAS through cupy.matmul on random n x n matrices (FP16 runs on tensor cores)."""
+    cp = runtime.cupy()
+    a = cp.random.random((n, n), dtype=cp.float32).astype(dtype)
+    b = cp.random.random((n, n), dtype=cp.float32).astype(dtype)
+    return time_gpu(lambda: cp.matmul(a, b), repeats=10).tflops(2 * n**3)
+
+
+def _free_bytes() -> int:
+    return runtime.cupy().cuda.runtime.memGetInfo()[0]

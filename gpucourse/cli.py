@@ -1,0 +1,121 @@
+"""python -m gpucourse COMMAND — the course's command line.
+
+  probe                 GPU or CPU mode, and what the GPU is
+  lab                   open the course in JupyterLab
+  run [NB ...]          execute lesson and solution notebooks headless; print a summary
+  record [LESSON ...]   on a GPU: run lessons' benchmarks, write results/<gpu>/<lesson>.json
+  ceilings [--refresh]  this GPU's measured copy, transfer and GEMM ceilings
+  grade NB              grade one exercise notebook with nbgrader; print the score and feedback
+  exercises [--check]   generate exercises/ from solutions/ (or check they are in sync)
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from . import runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpucourse", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--mode", choices=["auto", "gpu", "cpu"], default=None, help="force GPU or CPU mode")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("probe", parents=[common])
+    lab = sub.add_parser("lab")
+    lab.add_argument("args", nargs=argparse.REMAINDER, help="passed on to jupyter lab")
+    run = sub.add_parser("run", parents=[common])
+    run.add_argument("notebooks", nargs="*", type=Path)
+    run.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    run.add_argument("--save", type=Path, help="write executed copies here")
+    rec = sub.add_parser("record", parents=[common])
+    rec.add_argument("lessons", nargs="*")
+    ceil = sub.add_parser("ceilings", parents=[common])
+    ceil.add_argument("--refresh", action="store_true")
+    grade = sub.add_parser("grade", parents=[common])
+    grade.add_argument("notebook", type=Path)
+    ex = sub.add_parser("exercises")
+    ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
+    args = p.parse_args(argv)
+    args.mode = getattr(args, "mode", None)
+
+    try:
+        return COMMANDS[args.command](args)
+    except runtime.CourseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _probe(args) -> int:
+    runtime.setup(args.mode)
+    return 0
+
+
+def _lab(args) -> int:
+    return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *args.args])
+
+
+def _run(args) -> int:
+    from . import notebooks
+
+    mode = args.mode if args.mode in ("gpu", "cpu") else runtime.setup(quiet=True).mode
+    paths = args.notebooks or notebooks.lesson_notebooks()
+    outcomes = []
+    for path in paths:
+        print(f"running {path} in {mode.upper()} mode ...", flush=True)
+        outcomes.append(notebooks.execute(path, mode=mode, timeout=args.timeout, save_to=args.save))
+    print(notebooks.summary(outcomes))
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _record(args) -> int:
+    import benchmarks
+    from . import records
+
+    runtime.setup(args.mode or "gpu")
+    for lesson in args.lessons or list(benchmarks.LESSONS):
+        if lesson not in benchmarks.LESSONS:
+            raise runtime.CourseInputError(f"no lesson {lesson!r}; known: {', '.join(benchmarks.LESSONS)}")
+        figures, ceilings = benchmarks.module(lesson).run()
+        print(f"wrote {records.write(lesson, figures, ceilings=ceilings)}")
+    return 0
+
+
+def _ceilings(args) -> int:
+    from . import bench
+
+    runtime.setup(args.mode or "gpu")
+    for key, value in bench.ceilings(refresh=args.refresh).as_dict().items():
+        print(f"{key:20} {value:.1f}" if isinstance(value, float) else f"{key:20} {value}")
+    return 0
+
+
+def _grade(args) -> int:
+    from . import grading
+
+    if args.mode in ("gpu", "cpu"):
+        runtime.setup(args.mode, quiet=True)
+    return grading.grade_cli(args.notebook)
+
+
+def _exercises(args) -> int:
+    from . import grading
+
+    if args.check:
+        problems = grading.check_exercises()
+        for line in problems:
+            print(line)
+        print("exercises/ is in sync with solutions/" if not problems else f"{len(problems)} difference(s)")
+        return 1 if problems else 0
+    for path in grading.generate_exercises():
+        print(f"generated {path}")
+    return 0
+
+
+COMMANDS = {"probe": _probe, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
+            "grade": _grade, "exercises": _exercises}

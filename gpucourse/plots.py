@@ -1,0 +1,95 @@
+"""The course's figures: a roofline, bars against a ceiling, measured lines against a model.
+
+Every figure carries its source: "measured here on <GPU>" or "recorded on <GPU> on <date>" (``source``),
+so recorded numbers are never mistaken for the learner's own.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def source_of(rec: dict | None) -> str:
+    """The label for figures: measured on this GPU now, or the record's GPU and date."""
+    from . import records, runtime
+
+    if rec is not None:
+        return records.label(rec)
+    return f"measured here on {runtime.get().device['name']}"
+
+
+def _finish(ax, title: str, source: str):
+    ax.set_title(f"{title}\n{source}", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def roofline(*, bandwidth_gbps: float, peaks_tflops: dict, points: dict, source: str, title: str = "Roofline"):
+    """Attainable TFLOP/s against arithmetic intensity (FLOP per byte of device memory traffic).
+
+    peaks_tflops: {"FP32 (cuBLAS)": 51.0, ...}; points: {"kernel": (intensity, tflops)}.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    intens = np.logspace(-2, 4, 400)
+    for label, peak in peaks_tflops.items():
+        roof = np.minimum(peak, bandwidth_gbps * intens / 1e3)
+        ax.loglog(intens, roof, label=f"{label}: {peak:.1f} TFLOP/s", lw=2)
+        ridge = peak * 1e3 / bandwidth_gbps
+        ax.axvline(ridge, ls=":", color="grey", lw=0.8)
+    ax.plot([], [], " ", label=f"memory: {bandwidth_gbps:.0f} GB/s (measured copy)")
+    for name, (x, y) in points.items():
+        ax.loglog([x], [y], "o", ms=7, label=f"{name}: {y:.3g} TFLOP/s")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s")
+    ax.legend(fontsize=8, loc="lower right")
+    return _finish(ax, title, source)
+
+
+def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | None = None):
+    """Horizontal bars (one per kernel or library call), with an optional (label, value) ceiling."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(values) + 1.8))
+    names = list(values)
+    vals = [values[k] for k in names]
+    ax.barh(names, vals, color="tab:blue")
+    for i, v in enumerate(vals):
+        text = f"{v:,.0f} {unit}" + (f"  ({v / ceiling[1]:.2f}x)" if ceiling else "")
+        ax.text(v, i, " " + text, va="center", fontsize=8)
+    if ceiling:
+        ax.axvline(ceiling[1], color="tab:red", ls="--", label=f"{ceiling[0]}: {ceiling[1]:,.0f} {unit}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.set_xlim(0, max(vals + ([ceiling[1]] if ceiling else [])) * 1.35)
+    return _finish(ax, title, source)
+
+
+def lines(series: dict, *, xlabel: str, ylabel: str, source: str, title: str, models: dict | None = None,
+          levels: dict | None = None, logx: bool = True, logy: bool = True):
+    """Measured series as markers, model curves as dashed lines, ceilings as horizontal lines.
+
+    series and models: {name: (xs, ys)}; levels: {name: y}.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, "o-", label=name, ms=4)
+    for name, (xs, ys) in (models or {}).items():
+        ax.plot(xs, ys, "--", label=name)
+    for name, y in (levels or {}).items():
+        ax.axhline(y, color="tab:red", ls="--", lw=1, label=f"{name}: {y:,.0f}")
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    return _finish(ax, title, source)

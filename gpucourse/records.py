@@ -1,0 +1,102 @@
+"""GPU results recorded on real GPUs and kept in the repository (results/<gpu>/<lesson>.json).
+
+On a GPU, ``python -m gpucourse record`` runs every lesson's benchmarks and writes one file per lesson.
+In CPU mode the notebooks read those files and label every figure drawn from them as recorded.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+
+from . import runtime
+
+FORMAT = 1
+
+
+def results_dir() -> Path:
+    return Path(os.environ.get("GPUCOURSE_RESULTS", Path(__file__).resolve().parents[1] / "results"))
+
+
+def slug(gpu_name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+
+
+def write(lesson: str, figures: dict, *, ceilings: dict | None = None) -> Path:
+    """Write a record of ``figures`` measured now on this GPU."""
+    rt = runtime.get()
+    runtime.require_gpu("recording GPU results")
+    doc = {
+        "format": FORMAT,
+        "lesson": lesson,
+        "gpu": rt.device,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "versions": runtime.versions(),
+        "ceilings": ceilings,
+        "figures": figures,
+    }
+    path = results_dir() / slug(rt.device["name"]) / f"{lesson}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def all_records(lesson: str) -> list[dict]:
+    """Every record of a lesson, oldest first."""
+    out = []
+    for path in sorted(results_dir().glob(f"*/{lesson}.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            continue
+        doc["path"] = str(path)
+        out.append(doc)
+    return sorted(out, key=lambda d: d["date"])
+
+
+def latest(lesson: str, gpu: str | None = None) -> dict | None:
+    """The newest record of a lesson (on GPU ``gpu``, a name or slug, if given), or None."""
+    recs = all_records(lesson)
+    if gpu is not None:
+        recs = [r for r in recs if slug(r["gpu"]["name"]) == slug(gpu)]
+    return recs[-1] if recs else None
+
+
+def load(lesson: str, gpu: str | None = None) -> dict:
+    rec = latest(lesson, gpu)
+    if rec is None:
+        raise runtime.CourseError(
+            f"no recorded GPU results for {lesson}" + (f" on {gpu}" if gpu else "")
+            + f" in {results_dir()}; record them on a GPU with `python -m gpucourse record`"
+        )
+    return rec
+
+
+def label(rec: dict) -> str:
+    g = rec["gpu"]
+    return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {rec['date'][:10]}"
+
+
+def measure_or_recall(lesson: str, key: str, measure) -> tuple:
+    """(figures, source): ``measure()`` on a GPU, else figures[key] of the lesson's newest record.
+
+    ``source`` is the label every plot and table of these figures must carry.
+    """
+    if runtime.is_gpu():
+        return measure(), f"measured here on {runtime.get().device['name']}"
+    rec = load(lesson)
+    if key not in rec["figures"]:
+        raise runtime.CourseError(f"the record {rec['path']} has no figures named {key!r}; re-record it")
+    return rec["figures"][key], label(rec)
+
+
+def ceilings_or_recall(lesson: str) -> tuple:
+    """(ceilings as a dict, source): this GPU's measured ceilings, or those recorded with the lesson."""
+    if runtime.is_gpu():
+        from . import bench
+
+        return bench.ceilings().as_dict(), f"measured here on {runtime.get().device['name']}"
+    rec = load(lesson)
+    return rec["ceilings"], label(rec)

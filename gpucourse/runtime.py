@@ -1,0 +1,314 @@
+"""GPU mode or CPU mode, decided once, in one place.
+
+GPU mode: a CUDA driver with a device is present and CuPy can use it; numba.cuda compiles real kernels.
+CPU mode: no usable GPU (or the learner asked for it); numba.cuda is Numba's CUDA simulator, which runs
+every thread of a kernel as Python on the CPU, so problem sizes shrink and GPU figures come from records.
+
+Numba reads NUMBA_ENABLE_CUDASIM when ``numba.cuda`` is first imported, so the mode must be chosen before
+that. Every notebook therefore starts with ``gpucourse.setup()``, and kernel modules get numba.cuda from
+``runtime.cuda()`` rather than importing it themselves.
+
+Force a mode with the environment variable GPUCOURSE_MODE=cpu (or gpu), or ``setup(mode="cpu")``.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+
+MODE_VARIABLE = "GPUCOURSE_MODE"
+
+# Problem sizes per mode, for every lesson, in one table: key -> (GPU mode, CPU mode).
+# The simulator runs each CUDA thread as Python (tens of microseconds a thread), so CPU sizes are small.
+SIZES = {
+    "vector_multiply.n": (2**29, 10_000),  # float32 elements: 2 GiB per vector on a GPU
+    "vector_multiply.sweep": ((2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28, 2**29), (256, 1_024, 4_096)),
+    "ceilings.copy_bytes": (2 * 2**30, 0),
+    "ceilings.transfer_bytes": (2**30, 0),
+    "ceilings.gemm_n": (8192, 0),
+}
+
+
+class CourseError(Exception):
+    """An error the course raises on purpose: the message says what to do."""
+
+
+class CourseInputError(CourseError, ValueError):
+    """Bad input to a course function: wrong dtype, shape, place (host/device) or size."""
+
+
+class NeedsGPU(CourseError, RuntimeError):
+    """The operation measures real hardware and cannot run in CPU mode."""
+
+
+@dataclass
+class Runtime:
+    mode: str  # "gpu" or "cpu"
+    reason: str  # why this mode was chosen
+    device: dict = field(default_factory=dict)  # probe of the GPU (GPU mode only)
+
+    @property
+    def gpu(self) -> bool:
+        return self.mode == "gpu"
+
+
+_runtime: Runtime | None = None
+
+
+def _driver_device_count() -> tuple[int, str]:
+    """Ask the CUDA driver directly (no numba, no CuPy) how many devices it sees."""
+    names = ["nvcuda.dll"] if sys.platform == "win32" else ["libcuda.so.1", "libcuda.so", "libcuda.dylib"]
+    for name in names:
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    else:
+        return 0, "no CUDA driver found (libcuda is not installed)"
+    rc = lib.cuInit(0)
+    if rc != 0:
+        return 0, f"the CUDA driver is installed but cuInit failed (error {rc}): no usable GPU"
+    count = ctypes.c_int(0)
+    rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0 or count.value == 0:
+        return 0, "the CUDA driver sees no GPU"
+    return count.value, f"the CUDA driver sees {count.value} GPU(s)"
+
+
+def _cupy_usable() -> tuple[bool, str]:
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+        cupy.zeros(1).sum().item()
+        return True, "CuPy " + cupy.__version__
+    except ImportError:
+        return False, "CuPy is not installed (install the cu12 or cu13 extra, see README)"
+    except Exception as exc:  # a CuPy built for another CUDA than the driver supports, etc.
+        return False, f"CuPy cannot use the GPU: {exc}"
+
+
+def _numba_cuda_imported_mode() -> str | None:
+    if "numba.cuda" not in sys.modules:
+        return None
+    from numba import config
+
+    return "cpu" if config.ENABLE_CUDASIM else "gpu"
+
+
+def setup(mode: str | None = None, *, lesson: str | None = None, quiet: bool = False) -> Runtime:
+    """Choose GPU or CPU mode (once per process) and print the probe.
+
+    mode: "gpu", "cpu" or None/"auto" (GPU when one is usable). The environment variable GPUCOURSE_MODE
+    gives the default. lesson: the lesson id (for example "01_vector_multiply"); in CPU mode the probe
+    names the GPU and date of that lesson's recorded results.
+    """
+    global _runtime
+    wanted = (mode or os.environ.get(MODE_VARIABLE) or "auto").lower()
+    if wanted not in ("auto", "gpu", "cpu"):
+        raise CourseInputError(f"mode must be 'auto', 'gpu' or 'cpu', not {wanted!r}")
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and wanted == "auto":
+        wanted = "cpu"
+
+    if _runtime is None:
+        _runtime = _decide(wanted)
+    elif wanted != "auto" and wanted != _runtime.mode:
+        raise CourseError(
+            f"this Python process is already in {_runtime.mode.upper()} mode; numba cannot switch. "
+            "Restart the kernel (Kernel > Restart) and run the setup cell first."
+        )
+    if not quiet:
+        print(describe(lesson))
+    return _runtime
+
+
+def _decide(wanted: str) -> Runtime:
+    already = _numba_cuda_imported_mode()
+    if already is not None:
+        if wanted not in ("auto", already):
+            raise CourseError(
+                f"numba.cuda was imported before gpucourse.setup() and is in {already.upper()} mode. "
+                "Restart the kernel and run the setup cell before importing numba."
+            )
+        wanted = already
+
+    if wanted == "cpu":
+        if os.environ.get(MODE_VARIABLE, "").lower() == "cpu":
+            reason = f"{MODE_VARIABLE}=cpu is set"
+        elif os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+            reason = "NUMBA_ENABLE_CUDASIM=1 is set"
+        else:
+            reason = "CPU mode was asked for"
+    else:
+        count, reason = _driver_device_count()
+        ok = count > 0
+        if ok:
+            ok, why = _cupy_usable()
+            reason = f"{reason}; {why}"
+        if not ok and wanted == "gpu":
+            raise CourseError(f"GPU mode was asked for, but {reason}.")
+        wanted = "gpu" if ok else "cpu"
+
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1" if wanted == "cpu" else "0"
+    rt = Runtime(mode=wanted, reason=reason)
+    if rt.gpu:
+        rt.device = _probe_gpu()
+    return rt
+
+
+def get() -> Runtime:
+    """The runtime, choosing the mode quietly if setup() has not run yet."""
+    return _runtime if _runtime is not None else setup(quiet=True)
+
+
+def is_gpu() -> bool:
+    return get().gpu
+
+
+def cuda():
+    """numba.cuda, imported only after the mode is fixed (the simulator in CPU mode)."""
+    get()
+    from numba import cuda as numba_cuda
+
+    return numba_cuda
+
+
+def cupy():
+    """CuPy, which only GPU mode has."""
+    if not get().gpu:
+        raise NeedsGPU("this step runs CuPy on a real GPU; in CPU mode the notebook shows recorded results")
+    import cupy as cp
+
+    return cp
+
+
+def require_gpu(what: str) -> None:
+    if not get().gpu:
+        raise NeedsGPU(f"{what} needs a real GPU; CPU mode shows the recorded figures instead")
+
+
+def size(key: str) -> int | tuple:
+    """The problem size for this mode (see SIZES)."""
+    try:
+        gpu_size, cpu_size = SIZES[key]
+    except KeyError:
+        raise CourseInputError(f"no problem size named {key!r}; known: {', '.join(sorted(SIZES))}") from None
+    return gpu_size if get().gpu else cpu_size
+
+
+# --------------------------------------------------------------------------------------- the probe
+
+def _probe_gpu() -> dict:
+    import cupy as cp
+
+    rt = cp.cuda.runtime
+    dev = cp.cuda.Device()
+    props = rt.getDeviceProperties(dev.id)
+    free, total = rt.memGetInfo()
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+
+    def version(v: int) -> str:
+        return f"{v // 1000}.{(v % 1000) // 10}"
+
+    info = {
+        "name": name,
+        "compute_capability": f"{props['major']}.{props['minor']}",
+        "sms": props["multiProcessorCount"],
+        "memory_gib": round(total / 2**30, 1),
+        "free_gib": round(free / 2**30, 1),
+        "l2_mib": round(props["l2CacheSize"] / 2**20, 1),
+        "driver": version(rt.driverGetVersion()),
+        "runtime": version(rt.runtimeGetVersion()),
+    }
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["driver_release"] = pynvml.nvmlSystemGetDriverVersion()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(dev.id)
+        info["max_sm_clock_mhz"] = pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    except Exception:
+        pass
+    return info
+
+
+def versions() -> dict:
+    """Versions of what the figures depend on."""
+    out = {"python": platform.python_version()}
+    for mod in ("numpy", "numba", "numba_cuda", "cupy", "nbgrader"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    return out
+
+
+def describe(lesson: str | None = None) -> str:
+    rt = get()
+    if rt.gpu:
+        d = rt.device
+        return (
+            f"GPU mode: {d['name']} (compute capability {d['compute_capability']}, {d['sms']} SMs, "
+            f"{d['memory_gib']} GiB, {d['free_gib']} GiB free, L2 {d['l2_mib']} MiB)\n"
+            f"          CUDA driver {d['driver']}"
+            + (f" ({d['driver_release']})" if "driver_release" in d else "")
+            + f", runtime {d['runtime']}; numba.cuda compiles real kernels."
+        )
+    text = f"CPU mode: kernels run in Numba's CUDA simulator ({rt.reason})."
+    if lesson:
+        from . import records
+
+        rec = records.latest(lesson)
+        if rec is None:
+            text += f"\n          No GPU record of lesson {lesson} is in this repository yet."
+        else:
+            text += f"\n          GPU figures shown are {records.label(rec)}."
+    return text
+
+
+# ------------------------------------------------------------------------------- input checking
+
+def is_device_array(x) -> bool:
+    """True for GPU arrays (numba device arrays, CuPy arrays) and the simulator's fake device arrays."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    return type(x).__name__ == "FakeCUDAArray"
+
+
+def check_device_array(x, name: str, *, dtype=None, shape=None, ndim: int | None = None) -> None:
+    """Raise CourseInputError naming what is wrong with argument ``name``."""
+    import numpy as np
+
+    if not is_device_array(x):
+        kind = type(x).__module__ + "." + type(x).__name__
+        hint = "copy it first with cuda.to_device(...)" + (" or cupy.asarray(...)" if get().gpu else "")
+        raise CourseInputError(f"{name} must be a device array, got a host {kind}; {hint}")
+    if dtype is not None and np.dtype(x.dtype) != np.dtype(dtype):
+        raise CourseInputError(f"{name} must have dtype {np.dtype(dtype)}, got {np.dtype(x.dtype)}")
+    if ndim is not None and len(x.shape) != ndim:
+        raise CourseInputError(f"{name} must be {ndim}-dimensional, got shape {tuple(x.shape)}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise CourseInputError(f"{name} must have shape {tuple(shape)}, got {tuple(x.shape)}")
+
+
+def check_fits(nbytes: int, what: str, *, headroom: float = 0.9) -> None:
+    """Refuse an allocation that cannot fit: GPU memory in GPU mode, the simulator's budget in CPU mode."""
+    if nbytes < 0:
+        raise CourseInputError(f"{what}: a size cannot be negative ({nbytes} bytes)")
+    if get().gpu:
+        free, total = cupy().cuda.runtime.memGetInfo()
+        if nbytes > headroom * free:
+            raise CourseInputError(
+                f"{what} needs {nbytes / 2**30:.2f} GiB but the GPU has {free / 2**30:.2f} GiB free "
+                f"of {total / 2**30:.1f} GiB; choose a smaller size"
+            )
+    else:
+        limit = 64 * 2**20
+        if nbytes > limit:
+            raise CourseInputError(
+                f"{what} needs {nbytes / 2**20:.0f} MiB; the CUDA simulator runs every thread in Python, "
+                f"so CPU mode allows at most {limit // 2**20} MiB. Use runtime.size(...) for CPU-mode sizes."
+            )

@@ -1,0 +1,1 @@
+"""The course's GPU kernels, one module per lesson (CUDA C sources in kernels/cuda/)."""

@@ -1,0 +1,90 @@
+"""CUDA C kernels from kernels/cuda/*.cu, compiled once per process through CuPy (NVRTC).
+
+``function("vector_multiply", "vmul_vec4")`` gives a launchable ``cupy.RawKernel`` on a GPU.
+``compile_ptx("vector_multiply", arch="sm_90")`` compiles without a GPU (nvcc if on PATH, else NVRTC),
+which is how the tests make sure every source compiles.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gpucourse import runtime
+
+SOURCES = Path(__file__).resolve().parent / "cuda"
+
+
+def source(name: str) -> str:
+    path = SOURCES / f"{name}.cu"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in SOURCES.glob("*.cu")))
+        raise runtime.CourseInputError(f"no CUDA source {path.name} in {SOURCES}; known: {known}")
+    return path.read_text()
+
+
+def include_dirs() -> list[str]:
+    """CUDA toolkit include folders on this machine (headers such as mma.h need them under NVRTC)."""
+    candidates = []
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            candidates.append(Path(os.environ[var]) / "include")
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent / "include")
+    for site in map(Path, sys.path):
+        nv = site / "nvidia"
+        if nv.is_dir():  # the CUDA wheels: nvidia/cuda_runtime/include, nvidia/cu13/include, ...
+            candidates += sorted(nv.glob("*/include"))
+    candidates.append(Path("/usr/local/cuda/include"))
+    seen, out = set(), []
+    for c in candidates:
+        if c.is_dir() and str(c) not in seen:
+            seen.add(str(c))
+            out.append(str(c))
+    return out
+
+
+@functools.cache
+def module(name: str):
+    """The compiled CuPy module of kernels/cuda/<name>.cu (GPU mode)."""
+    cp = runtime.cupy()
+    options = ("-std=c++17", *(f"-I{d}" for d in include_dirs()))
+    mod = cp.RawModule(code=source(name), options=options)
+    mod.compile()
+    return mod
+
+
+def function(name: str, kernel: str):
+    return module(name).get_function(kernel)
+
+
+def compile_ptx(name: str, arch: str = "sm_80") -> str:
+    """PTX of kernels/cuda/<name>.cu for ``arch``, compiled without a GPU. Raises on any compile error."""
+    code = source(name)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, ptx = Path(tmp) / f"{name}.cu", Path(tmp) / f"{name}.ptx"
+            src.write_text(code)
+            cmd = [nvcc, "-std=c++17", f"-arch={arch}", "-ptx", str(src), "-o", str(ptx)]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise runtime.CourseError(f"nvcc could not compile {name}.cu for {arch}:\n{done.stderr}")
+            return ptx.read_text()
+    from cupy.cuda import nvrtc
+
+    prog = nvrtc.createProgram(code, f"{name}.cu", [], [])
+    opts = ["-std=c++17", f"-arch=compute_{arch.split('_')[1]}", *(f"-I{d}" for d in include_dirs())]
+    try:
+        nvrtc.compileProgram(prog, opts)
+    except nvrtc.NVRTCError as exc:
+        raise runtime.CourseError(
+            f"NVRTC could not compile {name}.cu for {arch}:\n{nvrtc.getProgramLog(prog)}"
+        ) from exc
+    ptx = nvrtc.getPTX(prog)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx

@@ -1,0 +1,28 @@
+"""The mode is decided before anything imports numba: GPU mode where a GPU is usable, else the simulator."""
+import pytest
+
+import gpucourse
+
+RT = gpucourse.setup(quiet=True)
+
+gpu_only = pytest.mark.skipif(not RT.gpu, reason=f"needs a GPU (CPU mode: {RT.reason})")
+
+
+def pytest_report_header(config):
+    return f"gpucourse: {RT.mode.upper()} mode ({RT.reason})" + (f", {RT.device['name']}" if RT.gpu else "")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(gpu_only)
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh generator per test, seeded by the test's name (reproducible, different for each test)."""
+    import zlib
+
+    import numpy as np
+
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))

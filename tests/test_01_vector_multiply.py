@@ -1,0 +1,145 @@
+"""Lesson 1: the kernels against their NumPy spec (simulator or GPU), bad input, CUDA C compiles."""
+import shutil
+
+import numpy as np
+import pytest
+
+from gpucourse import runtime
+from kernels import cuda_c
+from kernels import vector_multiply as vm
+
+pytestmark = pytest.mark.lesson01
+cuda = runtime.cuda()
+
+
+def device_operands(rng, n, dtype=np.float32):
+    a = rng.standard_normal(n).astype(dtype)
+    b = rng.standard_normal(n).astype(dtype)
+    out = cuda.to_device(np.full(n, np.nan, dtype=dtype))  # poisoned: an unwritten element stays NaN
+    return a, b, cuda.to_device(a), cuda.to_device(b), out
+
+
+@pytest.mark.parametrize("kernel", ["one_per_thread", "grid_stride"])
+@pytest.mark.parametrize("n", [1, 31, 257, 3000])
+def test_numba_kernels_match_spec(rng, kernel, n):
+    a, b, da, db, dout = device_operands(rng, n)
+    vm.multiply(da, db, dout, kernel=kernel, threads=128)
+    np.testing.assert_array_equal(dout.copy_to_host(), vm.multiply_spec(a, b))
+
+
+@pytest.mark.parametrize("blocks, threads", [(1, 1), (1, 32), (3, 64), (64, 256)])
+def test_grid_stride_covers_any_grid(rng, blocks, threads):
+    a, b, da, db, dout = device_operands(rng, 1000)
+    vm.multiply(da, db, dout, blocks=blocks, threads=threads)
+    np.testing.assert_array_equal(dout.copy_to_host(), vm.multiply_spec(a, b))
+
+
+def test_float64(rng):
+    a, b, da, db, dout = device_operands(rng, 500, np.float64)
+    vm.multiply(da, db, dout)
+    np.testing.assert_array_equal(dout.copy_to_host(), a * b)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d, h: (h["a"], d["b"], d["out"]), "a must be a device array, got a host numpy.ndarray"),
+    (lambda d, h: (d["a"], d["b"][:5], d["out"]), "b has shape (5,) but a has (10,)"),
+    (lambda d, h: (d["a"], d["b"], d["out64"]), "out has dtype float64 but a has float32"),
+    (lambda d, h: (d["int"], d["int"], d["int"]), "a must be float32 or float64, got int32"),
+    (lambda d, h: (d["2d"], d["2d"], d["2d"]), "a must be 1-dimensional, got shape (2, 5)"),
+])
+def test_bad_input_is_named(make, message):
+    h = {"a": np.ones(10, np.float32)}
+    d = {"a": cuda.to_device(h["a"]), "b": cuda.to_device(h["a"]), "out": cuda.to_device(h["a"]),
+         "out64": cuda.to_device(np.ones(10)), "int": cuda.to_device(np.ones(10, np.int32)),
+         "2d": cuda.to_device(np.ones((2, 5), np.float32))}
+    with pytest.raises(runtime.CourseInputError) as err:
+        vm.multiply(*make(d, h))
+    assert message in str(err.value)
+
+
+def test_launch_configuration_is_checked(rng):
+    _, _, da, db, dout = device_operands(rng, 1000)
+    with pytest.raises(runtime.CourseInputError, match="cannot cover 1000 elements"):
+        vm.multiply(da, db, dout, kernel="one_per_thread", blocks=2, threads=256)
+    with pytest.raises(runtime.CourseInputError, match="threads per block must be 1..1024"):
+        vm.multiply(da, db, dout, threads=2048)
+    with pytest.raises(runtime.CourseInputError, match="kernel must be one of"):
+        vm.multiply(da, db, dout, kernel="fastest")
+
+
+def test_size_that_does_not_fit_is_refused():
+    with pytest.raises(runtime.CourseInputError, match="GiB|MiB"):
+        runtime.check_fits(2**50, "a petabyte of vectors")
+
+
+def _compiler_available():
+    if shutil.which("nvcc"):
+        return True
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _compiler_available(), reason="neither nvcc nor NVRTC is installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_c_compiles(arch):
+    ptx = cuda_c.compile_ptx("vector_multiply", arch=arch)
+    for kernel in vm.CUDA_C_VARIANTS + ("spin",):
+        assert f".entry {kernel}(" in ptx
+    assert "ld.global.nc.v4.f32" in ptx or "ld.global.v4.f32" in ptx  # the float4 loads are there
+
+
+@pytest.mark.skipif(not _compiler_available(), reason="neither nvcc nor NVRTC is installed")
+def test_compile_errors_are_reported(tmp_path, monkeypatch):
+    (tmp_path / "broken.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = undefined_name; }')
+    monkeypatch.setattr(cuda_c, "SOURCES", tmp_path)
+    with pytest.raises(runtime.CourseError, match="undefined_name"):
+        cuda_c.compile_ptx("broken")
+
+
+# ----------------------------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", vm.CUDA_C_VARIANTS)
+@pytest.mark.parametrize("n", [1, 5, 1023, 2**20 + 3])
+def test_cuda_c_kernels_match_spec(rng, variant, n):
+    cp = runtime.cupy()
+    a = cp.asarray(rng.standard_normal(n, dtype=np.float32))
+    b = cp.asarray(rng.standard_normal(n, dtype=np.float32))
+    out = cp.full(n, cp.nan, dtype=cp.float32)
+    vm.multiply_cuda_c(a, b, out, variant=variant)
+    np.testing.assert_array_equal(out.get(), a.get() * b.get())
+
+
+@pytest.mark.gpu
+def test_cuda_c_refuses_misaligned_and_host_input():
+    cp = runtime.cupy()
+    a = cp.ones(1025, dtype=cp.float32)
+    with pytest.raises(runtime.CourseInputError, match="not 16-byte aligned"):
+        vm.multiply_cuda_c(a[1:], a[1:], a[1:], variant="vmul_vec4")
+    vm.multiply_cuda_c(a[1:], a[1:], cp.empty(1024, cp.float32), variant="vmul_grid_stride")
+    with pytest.raises(runtime.CourseInputError, match="device array"):
+        vm.multiply_cuda_c(np.ones(4, np.float32), a[:4], a[:4])
+
+
+@pytest.mark.gpu
+def test_numba_kernels_on_cupy_arrays(rng):
+    cp = runtime.cupy()
+    a = cp.asarray(rng.random(3 * 2**20 + 1, dtype=np.float32))
+    out = cp.full_like(a, cp.nan)
+    vm.multiply(a, a, out)
+    cp.testing.assert_array_equal(out, a * a)
+
+
+@pytest.mark.gpu
+def test_lesson_benchmark_at_small_size():
+    import benchmarks.vector_multiply as lesson
+
+    table = lesson.kernel_table(n=2**22, repeats=3)
+    assert {r["name"] for r in table["rows"]} >= {"numba, grid-stride", "cupy.multiply", "device-to-device copy"}
+    for r in table["rows"]:
+        assert r["median_ms"] > 0 and r["gbps"] > 0

@@ -1,0 +1,101 @@
+"""The shared tooling: mode, sizes, the probe text, records, timing arithmetic."""
+import json
+
+import pytest
+
+from gpucourse import bench, records, runtime
+
+
+def test_mode_is_fixed_for_the_process():
+    rt = runtime.get()
+    other = "cpu" if rt.gpu else "gpu"
+    with pytest.raises(runtime.CourseError, match="Restart the kernel"):
+        runtime.setup(other, quiet=True)
+    with pytest.raises(runtime.CourseInputError, match="mode must be"):
+        runtime.setup("tpu", quiet=True)
+
+
+def test_sizes_follow_the_mode():
+    n = runtime.size("vector_multiply.n")
+    assert n == (2**29 if runtime.is_gpu() else 10_000)
+    with pytest.raises(runtime.CourseInputError, match="no problem size named"):
+        runtime.size("nope")
+
+
+def test_probe_text():
+    text = runtime.describe("01_vector_multiply")
+    if runtime.is_gpu():
+        assert text.startswith("GPU mode: ") and "compute capability" in text
+    else:
+        assert text.startswith("CPU mode: kernels run in Numba's CUDA simulator")
+
+
+def test_cpu_mode_refuses_to_time():
+    if runtime.is_gpu():
+        pytest.skip("GPU mode times for real")
+    with pytest.raises(runtime.NeedsGPU, match="CUDA events"):
+        bench.time_gpu(lambda: None)
+
+
+def test_timing_statistics():
+    t = bench.Timing([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert t.median_ms == 3.0 and t.min_ms == 1.0 and t.max_ms == 100.0
+    assert t.gbps(3e9) == pytest.approx(1000.0)  # 3 GB in 3 ms
+    assert t.tflops(3e12) == pytest.approx(1000.0)
+    assert "3 ms median of 5" in str(t)
+    assert bench.format_ms(0.08) == "80 µs" and bench.format_ms(1500) == "1.5 s"
+
+
+def _fake_record(tmp_path, gpu, date, figures):
+    doc = {"format": records.FORMAT, "lesson": "99_test", "date": date, "figures": figures, "ceilings": {},
+           "gpu": {"name": gpu, "sms": 132, "driver": "13.0"}, "versions": {}}
+    path = tmp_path / records.slug(gpu) / "99_test.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+def test_records_latest_and_label(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
+    assert records.latest("99_test") is None
+    with pytest.raises(runtime.CourseError, match="no recorded GPU results"):
+        records.load("99_test")
+    _fake_record(tmp_path, "NVIDIA H100 80GB HBM3", "2026-11-20 10:00 UTC", {"x": 1})
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-21 10:00 UTC", {"x": 2})
+    assert records.latest("99_test")["figures"] == {"x": 2}
+    assert records.latest("99_test", gpu="nvidia-h100-80gb-hbm3")["figures"] == {"x": 1}
+    assert records.label(records.latest("99_test")) == "recorded on NVIDIA H200 (132 SMs, CUDA driver 13.0) on 2026-11-21"
+    if not runtime.is_gpu():
+        figures, source = records.measure_or_recall("99_test", "x", lambda: pytest.fail("must not measure"))
+        assert figures == 2 and source.startswith("recorded on NVIDIA H200")
+        with pytest.raises(runtime.CourseError, match="no figures named"):
+            records.measure_or_recall("99_test", "y", lambda: None)
+
+
+def test_committed_records_are_complete():
+    """Every lesson with benchmarks has a record from a real GPU, holding every figure its notebook uses."""
+    import benchmarks
+
+    for lesson in benchmarks.LESSONS:
+        rec = records.load(lesson)
+        assert rec["gpu"]["name"].startswith("NVIDIA") and rec["gpu"]["sms"] > 0
+        assert set(rec["figures"]) >= set(benchmarks.module(lesson).FIGURES)
+        assert rec["ceilings"]["copy_gbps"] > 0 and rec["ceilings"]["fp16_tflops"] > 0
+
+
+@pytest.mark.gpu
+def test_ceilings_are_measured_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUCOURSE_CACHE", str(tmp_path))
+    c = bench.ceilings()
+    assert c.copy_gbps > 100 and c.fp16_tflops > c.fp32_tflops > 1
+    assert list(tmp_path.glob("ceilings-*.json"))
+    assert bench.ceilings() == c  # second call reads the cache
+
+
+@pytest.mark.gpu
+def test_events_see_the_work_a_host_timer_misses():
+    cp = runtime.cupy()
+    a = cp.ones(2**27, dtype=cp.float32)
+    launch = bench.wall_clock(lambda: cp.multiply(a, a, out=a), synchronize=False)
+    events = bench.time_gpu(lambda: cp.multiply(a, a, out=a))
+    assert events.median_ms > 0
+    assert launch.median_ms < events.median_ms  # the launch returns before the work is done
