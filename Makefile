@@ -19,8 +19,8 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed                ## create .venv with everything the course needs
 
-lab: setup                              ## open the course in JupyterLab
-	$(BIN)/python -m gpucourse lab
+lab: setup                              ## open the course in JupyterLab (options: make lab ARGS=--no-browser)
+	$(BIN)/python -m gpucourse lab $(ARGS)
 
 test: setup                             ## run the test suite (CPU mode without a GPU)
 	$(BIN)/python -m pytest

@@ -27,8 +27,7 @@ def main(argv=None) -> int:
     common.add_argument("--mode", choices=["auto", "gpu", "cpu"], default=None, help="force GPU or CPU mode")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("probe", parents=[common])
-    lab = sub.add_parser("lab")
-    lab.add_argument("args", nargs=argparse.REMAINDER, help="passed on to jupyter lab")
+    sub.add_parser("lab", help="further options go to jupyter lab")
     run = sub.add_parser("run", parents=[common])
     run.add_argument("notebooks", nargs="*", type=Path)
     run.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
@@ -41,7 +40,10 @@ def main(argv=None) -> int:
     grade.add_argument("notebook", type=Path)
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    if extra and args.command != "lab":
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.args = extra
     args.mode = getattr(args, "mode", None)
 
     try:
@@ -57,7 +59,7 @@ def _probe(args) -> int:
 
 
 def _lab(args) -> int:
-    return subprocess.call([sys.executable, "-m", "jupyter", "lab", str(ROOT / "notebooks"), *args.args])
+    return subprocess.call([sys.executable, "-m", "jupyter", "lab", *args.args], cwd=ROOT)
 
 
 def _run(args) -> int:
