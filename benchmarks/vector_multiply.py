@@ -20,6 +20,7 @@ FIGURES = ("kernels", "grids", "transfers", "launch", "utilisation", "sweep")  #
 
 
 def _inputs(n: int):
+    """Random a, b and a NaN-poisoned out on the GPU, as CuPy arrays."""
     cp = runtime.cupy()
     runtime.check_fits(3 * n * 4 + n * 4, f"vector multiply of {n:,} float32 elements")
     a = cp.random.random(n, dtype=cp.float32)
@@ -27,18 +28,21 @@ def _inputs(n: int):
     return a, b, cp.full(n, cp.nan, dtype=cp.float32)
 
 
-def _launchers(a, b, out):
-    """name -> (kind, zero-argument launch) for every way the course multiplies two vectors."""
-    cuda = runtime.cuda()
-    na, nb, nout = cuda.as_cuda_array(a), cuda.as_cuda_array(b), cuda.as_cuda_array(out)  # wrap once
-    return {
-        "numba, one thread per element": ("kernel", lambda: vm.multiply(na, nb, nout, kernel="one_per_thread")),
-        "numba, grid-stride": ("kernel", lambda: vm.multiply(na, nb, nout, kernel="grid_stride")),
-        "CUDA C, grid-stride": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_grid_stride")),
-        "CUDA C, float4": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_vec4")),
-        "CUDA C, float4 x4 unrolled": ("kernel", lambda: vm.multiply_cuda_c(a, b, out, variant="vmul_vec4_unroll4")),
-        "cupy.multiply": ("library", lambda: vm.multiply_library(a, b, out)),
-    }
+def _operands(n: int) -> tuple:
+    """(a, b, out) as CuPy arrays followed by the same three wrapped once for numba."""
+    cupy_arrays = _inputs(n)
+    return cupy_arrays + tuple(runtime.cuda().as_cuda_array(x) for x in cupy_arrays)
+
+
+# name -> (kind, launch on the operands of _operands) for every way the course multiplies two vectors
+LAUNCHERS = {
+    "numba, one thread per element": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(na, nb, no, kernel="one_per_thread")),
+    "numba, grid-stride": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(na, nb, no, kernel="grid_stride")),
+    "CUDA C, grid-stride": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_grid_stride")),
+    "CUDA C, float4": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_vec4")),
+    "CUDA C, float4 x4 unrolled": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_vec4_unroll4")),
+    "cupy.multiply": ("library", lambda a, b, o, *_: vm.multiply_library(a, b, o)),
+}
 
 
 def kernel_table(n: int | None = None, repeats: int = 20) -> dict:
@@ -46,12 +50,13 @@ def kernel_table(n: int | None = None, repeats: int = 20) -> dict:
     the same size measured in the same run. Each result is checked against a * b."""
     cp = runtime.cupy()
     n = n or runtime.size("vector_multiply.n")
-    a, b, out = _inputs(n)
+    operands = _operands(n)
+    a, b, out = operands[:3]
     expected = a * b
     rows = []
-    for name, (kind, launch) in bench.progress(_launchers(a, b, out).items(), desc="kernels"):
+    for name, (kind, launch) in bench.progress(LAUNCHERS.items(), desc="kernels"):
         out.fill(cp.nan)
-        t = bench.time_gpu(launch, repeats=repeats)
+        t = bench.time_gpu(lambda: launch(*operands), repeats=repeats)
         if not bool(cp.array_equal(out, expected)):
             raise runtime.CourseError(f"{name} gave a wrong result; not timing it")
         rows.append({"name": name, "kind": kind, **t.summary(), "gbps": t.gbps(BYTES_PER_ELEMENT * n)})
@@ -164,17 +169,17 @@ def utilisation(seconds: float = 3.0) -> dict:
 
 
 def size_sweep(repeats: int = 20) -> dict:
-    """GB/s against vector length: small launches are dominated by fixed costs, large ones by bandwidth."""
+    """GB/s against vector length: small launches are dominated by fixed costs, large ones by bandwidth.
+    Small vectors would sit in the L2 cache between repeats, so every repeat gets inputs not yet cached."""
     cp = runtime.cupy()
     sizes = list(runtime.size("vector_multiply.sweep"))
     series = {"CUDA C, float4": [], "numba, grid-stride": [], "cupy.multiply": []}
     for n in bench.progress(sizes, desc="sizes"):
-        a, b, out = _inputs(n)
-        launchers = _launchers(a, b, out)
+        fresh = bench.rotating_inputs(lambda: _operands(n), BYTES_PER_ELEMENT * n)
         for name in series:
-            t = bench.time_gpu(launchers[name][1], repeats=repeats)
+            t = bench.time_gpu(LAUNCHERS[name][1], setup=fresh, repeats=repeats)
             series[name].append(t.gbps(BYTES_PER_ELEMENT * n))
-        del a, b, out
+        del fresh
         cp.get_default_memory_pool().free_all_blocks()
     return {"sizes": sizes, "gbps": series}
 

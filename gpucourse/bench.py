@@ -9,7 +9,9 @@ clock, after synchronising. ``wall_clock`` shows what a host timer sees with and
 """
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import os
 import statistics
 import time
@@ -112,6 +114,14 @@ def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, 
         end.synchronize()
         samples.append(cp.cuda.get_elapsed_time(start, end))
     return Timing(samples)
+
+
+def rotating_inputs(make: Callable, nbytes: int, *, cache_multiple: int = 4) -> Callable:
+    """A ``setup`` for time_gpu that cycles through enough input sets made by ``make()`` (each touching
+    ``nbytes``) to exceed the GPU's L2 cache ``cache_multiple`` times: no repeat finds its inputs cached."""
+    l2 = runtime.get().device["l2_mib"] * 2**20
+    count = max(1, math.ceil(cache_multiple * l2 / max(nbytes, 1)))
+    return itertools.cycle([make() for _ in range(count)]).__next__
 
 
 def wall_clock(work: Callable, *, synchronize: bool, repeats: int = 5) -> Timing:

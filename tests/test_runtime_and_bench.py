@@ -99,3 +99,12 @@ def test_events_see_the_work_a_host_timer_misses():
     events = bench.time_gpu(lambda: cp.multiply(a, a, out=a))
     assert events.median_ms > 0
     assert launch.median_ms < events.median_ms  # the launch returns before the work is done
+
+
+@pytest.mark.gpu
+def test_rotating_inputs_outgrow_the_l2_cache():
+    made = []
+    setup = bench.rotating_inputs(lambda: made.append(1) or len(made), nbytes=2**20)
+    l2 = runtime.get().device["l2_mib"] * 2**20
+    assert len(made) * 2**20 >= 4 * l2
+    assert [setup() for _ in range(3)] == [1, 2, 3]
