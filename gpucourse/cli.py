@@ -38,6 +38,8 @@ def main(argv=None) -> int:
     ceil.add_argument("--refresh", action="store_true")
     grade = sub.add_parser("grade", parents=[common])
     grade.add_argument("notebook", type=Path)
+    grade.add_argument("--timeout", type=int, help="seconds each cell may run (default 120)")
+    grade.add_argument("--json", action="store_true", help="print the report as JSON")
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
     args, extra = p.parse_known_args(argv)
@@ -100,23 +102,14 @@ def _ceilings(args) -> int:
 def _grade(args) -> int:
     from . import grading
 
-    if args.mode in ("gpu", "cpu"):
-        runtime.setup(args.mode, quiet=True)
-    return grading.grade_cli(args.notebook)
+    mode = args.mode if args.mode in ("gpu", "cpu") else None  # None: the notebook's kernel decides
+    return grading.grade_cli(args.notebook, mode=mode, timeout=args.timeout, as_json=args.json)
 
 
 def _exercises(args) -> int:
     from . import grading
 
-    if args.check:
-        problems = grading.check_exercises()
-        for line in problems:
-            print(line)
-        print("exercises/ is in sync with solutions/" if not problems else f"{len(problems)} difference(s)")
-        return 1 if problems else 0
-    for path in grading.generate_exercises():
-        print(f"generated {path}")
-    return 0
+    return grading.exercises_cli(check=args.check)
 
 
 COMMANDS = {"probe": _probe, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,

@@ -1,0 +1,294 @@
+"""The grader: nbgrader's real autograding of lesson notebooks, partial credit, performance points, and the
+released exercises kept in step with the solutions. Runs in CPU mode (the notebooks' kernels are forced to
+the simulator), so the performance test of each notebook is "not gradable here".
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpucourse import grading, runtime
+
+pytestmark = pytest.mark.slow
+
+LESSON = "01_vector_multiply"
+SOLUTION = grading.SOLUTIONS / LESSON / "vector_multiply.ipynb"
+EXERCISE = grading.EXERCISES / LESSON / "vector_multiply.ipynb"
+TIMEOUT = 20  # seconds per cell: every cell of the solution takes a few seconds at most in the simulator
+
+# Points in the solution notebook; the performance test's 3 are not gradable in CPU mode.
+POINTS = {"test_1_1_kernel": 2, "test_1_1_small_grids": 1, "test_1_2_gbps": 2, "test_1_3_transfer_seconds": 1,
+          "test_1_3_answers": 2, "test_1_4_fast_multiply": 1, "perf_1_4_fast_multiply": 3}
+GRADABLE = sum(p for g, p in POINTS.items() if not g.startswith(grading.PERF_PREFIX))
+
+
+def _replace(nb, cell_id: str, old: str, new: str) -> None:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
+    cell.source = cell.source.replace(old, new)
+
+
+def skips_last_element(nb):
+    """Task 1.1: the loop stops one short. Also edits a test cell to pass, and deletes another test cell and
+    the read-only helpers the tests need."""
+    _replace(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - 1, stride)")
+    cell = next(c for c in nb.cells if c.get("id") == "test-1-1-kernel")
+    cell.source = "# Task 1.1\npass  # all good"
+    nb.cells = [c for c in nb.cells if c.get("id") not in ("test-1-1-small-grids", "test-helpers")]
+
+
+def two_streams(nb):
+    """Task 1.2: counts a read and a write, forgetting the second input."""
+    _replace(nb, "task-1-2-gbps", "nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
+
+
+def never_returns(nb):
+    """Task 1.2: a loop that never ends; the cell is interrupted at the timeout."""
+    _replace(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize",
+             "    while ms > 0:\n        pass\n    nbytes = 3 * n * itemsize")
+
+
+def float_grid(nb):
+    """Task 1.4: a grid size computed with / is a float; the launch raises."""
+    _replace(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / threads), 32 * SMS))",
+             "out.shape[0] / threads")
+
+
+def odd_sizes_in_exercise(nb):
+    """The released exercise filled in, with a kernel that drops the last element of odd sizes: the visible
+    Task 1.1 tests (even sizes) pass, the hidden ones nbgrader puts back (odd sizes) fail."""
+    solution = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
+    exercise = nbformat.read(EXERCISE, as_version=4)
+    for cell in exercise.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            cell.source = solution[cell.get("id")]
+    nb.cells = exercise.cells
+    _replace(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
+    assert "HIDDEN" not in "".join(c.source for c in nb.cells)
+
+
+def kernel_dies(nb):
+    """Task 1.2: ends the kernel's process. nbgrader then grades nothing at all."""
+    _replace(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(1)")
+
+
+# variant -> (points lost by grade_id, expected status of those tests)
+VARIANTS = {
+    skips_last_element: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
+                         "test_1_4_fast_multiply": "failed"},
+    two_streams: {"test_1_2_gbps": "failed"},
+    never_returns: {"test_1_2_gbps": "timed out"},
+    float_grid: {"test_1_4_fast_multiply": "failed"},
+    odd_sizes_in_exercise: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
+                            "test_1_4_fast_multiply": "failed"},
+}
+
+
+def _learner_copy(tmp: Path, edit=None) -> Path:
+    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
+    nb = nbformat.read(SOLUTION, as_version=4)
+    if edit is not None:
+        edit(nb)
+    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+    tmp = tmp_path_factory.mktemp("graded")
+    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
+    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
+    jobs["kernel_dies"] = _learner_copy(tmp, kernel_dies)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
+        return {name: f.result() if f.exception() is None else f.exception() for name, f in futures.items()}
+
+
+def test_solution_scores_every_gradable_point(graded):
+    report = graded["solution"]
+    assert report.mode == "cpu"
+    assert [t.grade_id for t in report.tests] == list(POINTS)
+    assert {t.grade_id: t.max_points for t in report.tests} == POINTS
+    assert report.score == GRADABLE and report.gradable_max_score == GRADABLE
+    assert report.max_score == sum(POINTS.values())
+    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+
+
+def test_performance_test_is_not_gradable_in_cpu_mode(graded):
+    perf = graded["solution"].test("perf_1_4_fast_multiply")
+    assert perf.performance and not perf.gradable
+    assert perf.points == 0 and perf.max_points == 3
+    assert perf.status == grading.NOT_GRADABLE
+    assert "not gradable in CPU mode" in perf.message and "0 of 3 points" in perf.message
+
+
+def test_report_states_total_and_gradable_total(graded):
+    text = graded["solution"].format()
+    assert f"Score: {GRADABLE} / {sum(POINTS.values())}" in text
+    assert f"{GRADABLE} / {GRADABLE} gradable here" in text
+    assert "not gradable here (needs a GPU)" in text
+
+
+def test_generated_exercise_scores_zero(graded):
+    report = graded["exercise"]
+    assert report.score == 0 and report.max_score == sum(POINTS.values())
+    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    assert "NotImplementedError" in report.test("test_1_2_gbps").message
+    assert report.notes == []  # its test cells lack the hidden tests, yet none was edited
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
+def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
+    report = graded[variant.__name__]
+    lost = VARIANTS[variant]
+    assert report.score == GRADABLE - sum(POINTS[g] for g in lost), report.format()
+    for t in report.tests:
+        if t.grade_id in lost:
+            assert (t.points, t.status) == (0, lost[t.grade_id]), report.format()
+        elif t.gradable:
+            assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+
+
+def test_feedback_names_the_error(graded):
+    assert "index 999" in graded["skips_last_element"].test("test_1_1_kernel").message
+    two_streams = graded["two_streams"].test("test_1_2_gbps").message
+    assert two_streams.startswith("AssertionError: achieved_gbps(2**29, 4, 2.0)")
+    assert f"{TIMEOUT} s" in graded["never_returns"].test("test_1_2_gbps").message
+    assert graded["float_grid"].test("test_1_4_fast_multiply").message.startswith("TypeError")
+    assert "n=1001" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
+    assert "n=5," in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
+
+
+def test_a_kernel_that_dies_is_reported_not_scored(graded):
+    error = graded["kernel_dies"]
+    assert isinstance(error, grading.GradingError), error
+    assert "kernel died" in str(error) and "DeadKernelError" in error.log
+
+
+def test_edited_and_deleted_test_cells_are_restored(graded):
+    report = graded["skips_last_element"]
+    assert any("cell test_1_1_kernel had been edited" in n for n in report.notes), report.notes
+    assert any("cell test_1_1_small_grids had been deleted" in n for n in report.notes), report.notes
+    assert any("cell test_helpers had been deleted" in n for n in report.notes), report.notes
+
+
+def test_deleted_locked_cells_go_back_in_source_order():
+    def cell(grade_id, *, locked=True, solution=False):
+        return {"cell_type": "code", "id": grade_id, "metadata": {"nbgrader": {
+            "grade_id": grade_id, "locked": locked, "solution": solution}}, "source": grade_id, "outputs": []}
+
+    source = {"cells": [cell("intro"), cell("setup"), cell("task", locked=False, solution=True), cell("test_a"),
+                        cell("test_b"), cell("task_2", locked=False, solution=True), cell("test_c")]}
+    learner = {"cells": [{"cell_type": "code", "id": "mine", "metadata": {}, "source": "", "outputs": []},
+                         cell("test_a")]}
+    nb, restored = grading._restore_locked_cells(learner, source)
+    assert restored == ["intro", "setup", "test_b", "test_c"]  # never the solution cells
+    assert [c["id"] for c in nb["cells"]] == ["intro", "setup", "mine", "test_a", "test_b", "test_c"]
+
+
+def test_exercises_match_generation():
+    assert grading.check_exercises() == []
+
+
+def test_check_exercises_notices_a_hand_edit(tmp_path, monkeypatch):
+    copy = tmp_path / "exercises"
+    shutil.copytree(grading.EXERCISES, copy)
+    nb_path = copy / LESSON / EXERCISE.name
+    nb = json.loads(nb_path.read_text())
+    nb["cells"][0]["source"] = ["edited by hand"]
+    nb_path.write_text(json.dumps(nb))
+    monkeypatch.setattr(grading, "EXERCISES", copy)
+    diffs = grading.check_exercises()
+    assert len(diffs) == 1 and "cell 0" in diffs[0]
+
+
+# ------------------------------------------------------------------ nbgrader's partial credit, pinned down
+
+def _partial_credit_notebook(path: Path) -> None:
+    def test(grade_id, points, source):
+        cell = nbformat.v4.new_code_cell(source, id=grade_id.replace("_", "-"))
+        cell.metadata = {"nbgrader": {"grade": True, "grade_id": grade_id, "locked": True, "points": points,
+                                      "schema_version": 3, "solution": False, "task": False}}
+        return cell
+
+    nb = nbformat.v4.new_notebook(cells=[
+        test("test_number", 3, "1.5"),
+        test("test_numpy_scalar", 2, "import numpy as np\nnp.float64(0.5)"),
+        test("test_warning", 1, "import warnings\nwarnings.warn('only a warning')"),
+        test("test_stderr", 1, "import sys\nprint('a line on stderr', file=sys.stderr)"),
+        test("perf_in_cpu_mode", 2, "from gpucourse import grading\n"
+                                    "grading.performance_points(None, None, make_inputs=None, check=None,"
+                                    " max_points=2)"),
+    ])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+
+
+def test_nbgrader_partial_credit_rules(tmp_path):
+    source = tmp_path / "source" / "99_partial" / "partial.ipynb"
+    learner = tmp_path / "learner" / "99_partial" / "partial.ipynb"
+    _partial_credit_notebook(source)
+    _partial_credit_notebook(learner)
+    report = grading.grade(learner, source=source, mode="cpu", timeout=TIMEOUT)
+    got = {t.grade_id: (t.points, t.status) for t in report.tests}
+    assert got["test_number"] == (1.5, "partial")  # a number as the cell's value is its score
+    # A NumPy 2 scalar displays as "np.float64(0.5)", which nbgrader cannot read: it gives full marks.
+    # That is why performance_points returns a Python float.
+    assert got["test_numpy_scalar"] == (2, "passed")
+    assert got["test_warning"] == (1, "passed")  # warnings on stderr are stripped before scoring
+    assert got["test_stderr"] == (0, "failed")  # any other stderr output scores 0 (nbgrader's rule)
+    assert got["perf_in_cpu_mode"] == (0, grading.NOT_GRADABLE)
+    assert report.score == 1.5 + 2 + 1 and report.gradable_max_score == 7 and report.max_score == 9
+
+
+# --------------------------------------------------------------------------- performance scoring
+
+@pytest.mark.parametrize("ratio, points", [(0.5, 3), (1.0, 3), (1.2, 3), (5.6, 1.5), (10, 0), (10.01, 0), (50, 0)])
+def test_performance_score(ratio, points):
+    assert grading.performance_score(ratio, 3) == points
+
+
+def test_performance_score_is_linear_and_monotonic():
+    ratios = [1.2 + 0.1 * i for i in range(89)]
+    scores = [grading.performance_score(r, 4) for r in ratios]
+    assert scores == sorted(scores, reverse=True)
+    assert grading.performance_score(1.2 + 8.8 / 4, 4) == 3.0
+    assert grading.performance_score(1.2 + 8.8 * 3 / 4, 4) == 1.0
+    assert all(isinstance(s, float) for s in scores)
+
+
+@pytest.mark.parametrize("ratio", [0, -1, float("nan")])
+def test_performance_score_rejects_nonsense(ratio):
+    with pytest.raises(runtime.CourseInputError):
+        grading.performance_score(ratio, 3)
+
+
+def test_performance_points_in_cpu_mode(capsys):
+    if runtime.is_gpu():
+        pytest.skip("GPU mode: the performance points are graded there")
+
+    def never_called(*args):
+        raise AssertionError("nothing runs in CPU mode")
+
+    points = grading.performance_points(never_called, never_called, make_inputs=never_called, check=never_called,
+                                        max_points=3)
+    assert points == 0.0 and type(points) is float
+    assert capsys.readouterr().out.strip() == (
+        "performance: not gradable in CPU mode (needs a GPU); 0 of 3 points given here")
+
+
+def test_learner_notebook_must_match_a_lesson(tmp_path):
+    stray = tmp_path / "my_work" / "vector_multiply.ipynb"
+    stray.parent.mkdir()
+    shutil.copy(EXERCISE, stray)
+    with pytest.raises(runtime.CourseInputError, match="matches no solution notebook"):
+        grading.grade(stray)
