@@ -8,6 +8,24 @@ RT = gpucourse.setup(quiet=True)
 gpu_only = pytest.mark.skipif(not RT.gpu, reason=f"needs a GPU (CPU mode: {RT.reason})")
 
 
+def _cuda_compiler() -> bool:
+    """nvcc on PATH, or NVRTC from the CUDA wheels: either compiles CUDA C to PTX without a GPU."""
+    import shutil
+
+    if shutil.which("nvcc"):
+        return True
+    try:
+        from cupy.cuda import nvrtc
+
+        nvrtc.getVersion()
+        return True
+    except Exception:
+        return False
+
+
+needs_compiler = pytest.mark.skipif(not _cuda_compiler(), reason="neither nvcc nor NVRTC is installed")
+
+
 def pytest_report_header(config):
     return f"gpucourse: {RT.mode.upper()} mode ({RT.reason})" + (f", {RT.device['name']}" if RT.gpu else "")
 

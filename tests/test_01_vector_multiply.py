@@ -1,9 +1,8 @@
 """Lesson 1: the kernels against their NumPy spec (simulator or GPU), bad input, CUDA C compiles."""
-import shutil
-
 import numpy as np
 import pytest
 
+from conftest import needs_compiler
 from gpucourse import runtime
 from kernels import cuda_c
 from kernels import vector_multiply as vm
@@ -72,19 +71,7 @@ def test_size_that_does_not_fit_is_refused():
         runtime.check_fits(2**50, "a petabyte of vectors")
 
 
-def _compiler_available():
-    if shutil.which("nvcc"):
-        return True
-    try:
-        from cupy.cuda import nvrtc
-
-        nvrtc.getVersion()
-        return True
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _compiler_available(), reason="neither nvcc nor NVRTC is installed")
+@needs_compiler
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_c_compiles(arch):
     ptx = cuda_c.compile_ptx("vector_multiply", arch=arch)
@@ -93,7 +80,7 @@ def test_cuda_c_compiles(arch):
     assert "ld.global.nc.v4.f32" in ptx or "ld.global.v4.f32" in ptx  # the float4 loads are there
 
 
-@pytest.mark.skipif(not _compiler_available(), reason="neither nvcc nor NVRTC is installed")
+@needs_compiler
 def test_compile_errors_are_reported(tmp_path, monkeypatch):
     (tmp_path / "broken.cu").write_text('extern "C" __global__ void k(float* a) { a[0] = undefined_name; }')
     monkeypatch.setattr(cuda_c, "SOURCES", tmp_path)
