@@ -25,6 +25,10 @@ MODE_VARIABLE = "GPUCOURSE_MODE"
 SIZES = {
     "vector_multiply.n": (2**29, 10_000),  # float32 elements: 2 GiB per vector on a GPU
     "vector_multiply.sweep": ((2**16, 2**18, 2**20, 2**22, 2**24, 2**26, 2**28, 2**29), (256, 1_024, 4_096)),
+    "warp_divergence.branch_n": (2**22, 256),  # threads running the compute-bound branch body
+    "warp_divergence.iters": (2048, 8),  # multiply-add rounds per chain in that body
+    "warp_divergence.paths": ((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 4, 8, 32)),
+    "warp_divergence.reduce_n": (2**28, 20_000),  # float32 elements: 1 GiB on a GPU
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),
     "ceilings.gemm_n": (8192, 0),
@@ -45,7 +49,7 @@ class NeedsGPU(CourseError, RuntimeError):
 
 @dataclass
 class Runtime:
-    mode: str  # "gpu" or "cpu"
+    mode: str  # "gpu", "cpu", or "compile" (real numba.cuda, no GPU: see compile_only)
     reason: str  # why this mode was chosen
     device: dict = field(default_factory=dict)  # probe of the GPU (GPU mode only)
 
@@ -157,6 +161,27 @@ def _decide(wanted: str) -> Runtime:
     if rt.gpu:
         rt.device = _probe_gpu()
     return rt
+
+
+def compile_only(cc: tuple = (8, 0)) -> Runtime:
+    """Real numba.cuda with no GPU, for compiling kernels to PTX (``cuda.compile_ptx``) only.
+
+    Use it in a process of its own (kernels/numba_ptx.py starts one): numba.cuda is the real target here,
+    so nothing may launch, and the mode cannot change afterwards. ``cc`` is the compute capability that
+    device functions are typed for.
+    """
+    global _runtime
+    if _runtime is not None or _numba_cuda_imported_mode() is not None:
+        raise CourseError("compile_only() must come first in a fresh process, before setup() and numba.cuda")
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+    _runtime = Runtime(mode="compile", reason="compiling to PTX only; no GPU is used")
+    import types
+
+    import numba.cuda.dispatcher as dispatcher
+
+    # numba-cuda asks the current device for its compute capability while it types a device function.
+    dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=tuple(cc))
+    return _runtime
 
 
 def get() -> Runtime:
