@@ -8,6 +8,8 @@ import importlib
 
 LESSONS = {
     "01_vector_multiply": "benchmarks.vector_multiply",
+    "02_warp_divergence": "benchmarks.warp_divergence",
+    "03_tensor_cores": "benchmarks.tensor_cores",
 }
 
 

@@ -29,6 +29,9 @@ SIZES = {
     "warp_divergence.iters": (2048, 8),  # multiply-add rounds per chain in that body
     "warp_divergence.paths": ((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 4, 8, 32)),
     "warp_divergence.reduce_n": (2**28, 20_000),  # float32 elements: 1 GiB on a GPU
+    "tensor_cores.n": (8192, 48),  # C = A B, n x n x n: the lesson's kernels (simulator: numba kernels only)
+    "tensor_cores.sweep": ((512, 1024, 2048, 4096, 8192), ()),  # sizes of the rate-against-size sweep
+    "tensor_cores.check_n": (4096, 32),  # n for the error table against float64
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),
     "ceilings.gemm_n": (8192, 0),

@@ -1,0 +1,320 @@
+"""Lesson 3's measurements on a GPU, and the figures drawn from them (measured or recorded).
+
+Every function that measures needs GPU mode; every plot function takes the figures plus their source
+label, so the notebook draws recorded figures in CPU mode with the same code.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import bench, plots, runtime
+from kernels import tensor_cores as tc
+
+LESSON = "03_tensor_cores"
+FIGURES = ("peak", "kernels", "configs", "sizes", "errors", "accumulation")  # what run() records
+CHECK = 1e-3  # a timed kernel's result against cuBLAS's, |diff|max / |ref|max: catches bugs, not rounding
+
+
+def _operands(n: int, dtype, *, seed: int = 0):
+    """A, B (n x n, uniform in [-1, 1)) in ``dtype`` on the GPU, and the FP32 product of exactly those
+    values by cuBLAS as the reference for checks."""
+    cp = runtime.cupy()
+    runtime.check_fits(n * n * (2 * np.dtype(dtype).itemsize + 4 * 4), f"a {n}^3 GEMM")
+    rs = cp.random.RandomState(seed)
+    A = (rs.random_sample((n, n), dtype=cp.float32) * 2 - 1).astype(dtype)
+    B = (rs.random_sample((n, n), dtype=cp.float32) * 2 - 1).astype(dtype)
+    ref = cp.matmul(A.astype(cp.float32), B.astype(cp.float32))
+    return A, B, ref
+
+
+def _rel_error_gpu(C, ref) -> float:
+    cp = runtime.cupy()
+    C = C.astype(cp.float32)
+    if not bool(cp.isfinite(C).all()):
+        return math.inf
+    return float(cp.abs(C - ref).max() / cp.abs(ref).max())
+
+
+# name -> (precision, kind, intensity model, launch(ops) where ops holds the operands, out buffers)
+def _launchers(config: str, config16: str) -> dict:
+    def numba(kernel):
+        return lambda o: tc.gemm_numba(o["nA32"], o["nB32"], o["nC32"], kernel=kernel)
+
+    return {
+        "numba, naive": ("FP32", "kernel", "numba_naive", numba("numba_naive")),
+        "numba, shared-memory tiles 16x16": ("FP32", "kernel", "numba_tiled", numba("numba_tiled")),
+        "CUDA C, shared-memory tiles 16x16": ("FP32", "kernel", "simt_tiled16",
+                                              lambda o: tc.gemm(o["A32"], o["B32"], o["C32"], kernel="simt_tiled16")),
+        "CUDA C, register tiles 128x128 (8x8 a thread)": (
+            "FP32", "kernel", "simt_128x128", lambda o: tc.gemm(o["A32"], o["B32"], o["C32"], kernel="simt_128x128")),
+        "cuBLAS FP32": ("FP32", "library", "compulsory", lambda o: tc.gemm_library(o["A32"], o["B32"], o["L32"])),
+        "cuBLAS TF32 (tensor cores)": ("TF32", "library", "compulsory",
+                                       lambda o: tc.gemm_library(o["A32"], o["B32"], o["L32"], tf32=True)),
+        "WMMA, one warp per 16x16 tile": ("FP16", "kernel", "naive",
+                                          lambda o: tc.gemm(o["A16"], o["B16"], o["C32"], kernel="naive")),
+        f"WMMA, tiled ({config})": ("FP16", "kernel", "tiled",
+                                    lambda o: tc.gemm(o["A16"], o["B16"], o["C32"], kernel="tiled", config=config)),
+        f"WMMA, tiled, FP16 accumulation ({config16})": (
+            "FP16 acc", "kernel", "tiled", lambda o: tc.gemm(o["A16"], o["B16"], o["C16"], kernel="tiled",
+                                                             config=config16)),
+        "cuBLAS FP16 (tensor cores)": ("FP16", "library", "compulsory",
+                                       lambda o: tc.gemm_library(o["A16"], o["B16"], o["L16"])),
+    }
+
+
+def _all_operands(n: int) -> dict:
+    cp = runtime.cupy()
+    cuda = runtime.cuda()
+    A16, B16, ref16 = _operands(n, cp.float16)
+    A32, B32, ref32 = _operands(n, cp.float32, seed=1)
+    o = {"A16": A16, "B16": B16, "ref16": ref16, "A32": A32, "B32": B32, "ref32": ref32,
+         "C32": cp.empty((n, n), cp.float32), "C16": cp.empty((n, n), cp.float16),
+         "L32": cp.empty((n, n), cp.float32), "L16": cp.empty((n, n), cp.float16)}
+    o["nA32"], o["nB32"], o["nC32"] = (cuda.as_cuda_array(o[k]) for k in ("A32", "B32", "C32"))
+    return o
+
+
+def _out_of(o: dict, name: str, precision: str):
+    if precision == "FP16 acc":
+        return o["C16"], o["ref16"]
+    if name.startswith("cuBLAS"):
+        return (o["L16"], o["ref16"]) if precision == "FP16" else (o["L32"], o["ref32"])
+    return (o["C32"], o["ref16"]) if precision == "FP16" else (o["C32"], o["ref32"])
+
+
+def kernel_table(n: int | None = None, *, config: str | None = None, config16: str | None = None,
+                 repeats: int = 10) -> dict:
+    """Every GEMM of the lesson on n x n x n, in TFLOP/s, each checked against cuBLAS before it is timed.
+    FP32 rows are compared with cuBLAS FP32, tensor-core rows with cuBLAS FP16."""
+    cp = runtime.cupy()
+    n = n or runtime.size("tensor_cores.n")
+    config = config or tc.DEFAULT_TILED["float32"]
+    config16 = config16 or tc.DEFAULT_TILED["float16"]
+    o = _all_operands(n)
+    launchers = _launchers(config, config16)
+    flops = 2.0 * n**3
+    rows = []
+    for name, (precision, kind, model, launch) in bench.progress(launchers.items(), desc="GEMMs"):
+        out, ref = _out_of(o, name, precision)
+        out.fill(cp.nan)
+        launch(o)
+        err = _rel_error_gpu(out, ref)
+        limit = 3e-2 if precision == "FP16 acc" else (5e-3 if precision in ("TF32",) or name == "cuBLAS FP16 (tensor cores)"
+                                                       else CHECK)
+        if not err <= limit:
+            raise runtime.CourseError(f"{name} gave a wrong result at n={n} (error {err:.2e}); not timing it")
+        slow = name.startswith("numba, naive")
+        t = bench.time_gpu(lambda: launch(o), repeats=3 if slow else repeats, warmup=1 if slow else 3)
+        rows.append({"name": name, "precision": precision, "kind": kind, "model": model, **t.summary(),
+                     "tflops": t.tflops(flops), "check_error": err,
+                     "intensity": tc.intensity(model, n, config=(config16 if precision == "FP16 acc" else config)
+                                               if model == "tiled" else None)})
+    lib = {r["name"]: r["tflops"] for r in rows if r["kind"] == "library"}
+    for r in rows:
+        base = lib["cuBLAS FP32"] if r["precision"] in ("FP32", "TF32") else lib["cuBLAS FP16 (tensor cores)"]
+        r["of_cublas"] = r["tflops"] / base
+    best = {p: max(r["tflops"] for r in rows if r["kind"] == "kernel" and r["precision"] == p) for p in ("FP32", "FP16")}
+    return {"n": n, "flops": flops, "config": config, "config16": config16, "rows": rows,
+            "tc_vs_simt_cublas": lib["cuBLAS FP16 (tensor cores)"] / lib["cuBLAS FP32"],
+            "tc_vs_simt_ours": best["FP16"] / best["FP32"]}
+
+
+def config_table(n: int | None = None, repeats: int = 10) -> dict:
+    """Every tiled WMMA configuration of tensor_cores.cu on n x n x n, in TFLOP/s (checked first)."""
+    cp = runtime.cupy()
+    n = n or runtime.size("tensor_cores.n")
+    A, B, ref = _operands(n, cp.float16)
+    rows = []
+    for name in bench.progress(tc.TILED_CONFIGS, desc="tile configurations"):
+        c = tc.tiled_config(name)
+        C = cp.full((n, n), cp.nan, dtype=c["acc"])
+        tc.gemm(A, B, C, kernel="tiled", config=name)
+        err = _rel_error_gpu(C, ref)
+        if not err <= (3e-2 if c["acc"] == "float16" else CHECK):
+            raise runtime.CourseError(f"{name} gave a wrong result at n={n} (error {err:.2e})")
+        t = bench.time_gpu(lambda: tc.gemm(A, B, C, kernel="tiled", config=name), repeats=repeats)
+        rows.append({**c, **t.summary(), "tflops": t.tflops(2.0 * n**3), "check_error": err})
+    lib = bench.time_gpu(lambda: cp.matmul(A, B), repeats=repeats).tflops(2.0 * n**3)
+    for r in rows:
+        r["of_cublas"] = r["tflops"] / lib
+    return {"n": n, "cublas_fp16_tflops": lib, "rows": rows}
+
+
+def size_sweep(sizes=None, repeats: int = 10, config: str | None = None) -> dict:
+    """TFLOP/s against n for the tensor-core and FP32 kernels and their cuBLAS counterparts."""
+    cp = runtime.cupy()
+    sizes = sizes or runtime.size("tensor_cores.sweep")
+    config = config or tc.DEFAULT_TILED["float32"]
+    series = {k: [] for k in ("WMMA, one warp per tile", "WMMA, tiled", "cuBLAS FP16", "CUDA C, register tiles",
+                              "cuBLAS FP32")}
+    for n in bench.progress(sizes, desc="sizes"):
+        A16, B16, _ = _operands(n, cp.float16)
+        A32, B32, _ = _operands(n, cp.float32)
+        C = cp.empty((n, n), cp.float32)
+        launches = {"WMMA, one warp per tile": lambda: tc.gemm(A16, B16, C, kernel="naive"),
+                    "WMMA, tiled": lambda: tc.gemm(A16, B16, C, kernel="tiled", config=config),
+                    "cuBLAS FP16": lambda: cp.matmul(A16, B16),
+                    "CUDA C, register tiles": lambda: tc.gemm(A32, B32, C, kernel="simt_128x128"),
+                    "cuBLAS FP32": lambda: cp.matmul(A32, B32)}
+        for name, launch in launches.items():
+            t = bench.time_per_call(launch, batch=max(1, 2**27 // n**2 // 8), repeats=repeats) if n <= 2048 \
+                else bench.time_gpu(launch, repeats=repeats)
+            series[name].append(t.tflops(2.0 * n**3))
+        launches.clear()
+    return {"sizes": list(sizes), "config": config, "tflops": series}
+
+
+def error_table(n: int | None = None, config: str | None = None) -> dict:
+    """Each kernel's error against float64 on n x n x n with inputs uniform in [0, 1) (one sign: no
+    cancellation hides the rounding): against the exact product of the values the kernel multiplied
+    (FP16-rounded for tensor-core kernels: accumulation error only), and against the float64 product of
+    the FP32 originals (input rounding too)."""
+    cp = runtime.cupy()
+    n = n or runtime.size("tensor_cores.check_n")
+    config = config or tc.DEFAULT_TILED["float32"]
+    rs = cp.random.RandomState(7)
+    A = rs.random_sample((n, n), dtype=cp.float32)
+    B = rs.random_sample((n, n), dtype=cp.float32)
+    A16, B16 = A.astype(cp.float16), B.astype(cp.float16)
+    exact32 = cp.matmul(A.astype(cp.float64), B.astype(cp.float64))
+    exact16 = cp.matmul(A16.astype(cp.float64), B16.astype(cp.float64))
+
+    def err(C, ref):
+        C = C.astype(cp.float64)
+        return float(cp.abs(C - ref).max() / cp.abs(ref).max()) if bool(cp.isfinite(C).all()) else math.inf
+
+    nA, nB = runtime.cuda().as_cuda_array(A), runtime.cuda().as_cuda_array(B)
+    rows = []
+
+    def add(name, precision, C, fp16_inputs):
+        rows.append({"name": name, "precision": precision,
+                     "vs_inputs_as_used": err(C, exact16 if fp16_inputs else exact32),
+                     "vs_fp32_inputs": err(C, exact32),
+                     "tolerance": tc.tolerance(precision, n)})
+
+    C = cp.empty((n, n), cp.float32)
+    tc.gemm_numba(nA, nB, runtime.cuda().as_cuda_array(C), kernel="numba_tiled")
+    add("numba, shared-memory tiles 16x16", "float32", C, False)
+    tc.gemm(A, B, C, kernel="simt_128x128")
+    add("CUDA C, register tiles 128x128", "float32", C, False)
+    add("cuBLAS FP32", "float32", cp.matmul(A, B), False)
+    add("cuBLAS TF32", "tf32", tc.gemm_library(A, B, tf32=True), False)
+    tc.gemm(A16, B16, C, kernel="naive")
+    add("WMMA, one warp per tile", "fp16_inputs_fp32_acc", C, True)
+    tc.gemm(A16, B16, C, kernel="tiled", config=config)
+    add("WMMA, tiled", "fp16_inputs_fp32_acc", C, True)
+    C16 = cp.empty((n, n), cp.float16)
+    tc.gemm(A16, B16, C16, kernel="naive")
+    add("WMMA, one warp per tile, FP16 accumulation", "fp16_acc", C16, True)
+    tc.gemm(A16, B16, C16, kernel="tiled", config=tc.DEFAULT_TILED["float16"])
+    add("WMMA, tiled, FP16 accumulation", "fp16_acc", C16, True)
+    add("cuBLAS FP16 (FP16 output)", "fp16_output", cp.matmul(A16, B16), True)
+    return {"n": n, "inputs": "uniform [0, 1)", "rows": rows}
+
+
+def accumulation_on_gpu(ks=(16, 64, 256, 1024, 4096, 16384), m: int = 128, seed: int = 0) -> dict:
+    """The K sweep of the notebook's NumPy model, run on the tensor cores (one warp per tile, FP32 and FP16
+    accumulation) with the same inputs, beside the model's figures."""
+    cp = runtime.cupy()
+    model = tc.accumulation_error(ks, m=m, n=m, seed=seed)
+    rng = np.random.default_rng(seed)
+    out = {"k": list(ks), "m": m, "gpu_fp32_acc": [], "gpu_fp16_acc": [], "model": model}
+    for k in ks:
+        A, B = rng.random((m, k)), rng.random((k, m))  # the same draws as accumulation_error makes
+        A16, B16 = A.astype(np.float16), B.astype(np.float16)
+        ref = tc.gemm_spec(A16, B16)
+        dA, dB = cp.asarray(A16), cp.asarray(B16)
+        for acc, key in (("float32", "gpu_fp32_acc"), ("float16", "gpu_fp16_acc")):
+            C = cp.empty((m, m), acc)
+            tc.gemm(dA, dB, C, kernel="naive")
+            out[key].append(tc.rel_error(C.get(), ref))
+    return out
+
+
+def peak_table(kernels: dict | None = None) -> dict:
+    """The slide's formula for this GPU beside what cuBLAS reaches."""
+    dev = runtime.get().device
+    peak = tc.peak_for(dev)
+    fp32 = tc.fp32_simt_peak_tflops(dev["sms"], peak["clock_mhz"])
+    return {"formula": peak, "fp32_simt_peak_tflops": fp32,
+            "gv100": {**tc.GV100_SLIDE, "tflops": tc.peak_tflops(**tc.GV100_SLIDE)}}
+
+
+def run() -> tuple:
+    """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
+    ceilings = bench.measure_ceilings().as_dict()
+    figures = {"peak": peak_table()}
+    figures["configs"] = config_table()
+    best = max((r for r in figures["configs"]["rows"] if r["acc"] == "float32"), key=lambda r: r["tflops"])
+    best16 = max((r for r in figures["configs"]["rows"] if r["acc"] == "float16"), key=lambda r: r["tflops"])
+    figures["kernels"] = kernel_table(config=best["name"], config16=best16["name"])
+    runtime.cupy().get_default_memory_pool().free_all_blocks()
+    figures["sizes"] = size_sweep(config=best["name"])
+    figures["errors"] = error_table(config=best["name"])
+    figures["accumulation"] = accumulation_on_gpu()
+    runtime.cupy().get_default_memory_pool().free_all_blocks()
+    return figures, ceilings
+
+
+# ------------------------------------------------------------------------------------ text and plots
+
+def kernel_text(table: dict) -> str:
+    lines = [f"C = A B, {table['n']} x {table['n']} x {table['n']} ({table['flops'] / 1e12:.2f} TFLOP a call)",
+             f"{'':52} {'TFLOP/s':>8} {'ms':>9}  {'of cuBLAS':>9}  {'FLOP/B':>7}"]
+    for r in table["rows"]:
+        ref = "FP32" if r["precision"] in ("FP32", "TF32") else "FP16"
+        lines.append(f"{r['name'][:52]:52} {r['tflops']:8.1f} {r['median_ms']:9.3f}  {r['of_cublas']:7.2f}x "
+                     f"{ref:4} {r['intensity']:7.1f}")
+    lines.append(f"tensor cores over FP32 SIMT: cuBLAS {table['tc_vs_simt_cublas']:.1f}x, "
+                 f"this course's best kernels {table['tc_vs_simt_ours']:.1f}x")
+    return "\n".join(lines)
+
+
+def plot_kernels(table: dict, source: str, precision: str = "FP16"):
+    """TFLOP/s of the FP32 rows (precision "FP32", against cuBLAS FP32) or the tensor-core rows ("FP16")."""
+    if precision == "FP32":
+        rows = [r for r in table["rows"] if r["precision"] in ("FP32", "TF32") and r["name"] != "cuBLAS FP32"]
+        ceiling = next(r for r in table["rows"] if r["name"] == "cuBLAS FP32")
+    else:
+        rows = [r for r in table["rows"] if r["precision"] in ("FP16", "FP16 acc")
+                and not r["name"].startswith("cuBLAS FP16")]
+        ceiling = next(r for r in table["rows"] if r["name"].startswith("cuBLAS FP16"))
+    return plots.bars({r["name"]: r["tflops"] for r in rows}, unit="TFLOP/s", source=source,
+                      title=f"{precision} GEMM, n = {table['n']}", ceiling=(ceiling["name"], ceiling["tflops"]))
+
+
+def plot_roofline(table: dict, ceilings: dict, peak: dict, source: str):
+    points = {r["name"]: (r["intensity"], r["tflops"]) for r in table["rows"]
+              if r["kind"] == "kernel" or r["name"].startswith("cuBLAS FP")}
+    peaks = {f"FP16 tensor cores, formula ({peak['formula']['clock_mhz']:.0f} MHz)": peak["formula"]["tflops"],
+             "FP16 tensor cores, cuBLAS": ceilings["fp16_tflops"], "FP32, cuBLAS": ceilings["fp32_tflops"]}
+    return plots.roofline(bandwidth_gbps=ceilings["copy_gbps"], peaks_tflops=peaks, points=points, source=source,
+                          title=f"GEMM kernels on the roofline (n = {table['n']}; intensity from each kernel's "
+                                "tiling)")
+
+
+def plot_configs(configs: dict, source: str):
+    values = {f"{r['bm']}x{r['bn']}x{r['bk']}, {r['warps']} warps of {r['wm']}x{r['wn']}, {r['stages']} stage"
+              f"{'s' if r['stages'] > 1 else ''}{', FP16 acc' if r['acc'] == 'float16' else ''}": r["tflops"]
+              for r in configs["rows"]}
+    return plots.bars(values, unit="TFLOP/s", source=source, title=f"Tiled WMMA configurations, n = {configs['n']}",
+                      ceiling=("cuBLAS FP16", configs["cublas_fp16_tflops"]))
+
+
+def plot_sizes(sizes: dict, source: str):
+    series = {name: (sizes["sizes"], v) for name, v in sizes["tflops"].items()}
+    return plots.lines(series, xlabel="n (C = A B, n x n x n)", ylabel="TFLOP/s", source=source,
+                       title="GEMM rate against size")
+
+
+def plot_accumulation(model: dict, source: str, gpu: dict | None = None):
+    series = {"FP32 accumulation (model)": (model["k"], model["fp32_acc"]),
+              "FP16 accumulation (model)": (model["k"], model["fp16_acc"]),
+              "exact sum rounded once to FP16": (model["k"], model["fp16_output"])}
+    if gpu is not None:
+        series["FP32 accumulation (tensor cores)"] = (gpu["k"], gpu["gpu_fp32_acc"])
+        series["FP16 accumulation (tensor cores)"] = (gpu["k"], gpu["gpu_fp16_acc"])
+    return plots.lines(series, xlabel="K (length of each dot product)", ylabel="max error / max |C|",
+                       source=source, title=f"Accumulation error against K ({model['dist']} inputs, FP16)")

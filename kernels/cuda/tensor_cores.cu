@@ -1,0 +1,307 @@
+// Lesson 3: tensor cores, in CUDA C. C = A B with A (M x K) and B (K x N) row-major.
+// Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA
+// include path, which cuda_c.include_dirs() finds). The launchers with their input checks, and a NumPy
+// model of what a tensor core computes, are in kernels/tensor_cores.py.
+//
+// 1. WMMA, one warp per 16x16 tile of C, operands straight from global memory (the first step).
+// 2. WMMA tiled through shared memory: a block computes a BM x BN tile of C with several warps, each warp a
+//    WM x WN piece of it (a grid of 16x16 fragments held in registers); the block copies the next BK-wide
+//    slices of A and B into shared memory with cp.async while the tensor cores work on the current ones
+//    (STAGES buffers: 1 = no overlap, 2 = double buffering, 3-4 = deeper pipelines).
+// 3. FP32 on the ordinary cores (SIMT): a register-tiled SGEMM, 128 x 128 per block, 8 x 8 per thread, to
+//    set the tensor cores beside the best the FP32 units can do.
+//
+// Accumulation: FP32 ("f32": C is float) or FP16 ("f16": C is half). The inputs are always FP16.
+
+#include <mma.h>
+#include <cuda_fp16.h>
+
+using namespace nvcuda;
+
+// ------------------------------------------------------------------------------- 1. one warp per tile
+
+// Warp w computes tile (w / (N/16), w % (N/16)) of C: K/16 multiply-accumulates of 16x16x16, each reading its
+// 16x16 slices of A and B from global memory. Nothing is shared between warps except through the caches,
+// so every element of A is read N/16 times and every element of B M/16 times. M, N, K: multiples of 16.
+template <typename Acc>
+__device__ void wmma_naive(const half* A, const half* B, Acc* C, int M, int N, int K)
+{
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int tiles_n = N / 16;
+    if (warp >= (long long)(M / 16) * tiles_n) return;  // a whole warp leaves together
+    int tm = (int)(warp / tiles_n), tn = (int)(warp % tiles_n);
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, Acc> acc;
+    wmma::fill_fragment(acc, (Acc)0.0f);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b;
+    for (int k = 0; k < K; k += 16) {
+        wmma::load_matrix_sync(a, A + (size_t)tm * 16 * K + k, K);
+        wmma::load_matrix_sync(b, B + (size_t)k * N + tn * 16, N);
+        wmma::mma_sync(acc, a, b, acc);  // acc = a b + acc, on the tensor cores
+    }
+    wmma::store_matrix_sync(C + (size_t)tm * 16 * N + tn * 16, acc, N, wmma::mem_row_major);
+}
+
+extern "C" __global__ void wmma_naive_f32(const half* A, const half* B, float* C, int M, int N, int K)
+{
+    wmma_naive<float>(A, B, C, M, N, K);
+}
+
+extern "C" __global__ void wmma_naive_f16(const half* A, const half* B, half* C, int M, int N, int K)
+{
+    wmma_naive<half>(A, B, C, M, N, K);
+}
+
+// ------------------------------------------------------------------- 2. tiled through shared memory
+
+// cp.async (sm_80+): a 16-byte copy from global to shared memory that does not pass through registers and
+// does not block the thread; commit_group closes a group of copies, wait_group<n> waits until at most n
+// groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Shared memory rows are padded by 8 halves (16 bytes): row r of a slice starts 16 bytes further round the
+// 32 banks than row r - 1, so the 8 rows a fragment load reads at once fall in different banks.
+constexpr int PAD = 8;
+
+template <int BM, int BN, int BK, int STAGES>
+struct TileShape {
+    static constexpr int LDA = BK + PAD;  // a stage of A: BM rows of BK halves
+    static constexpr int LDB = BN + PAD;  // a stage of B: BK rows of BN halves
+    static constexpr int A_STAGE = BM * LDA;
+    static constexpr int B_STAGE = BK * LDB;
+    static constexpr int SMEM_BYTES = STAGES * (A_STAGE + B_STAGE) * 2;
+};
+
+// Copy the BK-wide slice of A (BM x BK) and the BK-high slice of B (BK x BN) that start at k0 into one
+// stage of shared memory, 16 bytes (8 halves) per cp.async, spread over all the threads of the block.
+template <int BM, int BN, int BK, int THREADS, int STAGES>
+__device__ __forceinline__ void load_stage(half* As, half* Bs, const half* A, const half* B, int N, int K,
+                                           int bm, int bn, int k0, int tid)
+{
+    using S = TileShape<BM, BN, BK, STAGES>;
+#pragma unroll
+    for (int c = tid; c < BM * BK / 8; c += THREADS) {
+        int r = c / (BK / 8), col = (c % (BK / 8)) * 8;
+        cp_async16(As + r * S::LDA + col, A + (size_t)(bm + r) * K + k0 + col);
+    }
+#pragma unroll
+    for (int c = tid; c < BK * BN / 8; c += THREADS) {
+        int r = c / (BN / 8), col = (c % (BN / 8)) * 8;
+        cp_async16(Bs + r * S::LDB + col, B + (size_t)(k0 + r) * N + bn + col);
+    }
+}
+
+// Block (blockIdx.y, blockIdx.x) computes the BM x BN tile of C at (blockIdx.y BM, blockIdx.x BN) with
+// (BM/WM) x (BN/WN) warps; each warp holds (WM/16) x (WN/16) accumulator fragments. Every element of A is
+// read from global memory N/BN times (not N/16), every element of B M/BM times.
+// M, N, K: multiples of BM, BN, BK. Dynamic shared memory: TileShape<...>::SMEM_BYTES.
+template <int BM, int BN, int BK, int WM, int WN, int STAGES, typename Acc>
+__device__ __forceinline__ void wmma_tiled(const half* A, const half* B, Acc* C, int M, int N, int K)
+{
+    using S = TileShape<BM, BN, BK, STAGES>;
+    constexpr int WARPS_N = BN / WN;
+    constexpr int THREADS = (BM / WM) * WARPS_N * 32;
+    constexpr int FM = WM / 16, FN = WN / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    half* As = reinterpret_cast<half*>(smem);
+    half* Bs = As + STAGES * S::A_STAGE;
+
+    const int tid = threadIdx.x, warp = tid / 32;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, Acc> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], (Acc)0.0f);
+
+    const int steps = K / BK;
+    // The prologue fills STAGES - 1 buffers; one copy group per buffer, empty groups past the end of K keep
+    // the count of groups in flight the same on every step.
+    if (STAGES > 1) {
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < steps)
+                load_stage<BM, BN, BK, THREADS, STAGES>(As + s * S::A_STAGE, Bs + s * S::B_STAGE, A, B, N, K,
+                                                       bm, bn, s * BK, tid);
+            cp_async_commit();
+        }
+    }
+
+    for (int step = 0; step < steps; ++step) {
+        const int cur = step % STAGES;
+        if (STAGES == 1) {  // no overlap: copy, wait, compute
+            load_stage<BM, BN, BK, THREADS, STAGES>(As, Bs, A, B, N, K, bm, bn, step * BK, tid);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+        } else {
+            cp_async_wait<(STAGES > 1 ? STAGES - 2 : 0)>();  // this step's slice has landed ...
+            __syncthreads();  // ... for every thread, and everyone is done with the buffer refilled next
+            const int next = step + STAGES - 1;
+            if (next < steps)
+                load_stage<BM, BN, BK, THREADS, STAGES>(As + (next % STAGES) * S::A_STAGE,
+                                                       Bs + (next % STAGES) * S::B_STAGE, A, B, N, K, bm, bn,
+                                                       next * BK, tid);
+            cp_async_commit();
+        }
+        const half* a_s = As + cur * S::A_STAGE;
+        const half* b_s = Bs + cur * S::B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[FN];
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+                wmma::load_matrix_sync(a[i], a_s + (wm * WM + i * 16) * S::LDA + kk, S::LDA);
+#pragma unroll
+            for (int j = 0; j < FN; ++j)
+                wmma::load_matrix_sync(b[j], b_s + kk * S::LDB + wn * WN + j * 16, S::LDB);
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        if (STAGES == 1) __syncthreads();  // the single buffer is refilled next step
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+            wmma::store_matrix_sync(C + (size_t)(bm + wm * WM + i * 16) * N + bn + wn * WN + j * 16, acc[i][j],
+                                    N, wmma::mem_row_major);
+}
+
+// The configurations the course measures, named wmma_tiled_<BM>x<BN>x<BK>_w<WM>x<WN>_s<STAGES>_<acc>.
+// kernels/tensor_cores.py parses the name for the launch shape and shared-memory size.
+#define WMMA_TILED(BM, BN, BK, WM, WN, ST, ACC, TAG)                                                           \
+    extern "C" __global__ void __launch_bounds__((BM / WM) * (BN / WN) * 32)                                  \
+        wmma_tiled_##BM##x##BN##x##BK##_w##WM##x##WN##_s##ST##_##TAG(const half* A, const half* B, ACC* C,    \
+                                                                     int M, int N, int K)                     \
+    {                                                                                                         \
+        wmma_tiled<BM, BN, BK, WM, WN, ST, ACC>(A, B, C, M, N, K);                                            \
+    }
+
+WMMA_TILED(64, 64, 32, 32, 32, 1, float, f32)     // 4 warps, single buffer
+WMMA_TILED(64, 64, 32, 32, 32, 2, float, f32)     // 4 warps, double buffered
+WMMA_TILED(128, 128, 32, 64, 64, 1, float, f32)   // 4 warps of 64 x 64, single buffer
+WMMA_TILED(128, 128, 32, 64, 64, 2, float, f32)   // ... double buffered
+WMMA_TILED(128, 128, 32, 64, 64, 3, float, f32)   // ... three stages
+WMMA_TILED(128, 128, 32, 64, 64, 4, float, f32)   // ... four stages
+WMMA_TILED(128, 128, 32, 64, 32, 3, float, f32)   // 8 warps of 64 x 32
+WMMA_TILED(128, 128, 64, 64, 64, 2, float, f32)   // 4 warps of 64 x 64, 64-wide slices of K
+WMMA_TILED(128, 128, 64, 64, 64, 3, float, f32)
+WMMA_TILED(128, 128, 64, 64, 64, 4, float, f32)
+WMMA_TILED(128, 256, 32, 64, 64, 3, float, f32)   // 8 warps of 64 x 64
+WMMA_TILED(128, 256, 32, 64, 64, 4, float, f32)
+WMMA_TILED(256, 128, 32, 64, 64, 3, float, f32)
+WMMA_TILED(128, 128, 32, 64, 64, 3, half, f16)    // FP16 accumulation
+WMMA_TILED(128, 256, 32, 64, 64, 3, half, f16)
+
+// ------------------------------------------------------------------------- 3. FP32 SIMT, register-tiled
+
+// 256 threads compute a 128 x 128 tile of C, each an 8 x 8 block of it held in 64 registers: per step of
+// k, a thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs with them. The slices for
+// the next step are fetched into registers (float4) while this one is computed, then stored into the other
+// of two shared-memory buffers: one barrier per BK = 8. A's slice is stored transposed (k-major), so a
+// thread's 8 values of A at one k are two float4 reads. A thread's rows are ty*4..ty*4+3 and 64+ty*4..,
+// its columns tx*4.. and 64+tx*4..: the float4 reads of a warp cover contiguous shared memory.
+// M, N: multiples of 128; K: a multiple of 8.
+extern "C" __global__ void __launch_bounds__(256)
+    sgemm_128x128x8(const float* A, const float* B, float* C, int M, int N, int K)
+{
+    constexpr int BM = 128, BN = 128, BK = 8;
+    __shared__ __align__(16) float As[2][BK][BM];
+    __shared__ __align__(16) float Bs[2][BK][BN];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
+    const int a_row = tid / 2, a_col = (tid % 2) * 4;    // A slice 128 x 8: one float4 per thread
+    const int b_row = tid / 32, b_col = (tid % 32) * 4;  // B slice 8 x 128: one float4 per thread
+    const float* Ap = A + (size_t)(bm + a_row) * K + a_col;
+    const float* Bp = B + (size_t)b_row * N + bn + b_col;
+
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    float4 ra = *reinterpret_cast<const float4*>(Ap);
+    float4 rb = *reinterpret_cast<const float4*>(Bp);
+    As[0][a_col + 0][a_row] = ra.x;
+    As[0][a_col + 1][a_row] = ra.y;
+    As[0][a_col + 2][a_row] = ra.z;
+    As[0][a_col + 3][a_row] = ra.w;
+    *reinterpret_cast<float4*>(&Bs[0][b_row][b_col]) = rb;
+    __syncthreads();
+
+    const int steps = K / BK;
+    for (int step = 0; step < steps; ++step) {
+        const int cur = step & 1;
+        if (step + 1 < steps) {  // fetch the next slices now; they arrive while we compute
+            ra = *reinterpret_cast<const float4*>(Ap + (step + 1) * BK);
+            rb = *reinterpret_cast<const float4*>(Bp + (size_t)(step + 1) * BK * N);
+        }
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            float4 a0 = *reinterpret_cast<const float4*>(&As[cur][k][ty * 4]);
+            float4 a1 = *reinterpret_cast<const float4*>(&As[cur][k][64 + ty * 4]);
+            float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][k][tx * 4]);
+            float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][k][64 + tx * 4]);
+            float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+        }
+        if (step + 1 < steps) {  // the other buffer was last read before the previous barrier
+            const int nxt = cur ^ 1;
+            As[nxt][a_col + 0][a_row] = ra.x;
+            As[nxt][a_col + 1][a_row] = ra.y;
+            As[nxt][a_col + 2][a_row] = ra.z;
+            As[nxt][a_col + 3][a_row] = ra.w;
+            *reinterpret_cast<float4*>(&Bs[nxt][b_row][b_col]) = rb;
+        }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        const int row = bm + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        float* c = C + (size_t)row * N + bn;
+        *reinterpret_cast<float4*>(c + tx * 4) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        *reinterpret_cast<float4*>(c + 64 + tx * 4) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+    }
+}
+
+// FP32 GEMM through shared memory, one output per thread (16 x 16 threads, 16 x 16 tiles): the CUDA C twin
+// of the numba kernel gemm_tiled in kernels/tensor_cores.py. Any M, N, K.
+extern "C" __global__ void sgemm_tiled16(const float* A, const float* B, float* C, int M, int N, int K)
+{
+    __shared__ float sa[16][16];
+    __shared__ float sb[16][16];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int row = blockIdx.y * 16 + ty, col = blockIdx.x * 16 + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += 16) {
+        sa[ty][tx] = (row < M && k0 + tx < K) ? A[(size_t)row * K + k0 + tx] : 0.0f;
+        sb[ty][tx] = (k0 + ty < K && col < N) ? B[(size_t)(k0 + ty) * N + col] : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 16; ++k) acc = fmaf(sa[ty][k], sb[k][tx], acc);
+        __syncthreads();
+    }
+    if (row < M && col < N) C[(size_t)row * N + col] = acc;
+}

@@ -1,0 +1,497 @@
+"""Lesson 3 — tensor cores: mixed precision, WMMA, and the road to cuBLAS.
+
+Used by notebooks/03_tensor_cores.ipynb, benchmarks/tensor_cores.py and the tests:
+
+* numba.cuda FP32 GEMMs, one output per thread: ``gemm_naive`` (every operand from global memory) and
+  ``gemm_tiled`` (16 x 16 tiles through shared memory). Both run in Numba's simulator at small sizes.
+* The CUDA C kernels of kernels/cuda/tensor_cores.cu, launched through CuPy: WMMA one warp per 16x16 tile,
+  WMMA tiled through shared memory with several warps per block and cp.async multi-buffering, and a
+  register-tiled FP32 SGEMM for the ordinary (SIMT) cores. ``gemm`` launches any of them with checks.
+* NumPy: the spec (float64), an emulation of what a tensor core computes (FP16 inputs, exact products,
+  FP16 or FP32 accumulation, rounded once per MMA), the rounding of FP16 and the mixed-precision tricks
+  (master weights, loss scaling), and the peak-rate formula of the GV100 slide for any GPU.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpucourse import runtime
+
+from . import cuda_c
+
+cuda = runtime.cuda()
+
+SOURCE = "tensor_cores"  # kernels/cuda/tensor_cores.cu
+TILE = 16  # the numba tiled kernel: 16 x 16 threads, 16 x 16 tiles of A and B in shared memory
+MMA_SHAPE = (16, 16, 16)  # WMMA's M x N x K for FP16
+ACCUMULATORS = ("float32", "float16")
+NAIVE_WMMA = {"float32": "wmma_naive_f32", "float16": "wmma_naive_f16"}
+# The tiled WMMA configurations in tensor_cores.cu (see WMMA_TILED there).
+TILED_CONFIGS = (
+    "wmma_tiled_64x64x32_w32x32_s1_f32",
+    "wmma_tiled_64x64x32_w32x32_s2_f32",
+    "wmma_tiled_128x128x32_w64x64_s1_f32",
+    "wmma_tiled_128x128x32_w64x64_s2_f32",
+    "wmma_tiled_128x128x32_w64x64_s3_f32",
+    "wmma_tiled_128x128x32_w64x64_s4_f32",
+    "wmma_tiled_128x128x32_w64x32_s3_f32",
+    "wmma_tiled_128x128x64_w64x64_s2_f32",
+    "wmma_tiled_128x128x64_w64x64_s3_f32",
+    "wmma_tiled_128x128x64_w64x64_s4_f32",
+    "wmma_tiled_128x256x32_w64x64_s3_f32",
+    "wmma_tiled_128x256x32_w64x64_s4_f32",
+    "wmma_tiled_256x128x32_w64x64_s3_f32",
+    "wmma_tiled_128x128x32_w64x64_s3_f16",
+    "wmma_tiled_128x256x32_w64x64_s3_f16",
+)
+# The default tiled kernel per accumulator: the fastest on an H100/H200 in the lesson's record (see
+# benchmarks/tensor_cores.py, "configs"); any name of TILED_CONFIGS can be asked for.
+DEFAULT_TILED = {"float32": "wmma_tiled_128x128x64_w64x64_s3_f32", "float16": "wmma_tiled_128x256x32_w64x64_s3_f16"}
+SGEMM = {"simt_tiled16": ("sgemm_tiled16", 16, 16, 1), "simt_128x128": ("sgemm_128x128x8", 128, 128, 8)}
+KINDS = ("naive", "tiled", *(f"numba_{k}" for k in ("naive", "tiled")), *SGEMM)
+
+# ======================================================================== numba kernels (FP32, SIMT)
+
+@cuda.jit
+def gemm_naive(A, B, C):
+    """C = A B, one thread per element of C: thread (x, y) reads row y of A and column x of B from global
+    memory, K pairs of loads per two FLOPs. 2-D grid, x along the columns (coalesced reads of B)."""
+    col, row = cuda.grid(2)
+    if row < C.shape[0] and col < C.shape[1]:
+        acc = np.float32(0.0)
+        for k in range(A.shape[1]):
+            acc += A[row, k] * B[k, col]
+        C[row, col] = acc
+
+
+@cuda.jit
+def gemm_tiled(A, B, C):
+    """C = A B through shared memory: a 16 x 16 block copies a 16 x 16 tile of A and one of B, waits,
+    and every thread takes 16 multiply-adds from shared memory. Each element loaded from global memory
+    serves 16 threads instead of one. Blocks of exactly TILE x TILE threads; any M, N, K."""
+    sa = cuda.shared.array((TILE, TILE), np.float32)
+    sb = cuda.shared.array((TILE, TILE), np.float32)
+    tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+    row = cuda.blockIdx.y * TILE + ty
+    col = cuda.blockIdx.x * TILE + tx
+    M, K = A.shape
+    N = B.shape[1]
+    acc = np.float32(0.0)
+    for k0 in range(0, K, TILE):
+        sa[ty, tx] = A[row, k0 + tx] if row < M and k0 + tx < K else np.float32(0.0)
+        sb[ty, tx] = B[k0 + ty, col] if k0 + ty < K and col < N else np.float32(0.0)
+        cuda.syncthreads()
+        for k in range(TILE):
+            acc += sa[ty, k] * sb[k, tx]
+        cuda.syncthreads()
+    if row < M and col < N:
+        C[row, col] = acc
+
+
+NUMBA_KERNELS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}
+NUMBA_SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+
+
+# ===================================================================================== NumPy specs
+
+def gemm_spec(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """C = A B in float64: the reference every kernel is measured against."""
+    return np.asarray(A, np.float64) @ np.asarray(B, np.float64)
+
+
+def tolerance(precision: str, k: int) -> float:
+    """The error max |C - ref| / max |ref| that a precision allows for dot products of length k, for inputs
+    of one sign (where |ref| is the sum of the |products|), against the exact product of the values the
+    kernel multiplied:
+
+    * "float32" (FP32 everywhere) and "fp16_inputs_fp32_acc" (tensor cores, FP32 accumulator): the classic
+      bound k u with u = 2**-24: each of k additions rounds by at most u relative to the running sum;
+    * "tf32": the same plus TF32's input rounding (10 stored bits: 2 x 2**-11 for a product), measured
+      against the FP32 inputs;
+    * "fp16_acc": FP16 accumulator, rounded every 16 along k; the worst case (k/16) 2**-11 is far too
+      pessimistic to be useful, so the bound is statistical: 4 x what the NumPy model of the MMA gives,
+      about 1e-4 sqrt(k) (section 2 of the notebook);
+    * "fp16_output": an FP32 result stored as FP16: half a unit in the last place, 2**-11, plus k u."""
+    u = 2.0**-24
+    if k < 1:
+        raise runtime.CourseInputError(f"k must be at least 1, got {k}")
+    if precision in ("float32", "fp16_inputs_fp32_acc"):
+        return k * u
+    if precision == "tf32":
+        return 2 * 2.0**-11 + k * u
+    if precision == "fp16_acc":
+        return 4e-4 * math.sqrt(k)
+    if precision == "fp16_output":
+        return 2.0**-11 + k * u
+    raise runtime.CourseInputError(f"no tolerance for precision {precision!r}")
+
+
+def rel_error(C, ref) -> float:
+    """max |C - ref| / max |ref|: the error relative to the size of the result (NaN or inf: inf)."""
+    C = np.asarray(C, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(C)):
+        return math.inf
+    return float(np.max(np.abs(C - ref)) / max(np.max(np.abs(ref)), np.finfo(np.float64).tiny))
+
+
+# ======================================================== what a tensor core computes, in NumPy
+
+def mma(a, b, c, *, acc: str = "float32"):
+    """One tensor-core multiply-accumulate D = A B + C, emulated: A and B are rounded to FP16, their
+    products are exact (11-bit significands multiply into 22 bits, which FP32 holds), the sum of the
+    products and C is formed exactly (float64 here) and rounded once to ``acc`` (FP32 or FP16).
+
+    This is a model: real tensor cores add in a fixed-width datapath and may round or truncate inside a
+    step, so a GPU agrees with it to a few units in the last place of ``acc``, not bit for bit."""
+    dtype = _acc_dtype(acc)
+    a16 = np.asarray(a, np.float16).astype(np.float64)
+    b16 = np.asarray(b, np.float16).astype(np.float64)
+    with np.errstate(over="ignore"):
+        return (a16 @ b16 + np.asarray(c, np.float64)).astype(dtype)
+
+
+def gemm_emulated(A, B, *, acc: str = "float32", k_step: int = 16):
+    """C = A B as a chain of tensor-core MMAs along K, ``k_step`` at a time (16 for WMMA): the accumulator
+    is held in ``acc`` and rounded after every step. With FP16 accumulation the running sum loses
+    precision as it grows; with FP32 it hardly does."""
+    dtype = _acc_dtype(acc)
+    A = np.asarray(A, np.float16)
+    B = np.asarray(B, np.float16)
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+        raise runtime.CourseInputError(f"A is {A.shape} and B is {B.shape}: need M x K and K x N")
+    if k_step < 1:
+        raise runtime.CourseInputError(f"k_step must be at least 1, got {k_step}")
+    C = np.zeros((A.shape[0], B.shape[1]), dtype)
+    for k in range(0, A.shape[1], k_step):
+        C = mma(A[:, k:k + k_step], B[k:k + k_step], C, acc=acc)
+    return C
+
+
+def sum_fp16_sequential(x) -> np.float16:
+    """x[0] + x[1] + ... with every partial sum rounded to FP16: plain half arithmetic, no tensor core."""
+    s = np.float16(0)
+    with np.errstate(over="ignore"):
+        for v in np.asarray(x, np.float16):
+            s = np.float16(s + v)
+    return s
+
+
+def _acc_dtype(acc: str):
+    if acc not in ACCUMULATORS:
+        raise runtime.CourseInputError(f"acc must be one of {ACCUMULATORS}, not {acc!r}")
+    return np.dtype(acc)
+
+
+def fp16_facts() -> dict:
+    """FP16's range and precision beside FP32's, from np.finfo."""
+    out = {}
+    for name in ("float16", "float32"):
+        f = np.finfo(name)
+        out[name] = {"bits": f.bits, "significand_bits": f.nmant + 1, "exponent_bits": f.iexp,
+                     "epsilon": float(f.eps), "max": float(f.max), "smallest_normal": float(f.smallest_normal),
+                     "smallest_subnormal": float(f.smallest_subnormal), "decimal_digits": f.precision}
+    return out
+
+
+def accumulation_error(ks, *, m: int = 64, n: int = 64, seed: int = 0, dist: str = "uniform") -> dict:
+    """Relative error against float64 of C = A B (FP16 inputs, M x K times K x N) for each K in ``ks``:
+    FP32 accumulation, FP16 accumulation (rounded every 16 along K, as WMMA does), and the FP32 result
+    rounded once to FP16 at the end (the best any FP16 output can be). dist: "uniform" ([0, 1), sums grow
+    with K) or "normal" (mean zero, sums grow as sqrt(K))."""
+    rng = np.random.default_rng(seed)
+    out = {"k": list(ks), "fp32_acc": [], "fp16_acc": [], "fp16_output": [], "dist": dist, "m": m, "n": n}
+    for k in ks:
+        if dist == "uniform":
+            A, B = rng.random((m, k)), rng.random((k, n))
+        elif dist == "normal":
+            A, B = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        else:
+            raise runtime.CourseInputError(f"dist must be 'uniform' or 'normal', not {dist!r}")
+        A16, B16 = A.astype(np.float16), B.astype(np.float16)
+        ref = gemm_spec(A16, B16)  # the exact product of the FP16 inputs: only accumulation error remains
+        out["fp32_acc"].append(rel_error(gemm_emulated(A16, B16, acc="float32"), ref))
+        out["fp16_acc"].append(rel_error(gemm_emulated(A16, B16, acc="float16"), ref))
+        with np.errstate(over="ignore"):
+            out["fp16_output"].append(rel_error(ref.astype(np.float16), ref))
+    return out
+
+
+def master_weight_updates(steps: int = 1000, *, w0: float = 1.0, update: float = 1e-4) -> dict:
+    """A weight w0 receiving ``steps`` updates of ``update`` each, kept in FP16 and kept in FP32 (the
+    master copy); the exact result is w0 + steps * update."""
+    w16, w32 = np.float16(w0), np.float32(w0)
+    for _ in range(steps):
+        w16 = np.float16(w16 + np.float16(update))
+        w32 = np.float32(w32 + np.float32(update))
+    return {"fp16": float(w16), "fp32": float(w32), "exact": w0 + steps * update,
+            "fp16_spacing_at_w0": float(np.spacing(np.float16(w0)))}
+
+
+def loss_scaling(grads, scales=(1, 2**8, 2**16)) -> list:
+    """For each loss scale S: the fraction of the (FP32) gradients that become zero, and that overflow,
+    when S x gradient is stored in FP16; and the relative error of the unscaled FP16 gradients."""
+    g = np.asarray(grads, np.float32)
+    rows = []
+    for s in scales:
+        with np.errstate(over="ignore"):
+            g16 = (g * np.float32(s)).astype(np.float16)
+        back = g16.astype(np.float64) / s
+        finite = np.isfinite(g16)
+        ok = finite & (g != 0)
+        rows.append({"scale": s, "zero": float(np.mean((g16 == 0) & (g != 0))), "overflow": float(np.mean(~finite)),
+                     "median_rel_error": float(np.median(np.abs(back[ok] - g[ok]) / np.abs(g[ok]))) if ok.any()
+                     else math.nan})
+    return rows
+
+
+# ============================================================================== the peak-rate formula
+
+@dataclass(frozen=True)
+class TensorCoreSpec:
+    """Tensor cores per SM and dense FP16 FLOPs (multiply + add = 2) per tensor core per clock."""
+
+    architecture: str
+    tensor_cores_per_sm: int
+    fp16_flops_per_tc_per_clock: int
+    example: str
+    example_boost_mhz: int  # the clock NVIDIA quotes its peak at, for the example GPU
+
+
+# Compute capability -> dense FP16 with FP32 accumulation as data-center parts run it. GeForce parts of the
+# same generation run FP32 accumulation at half this rate; sparsity doubles the datasheet figure.
+TENSOR_CORE_SPECS = {
+    "7.0": TensorCoreSpec("Volta", 8, 128, "Tesla V100 SXM2 (80 SMs)", 1530),
+    "7.5": TensorCoreSpec("Turing", 8, 128, "Tesla T4 (40 SMs)", 1590),
+    "8.0": TensorCoreSpec("Ampere", 4, 512, "A100 SXM4 (108 SMs)", 1410),
+    "8.6": TensorCoreSpec("Ampere (GA10x)", 4, 256, "A10 (72 SMs)", 1695),
+    "8.9": TensorCoreSpec("Ada", 4, 256, "L4 (58 SMs)", 2040),
+    "9.0": TensorCoreSpec("Hopper", 4, 1024, "H100 SXM5 (132 SMs)", 1830),
+}
+GV100_SLIDE = {"sms": 80, "tensor_cores_per_sm": 8, "flops_per_tc_per_clock": 128, "clock_ghz": 1.462}
+
+
+def peak_tflops(sms: int, tensor_cores_per_sm: int, flops_per_tc_per_clock: int, clock_ghz: float) -> float:
+    """SMs x tensor cores per SM x FLOPs per tensor core per clock x clock: the slide's formula, in
+    TFLOP/s. The GV100 of the slide: 80 x 8 x 128 x 1.462 GHz = 119.8 TFLOP/s. A Volta tensor core does a
+    4x4x4 multiply-accumulate per clock: 64 multiplies and 64 adds = 128 FLOPs."""
+    for name, v in (("sms", sms), ("tensor_cores_per_sm", tensor_cores_per_sm),
+                    ("flops_per_tc_per_clock", flops_per_tc_per_clock), ("clock_ghz", clock_ghz)):
+        if not v > 0:
+            raise runtime.CourseInputError(f"{name} must be positive, got {v}")
+    return sms * tensor_cores_per_sm * flops_per_tc_per_clock * clock_ghz * 1e9 / 1e12
+
+
+def peak_for(device: dict, clock_mhz: float | None = None) -> dict:
+    """The formula filled in for a GPU described like runtime.get().device (name, compute_capability,
+    sms, max_sm_clock_mhz). clock_mhz: default the GPU's maximum SM clock, else the example's boost clock."""
+    cc = device["compute_capability"]
+    spec = TENSOR_CORE_SPECS.get(cc)
+    if spec is None:
+        raise runtime.CourseInputError(f"no tensor-core figures for compute capability {cc}; known: "
+                                       f"{', '.join(TENSOR_CORE_SPECS)}")
+    clock = clock_mhz or device.get("max_sm_clock_mhz") or spec.example_boost_mhz
+    return {"gpu": device["name"], "architecture": spec.architecture, "sms": device["sms"],
+            "tensor_cores_per_sm": spec.tensor_cores_per_sm, "flops_per_tc_per_clock": spec.fp16_flops_per_tc_per_clock,
+            "clock_mhz": clock, "tflops": peak_tflops(device["sms"], spec.tensor_cores_per_sm,
+                                                      spec.fp16_flops_per_tc_per_clock, clock / 1000)}
+
+
+def fp32_simt_peak_tflops(sms: int, clock_mhz: float, fp32_lanes_per_sm: int = 128) -> float:
+    """The ordinary cores: SMs x FP32 lanes per SM x 2 FLOPs (one FMA) x clock."""
+    return sms * fp32_lanes_per_sm * 2 * clock_mhz * 1e6 / 1e12
+
+
+# ==================================================================== arithmetic intensity of the kernels
+
+def tiled_config(name: str) -> dict:
+    """Block tile, warp tile, stages and accumulator of a tiled WMMA kernel, parsed from its name."""
+    m = re.fullmatch(r"wmma_tiled_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)_(f32|f16)", name)
+    if not m or name not in TILED_CONFIGS:
+        raise runtime.CourseInputError(f"no tiled WMMA kernel {name!r}; known: {', '.join(TILED_CONFIGS)}")
+    bm, bn, bk, wm, wn, stages = map(int, m.groups()[:6])
+    threads = (bm // wm) * (bn // wn) * 32
+    smem = stages * (bm * (bk + 8) + bk * (bn + 8)) * 2
+    return {"name": name, "bm": bm, "bn": bn, "bk": bk, "wm": wm, "wn": wn, "stages": stages, "threads": threads,
+            "warps": threads // 32, "smem_bytes": smem, "acc": "float32" if m.group(7) == "f32" else "float16"}
+
+
+def intensity(kind: str, n: int, *, config: str | None = None) -> float:
+    """FLOPs per byte that a kernel asks of global memory for an n x n x n GEMM, from its tiling: each
+    element of A is fetched once per tile of C that needs it. (The caches serve some of these fetches, so
+    DRAM may see fewer bytes; the compulsory minimum is kind "compulsory".)"""
+    flops = 2.0 * n**3
+    if kind == "compulsory":  # read A and B once (FP16), write C once (FP32)
+        return flops / (2 * n * n * 2 + 4 * n * n)
+    if kind in ("numba_naive", "simt_naive"):
+        return flops / (2 * n**3 * 4)  # two FP32 loads per multiply-add
+    if kind in ("numba_tiled", "simt_tiled16"):
+        return flops / (2 * n**3 * 4 / TILE)
+    if kind == "simt_128x128":
+        return flops / (n**3 * 4 * (1 / 128 + 1 / 128))
+    if kind == "naive":  # WMMA, 16 x 16 tiles of C
+        return flops / (n**3 * 2 * (1 / 16 + 1 / 16))
+    if kind == "tiled":
+        c = tiled_config(config or DEFAULT_TILED["float32"])
+        return flops / (n**3 * 2 * (1 / c["bn"] + 1 / c["bm"]))
+    raise runtime.CourseInputError(f"no intensity model for {kind!r}")
+
+
+# ============================================================================== checked launchers
+
+def _is_cupy(x) -> bool:
+    return type(x).__module__.startswith("cupy")
+
+
+def _check_operands(A, B, C, in_dtype, out_dtype) -> tuple:
+    runtime.check_device_array(A, "A", dtype=in_dtype, ndim=2)
+    runtime.check_device_array(B, "B", dtype=in_dtype, ndim=2)
+    M, K = A.shape
+    if B.shape[0] != K:
+        raise runtime.CourseInputError(f"A is {M} x {K} but B is {B.shape[0]} x {B.shape[1]}: A's columns "
+                                       "must match B's rows")
+    N = B.shape[1]
+    runtime.check_device_array(C, "C", dtype=out_dtype, shape=(M, N))
+    for name, x in (("A", A), ("B", B), ("C", C)):
+        if not _c_contiguous(x):
+            raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major); use cupy.ascontiguousarray")
+    if min(M, N, K) < 1:
+        raise runtime.CourseInputError(f"empty GEMM: M, N, K = {M}, {N}, {K}")
+    return M, N, K
+
+
+def _c_contiguous(x) -> bool:
+    flags = getattr(x, "flags", None)
+    if flags is None:
+        return True
+    try:
+        return bool(flags["C_CONTIGUOUS"])
+    except (KeyError, TypeError):
+        return bool(getattr(flags, "c_contiguous", True))
+
+
+def _require_multiple(M, N, K, bm, bn, bk, what):
+    if M % bm or N % bn or K % bk:
+        raise runtime.CourseInputError(
+            f"{what} needs M a multiple of {bm}, N of {bn} and K of {bk}; got {M} x {N} x {K}. "
+            "Pad the matrices with zeros (the padding adds nothing to the product) or use another kernel.")
+
+
+def gemm_numba(A, B, C, *, kernel: str = "numba_tiled", threads: tuple = (16, 16)):
+    """C = A B with a numba kernel (either mode): A (M x K), B (K x N), C (M x N), float32 device arrays.
+    kernel: "numba_naive" or "numba_tiled" (which needs 16 x 16 threads). Asynchronous on a GPU."""
+    if kernel not in NUMBA_KERNELS:
+        raise runtime.CourseInputError(f"kernel must be one of {tuple(NUMBA_KERNELS)}, not {kernel!r}")
+    M, N, K = _check_operands(A, B, C, np.float32, np.float32)
+    tx, ty = threads
+    if kernel == "numba_tiled" and (tx, ty) != (TILE, TILE):
+        raise runtime.CourseInputError(f"gemm_tiled needs blocks of {TILE} x {TILE} threads, got {tx} x {ty}")
+    if not (1 <= tx * ty <= 1024):
+        raise runtime.CourseInputError(f"a block has 1 to 1024 threads, got {tx} x {ty}")
+    grid = (math.ceil(N / tx), math.ceil(M / ty))
+    NUMBA_KERNELS[kernel][grid, (tx, ty)](A, B, C)
+    return C
+
+
+def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
+    """C = A B with a CUDA C kernel (GPU mode, CuPy arrays). Asynchronous.
+
+    kernel "naive" (WMMA, one warp per 16x16 tile) and "tiled" (WMMA through shared memory; ``config``
+    names one of TILED_CONFIGS): A, B float16; C float32 for FP32 accumulation or float16 for FP16.
+    kernel "simt_tiled16" / "simt_128x128": FP32 on the ordinary cores; A, B, C float32.
+    Shapes: naive needs multiples of 16; tiled and simt_128x128 multiples of their tiles (the error says
+    which); simt_tiled16 takes any."""
+    runtime.require_gpu("a CUDA C kernel")
+    for name, x in (("A", A), ("B", B), ("C", C)):
+        if runtime.is_device_array(x) and not _is_cupy(x):
+            raise runtime.CourseInputError(f"the CUDA C kernels take CuPy arrays; {name} is not one "
+                                           "(cupy.asarray(...) wraps a numba device array without a copy)")
+    if kernel in SGEMM:
+        M, N, K = _check_operands(A, B, C, np.float32, np.float32)
+        fn, bm, bn, bk = SGEMM[kernel]
+        if kernel == "simt_128x128":
+            _require_multiple(M, N, K, bm, bn, bk, "simt_128x128")
+            block = (256,)
+        else:
+            block = (16, 16)
+        grid = (math.ceil(N / bn), math.ceil(M / bm))
+        cuda_c.function(SOURCE, fn)(grid, block, (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
+        return C
+    if kernel not in ("naive", "tiled"):
+        raise runtime.CourseInputError(f"kernel must be one of {KINDS[:2] + tuple(SGEMM)}, not {kernel!r}")
+    out_dtype = np.dtype(C.dtype) if runtime.is_device_array(C) else None
+    if out_dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise runtime.CourseInputError("C must be a float32 (FP32 accumulation) or float16 (FP16 accumulation) "
+                                       f"device array, got {getattr(C, 'dtype', type(C).__name__)}")
+    acc = out_dtype.name
+    M, N, K = _check_operands(A, B, C, np.float16, out_dtype)
+    if max(M, N, K) >= 2**31 // 16:
+        raise runtime.CourseInputError("dimensions must stay below 2**27")
+    if kernel == "naive":
+        _require_multiple(M, N, K, 16, 16, 16, "the one-warp-per-tile WMMA kernel")
+        warps = (M // 16) * (N // 16)
+        threads = 128
+        blocks = math.ceil(warps * 32 / threads)
+        cuda_c.function(SOURCE, NAIVE_WMMA[acc])((blocks,), (threads,), (A, B, C, np.int32(M), np.int32(N),
+                                                                        np.int32(K)))
+        return C
+    c = tiled_config(config or DEFAULT_TILED[acc])
+    if c["acc"] != acc:
+        raise runtime.CourseInputError(f"{c['name']} accumulates in {c['acc']} but C is {acc}")
+    _require_multiple(M, N, K, c["bm"], c["bn"], c["bk"], c["name"])
+    fn = _tiled_function(c["name"], c["smem_bytes"])
+    fn((N // c["bn"], M // c["bm"]), (c["threads"],), (A, B, C, np.int32(M), np.int32(N), np.int32(K)),
+       shared_mem=c["smem_bytes"])
+    return C
+
+
+_raised = set()
+
+
+def _tiled_function(name: str, smem: int):
+    fn = cuda_c.function(SOURCE, name)
+    if name not in _raised:
+        if smem > 48 * 1024:  # a block gets more than 48 KiB of shared memory only when asked for
+            limit = runtime.cupy().cuda.runtime.getDeviceProperties(runtime.cupy().cuda.Device().id)
+            optin = limit.get("sharedMemPerBlockOptin", 0)
+            if smem > optin:
+                raise runtime.CourseInputError(f"{name} needs {smem} bytes of shared memory; this GPU allows "
+                                               f"{optin} per block")
+            fn.max_dynamic_shared_size_bytes = smem
+        _raised.add(name)
+    return fn
+
+
+def gemm_library(A, B, C=None, *, tf32: bool = False):
+    """cuBLAS through cupy.matmul (GPU mode): FP16 inputs run on the tensor cores, FP32 on the ordinary
+    cores unless ``tf32`` (TF32 tensor cores for FP32 inputs, where the GPU has them: compute capability
+    8.0 and up). Returns C (cupy.matmul's output if C is None)."""
+    cp = runtime.cupy()
+    if not tf32:
+        return cp.matmul(A, B, out=C)
+    from cupy._core import _routines_linalg as linalg
+
+    f32 = np.dtype(np.float32)
+    before = linalg.get_compute_type(f32)
+    linalg.set_compute_type(f32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        return cp.matmul(A, B, out=C)
+    finally:
+        linalg.set_compute_type(f32, before)
+
+
+def include_path_or_explain() -> list:
+    """The CUDA include folders WMMA needs under NVRTC (<mma.h>), or a CourseError saying how to get them."""
+    from pathlib import Path
+
+    dirs = [d for d in cuda_c.include_dirs() if (Path(d) / "mma.h").exists() or (Path(d) / "crt" / "mma.h").exists()]
+    if not dirs:
+        raise runtime.CourseError(
+            "the WMMA kernels include <mma.h>, and no CUDA toolkit headers were found: set CUDA_PATH (or "
+            "CUDA_HOME) to your CUDA toolkit, put its nvcc on PATH, or pip install the CUDA headers wheel "
+            "(nvidia-cuda-runtime-cu12 / cu13, which ships include/) and restart the kernel")
+    return dirs

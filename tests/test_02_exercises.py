@@ -1,0 +1,208 @@
+"""Lesson 2's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU
+mode (the notebooks' kernels are forced to the simulator), where the two performance tests are "not gradable
+here"; their GPU side is checked by running the solution notebook on a GPU (python -m gpucourse run ...)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpucourse import grading
+
+pytestmark = [pytest.mark.lesson02, pytest.mark.slow]
+
+LESSON = "02_warp_divergence"
+SOLUTION = grading.SOLUTIONS / LESSON / "warp_divergence.ipynb"
+EXERCISE = grading.EXERCISES / LESSON / "warp_divergence.ipynb"
+TIMEOUT = 60  # seconds per cell: the slowest, Task 2.2's kernel in the simulator, takes a few
+
+POINTS = {"test_2_1_element_of": 2, "test_2_1_kernel": 2, "test_2_1_warps": 1, "perf_2_1_regrouped": 2,
+          "test_2_2_model": 2, "test_2_2_kernel": 2, "test_2_2_launcher": 1, "perf_2_2_shuffle_sum": 2,
+          "test_2_3_cost": 1, "test_2_3_efficiency": 1, "test_2_3_expected_cost": 2, "test_2_3_slowdown": 1}
+PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
+GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
+
+
+def _replace(nb, cell_id: str, old: str, new: str) -> None:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
+    cell.source = cell.source.replace(old, new)
+
+
+def mixed_warps(nb):
+    """Task 2.1 (a): a remapping that still covers each warp pair's 64 elements once, but in runs of 16 threads,
+    so every warp holds both paths. The kernel, which follows it, is still right."""
+    _replace(nb, "task-2-1-element-of", "return (t // 64) * 64 + 2 * (t % 32) + (t // 32) % 2",
+             "return (t // 64) * 64 + 32 * ((t // 32) % 2) + 2 * (t % 16) + (t // 16) % 2")
+
+
+def kernel_ignores_mapping(nb):
+    """Task 2.1 (b): right results, but thread i still handles element i: element_of is right and unused."""
+    _replace(nb, "task-2-1-kernel", "i = element_of(cuda.grid(1))", "i = cuda.grid(1)")
+
+
+def wrong_offsets(nb):
+    """Task 2.2: shuffle offsets that miss a step, in the model (16, 8, 4, 2, 2) and in the kernel (16 .. 2)."""
+    _replace(nb, "task-2-2-model", "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2, 2):")
+    _replace(nb, "task-2-2-kernel", "while offset > 0:", "while offset > 1:")
+
+
+def atomic_per_thread(nb):
+    """Task 2.2 (b): the lesson's atomics version, no shuffles: the sum is right, the kernel is not the task's."""
+    kernel = next(c for c in nb.cells if c.get("id") == "task-2-2-kernel").source
+    body = kernel[kernel.index("    offset = 16"): kernel.index("    ### END SOLUTION")]
+    _replace(nb, "task-2-2-kernel", body, "    cuda.atomic.add(out, 0, acc)\n")
+
+
+def early_return(nb):
+    """Task 2.2 (b): threads past the end of x leave before the shuffles, which a full mask forbids: their lanes
+    read undefined values (NaN in the simulator's stand-in). Every thread has elements in the visible kernel
+    test, not in a hidden one nor in the launcher's."""
+    _replace(nb, "task-2-2-kernel", "    acc = np.float32(0.0)\n",
+             "    if cuda.grid(1) >= x.size:\n        return\n    acc = np.float32(0.0)\n")
+
+
+def forgets_to_zero(nb):
+    """Task 2.2 (c): out[0] is never set to zero, so the atomic adds go onto the NaN it starts with."""
+    _replace(nb, "task-2-2-launcher", "    out[0] = 0\n", "")
+
+
+def blocks_of_1024(nb):
+    """Task 2.2 (c) with blocks of 1024 threads: right, and in CPU mode 1024 simulator threads a block."""
+    _replace(nb, "task-2-2-launcher", "threads = 256", "threads = 1024")
+
+
+def no_serialisation(nb):
+    """Task 2.3 (a) and (c): costs as if a warp ran only its slowest lane's path (23 steps), and as if every
+    warp held all five paths."""
+    _replace(nb, "task-2-3-answers", "cost_a = 1 + 12 + 6 + 2 + 3 * 3 + 1", "cost_a = 1 + 12 + 3 * 3 + 1")
+    _replace(nb, "task-2-3-slowdown", "slowdown_c = (2 + 4 * 6) / (2 + 6)", "slowdown_c = (2 + 5 * 6) / (2 + 6)")
+
+
+def average_cost_in_exercise(nb):
+    """The released exercise filled in, with expected_warp_cost = expected paths x the mean body: right when the
+    two bodies cost the same, which is all the visible test tries; the hidden tests nbgrader puts back try
+    bodies of different costs."""
+    solution = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
+    exercise = nbformat.read(EXERCISE, as_version=4)
+    for cell in exercise.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            cell.source = solution[cell.get("id")]
+    nb.cells = exercise.cells
+    _replace(nb, "task-2-3-expected", "return rare * (1 - (1 - fraction) ** WARP) + common * (1 - fraction ** WARP)",
+             "return wd.expected_paths(fraction) * (rare + common) / 2")
+    assert "HIDDEN" not in "".join(c.source for c in nb.cells)
+
+
+# variant -> the tests it fails (all others pass)
+VARIANTS = {
+    mixed_warps: ["test_2_1_element_of"],
+    kernel_ignores_mapping: ["test_2_1_warps"],
+    wrong_offsets: ["test_2_2_model", "test_2_2_kernel", "test_2_2_launcher"],
+    atomic_per_thread: ["test_2_2_kernel"],
+    early_return: ["test_2_2_kernel", "test_2_2_launcher"],
+    forgets_to_zero: ["test_2_2_launcher"],
+    blocks_of_1024: [],
+    no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
+    average_cost_in_exercise: ["test_2_3_expected_cost"],
+}
+
+
+def _learner_copy(tmp: Path, edit=None) -> Path:
+    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
+    nb = nbformat.read(SOLUTION, as_version=4)
+    if edit is not None:
+        edit(nb)
+    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+    tmp = tmp_path_factory.mktemp("graded")
+    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
+    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_solution_scores_every_gradable_point(graded):
+    report = graded["solution"]
+    assert report.mode == "cpu"
+    assert {t.grade_id: t.max_points for t in report.tests} == POINTS
+    assert [t.grade_id for t in report.tests] == list(POINTS)
+    assert report.score == GRADABLE == report.gradable_max_score, report.format()
+    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+    assert report.notes == [], report.notes
+
+
+def test_performance_tests_are_not_gradable_in_cpu_mode(graded):
+    for grade_id in PERFORMANCE:
+        perf = graded["solution"].test(grade_id)
+        assert perf.performance and not perf.gradable and perf.points == 0
+        assert "not gradable in CPU mode" in perf.message
+    assert graded["solution"].max_score == sum(POINTS.values())
+
+
+def test_generated_exercise_scores_zero(graded):
+    report = graded["exercise"]
+    assert report.score == 0 and report.max_score == sum(POINTS.values())
+    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    for grade_id in ("test_2_1_element_of", "test_2_1_kernel", "test_2_2_model", "test_2_2_kernel",
+                     "test_2_3_expected_cost"):
+        assert "NotImplementedError" in report.test(grade_id).message, report.format()
+    assert report.test("test_2_3_cost").message.startswith("NameError")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
+def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
+    report = graded[variant.__name__]
+    lost = VARIANTS[variant]
+    assert report.score == GRADABLE - sum(POINTS[g] for g in lost), report.format()
+    for t in report.tests:
+        if t.grade_id in lost:
+            assert (t.points, t.status) == (0, "failed"), report.format()
+        elif t.gradable:
+            assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+
+
+def test_feedback_names_the_mistake(graded):
+    def message(variant, grade_id):
+        return graded[variant].test(grade_id).message
+
+    assert "threads 0..31 holds 2 paths" in message("mixed_warps", "test_2_1_element_of")
+    assert "element_of gives its threads" in message("kernel_ignores_mapping", "test_2_1_warps")
+    assert "want 499500" in message("wrong_offsets", "test_2_2_model")
+    assert "the exact sum is" in message("wrong_offsets", "test_2_2_kernel")
+    assert "ran [0] shuffles" in message("atomic_per_thread", "test_2_2_kernel")
+    assert "33 elements: got nan" in message("early_return", "test_2_2_kernel")  # a hidden test
+    assert "got nan" in message("forgets_to_zero", "test_2_2_launcher")
+    assert "the model gives 31" in message("no_serialisation", "test_2_3_cost")  # a hidden test
+    assert "the model gives 3.25" in message("no_serialisation", "test_2_3_slowdown")
+    assert "expected_warp_cost(0.015625, 10, 1)" in message("average_cost_in_exercise", "test_2_3_expected_cost")
+
+
+def test_exercise_matches_generation():
+    assert grading.check_exercises([LESSON]) == []
+
+
+def test_exercise_hides_the_answers():
+    """No solution and no hidden test is released; every test cell that has hidden tests also has visible ones."""
+    released = nbformat.read(EXERCISE, as_version=4)
+    text = "".join(c.source for c in released.cells)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN" not in text
+    assert "(t // 64) * 64" not in text and "shfl_down_sync(FULL_MASK, acc" not in text
+    source = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
+    for cell in released.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and "BEGIN HIDDEN TESTS" in source[cell.get("id")]:
+            visible = source[cell.get("id")].split("### BEGIN HIDDEN TESTS")[0]
+            assert cell.source.strip() == visible.strip() and any(
+                line and not line.startswith("#") for line in visible.splitlines()), cell.get("id")

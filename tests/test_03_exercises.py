@@ -1,0 +1,181 @@
+"""Lesson 3's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU
+mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC), where the three GPU-only tests
+(perf_*) are "not gradable here"; their GPU side is checked by running the solution notebook on a GPU
+(python -m gpucourse run ... --mode gpu)."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from gpucourse import grading
+
+pytestmark = [pytest.mark.lesson03, pytest.mark.slow]
+
+LESSON = "03_tensor_cores"
+SOLUTION = grading.SOLUTIONS / LESSON / "tensor_cores.ipynb"
+EXERCISE = grading.EXERCISES / LESSON / "tensor_cores.ipynb"
+TIMEOUT = 60  # seconds per cell: the slowest, Task 3.1's hidden sizes in the simulator, takes about ten
+
+POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
+          "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
+          "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
+          "test_3_3_why": 1}
+PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
+GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
+
+
+def _replace(nb, cell_id: str, old: str, new: str) -> None:
+    cell = next(c for c in nb.cells if c.get("id") == cell_id)
+    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
+    cell.source = cell.source.replace(old, new)
+
+
+def no_second_barrier(nb):
+    """Task 3.1: no barrier after the products, so a fast thread overwrites the tiles while others still read
+    them. The simulator runs a block's threads at once, and the race shows in every multi-tile product."""
+    _replace(nb, "task-3-1-kernel",
+             "        cuda.syncthreads()  # every thread is done with them before the next iteration overwrites them\n", "")
+
+
+def products_from_global(nb):
+    """Task 3.1: the tiles are loaded and synchronised, but the products read A and B from global memory: right
+    results, 2K global reads per thread."""
+    _replace(nb, "task-3-1-kernel", "acc += sa[ty, k] * sb[k, tx]",
+             "acc += A[row, k0 + k] * B[k0 + k, col] if row < M and col < N and k0 + k < K else np.float32(0.0)")
+
+
+def row_major_b(nb):
+    """Task 3.2: W^T's fragment declared row-major, which reads W's tile untransposed: it compiles and holds the
+    visible test's instructions; the hidden test looks at the layouts."""
+    _replace(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
+
+
+def does_not_compile(nb):
+    """Task 3.2: a typo in the CUDA C."""
+    _replace(nb, "task-3-2-loop", "wmma::mma_sync(acc, a, b, acc);", "wmma::mma_sync(acc, a, b, acc)")
+
+
+def endpoint_slope(nb):
+    """Task 3.3 (b): the slope through the first and last points only: exact on a clean power law, not the
+    least-squares fit on noisy data. The measured exponents stay within 0.1 of the model's."""
+    _replace(nb, "task-3-3-exponent",
+             "    slope, _ = np.polyfit(np.log(np.asarray(ks, float)), np.log(np.asarray(errors, float)), 1)\n",
+             "    slope = math.log(errors[-1] / errors[0]) / math.log(ks[-1] / ks[0])\n")
+
+
+def linear_explanation(nb):
+    """Task 3.3 (c): the wrong statement."""
+    _replace(nb, "task-3-3-answers", 'why = "B"', 'why = "A"')
+
+
+def numpy_scalars(nb):
+    """Task 3.3 (a): errors returned as NumPy scalars, not plain floats."""
+    _replace(nb, "task-3-3-errors", 'fp32.append(float(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))',
+             'fp32.append(np.float64(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))')
+
+
+# variant -> the tests it fails (all others pass)
+VARIANTS = {
+    no_second_barrier: ["test_3_1_results"],
+    products_from_global: ["test_3_1_loads"],
+    row_major_b: ["test_3_2_compiles"],
+    does_not_compile: ["test_3_2_compiles"],
+    endpoint_slope: ["test_3_3_exponent"],
+    linear_explanation: ["test_3_3_why"],
+    numpy_scalars: ["test_3_3_errors"],
+}
+
+
+def _learner_copy(tmp: Path, edit=None) -> Path:
+    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
+    nb = nbformat.read(SOLUTION, as_version=4)
+    if edit is not None:
+        edit(nb)
+    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
+    path.parent.mkdir(parents=True)
+    nbformat.write(nb, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+    tmp = tmp_path_factory.mktemp("graded")
+    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
+    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_solution_scores_every_gradable_point(graded):
+    report = graded["solution"]
+    assert report.mode == "cpu"
+    assert {t.grade_id: t.max_points for t in report.tests} == POINTS
+    assert [t.grade_id for t in report.tests] == list(POINTS)
+    assert report.score == GRADABLE == report.gradable_max_score, report.format()
+    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+    assert report.notes == [], report.notes
+
+
+def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
+    for grade_id in PERFORMANCE:
+        perf = graded["solution"].test(grade_id)
+        assert perf.performance and not perf.gradable and perf.points == 0
+    assert graded["solution"].max_score == sum(POINTS.values())
+
+
+def test_generated_exercise_scores_zero(graded):
+    report = graded["exercise"]
+    assert report.score == 0 and report.max_score == sum(POINTS.values())
+    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    for grade_id in ("test_3_1_results", "test_3_1_loads", "test_3_3_errors", "test_3_3_exponent"):
+        assert "NotImplementedError" in report.test(grade_id).message, report.format()
+    assert report.test("test_3_2_compiles").message.startswith("NameError")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
+def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
+    report = graded[variant.__name__]
+    lost = VARIANTS[variant]
+    assert report.score == GRADABLE - sum(POINTS[g] for g in lost), report.format()
+    for t in report.tests:
+        if t.grade_id in lost:
+            assert (t.points, t.status) == (0, "failed"), report.format()
+        elif t.gradable:
+            assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+
+
+def test_feedback_names_the_mistake(graded):
+    def message(variant, grade_id):
+        return graded[variant].test(grade_id).message
+
+    assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
+    assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
+    assert "column-major" in message("row_major_b", "test_3_2_compiles")  # a hidden test
+    assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
+    assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
+    assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
+
+
+def test_exercise_matches_generation():
+    assert grading.check_exercises([LESSON]) == []
+
+
+def test_exercise_hides_the_answers():
+    """No solution and no hidden test is released; every test cell that has hidden tests also has visible ones."""
+    released = nbformat.read(EXERCISE, as_version=4)
+    text = "".join(c.source for c in released.cells)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN" not in text
+    assert "wmma::col_major> b" not in text and "np.polyfit" not in text and 'why = "B"' not in text
+    source = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
+    for cell in released.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and "BEGIN HIDDEN TESTS" in source[cell.get("id")]:
+            visible = source[cell.get("id")].split("### BEGIN HIDDEN TESTS")[0]
+            assert cell.source.strip() == visible.strip() and any(
+                line and not line.startswith("#") for line in visible.splitlines()), cell.get("id")

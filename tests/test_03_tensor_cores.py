@@ -1,0 +1,387 @@
+"""Lesson 3: the numba GEMMs in the simulator, the NumPy model of a tensor core, the peak formula, the CUDA C
+kernels compiled to PTX without a GPU, the recorded figures against the issue's targets, and on a GPU the
+kernels against float64 with the tolerance each precision allows."""
+import math
+import re
+
+import numpy as np
+import pytest
+
+from conftest import needs_compiler
+from gpucourse import records, runtime
+from kernels import cuda_c
+from kernels import tensor_cores as tc
+
+pytestmark = pytest.mark.lesson03
+LESSON = "03_tensor_cores"
+cuda = runtime.cuda()
+
+
+def _device(x):
+    return runtime.cupy().asarray(x) if runtime.is_gpu() else cuda.to_device(x)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") and not hasattr(x, "copy_to_host") else x.copy_to_host()
+
+
+# ------------------------------------------------------------------------- numba kernels (either mode)
+
+@pytest.mark.parametrize("kernel", ["numba_naive", "numba_tiled"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (16, 16, 16), (19, 33, 21), (5, 40, 3)])
+def test_numba_gemm_matches_float64(rng, kernel, shape):
+    M, N, K = shape
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    B = rng.standard_normal((K, N)).astype(np.float32)
+    C = _device(np.full((M, N), np.nan, np.float32))
+    tc.gemm_numba(_device(A), _device(B), C, kernel=kernel)
+    got = _host(C)
+    want = tc.gemm_spec(A, B)
+    scale = np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)  # |A||B|: the error bound's scale
+    assert np.all(np.abs(got - want) <= K * 2.0**-24 * scale + 1e-30)
+
+
+def test_numba_gemm_checks_its_input():
+    A = _device(np.zeros((4, 3), np.float32))
+    B = _device(np.zeros((3, 5), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="device array"):
+        tc.gemm_numba(np.zeros((4, 3), np.float32), B, _device(np.zeros((4, 5), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="must match"):
+        tc.gemm_numba(A, _device(np.zeros((4, 5), np.float32)), _device(np.zeros((4, 5), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="shape"):
+        tc.gemm_numba(A, B, _device(np.zeros((5, 4), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="dtype"):
+        tc.gemm_numba(A, B, _device(np.zeros((4, 5), np.float64)))
+    with pytest.raises(runtime.CourseInputError, match="16 x 16"):
+        tc.gemm_numba(A, B, _device(np.zeros((4, 5), np.float32)), threads=(32, 8))
+    with pytest.raises(runtime.CourseInputError, match="kernel"):
+        tc.gemm_numba(A, B, _device(np.zeros((4, 5), np.float32)), kernel="wmma")
+
+
+# ------------------------------------------------------------------------ the NumPy model of an MMA
+
+def test_fp16_products_are_exact_in_fp32(rng):
+    a = rng.standard_normal(10_000).astype(np.float16)
+    b = rng.standard_normal(10_000).astype(np.float16)
+    p32 = a.astype(np.float32) * b.astype(np.float32)
+    assert np.array_equal(p32.astype(np.float64), a.astype(np.float64) * b.astype(np.float64))
+
+
+def test_mma_rounds_once_to_the_accumulator(rng):
+    a = rng.random((16, 16)).astype(np.float16)
+    b = rng.random((16, 16)).astype(np.float16)
+    c = rng.random((16, 16)).astype(np.float32)
+    exact = a.astype(np.float64) @ b.astype(np.float64) + c
+    assert np.array_equal(tc.mma(a, b, c), exact.astype(np.float32))
+    assert np.array_equal(tc.mma(a, b, c, acc="float16"), exact.astype(np.float16))
+    with pytest.raises(runtime.CourseInputError):
+        tc.mma(a, b, c, acc="bfloat16")
+
+
+def test_emulated_gemm_with_one_step_is_the_rounded_product(rng):
+    A = rng.random((8, 48)).astype(np.float16)
+    B = rng.random((48, 8)).astype(np.float16)
+    exact = tc.gemm_spec(A, B)
+    assert np.array_equal(tc.gemm_emulated(A, B, k_step=48), exact.astype(np.float32))
+    assert tc.rel_error(tc.gemm_emulated(A, B, acc="float32"), exact) < 48 * 2.0**-24
+    with pytest.raises(runtime.CourseInputError, match="K x N"):
+        tc.gemm_emulated(A, A)
+
+
+def test_fp16_accumulation_error_grows_with_k_and_fp32_stays_small():
+    r = tc.accumulation_error([16, 256, 4096], m=32, n=32)
+    assert r["fp16_acc"][0] < r["fp16_acc"][1] < r["fp16_acc"][2]
+    for k, e32, e16 in zip(r["k"], r["fp32_acc"], r["fp16_acc"]):
+        assert e32 <= tc.tolerance("fp16_inputs_fp32_acc", k)
+        assert e16 <= tc.tolerance("fp16_acc", k) / 2  # the model sits well inside the GPU tolerance
+        assert e16 > 100 * e32
+    assert max(r["fp16_output"]) <= 2.0**-11  # one rounding to FP16 costs at most half an ulp
+
+
+def test_fp16_sequential_sum_stagnates():
+    # 0.25 added 8192 times: exact 2048, but FP16's spacing reaches 0.5 at 512, so 0.25 rounds away there
+    assert float(tc.sum_fp16_sequential(np.full(8192, 0.25))) == 512.0
+
+
+def test_fp16_facts():
+    f = tc.fp16_facts()
+    assert f["float16"]["max"] == 65504.0 and f["float16"]["epsilon"] == 2.0**-10
+    assert f["float16"]["smallest_subnormal"] == 2.0**-24 and f["float32"]["significand_bits"] == 24
+
+
+def test_master_weights_and_loss_scaling(rng):
+    m = tc.master_weight_updates(1000, update=1e-4)
+    assert m["fp16"] == 1.0  # every update is below half of FP16's spacing at 1.0 and is lost
+    assert m["fp32"] == pytest.approx(m["exact"], rel=1e-4)
+    grads = rng.lognormal(np.log(1e-6), 2.5, 20_000).astype(np.float32)
+    rows = tc.loss_scaling(grads, scales=(1, 2**10, 2**40))
+    assert rows[0]["zero"] > 0.05 and rows[1]["zero"] < rows[0]["zero"] / 10
+    assert rows[2]["overflow"] > 0  # too large a scale overflows FP16's 65504
+
+
+def test_tolerances():
+    assert tc.tolerance("float32", 8192) == pytest.approx(8192 * 2.0**-24)
+    assert tc.tolerance("fp16_acc", 1024) == pytest.approx(4e-4 * 32)
+    with pytest.raises(runtime.CourseInputError):
+        tc.tolerance("int8", 16)
+
+
+# ------------------------------------------------------------------------------- the peak formula
+
+def test_peak_formula_gv100():
+    assert tc.peak_tflops(**tc.GV100_SLIDE) == pytest.approx(119.8, abs=0.05)
+    with pytest.raises(runtime.CourseInputError):
+        tc.peak_tflops(0, 8, 128, 1.4)
+
+
+def test_peak_for_known_gpus():
+    a100 = tc.peak_for({"name": "A100", "compute_capability": "8.0", "sms": 108}, clock_mhz=1410)
+    assert a100["tflops"] == pytest.approx(312, rel=0.01)  # the datasheet's dense FP16
+    h100 = tc.peak_for({"name": "H100 SXM", "compute_capability": "9.0", "sms": 132}, clock_mhz=1830)
+    assert h100["tflops"] == pytest.approx(989, rel=0.01)
+    v100 = tc.peak_for({"name": "V100", "compute_capability": "7.0", "sms": 80}, clock_mhz=1530)
+    assert v100["tflops"] == pytest.approx(125, rel=0.01)
+    with pytest.raises(runtime.CourseInputError, match="compute capability"):
+        tc.peak_for({"name": "P100", "compute_capability": "6.0", "sms": 56})
+
+
+def test_tiled_configs_and_intensity():
+    c = tc.tiled_config("wmma_tiled_128x256x32_w64x64_s3_f32")
+    assert (c["threads"], c["warps"], c["stages"], c["acc"]) == (256, 8, 3, "float32")
+    assert c["smem_bytes"] == 3 * (128 * 40 + 32 * 264) * 2
+    for name in tc.TILED_CONFIGS:
+        tc.tiled_config(name)
+    with pytest.raises(runtime.CourseInputError):
+        tc.tiled_config("wmma_tiled_1x1x1_w1x1_s1_f32")
+    n = 8192
+    order = ["numba_naive", "numba_tiled", "naive", "simt_128x128", "tiled"]
+    values = [tc.intensity(k, n) for k in order]
+    assert values == sorted(values)  # bigger tiles, fewer bytes per FLOP
+    assert tc.intensity("numba_tiled", n) == pytest.approx(16 * tc.intensity("numba_naive", n))
+
+
+# ----------------------------------------------------------------------- PTX, compiled without a GPU
+
+CUDA_KERNELS = ["wmma_naive_f32", "wmma_naive_f16", "sgemm_128x128x8", "sgemm_tiled16", *tc.TILED_CONFIGS]
+
+
+def _entry(ptx: str, name: str) -> str:
+    start = ptx.index(f".entry {name}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end > 0 else None]
+
+
+@needs_compiler
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_c_compiles_to_tensor_core_instructions(arch):
+    ptx = cuda_c.compile_ptx(tc.SOURCE, arch=arch)
+    body = {k: _entry(ptx, k) for k in CUDA_KERNELS}
+    for name in ("wmma_naive_f32", *tc.TILED_CONFIGS):
+        assert re.search(r"wmma\.mma\.sync\.aligned\.row\.row\.m16n16k16\.f(32|16)\.f(32|16)", body[name]), name
+    assert re.search(r"wmma\.mma\.sync.*\.f32\.f32", body["wmma_naive_f32"])
+    assert re.search(r"wmma\.mma\.sync.*\.f16\.f16", body["wmma_naive_f16"])
+    for name in tc.TILED_CONFIGS:
+        assert "cp.async.cg.shared.global" in body[name] and "cp.async.wait_group" in body[name], name
+        assert "bar.sync" in body[name]
+    for name in ("sgemm_128x128x8", "sgemm_tiled16"):
+        assert "mma" not in body[name] and "fma.rn.f32" in body[name]
+    assert "ld.global.v4.f32" in body["sgemm_128x128x8"] or "ld.global.nc.v4.f32" in body["sgemm_128x128x8"]
+
+
+def test_include_path_found_or_explained(monkeypatch):
+    try:
+        dirs = tc.include_path_or_explain()
+        assert dirs
+    except runtime.CourseError as exc:
+        assert "CUDA_PATH" in str(exc)
+    monkeypatch.setattr(cuda_c, "include_dirs", lambda: [])
+    with pytest.raises(runtime.CourseError, match="mma.h"):
+        tc.include_path_or_explain()
+
+
+@pytest.fixture(scope="module")
+def numba_ptx_of_gemms():
+    from kernels.numba_ptx import numba_ptx
+
+    try:
+        return numba_ptx({k: tc.NUMBA_SIGNATURE for k in ("gemm_naive", "gemm_tiled")}, module="kernels.tensor_cores")
+    except runtime.CourseError as exc:
+        if "nvvm" in str(exc).lower():
+            pytest.skip(f"numba-cuda cannot find NVVM here: {exc}")
+        raise
+
+
+def test_numba_tiled_kernel_uses_shared_memory(numba_ptx_of_gemms):
+    assert "ld.shared.f32" in numba_ptx_of_gemms["gemm_tiled"] and "bar.sync" in numba_ptx_of_gemms["gemm_tiled"]
+    assert ".shared" not in numba_ptx_of_gemms["gemm_naive"].split(".entry")[1]
+
+
+# ----------------------------------------------- what a GPU recorded, against the issue (either mode)
+
+@pytest.fixture(scope="module")
+def record():
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no GPU record of lesson 3 yet")
+    return rec["figures"]
+
+
+def _rows(table):
+    return {r["name"]: r for r in table["rows"]}
+
+
+def test_recorded_kernels_are_checked_and_ordered(record):
+    t = record["kernels"]
+    assert t["n"] == 8192
+    rows = _rows(t)
+    for r in t["rows"]:
+        assert r["check_error"] <= (3e-2 if r["precision"] == "FP16 acc" else 5e-3)
+    assert rows["numba, shared-memory tiles 16x16"]["tflops"] > rows["numba, naive"]["tflops"]
+    tiled = next(r for r in t["rows"] if r["name"].startswith("WMMA, tiled ("))
+    assert tiled["tflops"] > 3 * rows["WMMA, one warp per 16x16 tile"]["tflops"]
+    assert t["tc_vs_simt_cublas"] > 5  # tensor cores against FP32 SIMT, the slide's "9.3x"
+
+
+def test_recorded_targets(record):
+    """Issue targets at 8192^3: tiled WMMA FP16 >= 0.35x cuBLAS FP16; tiled FP32 SIMT >= 0.5x cuBLAS FP32."""
+    t = record["kernels"]
+    tiled = next(r for r in t["rows"] if r["name"].startswith("WMMA, tiled ("))
+    assert tiled["of_cublas"] >= 0.35, f"tiled WMMA at {tiled['of_cublas']:.2f}x of cuBLAS FP16"
+    simt = _rows(t)["CUDA C, register tiles 128x128 (8x8 a thread)"]
+    assert simt["of_cublas"] >= 0.5, f"register-tiled SGEMM at {simt['of_cublas']:.2f}x of cuBLAS FP32"
+
+
+def test_recorded_errors_within_tolerance(record):
+    e = record["errors"]
+    for r in e["rows"]:
+        assert r["vs_inputs_as_used"] <= r["tolerance"], r["name"]
+        assert r["tolerance"] == pytest.approx(tc.tolerance(r["precision"], e["n"]))
+
+
+def test_recorded_accumulation_follows_the_model(record):
+    a = record["accumulation"]
+    for k, e32, e16 in zip(a["k"], a["gpu_fp32_acc"], a["gpu_fp16_acc"]):
+        assert e32 <= tc.tolerance("fp16_inputs_fp32_acc", k)
+        assert e16 <= tc.tolerance("fp16_acc", k)
+    assert a["gpu_fp16_acc"][-1] > 10 * a["gpu_fp16_acc"][0] or a["gpu_fp16_acc"][-1] > 1e-3
+
+
+def test_recorded_configs_show_the_pipeline_pays(record):
+    rows = {(r["bm"], r["bn"], r["bk"], r["wm"], r["wn"], r["stages"], r["acc"]): r["tflops"]
+            for r in record["configs"]["rows"]}
+    assert rows[(128, 128, 32, 64, 64, 2, "float32")] > rows[(128, 128, 32, 64, 64, 1, "float32")]
+    assert rows[(128, 128, 32, 64, 64, 1, "float32")] > rows[(64, 64, 32, 32, 32, 1, "float32")]
+
+
+def test_recorded_peak(record):
+    p = record["peak"]
+    assert p["gv100"]["tflops"] == pytest.approx(119.8, abs=0.05)
+    assert p["formula"]["tflops"] > 0
+
+
+# ----------------------------------------------------------------------------------- GPU only
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(16, 16, 16), (48, 80, 64), (256, 128, 1024)])
+@pytest.mark.parametrize("acc", ["float32", "float16"])
+def test_wmma_naive_on_gpu(rng, shape, acc):
+    cp = runtime.cupy()
+    M, N, K = shape
+    A = rng.random((M, K)).astype(np.float16)
+    B = rng.random((K, N)).astype(np.float16)
+    C = cp.full((M, N), cp.nan, dtype=acc)
+    tc.gemm(cp.asarray(A), cp.asarray(B), C, kernel="naive")
+    prec = "fp16_inputs_fp32_acc" if acc == "float32" else "fp16_acc"
+    assert tc.rel_error(C.get(), tc.gemm_spec(A, B)) <= tc.tolerance(prec, K)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", tc.TILED_CONFIGS)
+def test_wmma_tiled_on_gpu(rng, config):
+    cp = runtime.cupy()
+    c = tc.tiled_config(config)
+    M, N, K = 2 * c["bm"], 3 * c["bn"], 5 * c["bk"] * 4
+    A = rng.random((M, K)).astype(np.float16)
+    B = rng.random((K, N)).astype(np.float16)
+    C = cp.full((M, N), cp.nan, dtype=c["acc"])
+    tc.gemm(cp.asarray(A), cp.asarray(B), C, kernel="tiled", config=config)
+    prec = "fp16_inputs_fp32_acc" if c["acc"] == "float32" else "fp16_acc"
+    got = C.get()
+    assert tc.rel_error(got, tc.gemm_spec(A, B)) <= tc.tolerance(prec, K)
+    if c["acc"] == "float32":  # and with the model of the MMA, to a few FP32 ulps of the result
+        model = tc.gemm_emulated(A, B, acc="float32")
+        assert tc.rel_error(got, model) <= 4 * K / 16 * 2.0**-24
+
+
+@pytest.mark.gpu
+def test_wmma_rejects_bad_shapes():
+    cp = runtime.cupy()
+    A = cp.zeros((100, 64), cp.float16)
+    B = cp.zeros((64, 128), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="multiple"):
+        tc.gemm(A, B, cp.zeros((100, 128), cp.float32), kernel="tiled")
+    with pytest.raises(runtime.CourseInputError, match="multiple of 16"):
+        tc.gemm(A, B, cp.zeros((100, 128), cp.float32), kernel="naive")
+    with pytest.raises(runtime.CourseInputError, match="float32"):
+        tc.gemm(A[:96], B, cp.zeros((96, 128), cp.float64), kernel="naive")
+    with pytest.raises(runtime.CourseInputError, match="accumulates"):
+        tc.gemm(cp.zeros((128, 64), cp.float16), cp.zeros((64, 256), cp.float16), cp.zeros((128, 256), cp.float16),
+                kernel="tiled", config="wmma_tiled_128x256x32_w64x64_s3_f32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, shape", [("simt_128x128", (256, 384, 1024)), ("simt_tiled16", (100, 70, 33)),
+                                           ("simt_tiled16", (128, 128, 128))])
+def test_simt_sgemm_on_gpu(rng, kernel, shape):
+    cp = runtime.cupy()
+    M, N, K = shape
+    A = rng.random((M, K)).astype(np.float32)
+    B = rng.random((K, N)).astype(np.float32)
+    C = cp.full((M, N), cp.nan, dtype=cp.float32)
+    tc.gemm(cp.asarray(A), cp.asarray(B), C, kernel=kernel)
+    assert tc.rel_error(C.get(), tc.gemm_spec(A, B)) <= tc.tolerance("float32", K)
+
+
+@pytest.mark.gpu
+def test_numba_kernels_on_gpu_at_size(rng):
+    cp = runtime.cupy()
+    M, N, K = 300, 257, 513
+    A = rng.random((M, K)).astype(np.float32)
+    B = rng.random((K, N)).astype(np.float32)
+    for kernel in ("numba_naive", "numba_tiled"):
+        C = cp.full((M, N), cp.nan, dtype=cp.float32)
+        tc.gemm_numba(cuda.as_cuda_array(cp.asarray(A)), cuda.as_cuda_array(cp.asarray(B)), cuda.as_cuda_array(C),
+                      kernel=kernel)
+        assert tc.rel_error(C.get(), tc.gemm_spec(A, B)) <= tc.tolerance("float32", K)
+
+
+@pytest.mark.gpu
+def test_tf32_library_is_less_precise_than_fp32(rng):
+    cp = runtime.cupy()
+    A = cp.asarray(rng.random((512, 2048)).astype(np.float32))
+    B = cp.asarray(rng.random((2048, 512)).astype(np.float32))
+    ref = tc.gemm_spec(A.get(), B.get())
+    e32 = tc.rel_error(tc.gemm_library(A, B).get(), ref)
+    etf = tc.rel_error(tc.gemm_library(A, B, tf32=True).get(), ref)
+    assert e32 <= tc.tolerance("float32", 2048)
+    assert etf <= tc.tolerance("tf32", 2048)
+    if runtime.get().device["compute_capability"] >= "8.0":
+        assert etf > e32
+    assert tc.rel_error(tc.gemm_library(A, B).get(), ref) == e32  # the FP32 compute type was restored
+
+
+@pytest.mark.gpu
+def test_tiled_wmma_against_cublas_live():
+    """Issue target, measured now: the tiled WMMA kernel at >= 0.35x of cuBLAS FP16 at 8192^3."""
+    from gpucourse import bench
+
+    cp = runtime.cupy()
+    n = 8192
+    A = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+    B = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+    C = cp.empty((n, n), cp.float32)
+    t = bench.interleaved({"ours": lambda: tc.gemm(A, B, C, kernel="tiled"), "cublas": lambda: cp.matmul(A, B)},
+                          rounds=2, repeats=2, batch=4)
+    ratio = t["cublas"].median_ms / t["ours"].median_ms
+    assert ratio >= 0.35, f"tiled WMMA at {ratio:.2f}x of cuBLAS FP16"
+    assert math.isfinite(ratio)
