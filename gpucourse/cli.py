@@ -6,6 +6,7 @@
   record [LESSON ...]   on a GPU: run lessons' benchmarks, write results/<gpu>/<lesson>.json
   ceilings [--refresh]  this GPU's measured copy, transfer and GEMM ceilings
   grade NB              grade one exercise notebook with nbgrader; print the score and feedback
+  grade-class FOLDER    autograde a class's submissions into nbgrader's gradebook; CSV and feedback HTML
   exercises [--check]   generate exercises/ from solutions/ (or check they are in sync)
 """
 from __future__ import annotations
@@ -40,6 +41,16 @@ def main(argv=None) -> int:
     grade.add_argument("notebook", type=Path)
     grade.add_argument("--timeout", type=int, help="seconds each cell may run (default 120)")
     grade.add_argument("--json", action="store_true", help="print the report as JSON")
+    # grade-class: a class's submissions, nbgrader's gradebook, CSV export and feedback (grading.grade_class)
+    klass = sub.add_parser("grade-class", parents=[common],
+                           help="autograde FOLDER/<student>/<assignment>/<notebook>.ipynb into a gradebook")
+    klass.add_argument("folder", type=Path)
+    klass.add_argument("--assignment", help="the lesson, e.g. 01_vector_multiply (default: the folder's)")
+    klass.add_argument("--course-dir", type=Path, help="nbgrader course directory to write (default .grading/<lesson>)")
+    klass.add_argument("--timeout", type=int, help="seconds each cell may run (default 120)")
+    klass.add_argument("--notebook-timeout", type=int, help="seconds all cells of a notebook may run (default 600)")
+    klass.add_argument("--workers", type=int, help="notebooks graded at a time (default 2)")
+    klass.add_argument("--json", action="store_true", help="print the reports as JSON (progress goes to stderr)")
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
     args, extra = p.parse_known_args(argv)
@@ -106,6 +117,15 @@ def _grade(args) -> int:
     return grading.grade_cli(args.notebook, mode=mode, timeout=args.timeout, as_json=args.json)
 
 
+def _grade_class(args) -> int:
+    from . import grading
+
+    mode = args.mode if args.mode in ("gpu", "cpu") else None
+    return grading.grade_class_cli(args.folder, assignment=args.assignment, course_dir=args.course_dir, mode=mode,
+                                   timeout=args.timeout, notebook_timeout=args.notebook_timeout,
+                                   workers=args.workers, as_json=args.json)
+
+
 def _exercises(args) -> int:
     from . import grading
 
@@ -113,4 +133,4 @@ def _exercises(args) -> int:
 
 
 COMMANDS = {"probe": _probe, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
-            "grade": _grade, "exercises": _exercises}
+            "grade": _grade, "grade-class": _grade_class, "exercises": _exercises}

@@ -73,7 +73,7 @@ def odd_sizes_in_exercise(nb):
 
 
 def kernel_dies(nb):
-    """Task 1.2: ends the kernel's process. nbgrader then grades nothing at all."""
+    """Task 1.2: ends the kernel's process: that cell fails, the cells after it do not run."""
     _replace(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(1)")
 
 
@@ -167,10 +167,13 @@ def test_feedback_names_the_error(graded):
     assert "n=5," in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
 
 
-def test_a_kernel_that_dies_is_reported_not_scored(graded):
-    error = graded["kernel_dies"]
-    assert isinstance(error, grading.GradingError), error
-    assert "kernel died" in str(error) and "DeadKernelError" in error.log
+def test_a_kernel_that_dies_fails_its_cell_and_stops_the_rest(graded):
+    report = graded["kernel_dies"]
+    died = report.test("test_1_2_gbps")
+    assert (died.points, died.status) == (0, "kernel died") and "(exit code 1)" in died.message, report.format()
+    for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply"):
+        assert report.test(g).status == "not run", report.format()
+    assert report.score == 3  # Task 1.1's tests ran before the kernel died
 
 
 def test_edited_and_deleted_test_cells_are_restored(graded):

@@ -1,0 +1,1167 @@
+"""Hostile and mangled submissions, each with the exact score and message the grader must give it.
+
+Every case starts from what a learner really has, the released exercise with working answers (the
+solution's), breaks one thing, and states what grading must then say: the score out of what CPU mode can
+grade, and for each test that does not pass, its status and message; plus the notes the report must carry.
+All the submissions of a lesson are graded in one run of ``grading.grade_class`` (the same preparation,
+worker and guarded kernel as ``grading.grade``), in CPU mode, so each costs a few seconds.
+
+The cases are in two groups:
+    GENERIC_CASES   built from any lesson's source notebook (its first test, its first answer, ...): they
+                    repair to full marks or are refused, whatever the lesson. A new lesson gets them by
+                    being listed in LESSONS.
+    LESSON_CASES    what a lesson's own code can get wrong (a kernel writing out of bounds, a hang, ...),
+                    keyed by lesson; a new lesson adds its list.
+
+The performance harness is tested here too: without a GPU through ``grading._measure`` with a host clock
+(fresh inputs, poisoned outputs, checks after every run, caches and deferred work caught, a clock replaced
+by the candidate ignored), and on a GPU (``gpu`` marker) with known-wrong, known-slow, cached, deferred,
+other-stream and clock-patching candidates against the real reference kernel.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from gpucourse import grading, runtime
+
+pytestmark = pytest.mark.slow
+
+REPO = grading.REPO
+LESSONS = ["01_vector_multiply"]  # lessons whose submissions this corpus attacks; add yours when it is ready
+TIMEOUT = 10  # seconds per cell in the corpus runs (every solution cell takes a few seconds at most)
+NOTEBOOK_TIMEOUT = 30  # seconds per notebook in the corpus runs
+MARKER = Path("/tmp/gpucourse-hostile-marker")  # a file a hostile notebook tries to write
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+def source_nb(lesson: str) -> dict:
+    return json.loads(next((grading.SOLUTIONS / lesson).glob("*.ipynb")).read_text())
+
+
+def gid(cell) -> str | None:
+    return grading._gid(cell)
+
+
+def filled_exercise(lesson: str) -> dict:
+    """The released exercise with the solution's answers typed in: a learner's working notebook."""
+    answers = {gid(c): c["source"] for c in source_nb(lesson)["cells"]
+               if gid(c) and c["metadata"]["nbgrader"].get("solution")}
+    nb = json.loads(next((grading.EXERCISES / lesson).glob("*.ipynb")).read_text())
+    for c in nb["cells"]:
+        if gid(c) in answers:
+            c["source"] = answers[gid(c)]
+    return nb
+
+
+def points(lesson: str) -> dict[str, float]:
+    return {gid(c): c["metadata"]["nbgrader"]["points"] for c in source_nb(lesson)["cells"]
+            if gid(c) and c["metadata"]["nbgrader"].get("grade")}
+
+
+def gradable(lesson: str) -> float:
+    return sum(p for g, p in points(lesson).items() if not g.startswith(grading.PERF_PREFIX))
+
+
+def cells_where(nb: dict, test: Callable[[dict], bool]) -> list[dict]:
+    return [c for c in nb["cells"] if isinstance(c, dict) and gid(c) and test(c["metadata"]["nbgrader"])]
+
+
+def graded_cells_of(nb):
+    return cells_where(nb, lambda m: m.get("grade"))
+
+
+def answers_of(nb):
+    return cells_where(nb, lambda m: m.get("solution") and not m.get("locked"))
+
+
+def text(cell) -> str:
+    src = cell["source"]
+    return "".join(src) if isinstance(src, list) else src
+
+
+def edit(nb: dict, grade_id: str, old: str, new: str) -> None:
+    cell = next(c for c in nb["cells"] if isinstance(c, dict) and gid(c) == grade_id)
+    assert old in text(cell), f"{old!r} is not in cell {grade_id}: the solution changed"
+    cell["source"] = text(cell).replace(old, new)
+
+
+def append(nb: dict, grade_id: str, code: str) -> None:
+    cell = next(c for c in nb["cells"] if gid(c) == grade_id)
+    cell["source"] = text(cell) + "\n" + textwrap.dedent(code).strip() + "\n"
+
+
+def added_cell(code: str, **metadata) -> dict:
+    return {"cell_type": "code", "metadata": metadata, "source": textwrap.dedent(code).strip(), "outputs": [],
+            "execution_count": None, "id": f"added-{abs(hash(code)) % 10**8}"}
+
+
+@dataclass
+class Case:
+    """One submission and what grading must say about it.
+
+    score: points out of what CPU mode grades (None: the notebook is not graded; ``error`` says why).
+    tests: grade_id -> (status, message) for each test that does not pass; a message ending in "..." is a
+        prefix, any other must match exactly. Tests not named must pass.
+    notes: notes the report must carry (exactly these, in any order, when ``exact_notes``).
+    """
+
+    name: str
+    make: Callable[[dict, Path], dict | bytes | None]
+    score: float | None = None
+    tests: dict[str, tuple[str, str]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    exact_notes: bool = True
+    error: str | None = None
+    full: bool = False  # the score is every gradable point of the lesson
+
+
+def matches(got: str, want: str) -> bool:
+    return got.startswith(want[:-3]) if want.endswith("...") else got == want
+
+
+# --------------------------------------------------------------------------- generic, any lesson
+
+def _delete_tests(nb, _):
+    nb["cells"] = [c for c in nb["cells"] if c not in graded_cells_of(nb)]
+
+
+def _delete_locked(nb, _):
+    nb["cells"] = [c for c in nb["cells"] if not (gid(c) and c["metadata"]["nbgrader"].get("locked"))]
+
+
+def _duplicate_locked(nb, _):
+    nb["cells"] = [d for c in nb["cells"] for d in ([c, json.loads(json.dumps(c))]
+                                                   if gid(c) and c["metadata"]["nbgrader"].get("locked") else [c])]
+
+
+def _reverse(nb, _):
+    nb["cells"] = nb["cells"][::-1]
+
+
+def _tests_to_markdown(nb, _):
+    for c in graded_cells_of(nb):
+        c["cell_type"] = "markdown"
+        c.pop("outputs", None)
+        c.pop("execution_count", None)
+
+
+def _answers_to_raw(nb, _):
+    for c in answers_of(nb):
+        c["cell_type"] = "raw"
+        c.pop("outputs", None)
+        c.pop("execution_count", None)
+
+
+def _forge_metadata(nb, _):
+    for c in graded_cells_of(nb):
+        c["metadata"]["nbgrader"].update(points=100, grade=False, locked=False)
+        c["metadata"]["tags"] = ["skip-execution", "raises-exception"]
+    nb["cells"].append(added_cell("1.0", nbgrader={"grade": True, "grade_id": "bonus", "locked": True,
+                                                   "points": 50, "schema_version": 3, "solution": False}))
+
+
+def _junk_entries(nb, _):
+    nb["cells"] = [1, "a string", None, *nb["cells"], ["a", "list"]]
+
+
+def _kernelspec(nb, _):
+    nb["metadata"]["kernelspec"] = {"name": "bash", "display_name": "Bash", "language": "bash"}
+
+
+def _shadowing_module(nb, folder: Path):
+    (folder / "numpy.py").write_text("raise ImportError('a numpy.py handed in beside the notebook')\n")
+    (folder / "math.py").write_text("raise ImportError('a math.py handed in beside the notebook')\n")
+
+
+def _time_magic(nb, _):
+    first = answers_of(nb)[0]
+    first["source"] = "%%time\n" + text(first)
+
+
+def _huge_output_cell(nb, _):
+    nb["cells"].append(added_cell("print('x' * 20_000_000)\nprint('done')"))
+
+
+def _not_json(nb, _):
+    return b"this is not JSON {"
+
+
+def _no_cells(nb, _):
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": "none"}).encode()
+
+
+def _no_exercise_cells(nb, _):
+    for c in nb["cells"]:
+        c["metadata"] = {}
+
+
+def generic_cases(lesson: str) -> list[Case]:
+    nb = source_nb(lesson)
+    test_ids = [gid(c) for c in graded_cells_of(nb)]
+    locked_ids = [gid(c) for c in cells_where(nb, lambda m: m.get("locked"))]
+    answer_ids = [gid(c) for c in answers_of(nb)]
+    name = next((grading.SOLUTIONS / lesson).glob("*.ipynb")).name
+    return [
+        Case("deleted_tests", _delete_tests, full=True,
+             notes=[f"cell {g} had been deleted; it was put back and run" for g in test_ids]),
+        Case("deleted_locked_cells", _delete_locked, full=True,
+             notes=[f"cell {g} had been deleted; it was put back and run" for g in locked_ids]),
+        Case("duplicated_locked_cells", _duplicate_locked, full=True,
+             notes=[f"cell {g} appeared more than once; the extra copy was removed" for g in locked_ids]),
+        Case("reversed_cells", _reverse, full=True,
+             notes=["cells had been moved; the exercise's cells were put back in their order (cells you added "
+                    "stay after the cell they followed)"]),
+        Case("tests_retyped_markdown", _tests_to_markdown, full=True,
+             notes=[f"cell {g} had been changed to markdown; it was put back as code" for g in test_ids]),
+        Case("answers_retyped_raw", _answers_to_raw, full=True,
+             notes=[f"your answer cell {g} had been changed to raw; it ran as code" for g in answer_ids]),
+        Case("forged_metadata_and_tags", _forge_metadata, full=True,
+             notes=["a cell claimed grade id 'bonus', which this exercise does not have; it ran as an ordinary "
+                    "cell"]),
+        Case("junk_cell_entries", _junk_entries, full=True,
+             notes=["4 entries of the notebook's cell list were not a cell and were ignored"]),
+        Case("kernelspec_swapped", _kernelspec, full=True),
+        Case("shadowing_modules_handed_in", _shadowing_module, full=True),
+        Case("time_magic", _time_magic, full=True),
+        Case("huge_output_added_cell", _huge_output_cell, full=True),
+        Case("not_json", _not_json, error=f"{name} is not a notebook (Expecting value: line 1 column 1 (char 0))"),
+        Case("cells_not_a_list", _no_cells, error=f"{name} is not a notebook (no list of cells)"),
+        Case("no_exercise_cells", _no_exercise_cells, error=f"{name}: it has none of the exercise's cells: work in a "
+             "copy of the released exercise, which carries what the grader needs"),
+    ]
+
+
+# ----------------------------------------------------------------------------------- lesson 1
+
+L1 = "01_vector_multiply"
+# What the rest of the notebook gives when one part fails.
+FAIL_1_1 = {"test_1_1_kernel", "test_1_1_small_grids", "test_1_4_fast_multiply"}  # all use the Task 1.1 kernel
+NOT_RUN = "not run"
+
+
+def _l1(score, tests=None, notes=None, **kw):
+    return dict(score=score, tests=tests or {}, notes=notes or [], **kw)
+
+
+def l1_infinite_loop(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize",
+         "    while ms > 0:\n        pass\n    nbytes = 3 * n * itemsize")
+
+
+def l1_uninterruptible(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize",
+         "    import time\n    while True:\n        try:\n            time.sleep(0.1)\n"
+         "        except KeyboardInterrupt:\n            pass\n    nbytes = 3 * n * itemsize")
+
+
+def l1_notebook_limit(nb, _):
+    at = next(i for i, c in enumerate(nb["cells"]) if gid(c) == "test_1_2_gbps")
+    for k in range(4):
+        nb["cells"].insert(at + 1 + k, added_cell(f"import time\ntime.sleep({TIMEOUT - 2})  # {k}"))
+
+
+def l1_os_exit(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(3)")
+
+
+def l1_segfault(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize", "    import faulthandler\n    faulthandler._sigsegv()")
+
+
+def l1_segfault_ctypes(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize", "    import ctypes\n    ctypes.string_at(0)")
+
+
+def l1_out_of_bounds(nb, _):
+    edit(nb, "task_1_1_kernel", "range(start, out.size, stride)", "range(start, out.size + stride, stride)")
+
+
+def l1_nan(nb, _):
+    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = math.nan")
+
+
+def l1_inf(nb, _):
+    edit(nb, "task_1_3_transfer", "return nbytes / (gbps * 1e9)", "return math.inf")
+
+
+def l1_wrong_dtype(nb, _):
+    edit(nb, "task_1_3_answers", "pageable_s = transfer_seconds(both_inputs, PAGEABLE_GBPS)",
+         "pageable_s = str(transfer_seconds(both_inputs, PAGEABLE_GBPS))")
+
+
+def l1_wrong_shape(nb, _):
+    edit(nb, "task_1_4_fast_multiply", "    return out", "    return out[:-1]")
+
+
+def l1_patched_timer(nb, _):
+    append(nb, "task_1_4_fast_multiply", """
+        import time
+        from gpucourse import bench
+        time.perf_counter = lambda: 0.0
+        bench.time_gpu = lambda *args, **kwargs: bench.Timing([1e-6])
+    """)
+
+
+def l1_patched_grader(nb, _):
+    append(nb, "task_1_4_fast_multiply", """
+        from gpucourse import grading
+        grading.performance_points = lambda *args, **kwargs: 3.0
+    """)
+
+
+def l1_cached(nb, _):
+    cell = next(c for c in nb["cells"] if gid(c) == "task_1_4_fast_multiply")
+    cell["source"] = textwrap.dedent("""\
+        _CACHE = {}
+
+
+        def fast_multiply(a, b, out):
+            # Computes once per size, then hands back the stored product: wrong for new inputs of that size.
+            n = out.shape[0]
+            if n not in _CACHE:
+                threads = 256
+                multiply_grid_stride[max(1, min(math.ceil(n / threads), 32 * SMS)), threads](a, b, out)
+                _CACHE[n] = out.copy_to_host()
+            out.copy_to_device(_CACHE[n])
+            return out
+    """)
+
+
+def l1_huge_stdout_in_test(nb, _):
+    edit(nb, "task_1_4_fast_multiply", "    return out", "    print('y' * 3_000_000)\n    return out")
+
+
+def l1_huge_stderr_in_test(nb, _):
+    edit(nb, "task_1_2_gbps", "    nbytes = 3 * n * itemsize",
+         "    import sys\n    print('z' * 3_000_000, file=sys.stderr)\n    nbytes = 3 * n * itemsize")
+
+
+def l1_write_outside(nb, _):
+    append(nb, "task_1_2_gbps", f"""
+        with open({str(MARKER)!r}, "w") as f:
+            f.write("written by a graded notebook")
+    """)
+
+
+def l1_write_repository(nb, _):
+    append(nb, "task_1_2_gbps", f"""
+        import shutil
+        shutil.rmtree({str(REPO / "exercises")!r})
+    """)
+
+
+def l1_read_solution(nb, _):
+    targets = [str(grading.SOLUTIONS / L1 / "vector_multiply.ipynb"),
+               "../../../source/01_vector_multiply/vector_multiply.ipynb",
+               "../../../gradebook.db", "/proc/self/cwd/../../../gradebook.db", str(REPO / ".git" / "HEAD"),
+               "../../alice/01_vector_multiply/vector_multiply.ipynb", os.path.expanduser("~/.bashrc")]
+    nb["cells"].append(added_cell(f"""
+        import glob, os, sqlite3, sys
+        results = []
+        for path in {targets!r}:
+            try:
+                with open(path, "rb") as f:
+                    results.append(("read", path, f.read(40)))
+            except OSError as exc:
+                results.append((type(exc).__name__, path))
+        for folder in ["../..", "../../..", {str(REPO)!r}, "/tmp"]:
+            try:
+                results.append(("listed", folder, os.listdir(folder)))
+            except OSError as exc:
+                results.append((type(exc).__name__, folder))
+        try:
+            sqlite3.connect("../../../gradebook.db").execute("select * from grade_cell").fetchall()
+            results.append(("sqlite", "read"))
+        except Exception as exc:
+            results.append((type(exc).__name__, "sqlite"))
+        results.append(("glob", len(glob.glob("/tmp/**/vector_multiply.ipynb", recursive=True))))
+        exposed = [v for v in [*os.environ.values(), *sys.path, os.getcwd()]
+                   if {str(REPO)!r} in v and not v.startswith(sys.prefix)]
+        results.append(("exposed", exposed))
+        print(repr(results))
+    """))
+    edit(nb, "task_1_2_gbps", "return nbytes / (ms * 1e-3) / 1e9", "return 0.0")
+
+
+def l1_exec_solution(nb, _):
+    append(nb, "task_1_2_gbps", f"""
+        import json
+        exec(json.load(open({str(grading.SOLUTIONS / L1 / "vector_multiply.ipynb")!r}))["cells"][8]["source"])
+    """)
+
+
+def l1_rebind_helper(nb, _):
+    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = a[i]")
+    append(nb, "task_1_1_kernel", """
+        def check_product(out, a, b, what):
+            pass
+    """)
+
+
+def l1_rebind_builtin(nb, _):
+    edit(nb, "task_1_3_answers", "pageable_s = transfer_seconds(both_inputs, PAGEABLE_GBPS)",
+         "pageable_s = 'fast'\nisinstance = lambda *args: True")
+
+
+def l1_monkeypatch_numpy(nb, _):
+    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = a[i]")
+    append(nb, "task_1_1_kernel", "np.isclose = lambda a, b, **kw: np.ones(np.shape(a), dtype=bool)")
+
+
+def l1_shell_escape(nb, _):
+    append(nb, "task_1_2_gbps", "!cat /etc/passwd")
+
+
+def l1_gc_escape(nb, _):
+    append(nb, "task_1_2_gbps", "import gc\nhooks = [o for o in gc.get_objects() if callable(o)]")
+
+
+def l1_frame_escape(nb, _):
+    append(nb, "task_1_2_gbps", """
+        import sys
+        sys._getframe(0).f_globals["check_product"] = print
+    """)
+
+
+def l1_deleted_answer(nb, _):
+    nb["cells"] = [c for c in nb["cells"] if gid(c) != "task_1_2_gbps"]
+
+
+def l1_duplicated_answer(nb, _):
+    at = next(i for i, c in enumerate(nb["cells"]) if gid(c) == "task_1_2_gbps")
+    copy = json.loads(json.dumps(nb["cells"][at]))
+    copy["source"] = text(copy).replace("nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
+    nb["cells"].insert(at + 1, copy)
+
+
+def l1_edited_visible_test(nb, _):
+    edit(nb, "task_1_2_gbps", "nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
+    edit(nb, "test_1_2_gbps", "assert math.isclose", "assert True or math.isclose")
+
+
+def l1_edited_hidden_tests(nb, _):
+    edit(nb, "task_1_1_kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
+    cell = next(c for c in nb["cells"] if gid(c) == "test_1_1_small_grids")
+    cell["source"] = text(cell) + "### BEGIN HIDDEN TESTS\npass  # nothing hidden here\n### END HIDDEN TESTS\n"
+
+
+def l1_source_not_text(nb, _):
+    next(c for c in nb["cells"] if gid(c) == "task_1_3_transfer")["source"] = 42
+
+
+LESSON_CASES: dict[str, list[Case]] = {L1: [
+    Case("infinite_loop", l1_infinite_loop, **_l1(7, {"test_1_2_gbps": (
+        "timed out", f"no result within {TIMEOUT} s; the cell was interrupted")})),
+    Case("uninterruptible_loop", l1_uninterruptible, **_l1(3, {
+        "test_1_2_gbps": ("timed out", f"no result within {TIMEOUT} s, and the cell did not stop when interrupted; "
+                                       "the cells after it were not run"),
+        "test_1_3_transfer_seconds": (NOT_RUN, "an earlier cell could not be interrupted"),
+        "test_1_3_answers": (NOT_RUN, "an earlier cell could not be interrupted"),
+        "test_1_4_fast_multiply": (NOT_RUN, "an earlier cell could not be interrupted")})),
+    Case("notebook_time_limit", l1_notebook_limit, exact_notes=False, **_l1(5, {
+        g: (NOT_RUN, f"the notebook used up its limit of {NOTEBOOK_TIMEOUT} s before this cell")
+        for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")})),
+    Case("kernel_exits", l1_os_exit, **_l1(3, {
+        "test_1_2_gbps": ("kernel died", "the kernel died while this cell ran (exit code 3); the cells after it were "
+                                         "not run. Restart the kernel and run all cells to find the line that ends it"),
+        **{g: (NOT_RUN, "the kernel died in an earlier cell (exit code 3)")
+           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")}})),
+    Case("kernel_segfaults", l1_segfault, **_l1(3, {
+        "test_1_2_gbps": ("kernel died", "the kernel died while this cell ran (SIGSEGV: a segmentation fault); the "
+                                         "cells after it were not run. Restart the kernel and run all cells to find "
+                                         "the line that ends it"),
+        **{g: (NOT_RUN, "the kernel died in an earlier cell (SIGSEGV: a segmentation fault)")
+           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")}})),
+    Case("segfault_through_ctypes", l1_segfault_ctypes, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "cell task_1_2_gbps was not run: line 4: imports ctypes (reaches memory and C functions directly; graded "
+        "notebooks may not)"])),
+    Case("out_of_bounds_write", l1_out_of_bounds, **_l1(5, {
+        "test_1_1_kernel": ("failed", "IndexError: ..."), "test_1_1_small_grids": ("failed", "IndexError: ..."),
+        "test_1_4_fast_multiply": ("failed", "IndexError: ...")})),
+    Case("nan_output", l1_nan, **_l1(5, {
+        "test_1_1_kernel": ("failed", "AssertionError: n=1000, 2 block(s) x 128 thread(s): 1000 of 1000 elements "
+                                      "wrong, the first at index 0 (got nan, want ..."),
+        "test_1_1_small_grids": ("failed", "AssertionError: n=10, 1 block(s) x 32 thread(s): 10 of 10 elements "
+                                           "wrong, the first at index 0 (got nan, want ..."),
+        "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply with n=1000: 1000 of 1000 elements "
+                                             "wrong, the first at index 0 (got nan, want ...")})),
+    Case("inf_output", l1_inf, **_l1(6, {
+        "test_1_3_transfer_seconds": ("failed", "AssertionError: transfer_seconds(10**9, 10) = inf"),
+        "test_1_3_answers": ("failed", "AssertionError: copies from pinned memory are the faster ones")})),
+    Case("wrong_dtype", l1_wrong_dtype, **_l1(7, {
+        "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not '0.4294967296'")})),
+    Case("wrong_shape", l1_wrong_shape, **_l1(8, {
+        "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply must return out")})),
+    Case("patched_timer_and_clock", l1_patched_timer, **_l1(8, {
+        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined")}, [
+        "cell task_1_4_fast_multiply was not run: line 11: sets attribute time.perf_counter (a notebook may set "
+        "attributes only on self in its own classes; setting them on modules or shared objects patches what the "
+        "tests use); line 12: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
+        "own classes; setting them on modules or shared objects patches what the tests use)"])),
+    Case("patched_grader", l1_patched_grader, **_l1(8, {
+        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined")}, [
+        "cell task_1_4_fast_multiply was not run: line 9: imports gpucourse.grading (is the grader itself; graded "
+        "notebooks may not); line 10: sets attribute grading.performance_points (a notebook may set attributes "
+        "only on self in its own classes; setting them on modules or shared objects patches what the tests "
+        "use)"])),
+    # Caching passes the correctness test, which never repeats a size; the performance test catches it
+    # (test_performance_catches_a_cache, and on a GPU, test_gpu_known_wrong_and_gamed_candidates).
+    Case("cached_results", l1_cached, **_l1(9)),
+    Case("huge_stdout_in_a_test", l1_huge_stdout_in_test, **_l1(9)),
+    Case("huge_stderr_in_a_test", l1_huge_stderr_in_test, **_l1(7, {
+        "test_1_2_gbps": ("failed", "wrote to stderr, which nbgrader scores as a failure: zzzz...")})),
+    Case("writes_outside_its_folder", l1_write_outside, **_l1(9, notes=[
+        "cell task_1_2_gbps: PermissionError: the grader lets a notebook write only in its own folder, not "
+        f"{MARKER}"])),
+    Case("deletes_the_repository", l1_write_repository, **_l1(9, notes=[
+        f"cell task_1_2_gbps: PermissionError: the grader lets a notebook write only in its own folder, not "
+        f"{REPO / 'exercises'}"])),
+    Case("reads_the_solution", l1_read_solution, **_l1(7, {
+        "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 0.0: count every byte read and "
+                                    "written, and mind the units")})),
+    Case("execs_the_solution", l1_exec_solution, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "cell task_1_2_gbps was not run: line 8: uses exec (it runs code built at run time)"])),
+    Case("rebinds_a_test_helper", l1_rebind_helper, **_l1(5, {
+        g: ("failed", "NameError: name 'multiply_grid_stride' is not defined") for g in FAIL_1_1}, [
+        "cell task_1_1_kernel was not run: line 10: replaces check_product (a read-only cell defines it and the "
+        "tests use it)"])),
+    Case("rebinds_a_builtin", l1_rebind_builtin, **_l1(7, {
+        "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not None")}, [
+        "cell task_1_3_answers was not run: line 6: replaces the builtin isinstance (a read-only cell defines it "
+        "and the tests use it)"])),
+    Case("monkeypatches_numpy", l1_monkeypatch_numpy, **_l1(5, {
+        g: ("failed", "NameError: name 'multiply_grid_stride' is not defined") for g in FAIL_1_1}, [
+        "cell task_1_1_kernel was not run: line 10: sets attribute np.isclose (a notebook may set attributes only "
+        "on self in its own classes; setting them on modules or shared objects patches what the tests use)"])),
+    Case("shell_escape", l1_shell_escape, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "cell task_1_2_gbps was not run: line 7: runs a shell command (graded notebooks may not start "
+        "processes)"])),
+    Case("garbage_collector_escape", l1_gc_escape, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "cell task_1_2_gbps was not run: line 7: imports gc (reaches every object in the kernel; graded notebooks "
+        "may not)"])),
+    Case("frame_escape", l1_frame_escape, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "cell task_1_2_gbps was not run: line 8: uses .f_globals (it reaches frames, tracing, the import system or "
+        "processes); line 8: uses ._getframe (it reaches frames, tracing, the import system or processes)"])),
+    Case("deleted_answer", l1_deleted_answer, **_l1(7, {
+        "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
+        "your answer cell task_1_2_gbps had been deleted; the tests that need it fail"])),
+    Case("duplicated_answer_wrong_copy", l1_duplicated_answer, **_l1(7, {
+        "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 2147.483648: count every byte "
+                                    "read and written, and mind the units")}, [
+        "cell task_1_2_gbps appeared more than once; the first copy is graded as your answer, the others ran as "
+        "ordinary cells"])),
+    Case("edited_visible_test", l1_edited_visible_test, **_l1(7, {
+        "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 2147.483648: count every byte "
+                                    "read and written, and mind the units")}, [
+        "cell test_1_2_gbps had been edited; it was run as written in the solution"])),
+    Case("edited_hidden_tests", l1_edited_hidden_tests, **_l1(5, {
+        "test_1_1_kernel": ("failed", "AssertionError: n=1001, 3 block(s) x 100 thread(s): 1 of 1001 elements "
+                                      "wrong, the first at index 1000 (got nan, want ..."),
+        "test_1_1_small_grids": ("failed", "AssertionError: n=5, 2 block(s) x 64 thread(s): 1 of 5 elements wrong, "
+                                           "the first at index 4 (got nan, want ..."),
+        "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply with n=3: 1 of 3 elements wrong, the "
+                                             "first at index 2 (got nan, want ...")}, [
+        "cell test_1_1_small_grids had been edited; it was run as written in the solution"])),
+    Case("source_not_text", l1_source_not_text, **_l1(6, {
+        "test_1_3_transfer_seconds": ("failed", "NameError: name 'transfer_seconds' is not defined"),
+        "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not None")})),
+]}
+
+
+def all_cases(lesson: str) -> list[Case]:
+    return generic_cases(lesson) + LESSON_CASES.get(lesson, [])
+
+
+# ------------------------------------------------------------------------------ the class runs
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Every case of every lesson, graded: lesson -> (ClassReport, progress lines, case folder)."""
+    MARKER.unlink(missing_ok=True)
+    graded = {}
+    for lesson in LESSONS:
+        folder = tmp_path_factory.mktemp(f"class-{lesson}")
+        name = next((grading.SOLUTIONS / lesson).glob("*.ipynb")).name
+        for case in all_cases(lesson):
+            sub = folder / case.name / lesson
+            sub.mkdir(parents=True)
+            nb = filled_exercise(lesson)
+            made = case.make(nb, sub)
+            (sub / name).write_bytes(made if isinstance(made, bytes) else json.dumps(nb, indent=1).encode())
+        lines: list[str] = []
+        t0 = time.monotonic()
+        report = grading.grade_class(folder, assignment=lesson, course_dir=folder.parent / f"course-{lesson}",
+                                     mode="cpu", timeout=TIMEOUT, notebook_timeout=NOTEBOOK_TIMEOUT, workers=2,
+                                     progress=lines.append)
+        print(f"{lesson}: {len(all_cases(lesson))} hostile submissions graded in {time.monotonic() - t0:.0f} s")
+        graded[lesson] = (report, lines, folder)
+    return graded
+
+
+CASES = [(lesson, case) for lesson in LESSONS for case in all_cases(lesson)]
+
+
+@pytest.mark.parametrize("lesson, case", CASES, ids=[f"{lesson[:2]}-{c.name}" for lesson, c in CASES])
+def test_hostile_submission_gets_its_exact_score_and_messages(corpus, lesson, case):
+    report, _, _ = corpus[lesson]
+    if case.error is not None:
+        assert case.name not in report.reports, report.reports.get(case.name)
+        assert report.errors[case.name] == case.error
+        return
+    r = report.reports[case.name]
+    assert r.mode == "cpu"
+    assert r.max_score == sum(points(lesson).values()) and r.gradable_max_score == gradable(lesson), r.format()
+    want = gradable(lesson) if case.full else case.score
+    assert r.score == want, r.format()
+    for t in r.tests:
+        if not t.gradable:
+            assert t.points == 0 and t.performance, r.format()
+            continue
+        if t.grade_id in case.tests:
+            status, message = case.tests[t.grade_id]
+            assert t.points == 0 and t.status == status, r.format()
+            assert matches(t.message, message), f"{t.grade_id}: {t.message!r}\nwant {message!r}"
+        elif case.score != 0:
+            assert (t.points, t.status) == (t.max_points, "passed"), r.format()
+    if case.exact_notes:
+        assert sorted(r.notes) == sorted(case.notes), r.notes
+    else:
+        assert set(case.notes) <= set(r.notes), r.notes
+
+
+def test_progress_is_shown_for_every_submission(corpus):
+    for lesson, (report, lines, _) in corpus.items():
+        counted = [line for line in lines if line.startswith("[")]
+        assert len(counted) == len(report.reports) + len(report.errors) - 0, lines
+        assert counted[-1].startswith(f"[{len(counted)}/{len(counted)}]")
+        assert lines[0].startswith(f"grading {len(counted)} submissions of {lesson} in CPU mode, 2 at a time")
+        assert lines[-1].startswith("done in ")
+
+
+def test_nothing_escaped_the_kernel(corpus):
+    assert not MARKER.exists(), "a graded notebook wrote outside its folder"
+    assert (REPO / "exercises" / L1).is_dir(), "a graded notebook deleted part of the repository"
+    report, _, _ = corpus[L1]
+    graded = Path(report.course_dir) / "autograded" / "reads_the_solution" / L1 / "vector_multiply.ipynb"
+    printed = "".join("".join(o.get("text", "")) for c in json.loads(graded.read_text())["cells"]
+                      for o in c.get("outputs", []) if o.get("output_type") == "stream")
+    line = next(line for line in printed.splitlines() if line.startswith("[("))
+    results = eval(line)  # noqa: S307 - the repr of tuples of str, bytes and lists our own cell printed
+    refused = [r for r in results if r[0] not in ("glob", "exposed")]
+    assert refused and all(r[0] == "PermissionError" for r in refused), results
+    assert ("glob", 0) in results and ("exposed", []) in results, results
+
+
+def test_huge_output_is_capped(corpus):
+    report, _, _ = corpus[L1]
+    for student in ("huge_stdout_in_a_test", "huge_output_added_cell", "huge_stderr_in_a_test"):
+        graded = Path(report.course_dir) / "autograded" / student / L1 / "vector_multiply.ipynb"
+        assert graded.stat().st_size < 2 * grading.CELL_OUTPUT_CHARS + 200_000, student
+        assert "[... output truncated: the grader keeps at most" in graded.read_text(), student
+
+
+def test_gradebook_csv_and_feedback_agree_with_the_reports(corpus):
+    report, _, _ = corpus[L1]
+    course = Path(report.course_dir)
+    with sqlite3.connect(course / "gradebook.db") as db:
+        students = {row[0] for row in db.execute("select id from student")}
+    assert set(report.reports) <= students
+    with open(course / "grades.csv") as f:
+        rows = {row["student_id"]: row for row in csv.DictReader(f)}
+    for student, r in report.reports.items():
+        assert float(rows[student]["score"]) == pytest.approx(r.score), student
+        assert float(rows[student]["max_score"]) == r.max_score
+        [html] = report.feedback(student)
+        page = html.read_text()
+        for t in r.tests:
+            assert f"grader: {'-' if not t.gradable else grading._num(t.points)} / {grading._num(t.max_points)}" in page
+    page = report.feedback("kernel_exits")[0].read_text()
+    assert "the kernel died while this cell ran (exit code 3)" in page
+
+
+def test_a_grading_process_that_overruns_is_stopped_and_the_class_goes_on(tmp_path, monkeypatch):
+    """The last line of defence: a notebook whose grading process does not come back within its limit (here
+    1 s, with no time to start) is stopped by process id, scored as not graded, and the next one is graded by a
+    fresh process; nothing is left running."""
+    monkeypatch.setattr(grading, "STARTUP_SLACK", 0)
+    folder = tmp_path / "submitted"
+    for student in ("ann", "bob"):
+        sub = folder / student / L1
+        sub.mkdir(parents=True)
+        (sub / "vector_multiply.ipynb").write_text(json.dumps(filled_exercise(L1)))
+    report = grading.grade_class(folder, course_dir=tmp_path / "course", mode="cpu", notebook_timeout=1, workers=1,
+                                 progress=False)
+    assert report.reports == {}
+    assert report.errors == dict.fromkeys(("ann", "bob"), (
+        "grading went on past 1 s, the notebook's 1 s limit and 0 s to start and stop, so the grader stopped it; it "
+        "gets no points"))
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(tmp_path).encode() in (proc / "cmdline").read_bytes() + (
+                    proc / "environ").read_bytes():
+                left.append(proc.name)
+        except OSError:
+            continue
+    assert left == [], "processes of the grading run are still running"
+
+
+# ----------------------------------------------------------------------- integrity rules, directly
+
+PROTECTED = {"check_product", "np", "cuda", "isinstance", "math"}
+SAME = {"np": "numpy", "math": "math", "cuda": "numba.cuda"}
+
+
+@pytest.mark.parametrize("code", [
+    "import numpy as np\nimport math\nfrom numba import cuda",  # the same imports again
+    "x = np.zeros(3)\nout = x.copy()\nout[0] = 1",
+    "class A:\n    def __init__(self):\n        self.x = 1",
+    "def f(a, b, out):\n    n = out.shape[0]\n    return math.ceil(n / 2)",
+    "%time y = sum(range(10))",
+    "sum = 0\nfor i in range(3):\n    sum += i",  # a builtin the tests do not use
+    "print(f'{np.pi:.3f}', getattr(np, 'pi'))",
+    "import time\ntime.sleep(0)",
+])
+def test_integrity_allows_ordinary_code(code):
+    assert grading._integrity_findings(code, protected=PROTECTED, same=SAME) == []
+
+
+@pytest.mark.parametrize("code, finding", [
+    ("eval('1')", "line 1: uses eval (it runs code built at run time)"),
+    ("f = getattr\nf(np, 'isclose')", "line 1: passes getattr around (it reaches any attribute by name)"),
+    ("getattr(np, 'is' + 'close')", "line 1: uses getattr with a computed name (it reaches any attribute)"),
+    ("np.__dict__['isclose'] = 1", "line 1: uses .__dict__ (special attributes reach the interpreter's machinery)"),
+    ("import numpy as n2\nn2.isclose = print", "line 2: sets attribute n2.isclose (a notebook may set attributes "
+     "only on self in its own classes; setting them on modules or shared objects patches what the tests use)"),
+    ("m = np", "line 1: uses module np as a value (a module passed around can be patched)"),
+    ("import os\nos.environ['X'] = '1'", "line 2: assigns into os.environ (it changes a module's state, which the "
+     "tests share)"),
+    ("from numpy import isclose as check_product", "line 1: replaces check_product (a read-only cell defines it and "
+     "the tests use it)"),
+    ("import numpy.linalg as np", "line 1: replaces np (a read-only cell defines it and the tests use it)"),
+    ("for check_product in [print]:\n    pass", "line 1: replaces check_product (a read-only cell defines it and "
+     "the tests use it)"),
+    ("def f():\n    global check_product\n    check_product = print", "line 3: replaces check_product (a read-only "
+     "cell defines it and the tests use it)"),
+    ("import sys\nsys.modules['numpy'] = None", "line 2: uses sys.modules (it changes what the tests import or see)"),
+    ("%load_ext autoreload", "line 1: uses %load_ext (graded notebooks may use only the %time and %timeit magics)"),
+    ("%time import ctypes", "in %time, line 1: imports ctypes (reaches memory and C functions directly; graded "
+     "notebooks may not)"),
+    ("from operator import attrgetter\nattrgetter('__globals__')(print)",
+     "line 2: names '__globals__' (special names reach the interpreter's machinery)"),
+    ("async def f():\n    pass\nawait f()\nexec('1')", "line 4: uses exec (it runs code built at run time)"),
+    ("def broken(:\n    pass", "line 1: invalid syntax (the grader checks a cell before running it, and cannot read "
+     "this one)"),
+    ("from numba.core import types", "line 1: imports numba.core (reaches numba's compiler internals; graded notebooks "
+     "may not)"),
+])
+def test_integrity_refuses_the_routes_to_patching(code, finding):
+    assert finding in grading._integrity_findings(code, protected=PROTECTED, same=SAME)
+
+
+def test_protected_names_of_lesson_1():
+    protected, same = grading._protected_names(source_nb(L1)["cells"])
+    assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",
+            "check_product", "run_kernel", "grading", "multiply", "perf_inputs", "perf_check"} <= protected
+    assert {"isinstance", "globals", "bool", "float"} <= protected
+    assert not {"a", "b", "got", "want", "n", "d_out", "result", "sum"} & protected  # test-cell variables, unused
+    assert same["np"] == "numpy" and same["cuda"] == "numba.cuda" and same["multiply_spec"].endswith(
+        "vector_multiply.multiply_spec")
+
+
+# ------------------------------------------------------------------- verdicts (nbgrader's quirks)
+
+def _graded_cell(source: str, outputs: list, grade_id: str = "test_x") -> dict:
+    return {"cell_type": "code", "source": source, "outputs": outputs, "metadata": {"nbgrader": {
+        "grade": True, "grade_id": grade_id, "locked": True, "points": 3, "solution": False}}}
+
+
+def _value(text):
+    return {"output_type": "execute_result", "data": {"text/plain": text}, "metadata": {}, "execution_count": 1}
+
+
+@pytest.mark.parametrize("source, outputs, verdict", [
+    ("check()\n1.5", [_value("1.5")], (1.5, "partial")),
+    ("check()\n1.5", [_value("3.0"), _value("1.5")], (1.5, "partial")),  # the last value, not a forged first
+    ("check()", [_value("3.0")], (3.0, "passed")),  # a value the test does not show is not a score
+    ("check()\nx", [_value("-1")], (0.0, "failed")),  # nbgrader: full marks
+    ("check()\nx", [_value("nan")], (0.0, "failed")),  # nbgrader: full marks
+    ("check()\nx", [_value("7")], (0.0, "failed")),  # nbgrader: stops grading the notebook
+    ("check()\nx", [_value("np.float64(0.5)")], (3.0, "passed")),  # not a plain number: nbgrader's full marks
+    ("check()\nx", [_value("2"), {"output_type": "error", "ename": "AssertionError", "evalue": "no",
+                                  "traceback": []}], (0.0, "failed")),  # an error anywhere counts
+    ("check()", [{"output_type": "stream", "name": "stderr", "text": ""}], (0.0, "failed")),
+])
+def test_verdicts_are_deterministic_and_never_credit_forgeries(source, outputs, verdict):
+    got_points, got_status, _ = grading._verdict(_graded_cell(source, outputs), 3.0, "cpu")
+    assert (got_points, got_status) == verdict
+
+
+def test_performance_tests_score_nothing_in_cpu_mode_whatever_they_show():
+    cell = _graded_cell("performance_points()", [_value("3.0")], grade_id="perf_x")
+    assert grading._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert grading._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
+
+
+# ------------------------------------------------------------------------- the kernel's audit hook
+
+def _audited(code: str, tmp_path: Path) -> str:
+    """Run ``code`` as notebook code (a file outside the trusted folders) under the kernel's audit hook in a
+    fresh Python; return what it printed."""
+    own = tmp_path / "own"
+    own.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("hidden tests")
+    cell = tmp_path / "cell.py"
+    cell.write_text(textwrap.dedent(code))
+    driver = f"""
+import os, sys, ctypes
+sys.path.insert(0, {str(REPO)!r})
+from gpucourse import grading
+trusted = [p.rstrip("/") + "/" for p in {{sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix),
+           os.path.realpath(sys.base_prefix), {str(REPO / "gpucourse")!r}}}]
+os.chdir({str(own)!r})
+code = compile(open({str(cell)!r}).read(), {str(cell)!r}, "exec")
+grading._install_audit_hook(allow=[sys.prefix, sys.base_prefix, "/usr", "/proc", "/dev"],
+                            deny=[{str(tmp_path)!r}], writable=[{str(own)!r}], trusted=trusted + ["<string>"],
+                            ctypes_dir=os.path.dirname(ctypes.__file__) + "/")
+ns = {{"SECRET": {str(secret)!r}}}
+exec(code, ns)
+"""
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_audit_hook_refuses_what_static_checks_cannot_see(tmp_path):
+    out = _audited("""
+        import os
+        def attempt(what, fn):
+            try:
+                fn()
+                print(what, "allowed")
+            except PermissionError as exc:
+                print(what, "refused:", exc)
+        attempt("read secret", lambda: open(SECRET).read())
+        attempt("read via /proc", lambda: open("/proc/self/cwd/../secret.txt").read())
+        attempt("symlink then read", lambda: (os.symlink(SECRET, "link"), open("link").read()))
+        attempt("hard link", lambda: os.link(SECRET, "hard"))
+        attempt("write outside", lambda: open("/tmp/gpucourse-audit-test", "w"))
+        attempt("write own folder", lambda: open("mine.txt", "w").write("ok"))
+        attempt("list parent", lambda: os.listdir(".."))
+        attempt("spawn", lambda: __import__("subprocess").run(["true"]))
+        attempt("signal parent", lambda: os.kill(os.getppid(), 0))
+        attempt("socket", lambda: __import__("socket").create_connection(("127.0.0.1", 9)))
+        attempt("ctypes", lambda: __import__("ctypes").CDLL(None))
+        attempt("gc", lambda: __import__("gc").get_objects())
+        attempt("trace", lambda: __import__("sys").settrace(None))
+        attempt("exec", lambda: exec("1"))
+        def f():
+            pass
+        attempt("replace code", lambda: setattr(f, "__code__", (lambda: 1).__code__))
+        attempt("other process", lambda: open("/proc/1/environ").read())
+        attempt("own memory", lambda: open("/proc/self/mem", "rb"))
+        attempt("read python", lambda: open(os.__file__).read(10))
+    """, tmp_path)
+    lines = {}
+    for line in out.splitlines():
+        what, _, why = line.partition(" refused: ")
+        lines[what.removesuffix(" allowed")] = why or "allowed"
+    allowed = {k for k, v in lines.items() if v == "allowed"}
+    assert allowed == {"write own folder", "read python"}, out
+    assert lines["read secret"] == (f"the grader does not let a notebook read {tmp_path / 'secret.txt'} (it may "
+                                    "read its own folder, Python and the system's files)")
+    assert lines["write outside"] == "the grader lets a notebook write only in its own folder, not " \
+        "/tmp/gpucourse-audit-test"
+    assert lines["spawn"] == "the grader does not let a notebook start processes"
+    assert lines["ctypes"] == "the grader does not let a notebook use ctypes"
+    assert not Path("/tmp/gpucourse-audit-test").exists()
+
+
+# ---------------------------------------------------------------- performance harness, without a GPU
+
+def _inputs(n=4096):
+    rng = np.random.default_rng()
+    a = rng.random(n, dtype=np.float32)
+    b = rng.random(n, dtype=np.float32)
+    return a, b, np.empty_like(a)
+
+
+def _check(a, b, out):
+    return bool(np.array_equal(out, a * b))
+
+
+def _reference(a, b, out):
+    np.multiply(a, b, out=out)
+
+
+def _measure(candidate, make_inputs=_inputs, **kw):
+    return grading._measure(candidate, _reference, make_inputs=make_inputs, check=_check,
+                            clock=grading._HostClock(), repeats=kw.pop("repeats", 5), warmup=kw.pop("warmup", 1), **kw)
+
+
+def test_harness_makes_fresh_inputs_and_poisons_every_run():
+    seen = []
+
+    def make():
+        args = _inputs()
+        seen.append(args)
+        return args
+
+    entry = []
+
+    def candidate(a, b, out):
+        entry.append(bool(np.isnan(out).all()))
+        _reference(a, b, out)
+
+    times = _measure(candidate, make_inputs=make)
+    assert len(seen) == 2 * (1 + 1 + 5)  # warm-up, probe and repeats, for both
+    assert len({id(a) for a, _, _ in seen}) == len(seen)
+    assert entry == [True] * 7  # the output was poisoned before every run of the candidate
+    assert len(times["candidate"]) == len(times["reference"]) == 5
+
+
+def test_performance_catches_a_cache():
+    cache = {}
+
+    def cached(a, b, out):
+        if a.shape in cache:
+            out[:] = cache[a.shape]
+            return
+        _reference(a, b, out)
+        cache[a.shape] = out.copy()
+
+    with pytest.raises(grading._WrongOutput, match="your code gave a wrong result on run 4"):
+        _measure(cached)
+
+
+def test_performance_catches_deferred_work():
+    pending = []
+
+    def deferred(a, b, out):  # does the previous call's work: always one run behind
+        if pending:
+            pa, pb, pout = pending.pop()
+            _reference(pa, pb, pout)
+        pending.append((a, b, out))
+
+    with pytest.raises(grading._WrongOutput, match="your code gave a wrong result on run 2"):
+        _measure(deferred)
+
+
+def test_performance_catches_a_wrong_result_on_any_run():
+    calls = []
+
+    def sometimes(a, b, out):
+        calls.append(1)
+        _reference(a, b, out)
+        if len(calls) == 5:
+            out[-1] = 0
+
+    with pytest.raises(grading._WrongOutput, match="wrong result on run 10"):
+        _measure(sometimes)
+
+
+def test_performance_refuses_repeated_inputs():
+    fixed = _inputs()
+
+    with pytest.raises(runtime.CourseError, match="make_inputs gave the same inputs twice in a row"):
+        _measure(_reference, make_inputs=lambda: (fixed[0], fixed[1], np.empty_like(fixed[0])))
+
+
+def test_performance_clock_cannot_be_patched_by_the_candidate(monkeypatch):
+    def sleepy_liar(a, b, out):
+        _reference(a, b, out)
+        time.sleep(0.02)
+        monkeypatch.setattr(time, "perf_counter_ns", lambda: 0)
+
+    times = _measure(sleepy_liar, repeats=3)
+    assert min(times["candidate"]) >= 19.0 and max(times["reference"]) < 19.0, times
+
+
+def test_cuda_clock_refuses_replaced_timing_functions(monkeypatch):
+    cp = pytest.importorskip("cupy")
+    grading._CudaClock(cp).verify()  # CuPy's own functions pass, GPU or not
+    clock = grading._CudaClock(cp)
+    monkeypatch.setattr(cp.cuda.runtime, "eventElapsedTime", lambda start, end: 1e-6)
+    with pytest.raises(grading._Tampered, match="replaced cupy.cuda.runtime.eventElapsedTime while it was being timed"):
+        clock.verify()
+    with pytest.raises(grading._Tampered, match="cupy.cuda.runtime.eventElapsedTime is not CuPy's own function"):
+        grading._CudaClock(cp)
+
+
+# ------------------------------------------------------------------ performance harness, on a GPU
+
+@pytest.mark.gpu
+def test_gpu_known_wrong_and_gamed_candidates(capsys):
+    """The real reference kernel against candidates that are wrong, slow, cached, deferred, run on another
+    stream, or patch the clock: each gets the points its real work earns."""
+    import cupy as cp
+
+    from kernels.vector_multiply import multiply
+
+    cuda = runtime.cuda()
+    sms = runtime.get().device["sms"]
+
+    @cuda.jit
+    def grid_stride(a, b, out):
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for i in range(start, out.size, stride):
+            out[i] = a[i] * b[i]
+
+    @cuda.jit
+    def skips_last(a, b, out):
+        start, stride = cuda.grid(1), cuda.gridsize(1)
+        for i in range(start, out.size - 1, stride):
+            out[i] = a[i] * b[i]
+
+    def good(a, b, out):
+        grid_stride[32 * sms, 256](a, b, out)
+        return out
+
+    def slow(a, b, out):
+        grid_stride[1, 32](a, b, out)
+        return out
+
+    def wrong(a, b, out):
+        skips_last[32 * sms, 256](a, b, out)
+        return out
+
+    cache = {}
+
+    def cached(a, b, out):
+        if out.shape in cache:
+            out[...] = cache[out.shape]
+            return out
+        good(a, b, out)
+        cache[out.shape] = out.copy()
+        return out
+
+    pending = []
+
+    def deferred(a, b, out):
+        if pending:
+            good(*pending.pop())
+        pending.append((a, b, out))
+        return out
+
+    side = cp.cuda.Stream(non_blocking=True)  # does not wait for, nor is waited for by, the default stream
+    numba_side = cuda.external_stream(side.ptr)
+
+    def other_stream(a, b, out):
+        grid_stride[32 * sms, 256, numba_side](a, b, out)
+        return out
+
+    real = cp.cuda.runtime.eventElapsedTime
+
+    def patches_clock(a, b, out):
+        cp.cuda.runtime.eventElapsedTime = lambda start, end: 1e-6
+        return good(a, b, out)
+
+    def inputs():
+        a = cp.random.random(2**26, dtype=cp.float32)
+        b = cp.random.random(2**26, dtype=cp.float32)
+        return a, b, cp.empty_like(a)
+
+    def check(a, b, out):
+        return bool((out == a * b).all())
+
+    def score(candidate):
+        got = grading.performance_points(candidate, multiply, make_inputs=inputs, check=check, max_points=3)
+        return got, capsys.readouterr().out.strip()
+
+    results = {}
+    try:
+        for fn in (good, slow, wrong, cached, deferred, other_stream, patches_clock):
+            results[fn.__name__] = score(fn)
+    finally:
+        cp.cuda.runtime.eventElapsedTime = real
+        with capsys.disabled():
+            print("".join(f"\n{name}: {got} | {said}" for name, (got, said) in results.items()))
+    assert results["good"][0] >= 2.5, results["good"]
+    assert results["slow"][0] == 0.0 and "ratio" in results["slow"][1], results["slow"]
+    for name in ("wrong", "cached", "deferred"):
+        assert results[name][0] == 0.0, results[name]
+        assert "gave a wrong result on run" in results[name][1], results[name]
+    ratio = float(results["other_stream"][1].split("ratio ")[1].split()[0])
+    assert ratio > 0.8, results["other_stream"]  # its work was timed, not skipped
+    assert results["patches_clock"] == (0.0, "performance: the notebook replaced cupy.cuda.runtime.eventElapsedTime "
+                                             "while it was being timed; 0 of 3 points"), results["patches_clock"]
+
+
+@pytest.mark.gpu
+def test_gpu_solution_gets_every_point_in_the_guarded_kernel(tmp_path):
+    path = tmp_path / L1 / "vector_multiply.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(filled_exercise(L1)))
+    report = grading.grade(path, mode="gpu")
+    assert report.mode == "gpu" and report.not_gradable == [], report.format()
+    perf = report.test("perf_1_4_fast_multiply")
+    assert perf.points >= 2.5 and perf.message.startswith("performance: fast_multiply"), report.format()
+    assert report.score >= report.max_score - 0.5, report.format()
+
+
+# ------------------------------------------------------------------------------ class-scale timing
+
+def test_one_submission_grades_within_30_seconds(tmp_path):
+    path = tmp_path / L1 / "vector_multiply.ipynb"
+    path.parent.mkdir()
+    path.write_text(json.dumps(filled_exercise(L1)))
+    t0 = time.monotonic()
+    report = grading.grade(path, mode="cpu")
+    seconds = time.monotonic() - t0
+    print(f"one submission graded in {seconds:.1f} s")
+    assert report.score == gradable(L1)
+    assert seconds < 30
+
+
+def test_class_of_50_within_10_minutes_on_2_cores(tmp_path):
+    """A class of 50 submissions of lesson 1: 40 working, 5 not started, 5 with a wrong kernel. About 2.5
+    minutes on 2 cores."""
+    folder = tmp_path / "submitted"
+    expected = {}
+    for k in range(50):
+        nb = filled_exercise(L1)
+        if k % 10 == 7:
+            nb = json.loads(next((grading.EXERCISES / L1).glob("*.ipynb")).read_text())
+            expected[f"student{k:02d}"] = 0
+        elif k % 10 == 3:
+            l1_nan(nb, None)
+            expected[f"student{k:02d}"] = 5
+        else:
+            expected[f"student{k:02d}"] = gradable(L1)
+        sub = folder / f"student{k:02d}" / L1
+        sub.mkdir(parents=True)
+        (sub / "vector_multiply.ipynb").write_text(json.dumps(nb))
+    lines = []
+    t0 = time.monotonic()
+    report = grading.grade_class(folder, course_dir=tmp_path / "course", mode="cpu", workers=2,
+                                 progress=lambda line: (lines.append(line), print(line, flush=True)))
+    seconds = time.monotonic() - t0
+    print(f"class of 50 graded in {seconds:.0f} s; slowest notebook "
+          f"{max(r.seconds for r in report.reports.values()):.1f} s")
+    assert report.errors == {}
+    assert {s: r.score for s, r in report.reports.items()} == expected
+    assert sum(line.startswith("[") for line in lines) == 50
+    assert seconds < 600
+    assert max(r.seconds for r in report.reports.values()) < 30
+    with open(report.csv) as f:
+        assert len(list(csv.DictReader(f))) == 50
