@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
 
-.PHONY: setup lab test notebooks record exercises check-exercises grade probe clean
+.PHONY: setup lab test notebooks record exercises check-exercises grade grade-class probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -42,6 +42,9 @@ check-exercises: setup                  ## fail if exercises/ differs from what 
 
 grade: setup                            ## grade one notebook: make grade NB=exercises/01_vector_multiply/vector_multiply.ipynb
 	$(BIN)/python -m gpucourse grade $(NB)
+
+grade-class: setup                      ## grade a class: make grade-class DIR=submitted (DIR/<student>/<lesson>/<notebook>.ipynb)
+	$(BIN)/python -m gpucourse grade-class $(DIR)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .grading

@@ -4,12 +4,11 @@ mode (the notebooks' kernels are forced to the simulator), where the two perform
 here"; their GPU side is checked by running the solution notebook on a GPU (python -m gpucourse run ...)."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import nbformat
 import pytest
 
+from exercise_variants import graded_variants, replace_in_cell
 from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson02, pytest.mark.slow]
@@ -26,60 +25,54 @@ PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
 GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
 
 
-def _replace(nb, cell_id: str, old: str, new: str) -> None:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
-    cell.source = cell.source.replace(old, new)
-
-
 def mixed_warps(nb):
     """Task 2.1 (a): a remapping that still covers each warp pair's 64 elements once, but in runs of 16 threads,
     so every warp holds both paths. The kernel, which follows it, is still right."""
-    _replace(nb, "task-2-1-element-of", "return (t // 64) * 64 + 2 * (t % 32) + (t // 32) % 2",
+    replace_in_cell(nb, "task-2-1-element-of", "return (t // 64) * 64 + 2 * (t % 32) + (t // 32) % 2",
              "return (t // 64) * 64 + 32 * ((t // 32) % 2) + 2 * (t % 16) + (t // 16) % 2")
 
 
 def kernel_ignores_mapping(nb):
     """Task 2.1 (b): right results, but thread i still handles element i: element_of is right and unused."""
-    _replace(nb, "task-2-1-kernel", "i = element_of(cuda.grid(1))", "i = cuda.grid(1)")
+    replace_in_cell(nb, "task-2-1-kernel", "i = element_of(cuda.grid(1))", "i = cuda.grid(1)")
 
 
 def wrong_offsets(nb):
     """Task 2.2: shuffle offsets that miss a step, in the model (16, 8, 4, 2, 2) and in the kernel (16 .. 2)."""
-    _replace(nb, "task-2-2-model", "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2, 2):")
-    _replace(nb, "task-2-2-kernel", "while offset > 0:", "while offset > 1:")
+    replace_in_cell(nb, "task-2-2-model", "for offset in (16, 8, 4, 2, 1):", "for offset in (16, 8, 4, 2, 2):")
+    replace_in_cell(nb, "task-2-2-kernel", "while offset > 0:", "while offset > 1:")
 
 
 def atomic_per_thread(nb):
     """Task 2.2 (b): the lesson's atomics version, no shuffles: the sum is right, the kernel is not the task's."""
     kernel = next(c for c in nb.cells if c.get("id") == "task-2-2-kernel").source
     body = kernel[kernel.index("    offset = 16"): kernel.index("    ### END SOLUTION")]
-    _replace(nb, "task-2-2-kernel", body, "    cuda.atomic.add(out, 0, acc)\n")
+    replace_in_cell(nb, "task-2-2-kernel", body, "    cuda.atomic.add(out, 0, acc)\n")
 
 
 def early_return(nb):
     """Task 2.2 (b): threads past the end of x leave before the shuffles, which a full mask forbids: their lanes
     read undefined values (NaN in the simulator's stand-in). Every thread has elements in the visible kernel
     test, not in a hidden one nor in the launcher's."""
-    _replace(nb, "task-2-2-kernel", "    acc = np.float32(0.0)\n",
+    replace_in_cell(nb, "task-2-2-kernel", "    acc = np.float32(0.0)\n",
              "    if cuda.grid(1) >= x.size:\n        return\n    acc = np.float32(0.0)\n")
 
 
 def forgets_to_zero(nb):
     """Task 2.2 (c): out[0] is never set to zero, so the atomic adds go onto the NaN it starts with."""
-    _replace(nb, "task-2-2-launcher", "    out[0] = 0\n", "")
+    replace_in_cell(nb, "task-2-2-launcher", "    out[0] = 0\n", "")
 
 
 def blocks_of_1024(nb):
     """Task 2.2 (c) with blocks of 1024 threads: right, and in CPU mode 1024 simulator threads a block."""
-    _replace(nb, "task-2-2-launcher", "threads = 256", "threads = 1024")
+    replace_in_cell(nb, "task-2-2-launcher", "threads = 256", "threads = 1024")
 
 
 def no_serialisation(nb):
     """Task 2.3 (a) and (c): costs as if a warp ran only its slowest lane's path (23 steps), and as if every
     warp held all five paths."""
-    _replace(nb, "task-2-3-answers", "cost_a = 1 + 12 + 6 + 2 + 3 * 3 + 1", "cost_a = 1 + 12 + 3 * 3 + 1")
-    _replace(nb, "task-2-3-slowdown", "slowdown_c = (2 + 4 * 6) / (2 + 6)", "slowdown_c = (2 + 5 * 6) / (2 + 6)")
+    replace_in_cell(nb, "task-2-3-answers", "cost_a = 1 + 12 + 6 + 2 + 3 * 3 + 1", "cost_a = 1 + 12 + 3 * 3 + 1")
+    replace_in_cell(nb, "task-2-3-slowdown", "slowdown_c = (2 + 4 * 6) / (2 + 6)", "slowdown_c = (2 + 5 * 6) / (2 + 6)")
 
 
 def average_cost_in_exercise(nb):
@@ -92,7 +85,7 @@ def average_cost_in_exercise(nb):
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
             cell.source = solution[cell.get("id")]
     nb.cells = exercise.cells
-    _replace(nb, "task-2-3-expected", "return rare * (1 - (1 - fraction) ** WARP) + common * (1 - fraction ** WARP)",
+    replace_in_cell(nb, "task-2-3-expected", "return rare * (1 - (1 - fraction) ** WARP) + common * (1 - fraction ** WARP)",
              "return wd.expected_paths(fraction) * (rare + common) / 2")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
 
@@ -111,26 +104,10 @@ VARIANTS = {
 }
 
 
-def _learner_copy(tmp: Path, edit=None) -> Path:
-    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
-    nb = nbformat.read(SOLUTION, as_version=4)
-    if edit is not None:
-        edit(nb)
-    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    tmp = tmp_path_factory.mktemp("graded")
-    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
-    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
 
 
 def test_solution_scores_every_gradable_point(graded):

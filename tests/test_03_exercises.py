@@ -5,12 +5,11 @@ mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC)
 (python -m gpucourse run ... --mode gpu)."""
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import nbformat
 import pytest
 
+from exercise_variants import graded_variants, replace_in_cell
 from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson03, pytest.mark.slow]
@@ -28,53 +27,47 @@ PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
 GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
 
 
-def _replace(nb, cell_id: str, old: str, new: str) -> None:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
-    cell.source = cell.source.replace(old, new)
-
-
 def no_second_barrier(nb):
     """Task 3.1: no barrier after the products, so a fast thread overwrites the tiles while others still read
     them. The simulator runs a block's threads at once, and the race shows in every multi-tile product."""
-    _replace(nb, "task-3-1-kernel",
+    replace_in_cell(nb, "task-3-1-kernel",
              "        cuda.syncthreads()  # every thread is done with them before the next iteration overwrites them\n", "")
 
 
 def products_from_global(nb):
     """Task 3.1: the tiles are loaded and synchronised, but the products read A and B from global memory: right
     results, 2K global reads per thread."""
-    _replace(nb, "task-3-1-kernel", "acc += sa[ty, k] * sb[k, tx]",
+    replace_in_cell(nb, "task-3-1-kernel", "acc += sa[ty, k] * sb[k, tx]",
              "acc += A[row, k0 + k] * B[k0 + k, col] if row < M and col < N and k0 + k < K else np.float32(0.0)")
 
 
 def row_major_b(nb):
     """Task 3.2: W^T's fragment declared row-major, which reads W's tile untransposed: it compiles and holds the
     visible test's instructions; the hidden test looks at the layouts."""
-    _replace(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
+    replace_in_cell(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
 
 
 def does_not_compile(nb):
     """Task 3.2: a typo in the CUDA C."""
-    _replace(nb, "task-3-2-loop", "wmma::mma_sync(acc, a, b, acc);", "wmma::mma_sync(acc, a, b, acc)")
+    replace_in_cell(nb, "task-3-2-loop", "wmma::mma_sync(acc, a, b, acc);", "wmma::mma_sync(acc, a, b, acc)")
 
 
 def endpoint_slope(nb):
     """Task 3.3 (b): the slope through the first and last points only: exact on a clean power law, not the
     least-squares fit on noisy data. The measured exponents stay within 0.1 of the model's."""
-    _replace(nb, "task-3-3-exponent",
+    replace_in_cell(nb, "task-3-3-exponent",
              "    slope, _ = np.polyfit(np.log(np.asarray(ks, float)), np.log(np.asarray(errors, float)), 1)\n",
              "    slope = math.log(errors[-1] / errors[0]) / math.log(ks[-1] / ks[0])\n")
 
 
 def linear_explanation(nb):
     """Task 3.3 (c): the wrong statement."""
-    _replace(nb, "task-3-3-answers", 'why = "B"', 'why = "A"')
+    replace_in_cell(nb, "task-3-3-answers", 'why = "B"', 'why = "A"')
 
 
 def numpy_scalars(nb):
     """Task 3.3 (a): errors returned as NumPy scalars, not plain floats."""
-    _replace(nb, "task-3-3-errors", 'fp32.append(float(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))',
+    replace_in_cell(nb, "task-3-3-errors", 'fp32.append(float(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))',
              'fp32.append(np.float64(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))')
 
 
@@ -90,26 +83,10 @@ VARIANTS = {
 }
 
 
-def _learner_copy(tmp: Path, edit=None) -> Path:
-    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
-    nb = nbformat.read(SOLUTION, as_version=4)
-    if edit is not None:
-        edit(nb)
-    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    tmp = tmp_path_factory.mktemp("graded")
-    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
-    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
-        return {name: f.result() for name, f in futures.items()}
+    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
 
 
 def test_solution_scores_every_gradable_point(graded):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from exercise_variants import graded_variants, replace_in_cell
 from gpucourse import grading, runtime
 
 pytestmark = pytest.mark.slow
@@ -27,16 +27,10 @@ POINTS = {"test_1_1_kernel": 2, "test_1_1_small_grids": 1, "test_1_2_gbps": 2, "
 GRADABLE = sum(p for g, p in POINTS.items() if not g.startswith(grading.PERF_PREFIX))
 
 
-def _replace(nb, cell_id: str, old: str, new: str) -> None:
-    cell = next(c for c in nb.cells if c.get("id") == cell_id)
-    assert old in cell.source, f"{old!r} is not in cell {cell_id}: the solution notebook changed"
-    cell.source = cell.source.replace(old, new)
-
-
 def skips_last_element(nb):
     """Task 1.1: the loop stops one short. Also edits a test cell to pass, and deletes another test cell and
     the read-only helpers the tests need."""
-    _replace(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - 1, stride)")
+    replace_in_cell(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - 1, stride)")
     cell = next(c for c in nb.cells if c.get("id") == "test-1-1-kernel")
     cell.source = "# Task 1.1\npass  # all good"
     nb.cells = [c for c in nb.cells if c.get("id") not in ("test-1-1-small-grids", "test-helpers")]
@@ -44,18 +38,18 @@ def skips_last_element(nb):
 
 def two_streams(nb):
     """Task 1.2: counts a read and a write, forgetting the second input."""
-    _replace(nb, "task-1-2-gbps", "nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
+    replace_in_cell(nb, "task-1-2-gbps", "nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
 
 
 def never_returns(nb):
     """Task 1.2: a loop that never ends; the cell is interrupted at the timeout."""
-    _replace(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize",
+    replace_in_cell(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize",
              "    while ms > 0:\n        pass\n    nbytes = 3 * n * itemsize")
 
 
 def float_grid(nb):
     """Task 1.4: a grid size computed with / is a float; the launch raises."""
-    _replace(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / threads), 32 * SMS))",
+    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / threads), 32 * SMS))",
              "out.shape[0] / threads")
 
 
@@ -68,13 +62,13 @@ def odd_sizes_in_exercise(nb):
         if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
             cell.source = solution[cell.get("id")]
     nb.cells = exercise.cells
-    _replace(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
+    replace_in_cell(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
 
 
 def kernel_dies(nb):
     """Task 1.2: ends the kernel's process: that cell fails, the cells after it do not run."""
-    _replace(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(1)")
+    replace_in_cell(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(1)")
 
 
 # variant -> (points lost by grade_id, expected status of those tests)
@@ -89,27 +83,11 @@ VARIANTS = {
 }
 
 
-def _learner_copy(tmp: Path, edit=None) -> Path:
-    """The solution notebook as a learner would hand it in (outputs cleared), optionally edited."""
-    nb = nbformat.read(SOLUTION, as_version=4)
-    if edit is not None:
-        edit(nb)
-    path = tmp / (edit.__name__ if edit else "solution") / LESSON / SOLUTION.name
-    path.parent.mkdir(parents=True)
-    nbformat.write(nb, path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
     tmp = tmp_path_factory.mktemp("graded")
-    jobs = {"solution": _learner_copy(tmp), "exercise": EXERCISE}
-    jobs.update({v.__name__: _learner_copy(tmp, v) for v in VARIANTS})
-    jobs["kernel_dies"] = _learner_copy(tmp, kernel_dies)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(grading.grade, path, timeout=TIMEOUT, mode="cpu") for name, path in jobs.items()}
-        return {name: f.result() if f.exception() is None else f.exception() for name, f in futures.items()}
+    return graded_variants(tmp, SOLUTION, EXERCISE, [*VARIANTS, kernel_dies], timeout=TIMEOUT)
 
 
 def test_solution_scores_every_gradable_point(graded):
