@@ -42,3 +42,46 @@ def graded_variants(tmp: Path, solution: Path, exercise: Path, variants, *, time
     jobs = {"solution": learner_copy(tmp, solution), "exercise": exercise}
     jobs.update({v.__name__: learner_copy(tmp, solution, v) for v in variants})
     return grade_all(jobs, timeout=timeout)
+
+
+# ------------------------------------------------------------------ what every lesson's exercise must meet
+
+def gradable_points(points: dict) -> float:
+    """The points CPU mode can grade: all but the performance tests'."""
+    return sum(p for g, p in points.items() if not g.startswith(grading.PERF_PREFIX))
+
+
+def assert_full_marks(report, points: dict) -> None:
+    """The solution: every test in order with its points, every gradable point earned (CPU mode)."""
+    assert report.mode == "cpu"
+    assert [t.grade_id for t in report.tests] == list(points)
+    assert {t.grade_id: t.max_points for t in report.tests} == points
+    assert report.score == gradable_points(points) == report.gradable_max_score, report.format()
+    assert report.max_score == sum(points.values())
+    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+
+
+def assert_performance_not_gradable(report, points: dict) -> None:
+    """CPU mode gives every perf_ test 0 points and says it cannot grade it."""
+    for grade_id in (g for g in points if g.startswith(grading.PERF_PREFIX)):
+        perf = report.test(grade_id)
+        assert perf.performance and not perf.gradable and perf.points == 0, report.format()
+        assert perf.status == grading.NOT_GRADABLE, report.format()
+
+
+def assert_scores_zero(report, points: dict) -> None:
+    """The released exercise, unanswered: nothing earned, every gradable test failed."""
+    assert report.score == 0 and report.max_score == sum(points.values())
+    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+
+
+def assert_loses_exactly(report, points: dict, lost) -> None:
+    """A wrong variant: 0 points on exactly the tests in ``lost`` (a list, or {grade_id: expected status}; a
+    list means "failed"), full points on every other gradable test."""
+    lost = lost if isinstance(lost, dict) else dict.fromkeys(lost, "failed")
+    assert report.score == gradable_points(points) - sum(points[g] for g in lost), report.format()
+    for t in report.tests:
+        if t.grade_id in lost:
+            assert (t.points, t.status) == (0, lost[t.grade_id]), report.format()
+        elif t.gradable:
+            assert (t.points, t.status) == (t.max_points, "passed"), report.format()

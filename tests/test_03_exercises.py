@@ -9,7 +9,8 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from exercise_variants import graded_variants, replace_in_cell
+from exercise_variants import (assert_full_marks, assert_loses_exactly, assert_performance_not_gradable,
+                               assert_scores_zero, graded_variants, replace_in_cell)
 from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson03, pytest.mark.slow]
@@ -90,26 +91,17 @@ def graded(tmp_path_factory):
 
 
 def test_solution_scores_every_gradable_point(graded):
-    report = graded["solution"]
-    assert report.mode == "cpu"
-    assert {t.grade_id: t.max_points for t in report.tests} == POINTS
-    assert [t.grade_id for t in report.tests] == list(POINTS)
-    assert report.score == GRADABLE == report.gradable_max_score, report.format()
-    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
-    assert report.notes == [], report.notes
+    assert_full_marks(graded["solution"], POINTS)
+    assert graded["solution"].notes == [], graded["solution"].notes
 
 
 def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
-    for grade_id in PERFORMANCE:
-        perf = graded["solution"].test(grade_id)
-        assert perf.performance and not perf.gradable and perf.points == 0
-    assert graded["solution"].max_score == sum(POINTS.values())
+    assert_performance_not_gradable(graded["solution"], POINTS)
 
 
 def test_generated_exercise_scores_zero(graded):
     report = graded["exercise"]
-    assert report.score == 0 and report.max_score == sum(POINTS.values())
-    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    assert_scores_zero(report, POINTS)
     for grade_id in ("test_3_1_results", "test_3_1_loads", "test_3_3_errors", "test_3_3_exponent"):
         assert "NotImplementedError" in report.test(grade_id).message, report.format()
     assert report.test("test_3_2_compiles").message.startswith("NameError")
@@ -117,14 +109,7 @@ def test_generated_exercise_scores_zero(graded):
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
 def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    report = graded[variant.__name__]
-    lost = VARIANTS[variant]
-    assert report.score == GRADABLE - sum(POINTS[g] for g in lost), report.format()
-    for t in report.tests:
-        if t.grade_id in lost:
-            assert (t.points, t.status) == (0, "failed"), report.format()
-        elif t.gradable:
-            assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
 
 
 def test_feedback_names_the_mistake(graded):

@@ -11,7 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from exercise_variants import graded_variants, replace_in_cell
+from exercise_variants import (assert_full_marks, assert_loses_exactly, assert_performance_not_gradable,
+                               assert_scores_zero, graded_variants, replace_in_cell)
 from gpucourse import grading, runtime
 
 pytestmark = pytest.mark.slow
@@ -91,20 +92,13 @@ def graded(tmp_path_factory):
 
 
 def test_solution_scores_every_gradable_point(graded):
-    report = graded["solution"]
-    assert report.mode == "cpu"
-    assert [t.grade_id for t in report.tests] == list(POINTS)
-    assert {t.grade_id: t.max_points for t in report.tests} == POINTS
-    assert report.score == GRADABLE and report.gradable_max_score == GRADABLE
-    assert report.max_score == sum(POINTS.values())
-    assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+    assert_full_marks(graded["solution"], POINTS)
 
 
 def test_performance_test_is_not_gradable_in_cpu_mode(graded):
+    assert_performance_not_gradable(graded["solution"], POINTS)
     perf = graded["solution"].test("perf_1_4_fast_multiply")
-    assert perf.performance and not perf.gradable
-    assert perf.points == 0 and perf.max_points == 3
-    assert perf.status == grading.NOT_GRADABLE
+    assert perf.max_points == 3
     assert "not gradable in CPU mode" in perf.message and "0 of 3 points" in perf.message
 
 
@@ -117,22 +111,14 @@ def test_report_states_total_and_gradable_total(graded):
 
 def test_generated_exercise_scores_zero(graded):
     report = graded["exercise"]
-    assert report.score == 0 and report.max_score == sum(POINTS.values())
-    assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    assert_scores_zero(report, POINTS)
     assert "NotImplementedError" in report.test("test_1_2_gbps").message
     assert report.notes == []  # its test cells lack the hidden tests, yet none was edited
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
 def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    report = graded[variant.__name__]
-    lost = VARIANTS[variant]
-    assert report.score == GRADABLE - sum(POINTS[g] for g in lost), report.format()
-    for t in report.tests:
-        if t.grade_id in lost:
-            assert (t.points, t.status) == (0, lost[t.grade_id]), report.format()
-        elif t.gradable:
-            assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
 
 
 def test_feedback_names_the_error(graded):
