@@ -85,3 +85,31 @@ def assert_loses_exactly(report, points: dict, lost) -> None:
             assert (t.points, t.status) == (0, lost[t.grade_id]), report.format()
         elif t.gradable:
             assert (t.points, t.status) == (t.max_points, "passed"), report.format()
+
+
+def fill_in_exercise(nb, solution: Path, exercise: Path) -> None:
+    """Make ``nb`` the released exercise with the solution's answers filled in: what a learner who answered
+    every task hands in (its test cells lack the hidden tests, which the grader must put back)."""
+    answers = {c.get("id"): c.source for c in nbformat.read(solution, as_version=4).cells}
+    released = nbformat.read(exercise, as_version=4)
+    for cell in released.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+            cell.source = answers[cell.get("id")]
+    nb.cells = released.cells
+
+
+def assert_exercise_hides_the_answers(solution: Path, exercise: Path, answers: list) -> None:
+    """No solution, no hidden test and none of ``answers`` (snippets of the solution) is released, and every
+    test cell that has hidden tests keeps its visible ones."""
+    released = nbformat.read(exercise, as_version=4)
+    text = "".join(c.source for c in released.cells)
+    assert "BEGIN SOLUTION" not in text and "HIDDEN" not in text
+    for answer in answers:
+        assert answer not in text, answer
+    source = {c.get("id"): c.source for c in nbformat.read(solution, as_version=4).cells}
+    for cell in released.cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if meta.get("grade") and "BEGIN HIDDEN TESTS" in source[cell.get("id")]:
+            visible = source[cell.get("id")].split("### BEGIN HIDDEN TESTS")[0]
+            assert cell.source.strip() == visible.strip() and any(
+                line and not line.startswith("#") for line in visible.splitlines()), cell.get("id")

@@ -4,12 +4,18 @@ mode (the notebooks' kernels are forced to the simulator), where the two perform
 here"; their GPU side is checked by running the solution notebook on a GPU (python -m gpucourse run ...)."""
 from __future__ import annotations
 
-
-import nbformat
 import pytest
+from exercise_variants import (
+    assert_exercise_hides_the_answers,
+    assert_full_marks,
+    assert_loses_exactly,
+    assert_performance_not_gradable,
+    assert_scores_zero,
+    fill_in_exercise,
+    graded_variants,
+    replace_in_cell,
+)
 
-from exercise_variants import (assert_full_marks, assert_loses_exactly, assert_performance_not_gradable,
-                               assert_scores_zero, graded_variants, replace_in_cell)
 from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson02, pytest.mark.slow]
@@ -80,12 +86,7 @@ def average_cost_in_exercise(nb):
     """The released exercise filled in, with expected_warp_cost = expected paths x the mean body: right when the
     two bodies cost the same, which is all the visible test tries; the hidden tests nbgrader puts back try
     bodies of different costs."""
-    solution = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
-    exercise = nbformat.read(EXERCISE, as_version=4)
-    for cell in exercise.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            cell.source = solution[cell.get("id")]
-    nb.cells = exercise.cells
+    fill_in_exercise(nb, SOLUTION, EXERCISE)
     replace_in_cell(nb, "task-2-3-expected", "return rare * (1 - (1 - fraction) ** WARP) + common * (1 - fraction ** WARP)",
              "return wd.expected_paths(fraction) * (rare + common) / 2")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
@@ -157,15 +158,4 @@ def test_exercise_matches_generation():
 
 
 def test_exercise_hides_the_answers():
-    """No solution and no hidden test is released; every test cell that has hidden tests also has visible ones."""
-    released = nbformat.read(EXERCISE, as_version=4)
-    text = "".join(c.source for c in released.cells)
-    assert "BEGIN SOLUTION" not in text and "HIDDEN" not in text
-    assert "(t // 64) * 64" not in text and "shfl_down_sync(FULL_MASK, acc" not in text
-    source = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
-    for cell in released.cells:
-        meta = cell.get("metadata", {}).get("nbgrader", {})
-        if meta.get("grade") and "BEGIN HIDDEN TESTS" in source[cell.get("id")]:
-            visible = source[cell.get("id")].split("### BEGIN HIDDEN TESTS")[0]
-            assert cell.source.strip() == visible.strip() and any(
-                line and not line.startswith("#") for line in visible.splitlines()), cell.get("id")
+    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["(t // 64) * 64", "shfl_down_sync(FULL_MASK, acc"])

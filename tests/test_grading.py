@@ -10,9 +10,16 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from exercise_variants import (
+    assert_full_marks,
+    assert_loses_exactly,
+    assert_performance_not_gradable,
+    assert_scores_zero,
+    fill_in_exercise,
+    graded_variants,
+    replace_in_cell,
+)
 
-from exercise_variants import (assert_full_marks, assert_loses_exactly, assert_performance_not_gradable,
-                               assert_scores_zero, graded_variants, replace_in_cell)
 from gpucourse import grading, runtime
 
 pytestmark = pytest.mark.slow
@@ -57,12 +64,7 @@ def float_grid(nb):
 def odd_sizes_in_exercise(nb):
     """The released exercise filled in, with a kernel that drops the last element of odd sizes: the visible
     Task 1.1 tests (even sizes) pass, the hidden ones nbgrader puts back (odd sizes) fail."""
-    solution = {c.get("id"): c.source for c in nbformat.read(SOLUTION, as_version=4).cells}
-    exercise = nbformat.read(EXERCISE, as_version=4)
-    for cell in exercise.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
-            cell.source = solution[cell.get("id")]
-    nb.cells = exercise.cells
+    fill_in_exercise(nb, SOLUTION, EXERCISE)
     replace_in_cell(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
 
