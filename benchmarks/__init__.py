@@ -10,6 +10,9 @@ LESSONS = {
     "01_vector_multiply": "benchmarks.vector_multiply",
     "02_warp_divergence": "benchmarks.warp_divergence",
     "03_tensor_cores": "benchmarks.tensor_cores",
+    "04_convolution": "benchmarks.convolution",
+    "05_inference_engine": "benchmarks.inference_engine",
+    "06_collectives": "benchmarks.collectives",
 }
 
 

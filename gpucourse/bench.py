@@ -80,15 +80,19 @@ def format_ms(ms: float) -> str:
     return f"{ms * 1000:.3g} µs"
 
 
-def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, repeats: int = 20) -> Timing:
+def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, repeats: int = 20,
+             hold_ms: float = 0.0) -> Timing:
     """Time ``work`` with CUDA events on the current stream: warm-up, then ``repeats`` timed runs.
 
     setup: called before every run, untimed; its return value (a tuple, or one value) is passed to
     ``work``. Use it for fresh inputs where a cache could flatter, or to poison an output buffer.
     Numba kernels launched without a stream and CuPy calls both go to the legacy default stream, so one
     pair of events brackets either.
+    hold_ms: before each start event, queue a kernel that keeps the GPU busy this long (see ``hold``), so the
+    host can queue all of ``work`` before the GPU reaches it: the events then time the GPU, not Python.
     """
-    if repeats < 1 or warmup < 0:
+    if repeats < 1 or warmup < 0 or not 0 <= hold_ms <= 1000:
+        raise runtime.CourseInputError("repeats must be at least 1, warmup at least 0, hold_ms within 0..1000")
         raise runtime.CourseInputError("repeats must be at least 1 and warmup at least 0")
     runtime.require_gpu("timing with CUDA events")
     cp = runtime.cupy()
@@ -108,6 +112,8 @@ def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, 
     for _ in range(repeats):
         a = args()
         cp.cuda.Device().synchronize()  # the setup's own GPU work must not land inside the timed region
+        if hold_ms:
+            hold(hold_ms, stream)
         start.record(stream)
         work(*a)
         end.record(stream)
@@ -124,25 +130,69 @@ def rotating_inputs(make: Callable, nbytes: int, *, cache_multiple: int = 4) -> 
     return itertools.cycle([make() for _ in range(count)]).__next__
 
 
-def time_per_call(launch, *, batch: int = 8, repeats: int = 10, warmup: int = 2) -> Timing:
+HOLD_SOURCE = r"""
+extern "C" __global__ void hold(unsigned long long ns) {
+    // Spin on the GPU's nanosecond clock until ns have passed: one thread, busy on purpose.
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
+_hold_kernel = None
+
+
+def hold(ms: float, stream=None) -> None:
+    """Queue a one-thread kernel that keeps the GPU busy for ``ms`` milliseconds on ``stream`` (the current
+    one by default). Work queued behind it starts only when it ends, however slowly the host queued it."""
+    global _hold_kernel
+    runtime.require_gpu("holding the GPU")
+    cp = runtime.cupy()
+    if _hold_kernel is None:
+        _hold_kernel = cp.RawKernel(HOLD_SOURCE, "hold")
+    _hold_kernel((1,), (1,), (cp.uint64(int(ms * 1e6)),), stream=stream or cp.cuda.get_current_stream())
+
+
+def time_per_call(launch, *, batch: int = 8, repeats: int = 10, warmup: int = 2, hold_gpu: bool = True) -> Timing:
     """CUDA-event timing of ``batch`` calls back to back, divided by ``batch``: the GPU's time per call.
 
     A launch from Python spends some microseconds on the host (argument checks, the launch itself) before
-    the GPU starts. Timed alone, that host time sits between the start event and the kernel, with the GPU
-    idle: about 4% of a 250 µs reduction. Back to back, each call's host work overlaps the previous call's
-    GPU work, as it does in a real pipeline, and only the first call's shows."""
-    t = time_gpu(lambda: [launch() for _ in range(batch)], repeats=repeats, warmup=warmup)
+    the GPU starts: 5 to 50 µs, more than many small kernels take. Timed alone, that host time sits between
+    the start event and the kernel with the GPU idle, and for a 20 µs kernel the events would mostly time
+    Python. So, by default, a ``hold`` kernel keeps the GPU busy while the host queues the whole batch (it is
+    given twice the time the host took to queue one batch), the start event fires as the hold ends, and the
+    calls then run back to back as fast as the GPU can: the events see only GPU time. With
+    ``hold_gpu=False`` each call's host work overlaps the previous call's GPU work only where the GPU is the
+    slower of the two, as in a real Python loop."""
+    def work():
+        for _ in range(batch):
+            launch()
+
+    hold_ms = 0.0
+    if hold_gpu:
+        runtime.require_gpu("timing with CUDA events")
+        device = runtime.cupy().cuda.Device()
+        work()  # compiles, allocates, loads libraries: none of that is part of queueing
+        device.synchronize()
+        t0 = time.perf_counter()
+        work()
+        queued_ms = (time.perf_counter() - t0) * 1e3
+        device.synchronize()
+        hold_ms = min(2 * queued_ms + 0.05, 200.0)
+    t = time_gpu(work, repeats=repeats, warmup=warmup, hold_ms=hold_ms)
     return Timing([s / batch for s in t.samples_ms])
 
 
-def interleaved(launches: dict, *, rounds: int = 5, repeats: int = 4, batch: int = 8) -> dict:
+def interleaved(launches: dict, *, rounds: int = 5, repeats: int = 4, batch: int = 8, hold_gpu: bool = True) -> dict:
     """{name: Timing} of several launches timed in turn, ``rounds`` times over (each round ``repeats``
     samples of ``batch`` calls, see ``time_per_call``). Comparing A with B, interleaving keeps a drift of
     the GPU's clocks or temperature during the run from favouring whichever ran first."""
     samples = {name: [] for name in launches}
     for _ in progress(range(rounds), desc="interleaved rounds"):
         for name, launch in launches.items():
-            samples[name] += time_per_call(launch, batch=batch, repeats=repeats, warmup=1).samples_ms
+            samples[name] += time_per_call(launch, batch=batch, repeats=repeats, warmup=1,
+                                           hold_gpu=hold_gpu).samples_ms
     return {name: Timing(s) for name, s in samples.items()}
 
 

@@ -32,6 +32,12 @@ SIZES = {
     "tensor_cores.n": (8192, 48),  # C = A B, n x n x n: the lesson's kernels (simulator: numba kernels only)
     "tensor_cores.sweep": ((512, 1024, 2048, 4096, 8192), ()),  # sizes of the rate-against-size sweep
     "tensor_cores.check_n": (4096, 32),  # n for the error table against float64
+    "collectives.chunks": ((1, 2, 4, 8, 16, 32, 64), (1, 2, 4, 8, 16, 32, 64)),  # S, messages per broadcast
+    "collectives.sizes": ((2**20, 2**22, 2**24, 2**26, 2**28, 2**30), ()),  # N in bytes (GPU runs only)
+    "collectives.sim_bytes": (2**20, 2**16),  # bytes broadcast on the simulated ring
+    "convolution.demo": ((32, 64, 56, 56, 64), (2, 3, 8, 8, 4)),  # N, C, H, W, K of the numba direct demo
+    "inference_engine.batch": (256, 64),  # max batch of a plan (the throughput batch on a GPU); NumPy in CPU mode
+    "inference_engine.cbr_shape": ((256, 16, 16, 32, 32), (1, 6, 6, 3, 4)),  # N, H, W, C, K of the numba CBR
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),
     "ceilings.gemm_n": (8192, 0),

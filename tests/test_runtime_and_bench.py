@@ -3,6 +3,8 @@ import json
 
 import pytest
 
+from conftest import needs_compiler
+
 from gpucourse import bench, records, runtime
 
 
@@ -108,3 +110,34 @@ def test_rotating_inputs_outgrow_the_l2_cache():
     l2 = runtime.get().device["l2_mib"] * 2**20
     assert len(made) * 2**20 >= 4 * l2
     assert [setup() for _ in range(3)] == [1, 2, 3]
+
+
+@needs_compiler
+def test_hold_kernel_compiles():
+    from kernels import cuda_c
+    ptx = cuda_c.ptx_from_source(bench.HOLD_SOURCE, "sm_80", compiler="nvrtc")
+    assert "%globaltimer" in ptx and ".entry hold" in ptx
+
+
+def test_hold_is_checked():
+    with pytest.raises(runtime.CourseInputError, match="hold_ms"):
+        bench.time_gpu(lambda: None, hold_ms=-1)
+
+
+@pytest.mark.gpu
+def test_hold_lets_the_events_time_the_gpu_not_python():
+    """A tiny kernel behind a slow Python launch: without the hold the events time the host's loop; with it,
+    the GPU's few microseconds. The hold itself lasts what it was asked for."""
+    import time as _time
+    cp = runtime.cupy()
+    a = cp.ones(1024, dtype=cp.float32)
+
+    def slow_launch():
+        _time.sleep(200e-6)  # a host that takes 200 µs to prepare each launch
+        cp.multiply(a, a, out=a)
+
+    held = bench.time_per_call(slow_launch, batch=8, repeats=5)
+    unheld = bench.time_per_call(slow_launch, batch=8, repeats=5, hold_gpu=False)
+    assert held.median_ms < 0.05 < 0.15 < unheld.median_ms
+    t = bench.time_gpu(lambda: bench.hold(2.0), repeats=3)
+    assert 1.9 < t.median_ms < 2.5

@@ -1,0 +1,417 @@
+"""Lesson 6's measurements on a machine with k >= 2 GPUs, and the figures drawn from them (measured or recorded).
+
+Record on a GPU machine with the defaults (``python -m gpucourse record 06_collectives``) or choose the ring
+sizes k, the chunk counts S and the sizes N (bytes):
+
+    python -m benchmarks.collectives --k 2 4 8 --S 1 2 4 8 16 32 64 --N 1048576 67108864 1073741824
+
+Each k uses the first k GPUs. A record keeps one entry per k: recording k = 8 on a larger machine adds to the
+k = 2 of an earlier record of the same GPU model instead of replacing it. Every bandwidth here is the
+*algorithm bandwidth* N / t: the bytes a rank receives over the time the whole collective takes.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import re
+import shutil
+import subprocess
+
+import numpy as np
+
+from gpucourse import bench, plots, records, runtime
+from kernels import collectives as col
+
+LESSON = "06_collectives"
+FIGURES = ("runs",)  # runs: {str(k): one ring size's measurements}; see run()
+
+
+# ------------------------------------------------------------------------------- the machine
+
+def topology() -> str:
+    """`nvidia-smi topo -m`: how every pair of GPUs is connected (NV# = that many NVLinks, PIX/PXB/PHB/SYS =
+    PCIe paths of growing length)."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "nvidia-smi not found"
+    try:
+        out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout).strip() or out.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi topo -m failed: {exc}"
+
+
+def link_types(topo: str, devices) -> dict:
+    """{"GPU0->GPU1": "NV18", ...} for the links of the ring devices[0] -> devices[1] -> ... , read off the
+    topology matrix."""
+    rows = {}
+    for line in topo.splitlines():
+        cells = line.split()
+        if cells and re.fullmatch(r"GPU\d+", cells[0]):
+            rows[cells[0]] = cells[1:]
+    out = {}
+    for a, b in zip(devices, devices[1:]):
+        row = rows.get(f"GPU{a}")
+        out[f"GPU{a}->GPU{b}"] = row[b] if row is not None and b < len(row) else "unknown"
+    return out
+
+
+def system(devices) -> dict:
+    cp = runtime.cupy()
+    names = []
+    for d in devices:
+        name = cp.cuda.runtime.getDeviceProperties(d)["name"]
+        names.append(name.decode() if isinstance(name, bytes) else name)
+    topo = topology()
+    from cupy.cuda import nccl
+
+    return {"gpu_count": cp.cuda.runtime.getDeviceCount(), "devices": list(devices), "names": names,
+            "topology": topo, "links": link_types(topo, devices),
+            "peer_access": {f"{a}->{b}": v for (a, b), v in col.enable_peer_access(devices).items()},
+            "nccl_version": nccl.get_version(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+# ----------------------------------------------------------------------------------- helpers
+
+def _buffers(devices, nbytes: int, *, seed: int = 0):
+    """Rank 0: random float32 values; every other rank: NaN. Returns (buffers, the root's values on each GPU)."""
+    cp = runtime.cupy()
+    n = nbytes // 4
+    bufs, refs = [], []
+    with cp.cuda.Device(devices[0]):
+        root = cp.random.RandomState(seed).random_sample(n, dtype=cp.float32)
+    for d in devices:
+        with cp.cuda.Device(d):
+            runtime.check_fits(2 * n * 4, f"two {nbytes / 2**20:.0f} MiB buffers on GPU {d}")
+            if d == devices[0]:
+                refs.append(root)
+                bufs.append(root.copy())
+            else:
+                ref = cp.empty_like(root)  # allocated on GPU d, filled by a peer copy
+                col.peer_copy(ref, root)
+                refs.append(ref)
+                bufs.append(cp.full(n, cp.nan, cp.float32))
+            cp.cuda.Device(d).synchronize()
+    return bufs, refs
+
+
+def _check_equal(bufs, refs, what: str) -> None:
+    cp = runtime.cupy()
+    for r, (b, ref) in enumerate(zip(bufs, refs)):
+        with cp.cuda.Device(b.device.id):
+            if not bool(cp.array_equal(b, ref)):
+                raise runtime.CourseError(f"{what}: rank {r} (GPU {b.device.id}) does not hold the right data; "
+                                          "not timing it")
+
+
+def _poison(bufs) -> None:
+    cp = runtime.cupy()
+    for b in bufs[1:]:
+        with cp.cuda.Device(b.device.id):
+            b.fill(cp.nan)
+    for b in bufs:
+        cp.cuda.Device(b.device.id).synchronize()
+
+
+def _repeats(nbytes: int) -> int:
+    return 20 if nbytes >= 2**26 else 50
+
+
+# ------------------------------------------------------------------------------- measurements
+
+def broadcast_sweep(devices, sizes, chunks, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
+    """Time against S for every N (the course's ring), NCCL's broadcast and one peer copy at every N. Each
+    result is checked before it is timed (destinations filled with NaN first)."""
+    cp = runtime.cupy()
+    out = {"N": list(sizes), "S": list(chunks), "ring_ms": [], "nccl_ms": [], "peer_copy_ms": []}
+    with cp.cuda.Device(devices[0]):
+        for nbytes in bench.progress(sizes, desc=f"broadcast sizes, k={len(devices)}"):
+            bufs, refs = _buffers(devices, nbytes)
+            reps = _repeats(nbytes)
+            row = []
+            for S in chunks:
+                if S > bufs[0].size:
+                    row.append(None)
+                    continue
+                _poison(bufs)
+                ring.broadcast(bufs, S)
+                ring.synchronize()
+                _check_equal(bufs, refs, f"ring broadcast S={S} N={nbytes}")
+                row.append(bench.time_gpu(lambda: ring.broadcast(bufs, S), repeats=reps).median_ms)
+            out["ring_ms"].append(row)
+            _poison(bufs)
+            nccl.broadcast(bufs)
+            nccl.synchronize()
+            _check_equal(bufs, refs, f"NCCL broadcast N={nbytes}")
+            out["nccl_ms"].append(bench.time_gpu(lambda: nccl.broadcast(bufs), repeats=reps).median_ms)
+            out["peer_copy_ms"].append(bench.time_gpu(lambda: col.peer_copy(bufs[1], bufs[0]), repeats=reps).median_ms)
+            bufs = refs = None
+            cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def headline(devices, nbytes: int, S: int, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
+    """Ring (at S), NCCL and a peer copy of ``nbytes`` timed in turn, five rounds (bench.interleaved)."""
+    cp = runtime.cupy()
+    with cp.cuda.Device(devices[0]):
+        bufs, refs = _buffers(devices, nbytes)
+        _poison(bufs)
+        ring.broadcast(bufs, S)
+        ring.synchronize()
+        _check_equal(bufs, refs, "ring broadcast")
+        launches = {"ring": lambda: ring.broadcast(bufs, S), "nccl": lambda: nccl.broadcast(bufs),
+                    "peer_copy": lambda: col.peer_copy(bufs[1], bufs[0])}
+        # No hold kernel: it would hold GPU 0 only, and each call here takes milliseconds anyway.
+        t = bench.interleaved(launches, rounds=5, repeats=4, batch=4, hold_gpu=False)
+        bufs = refs = None
+        cp.get_default_memory_pool().free_all_blocks()
+    res = {name: {**tm.summary(), "gbps": tm.gbps(nbytes)} for name, tm in t.items()}
+    return {"N": nbytes, "S": S, **res, "ring_over_nccl": res["ring"]["gbps"] / res["nccl"]["gbps"]}
+
+
+def allreduce_sweep(devices, sizes, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
+    """The course's ring all-reduce against NCCL's, checked against the sum first (float32, relative 1e-5)."""
+    cp = runtime.cupy()
+    k = len(devices)
+    out = {"N": list(sizes), "ring_ms": [], "nccl_ms": [], "max_rel_error": []}
+    with cp.cuda.Device(devices[0]):
+        for nbytes in bench.progress(sizes, desc=f"all-reduce sizes, k={k}"):
+            n = nbytes // 4
+            host = [np.random.default_rng(r).random(min(n, 2**22), dtype=np.float32) for r in range(k)]
+            bufs = []
+            for d, h in zip(devices, host):
+                with cp.cuda.Device(d):
+                    bufs.append(cp.tile(cp.asarray(h), -(-n // h.size))[:n].copy())
+            want = np.sum(host, axis=0, dtype=np.float64).astype(np.float32)  # one period of the tiling
+            ring.allreduce(bufs)
+            ring.synchronize()
+            err = 0.0
+            for d, b in zip(devices, bufs):
+                with cp.cuda.Device(d):
+                    w = cp.tile(cp.asarray(want), -(-n // want.size))[:n]
+                    err = max(err, float(cp.abs(b - w).max() / cp.abs(w).max()))
+                    del w
+            if not err <= 1e-5:
+                raise runtime.CourseError(f"ring all-reduce of {nbytes} bytes is wrong (error {err:.2e})")
+            reps = _repeats(nbytes)
+            out["ring_ms"].append(bench.time_gpu(lambda: ring.allreduce(bufs), repeats=reps).median_ms)
+            out["nccl_ms"].append(bench.time_gpu(lambda: nccl.allreduce(bufs), repeats=reps).median_ms)
+            out["max_rel_error"].append(err)
+            bufs = None
+            cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def gradient_check(devices, *, ring: col.GpuRing, batch: int = 512, seed: int = 0) -> dict:
+    """Data parallelism: each GPU takes batch / k examples of one batch, computes its gradients, the ring
+    all-reduce sums them and each GPU divides by k. Compared with the gradients of the whole batch on one GPU."""
+    cp = runtime.cupy()
+    k = len(devices)
+    rng = np.random.default_rng(seed)
+    X, Y = rng.standard_normal((batch, 16)), rng.standard_normal((batch, 4))
+    with cp.cuda.Device(devices[0]):
+        params = col.mlp_init(xp=cp, seed=seed)
+        full = col.flatten(col.mlp_gradients(params, cp.asarray(X), cp.asarray(Y))).get()
+    flats = []
+    for r, d in enumerate(devices):
+        lo, hi = col.chunk_bounds(batch, k, r)
+        with cp.cuda.Device(d):
+            p = {name: cp.asarray(v.get()) for name, v in params.items()}  # a copy of the weights on GPU d
+            flats.append(col.flatten(col.mlp_gradients(p, cp.asarray(X[lo:hi]), cp.asarray(Y[lo:hi]))))
+    with cp.cuda.Device(devices[0]):
+        ring.allreduce(flats)
+        ring.synchronize()
+    errs = [float(np.abs(f.get() / k - full).max() / np.abs(full).max()) for f in flats]
+    return {"batch": batch, "parameters": int(full.size), "max_rel_error": max(errs)}
+
+
+def measure_k(k: int, *, chunks, sizes, headline_bytes: int = 2**30) -> dict:
+    """Everything for a ring of the first k GPUs."""
+    devices = list(range(k))
+    ring = col.GpuRing(devices)
+    nccl = col.Nccl(devices)
+    out = {"system": system(devices)}
+    out["broadcast"] = broadcast_sweep(devices, sizes, chunks, nccl=nccl, ring=ring)
+    i = out["broadcast"]["N"].index(headline_bytes) if headline_bytes in sizes else len(sizes) - 1
+    ring_row = out["broadcast"]["ring_ms"][i]
+    best = min((t, S) for t, S in zip(ring_row, chunks) if t is not None)[1]
+    out["headline"] = headline(devices, out["broadcast"]["N"][i], best, nccl=nccl, ring=ring)
+    out["fit"] = fit_broadcast(out["broadcast"], k)  # the slide's model; the notebook also fits a start-up cost
+    out["allreduce"] = allreduce_sweep(devices, [n for n in sizes if n >= 2**20], nccl=nccl, ring=ring)
+    out["gradients"] = gradient_check(devices, ring=ring)
+    return out
+
+
+def fit_broadcast(sweep: dict, k: int, *, startup: bool = False) -> dict:
+    """alpha and B (and with ``startup`` a fixed cost t0 per broadcast) of the model fitted to every measured
+    (S, N) point of the ring, and the largest distance of a measured time from the model: overall and at each N."""
+    S, N, t = [], [], []
+    for n, row in zip(sweep["N"], sweep["ring_ms"]):
+        for s, ms in zip(sweep["S"], row):
+            if ms is not None:
+                S.append(s), N.append(n), t.append(ms * 1e-3)
+    fit = col.fit_ring_model(k, S, N, t, startup=startup)
+    per_n = {}
+    for n in sweep["N"]:
+        errs = [abs(e) for e, nn in zip(fit["rel_error"], N) if nn == n]
+        per_n[str(n)] = max(errs) if errs else None
+    out = {"k": k, "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"],
+           "max_abs_rel_error": fit["max_abs_rel_error"], "max_abs_rel_error_by_N": per_n}
+    if startup:
+        out["startup_s"] = fit["startup_s"]
+    return out
+
+
+def model_ms(fit: dict, N: float, k: int, S: int) -> float:
+    """The fitted model's time in ms: t0 (if fitted) + (S + k - 2)(alpha + N / (S B))."""
+    return 1e3 * (fit.get("startup_s", 0.0) + (S + k - 2) * (fit["alpha_s"] + N / (S * fit["bandwidth"])))
+
+
+def run(ks=None, chunks=None, sizes=None) -> tuple:
+    """Every measurement of the lesson for each k in ks (default: every GPU of this machine), merged with
+    the entries for other k of this GPU model's existing record. Returns (figures, ceilings)."""
+    n_gpus = col.gpu_count()
+    ks = list(ks or [n_gpus])
+    if n_gpus < 2 or max(ks) > n_gpus or min(ks) < 2:
+        raise runtime.CourseError(f"lesson 6 records rings of 2 or more GPUs; this machine has {n_gpus}, "
+                                  f"asked for k = {ks}")
+    chunks = list(chunks or runtime.size("collectives.chunks"))
+    sizes = list(sizes or runtime.size("collectives.sizes"))
+    ceilings = bench.measure_ceilings().as_dict()
+    old = records.latest(LESSON, runtime.get().device["name"])
+    runs = dict(old["figures"].get("runs", {})) if old else {}
+    for k in ks:
+        runs[str(k)] = measure_k(k, chunks=chunks, sizes=sizes)
+    return {"runs": dict(sorted(runs.items(), key=lambda kv: int(kv[0])))}, ceilings
+
+
+# -------------------------------------------------------------------------------- text and plots
+
+def summary_text(entry: dict) -> str:
+    sysinfo, h = entry["system"], entry["headline"]
+    k = len(sysinfo["devices"])
+    fit, fit0 = fit_broadcast(entry["broadcast"], k), fit_broadcast(entry["broadcast"], k, startup=True)
+    links = ", ".join(f"{a} {b}" for a, b in sysinfo["links"].items())
+    lines = [f"k = {len(sysinfo['devices'])}: {', '.join(sysinfo['names'])}; links {links}; "
+             f"NCCL {sysinfo['nccl_version']}; {sysinfo['date']}",
+             f"broadcast of {h['N'] / 2**30:.3g} GiB: ring (S = {h['S']}) {h['ring']['gbps']:.0f} GB/s, "
+             f"NCCL {h['nccl']['gbps']:.0f} GB/s, one peer copy {h['peer_copy']['gbps']:.0f} GB/s; "
+             f"ring / NCCL = {h['ring_over_nccl']:.2f}",
+             f"model (S + k - 2)(alpha + N/(SB)) fitted to all (S, N): alpha = {fit['alpha_s'] * 1e6:.1f} µs a "
+             f"message, B = {fit['bandwidth'] / 1e9:.0f} GB/s",
+             f"the same plus a fixed cost t0 a broadcast: t0 = {fit0['startup_s'] * 1e6:.1f} µs, "
+             f"alpha = {fit0['alpha_s'] * 1e6:.1f} µs, B = {fit0['bandwidth'] / 1e9:.0f} GB/s",
+             "    largest distance of a measured time (any S) from the model, without t0 / with t0:"]
+    for n, e in fit["max_abs_rel_error_by_N"].items():
+        lines.append(f"    N = {int(n) / 2**20:6.0f} MiB: {100 * e:5.1f}% / {100 * fit0['max_abs_rel_error_by_N'][n]:5.1f}%")
+    ar = entry["allreduce"]
+    for n, r, c in zip(ar["N"], ar["ring_ms"], ar["nccl_ms"]):
+        lines.append(f"all-reduce {n / 2**20:6.0f} MiB: ring {bench.format_ms(r):>9}, NCCL {bench.format_ms(c):>9} "
+                     f"(ring / NCCL time {r / c:.2f})")
+    g = entry["gradients"]
+    lines.append(f"gradients of {g['parameters']} parameters averaged over {len(sysinfo['devices'])} GPUs against "
+                 f"one GPU's whole batch: max relative error {g['max_rel_error']:.1e}")
+    return "\n".join(lines)
+
+
+def _pair_colours(fig, n: int):
+    """Draw the i-th model line (dashed) in the colour of the i-th measured series."""
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    for i in range(n):
+        lines[n + i].set_color(lines[i].get_color())
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+def plot_model(N: float, B: float, ks=(2, 3, 4, 8), alpha: float = 0.0, S_max: int = 256, source: str = "the model"):
+    """The cost model's time against S for several k (no measurement)."""
+    S = np.unique(np.round(np.logspace(0, np.log2(S_max), 40, base=2)).astype(int))
+    models = {f"k = {k}": (S, [1e3 * col.broadcast_time(N, B, k, int(s), alpha) for s in S]) for k in ks}
+    fig = plots.lines({}, models=models, xlabel="S (messages)", ylabel="ms", source=source,
+                      title=f"Ring broadcast of {N / 2**30:.3g} GiB at B = {B / 1e9:.0f} GB/s, "
+                            f"alpha = {alpha * 1e6:.0f} µs")
+    ax = fig.axes[0]
+    if alpha > 0:
+        for k in ks:
+            s = col.best_chunks(N, B, k, alpha)
+            ax.plot([s], [1e3 * col.broadcast_time(N, B, k, s, alpha)], "k*", ms=10)
+    for k in ks:
+        ax.axhline(1e3 * N / B, color="grey", lw=0.6, ls=":")
+    return fig
+
+
+def plot_vs_S(entry: dict, source: str, *, startup: bool = False):
+    """Measured ring broadcast time against S at every N, with the fitted model as dashed lines (with a fixed
+    cost t0 a broadcast if ``startup``)."""
+    b, k = entry["broadcast"], len(entry["system"]["devices"])
+    fit = fit_broadcast(b, k, startup=startup)
+    series, models = {}, {}
+    for n, row in zip(b["N"], b["ring_ms"]):
+        pts = [(s, t) for s, t in zip(b["S"], row) if t is not None]
+        label = f"{n / 2**20:.0f} MiB"
+        series[f"measured, {label}"] = ([p[0] for p in pts], [p[1] for p in pts])
+        models[f"model, {label}"] = ([p[0] for p in pts], [model_ms(fit, n, k, p[0]) for p in pts])
+    t0 = f"{fit['startup_s'] * 1e6:.1f} µs + " if startup else ""
+    return _pair_colours(plots.lines(series, models=models, xlabel="S (messages)", ylabel="ms", source=source,
+                       title=f"Ring broadcast, k = {k}, fitted model: {t0}(S + {k - 2})"
+                             f"({fit['alpha_s'] * 1e6:.1f} µs + N / (S x {fit['bandwidth'] / 1e9:.0f} GB/s))"), len(series))
+
+
+def plot_vs_N(entry: dict, source: str):
+    """Algorithm bandwidth N / t against N: one peer copy, NCCL, the ring at S = 1 and at its best S."""
+    b, k = entry["broadcast"], len(entry["system"]["devices"])
+    best = [min(t for t in row if t is not None) for row in b["ring_ms"]]
+    s1 = [row[b["S"].index(1)] if 1 in b["S"] else None for row in b["ring_ms"]]
+    series = {"one peer copy (cudaMemcpyPeerAsync)": (b["N"], [bench.gbps(n, t) for n, t in zip(b["N"], b["peer_copy_ms"])]),
+              "NCCL broadcast": (b["N"], [bench.gbps(n, t) for n, t in zip(b["N"], b["nccl_ms"])]),
+              "course ring, best S": (b["N"], [bench.gbps(n, t) for n, t in zip(b["N"], best)])}
+    if all(t is not None for t in s1):
+        series["course ring, S = 1"] = (b["N"], [bench.gbps(n, t) for n, t in zip(b["N"], s1)])
+    return plots.lines(series, xlabel="N (bytes)", ylabel="GB/s (N / time)", source=source,
+                       title=f"Broadcast over k = {k} GPUs: bandwidth against size")
+
+
+def plot_headline(entry: dict, source: str):
+    h = entry["headline"]
+    return plots.bars({f"course ring, S = {h['S']}": h["ring"]["gbps"], "NCCL broadcast": h["nccl"]["gbps"]},
+                      unit="GB/s", source=source, ceiling=("one peer copy", h["peer_copy"]["gbps"]),
+                      title=f"Broadcast of {h['N'] / 2**30:.3g} GiB over k = {len(entry['system']['devices'])} GPUs")
+
+
+def plot_allreduce(entry: dict, source: str):
+    a, k = entry["allreduce"], len(entry["system"]["devices"])
+    series = {"course ring all-reduce": (a["N"], a["ring_ms"]), "NCCL all-reduce": (a["N"], a["nccl_ms"])}
+    return plots.lines(series, xlabel="N (bytes)", ylabel="ms", source=source,
+                       title=f"All-reduce (sum, float32) over k = {k} GPUs")
+
+
+def plot_simulation(k_runs: dict, source: str):
+    """Simulated times (markers) against the model (dashed) for each k: {k: (S list, seconds, model seconds)}."""
+    series = {f"simulated, k = {k}": (S, [1e3 * t for t in ts]) for k, (S, ts, _) in k_runs.items()}
+    models = {f"model, k = {k}": (S, [1e3 * t for t in ms]) for k, (S, _, ms) in k_runs.items()}
+    return _pair_colours(plots.lines(series, models=models, xlabel="S (messages)", ylabel="ms", source=source,
+                                     title="Ring broadcast on simulated links against the model"), len(series))
+
+
+# ---------------------------------------------------------------------------------- command line
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.collectives", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--k", type=int, nargs="+", help="ring sizes (default: every GPU of this machine)")
+    p.add_argument("--S", type=int, nargs="+", help="chunk counts (default: SIZES['collectives.chunks'])")
+    p.add_argument("--N", type=int, nargs="+", help="sizes in bytes (default: SIZES['collectives.sizes'])")
+    args = p.parse_args(argv)
+    runtime.setup("gpu")
+    figures, ceilings = run(args.k, args.S, args.N)
+    path = records.write(LESSON, figures, ceilings=ceilings)
+    for k, entry in figures["runs"].items():
+        print(summary_text(entry))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,328 @@
+"""Lesson 4's measurements on a GPU, and the figures drawn from them (measured or recorded).
+
+For each of ResNet-50's 3x3 layers (kernels.convolution.LAYERS) in FP32 and FP16, NCHW and NHWC: cuDNN's
+own table of forward algorithms (cudnnFindConvolutionForwardAlgorithm: time, workspace, status of each),
+then every kernel of the lesson and cuDNN's fastest algorithm timed the same way (CUDA events, calls back to
+back: bench.time_per_call), each checked first against the float64 convolution of the same inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import bench, plots, runtime
+from kernels import convolution as cv
+from kernels import cudnn
+
+LESSON = "04_convolution"
+FIGURES = ("cudnn", "layers", "fused")  # what run() records
+CONFIGS = (("float32", "fma"), ("float32", "default"), ("float16", "tensor_op"))  # (data type, cuDNN math)
+WORKSPACE_LIMITS_MIB = (0, 1, 4, 16, 64, 256, 1024)
+MIB = 2**20
+
+
+def _precision(dtype: str, math_: str) -> str:
+    return {"float16": "float16", "float32": "tf32" if math_ != "fma" else "float32"}[dtype]
+
+
+# ---------------------------------------------------------------------------------------- operands
+
+def _operands(layer: tuple, seed: int = 0) -> dict:
+    """x and w of a layer (uniform in [-1, 1)) in FP32 and FP16, NCHW and NHWC (CuPy), and the float64
+    convolution of exactly those values (the FP16 one of the FP16-rounded values) as references."""
+    cp = runtime.cupy()
+    n, c, h, w, k, r, s, pad, stride = layer
+    rs = cp.random.RandomState(seed)
+    x32 = rs.uniform(-1, 1, (n, c, h, w), dtype=cp.float32)
+    w32 = rs.uniform(-1, 1, (k, c, r, s), dtype=cp.float32)
+    o = {}
+    for dt in ("float32", "float16"):
+        x, wt = x32.astype(dt), w32.astype(dt)
+        o[dt, "NCHW"] = (x, wt)
+        o[dt, "NHWC"] = (cp.ascontiguousarray(x.transpose(0, 2, 3, 1)), cp.ascontiguousarray(wt.transpose(0, 2, 3, 1)))
+        _, _, P, Q = cv.output_shape(x.shape, wt.shape, pad, stride)
+        cols = cp.empty(cv.cols_shape(x.shape, r, s, pad, stride), dt)
+        cv.im2col(x, cols, r, s, pad=pad, stride=stride)
+        ref = cp.matmul(wt.astype(cp.float64).reshape(k, -1), cols.astype(cp.float64)).reshape(n, k, P, Q)
+        del cols
+        o["ref", dt, "NCHW"] = ref
+        o["ref", dt, "NHWC"] = cp.ascontiguousarray(ref.transpose(0, 2, 3, 1))
+    return o
+
+
+def _rel_error_gpu(y, ref) -> float:
+    cp = runtime.cupy()
+    y = y.astype(cp.float64)
+    if not bool(cp.isfinite(y).all()):
+        return math.inf
+    return float(cp.abs(y - ref).max() / cp.abs(ref).max())
+
+
+# ------------------------------------------------------------------------------------ cuDNN's tables
+
+def _descriptors(layer, dtype, layout, math_):
+    n, c, h, w, k, r, s, pad, stride = layer
+    x = cudnn.TensorDescriptor((n, c, h, w), dtype, layout)
+    f = cudnn.FilterDescriptor((k, c, r, s), dtype, layout)
+    conv = cudnn.ConvolutionDescriptor(pad, stride, 1, compute="float32", math=math_)
+    y = cudnn.TensorDescriptor(conv.output_dims(x, f), dtype, layout)
+    return x, f, conv, y
+
+
+def find_table(handle, layer, dtype, layout, math_) -> list:
+    """cudnnFindConvolutionForwardAlgorithm for one layer, data type, layout and math type."""
+    x, f, conv, y = _descriptors(layer, dtype, layout, math_)
+    with x, f, conv, y:
+        return handle.find_forward_algorithms(x, f, conv, y)
+
+
+def tradeoff(table: list, limits_mib=WORKSPACE_LIMITS_MIB) -> list:
+    """For each workspace limit, the fastest algorithm of a Find table within it (cudnn.fastest_under)."""
+    out = []
+    for lim in limits_mib:
+        best = cudnn.fastest_under(table, lim * MIB)
+        out.append({"limit_mib": lim, "algo": best["algo"] if best else None,
+                    "time_ms": best["time_ms"] if best else None})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ one layer
+
+def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: int = 8, numba: bool = True) -> dict:
+    """Every convolution of the lesson on one layer, checked against float64 and timed, beside cuDNN."""
+    cp = runtime.cupy()
+    cuda = runtime.cuda()
+    n, c, h, w, k, r, s, pad, stride = layer
+    crs = c * r * s
+    flops = cv.layer_flops(layer)
+    o = _operands(layer)
+    tables, rows = {}, []
+    cudnn_best = {}
+
+    def add(label, dtype, layout, kind, precision, launch, out, *, reps=repeats, b=batch):
+        out.fill(cp.nan)
+        launch()
+        err = _rel_error_gpu(out, o["ref", dtype, layout])
+        limit = cv.tolerance(precision, crs) * 2
+        if not err <= limit:
+            raise runtime.CourseError(f"{label} ({dtype}, {layout}) gave a wrong result on {name}: error {err:.2e}, "
+                                      f"allowed {limit:.2e}; not timing it")
+        t = bench.time_per_call(launch, batch=b, repeats=reps)
+        rows.append({"name": label, "dtype": dtype, "layout": layout, "kind": kind, "precision": precision,
+                     **t.summary(), "tflops": t.tflops(flops), "check_error": err})
+        return rows[-1]
+
+    for layout in cv.LAYOUTS:
+        for dtype, math_ in CONFIGS:
+            table = find_table(handle, layer, dtype, layout, math_)
+            tables[f"{dtype}/{layout}/{math_}"] = table
+            best = cudnn.fastest_under(table, None)
+            xd, fd, conv, yd = _descriptors(layer, dtype, layout, math_)
+            x, wt = o[dtype, layout]
+            y = cp.empty(yd.shape, dtype)
+            launch = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])
+            row = add(f"cuDNN {best['algo']} ({math_} math)", dtype, layout, "cudnn", _precision(dtype, math_),
+                      launch, y)
+            row.update(math=math_, algo=best["algo"], workspace_bytes=best["workspace_bytes"])
+            cudnn_best[dtype, layout, math_] = row
+            del launch
+            for d in (xd, fd, conv, yd):
+                d.destroy()
+
+        for dtype in ("float32", "float16"):
+            x, wt = o[dtype, layout]
+            _, _, P, Q = cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+            y = cp.empty((n, k, P, Q) if layout == "NCHW" else (n, P, Q, k), dtype)
+            cols = cp.empty(cv.cols_shape(x.shape, r, s, pad, stride, layout=layout), dtype)
+            variants = [(False, "float32" if dtype == "float32" else "float16")]
+            if dtype == "float32":
+                variants.append((True, "tf32"))
+            for tf32, precision in variants:
+                gemm_name = "cuBLAS TF32" if tf32 else ("cuBLAS FP32" if dtype == "float32" else "cuBLAS FP16")
+                add(f"im2col + {gemm_name} GEMM", dtype, layout, "im2col", precision,
+                    lambda x=x, wt=wt, y=y, cols=cols, tf32=tf32: cv.conv_im2col_gemm(
+                        x, wt, y, pad=pad, stride=stride, layout=layout, tf32=tf32, cols=cols), y)
+            # the two halves on their own: im2col's memory traffic, then the GEMM
+            t_cols = bench.time_per_call(lambda x=x, cols=cols: cv.im2col(x, cols, r, s, pad=pad, stride=stride,
+                                                                            layout=layout), batch=batch, repeats=repeats)
+            rows.append({"name": "im2col alone", "dtype": dtype, "layout": layout, "kind": "part", "precision": dtype,
+                         **t_cols.summary(), "tflops": None, "check_error": None,
+                         "gbps": t_cols.gbps(cols.nbytes + x.nbytes)})
+            if layout == "NCHW":
+                launch_gemm = lambda wt=wt, cols=cols, y=y: cv.gemm(wt.reshape(k, crs), cols, y.reshape(n, k, P * Q),
+                                                                     tf32=dtype == "float32")
+            else:
+                launch_gemm = lambda wt=wt, cols=cols, y=y: cv.gemm(cols, wt.reshape(k, crs).T, y.reshape(n * P * Q, k),
+                                                                     tf32=dtype == "float32")
+            t_gemm = bench.time_per_call(launch_gemm, batch=batch, repeats=repeats)
+            rows.append({"name": "GEMM alone" + (" (TF32)" if dtype == "float32" else " (FP16)"), "dtype": dtype,
+                         "layout": layout, "kind": "part", "precision": dtype, **t_gemm.summary(),
+                         "tflops": t_gemm.tflops(flops), "check_error": None})
+            del cols
+            if layout == "NCHW":
+                add("CUDA C direct, register-tiled", dtype, layout, "direct", "float32" if dtype == "float32"
+                    else "float16", lambda x=x, wt=wt, y=y: cv.conv_direct(x, wt, y, pad=pad, stride=stride), y)
+                if dtype == "float32" and numba:
+                    nx, nw, ny = (cuda.as_cuda_array(a) for a in (x, wt, y))
+                    add("numba direct, one thread per output", dtype, layout, "direct", "float32",
+                        lambda: cv.conv2d_numba(nx, nw, ny, pad=pad, stride=stride), y, reps=3, b=2)
+        cp.get_default_memory_pool().free_all_blocks()
+
+    # every row against cuDNN: like with like (same data type, layout and kind of arithmetic), and against
+    # cuDNN's fastest for the data type and layout whatever its math
+    for row in rows:
+        key = (row["dtype"], row["layout"])
+        maths = [m for (d, l, m) in cudnn_best if (d, l) == key]
+        fastest = min((cudnn_best[key + (m,)] for m in maths), key=lambda r: r["median_ms"])
+        like = {"float32": "fma", "tf32": "default", "float16": "tensor_op"}[row["precision"]]
+        row["cudnn_like"] = cudnn_best[key + (like,)]["name"]
+        row["of_cudnn_like"] = row["median_ms"] / cudnn_best[key + (like,)]["median_ms"]
+        row["cudnn_fastest"] = fastest["name"]
+        row["of_cudnn_fastest"] = row["median_ms"] / fastest["median_ms"]
+    return {"name": name, "layer": list(layer), "flops": flops, "crs": crs,
+            "im2col_mib": {dt: cv.im2col_bytes(layer, np.dtype(dt).itemsize) / MIB for dt in ("float32", "float16")},
+            "find": tables, "rows": rows, "targets": targets(rows)}
+
+
+def targets(rows: list) -> dict:
+    """The lesson's targets on one layer: im2col + tensor-core GEMM (TF32 for FP32 data, FP16) within 2x of
+    cuDNN's fastest algorithm, the CUDA C direct kernel within 5x, each for the same data type and layout."""
+    out = {}
+    for r in rows:
+        if r["kind"] == "im2col" and r["precision"] in ("tf32", "float16"):
+            out[f"im2col+GEMM {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 2.0,
+                                                              "met": r["of_cudnn_fastest"] <= 2.0}
+        if r["kind"] == "direct" and r["name"].startswith("CUDA C"):
+            out[f"direct {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 5.0,
+                                                         "met": r["of_cudnn_fastest"] <= 5.0}
+    return out
+
+
+def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> dict:
+    """cudnnConvolutionBiasActivationForward (conv + bias + ReLU in one call) against cudnnConvolutionForward
+    followed by bias + ReLU as one CuPy elementwise kernel, on one layer, FP32 NCHW and FP16 NHWC."""
+    cp = runtime.cupy()
+    layer_name = layer_name or next(iter(cv.LAYERS))
+    layer = cv.LAYERS[layer_name]
+    n, c, h, w, k, r, s, pad, stride = layer
+    out = {"layer": layer_name, "rows": []}
+    bias_relu = cp.ElementwiseKernel("T y, T b", "T z", "T v = y + b; z = v > (T)0 ? v : (T)0", "course_bias_relu")
+    with cudnn.Handle() as handle:
+        for dtype, layout, math_ in (("float32", "NCHW", "fma"), ("float16", "NHWC", "tensor_op")):
+            o = _operands(layer)
+            x, wt = o[dtype, layout]
+            xd, fd, conv, yd = _descriptors(layer, dtype, layout, math_)
+            bias = cp.asarray(np.linspace(-0.5, 0.5, k), dtype=dtype)
+            bshape = (1, k, 1, 1) if layout == "NCHW" else (1, 1, 1, k)
+            ref = cp.maximum(o["ref", dtype, layout] + bias.astype(cp.float64).reshape(bshape), 0)
+            y = cp.empty(yd.shape, dtype)
+            z = cp.empty(yd.shape, dtype)
+            algo = "IMPLICIT_PRECOMP_GEMM"
+            row = {"dtype": dtype, "layout": layout, "math": math_, "algo": algo}
+            try:
+                fused_call = lambda: handle.convolution_bias_activation_forward(x, wt, bias, y, xd, fd, conv, yd,
+                                                                                activation="relu", algo=algo)
+                y.fill(cp.nan)
+                fused_call()
+                row["fused_error"] = _rel_error_gpu(y, ref)
+                row["fused"] = bench.time_per_call(fused_call, batch=batch, repeats=repeats).summary()
+                row["status"] = "CUDNN_STATUS_SUCCESS"
+            except cudnn.CudnnError as exc:
+                row["status"], row["fused"] = exc.name, None
+            conv_only = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=algo)
+
+            def separate():
+                conv_only()
+                bias_relu(y, bias.reshape(bshape), z)
+
+            separate()
+            row["separate_error"] = _rel_error_gpu(z, ref)
+            row["separate"] = bench.time_per_call(separate, batch=batch, repeats=repeats).summary()
+            row["conv_only"] = bench.time_per_call(conv_only, batch=batch, repeats=repeats).summary()
+            out["rows"].append(row)
+            for d in (xd, fd, conv, yd):
+                d.destroy()
+            del o
+            cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def cudnn_info() -> dict:
+    return {"version": cudnn.version(), "library": str(getattr(cudnn.load(), "_name", ""))}
+
+
+def all_layers(layers: dict | None = None, repeats: int = 10) -> list:
+    layers = layers or cv.LAYERS
+    out = []
+    with cudnn.Handle() as handle:
+        for name, layer in bench.progress(layers.items(), desc="layers"):
+            out.append(layer_table(name, layer, handle, repeats=repeats))
+            runtime.cupy().get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def run() -> tuple:
+    """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
+    ceilings = bench.measure_ceilings().as_dict()
+    figures = {"cudnn": cudnn_info(), "layers": all_layers(), "fused": fused()}
+    return figures, ceilings
+
+
+# ------------------------------------------------------------------------------------ text and plots
+
+def find_text(table: list, title: str = "") -> str:
+    """The seed's printf loop, as a table: algo, time, workspace, status."""
+    lines = [title] if title else []
+    lines.append(f"{'':3} {'algorithm':24} {'time':>10} {'workspace':>12}  {'status':30} {'math':9} determ.")
+    for i, r in enumerate(table):
+        t = f"{r['time_ms']:.4f} ms" if r["time_ms"] is not None else "-"
+        ws = f"{r['workspace_bytes'] / MIB:.2f} MiB" if r["workspace_bytes"] is not None else "-"
+        lines.append(f"{i:3} {r['algo']:24} {t:>10} {ws:>12}  {r['status']:30} {r['math']:9} "
+                     f"{'yes' if r['deterministic'] else 'no'}")
+    return "\n".join(lines)
+
+
+def layer_text(lt: dict) -> str:
+    lines = [f"{lt['name']}: {lt['flops'] / 1e9:.2f} GFLOP a call; im2col matrix {lt['im2col_mib']['float32']:.0f} MiB "
+             f"in FP32, {lt['im2col_mib']['float16']:.0f} MiB in FP16",
+             f"{'':44} {'':7} {'':5} {'time':>9} {'TFLOP/s':>8} {'x like':>7} {'x fastest':>9}"]
+    for r in lt["rows"]:
+        if r["kind"] == "part":
+            continue
+        lines.append(f"{r['name'][:44]:44} {r['dtype']:7} {r['layout']:5} {bench.format_ms(r['median_ms']):>9} "
+                     f"{r['tflops']:8.1f} {r['of_cudnn_like']:7.2f} {r['of_cudnn_fastest']:9.2f}")
+    for key, t in lt["targets"].items():
+        lines.append(f"target {key}: {t['ratio']:.2f}x of cuDNN's fastest (limit {t['limit']:.0f}x): "
+                     f"{'met' if t['met'] else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def plot_find(table: list, source: str, title: str):
+    """cuDNN's algorithms for one layer: time of each (µs), with its workspace in the label."""
+    values = {f"{r['algo']} ({r['workspace_bytes'] / MIB:.1f} MiB)": r["time_ms"] * 1e3
+              for r in table if r["time_ms"] is not None}
+    fig = plots.bars(values, unit="µs", source=source, title=title)
+    failed = [f"{r['algo']}: {r['status']}" for r in table if r["time_ms"] is None]
+    if failed:
+        fig.axes[0].set_xlabel("µs   (not run: " + "; ".join(failed) + ")", fontsize=7)
+    return fig
+
+
+def plot_layer(lt: dict, dtype: str, layout: str, source: str):
+    """TFLOP/s of every way to run one layer in one data type and layout, against cuDNN's fastest there."""
+    rows = [r for r in lt["rows"] if r["dtype"] == dtype and r["layout"] == layout and r["kind"] != "part"]
+    best = max((r for r in rows if r["kind"] == "cudnn"), key=lambda r: r["tflops"])
+    values = {r["name"]: r["tflops"] for r in rows if r is not best}
+    return plots.bars(values, unit="TFLOP/s", source=source, title=f"{lt['name']}, {dtype}, {layout}",
+                      ceiling=(best["name"], best["tflops"]))
+
+
+def plot_tradeoff(layers: list, key: str, source: str):
+    """The fastest algorithm's time under each workspace limit, per layer: cuDNN's memory/speed trade-off."""
+    series = {}
+    for lt in layers:
+        pts = [(p["limit_mib"], p["time_ms"] * 1e3) for p in tradeoff(lt["find"][key]) if p["time_ms"] is not None]
+        series[lt["name"]] = ([x for x, _ in pts], [y for _, y in pts])
+    return plots.lines(series, xlabel="workspace limit (MiB)", ylabel="fastest algorithm within it (µs)",
+                       source=source, title=f"Memory against speed ({key})", logx=False, logy=True)

@@ -1,0 +1,414 @@
+"""Lesson 4 — convolution: direct, im2col + GEMM, and cuDNN (kernels/cudnn.py).
+
+Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
+
+* The arithmetic: ``output_size`` (padding, stride, dilation), the ResNet-50 layers of the lesson (LAYERS),
+  FLOPs and bytes of a layer.
+* NumPy specs in float64: ``conv2d_spec`` (cross-correlation, what deep learning calls convolution, NCHW),
+  ``convolve_spec`` (the textbook convolution: the filter flipped), ``im2col_spec`` / ``im2col_nhwc_spec``
+  and the convolution as one GEMM over the im2col matrix, layout conversions (NCHW <-> NHWC, Keras's HWIO
+  filters -> KCRS / KRSC).
+* A numba.cuda direct convolution, one thread per output element (runs in Numba's simulator): ``conv2d_numba``.
+* CUDA C kernels of kernels/cuda/convolution.cu through CuPy: im2col for NCHW and NHWC, and a register-tiled
+  direct convolution (``conv_direct``); ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS
+  (FP16 on tensor cores; FP32 as strict FP32 or as TF32 on tensor cores).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import runtime
+
+from . import cuda_c
+
+cuda = runtime.cuda()
+
+SOURCE = "convolution"  # kernels/cuda/convolution.cu
+LAYOUTS = ("NCHW", "NHWC")
+# ResNet-50's 3x3 convolutions at batch 32: name -> (N, C, H, W, K, R, S, pad, stride)
+LAYERS = {
+    "conv2_x: 56x56, C=K=64": (32, 64, 56, 56, 64, 3, 3, 1, 1),
+    "conv3_x: 28x28, C=K=128": (32, 128, 28, 28, 128, 3, 3, 1, 1),
+    "conv4_x: 14x14, C=K=256": (32, 256, 14, 14, 256, 3, 3, 1, 1),
+}
+DIRECT_TILE = {"TQ": 16, "TP": 8, "KB": 64, "CB": 4, "threads": 256}  # as #defined in convolution.cu
+
+
+# ============================================================================ shapes and arithmetic
+
+def _pair(v, what: str) -> tuple:
+    if np.isscalar(v):
+        v = (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2:
+        raise runtime.CourseInputError(f"{what} must be one number or a pair (height, width), got {v}")
+    return v
+
+
+def output_size(h: int, r: int, pad: int = 0, stride: int = 1, dilation: int = 1) -> int:
+    """Output length of a convolution along one axis: an input of h, a filter of r taps spaced ``dilation``
+    apart (so it spans dilation (r - 1) + 1 inputs), ``pad`` zeros on each side, every ``stride``-th position:
+
+        P = floor((h + 2 pad - dilation (r - 1) - 1) / stride) + 1
+    """
+    if h < 1 or r < 1 or pad < 0 or stride < 1 or dilation < 1:
+        raise runtime.CourseInputError(f"need h, r, stride, dilation >= 1 and pad >= 0; got h={h}, r={r}, "
+                                       f"pad={pad}, stride={stride}, dilation={dilation}")
+    span = dilation * (r - 1) + 1
+    if h + 2 * pad < span:
+        raise runtime.CourseInputError(f"the filter spans {span} inputs but the padded input has only {h + 2 * pad}")
+    return (h + 2 * pad - span) // stride + 1
+
+
+def output_shape(x_shape, w_shape, pad=0, stride=1, dilation=1) -> tuple:
+    """(N, K, P, Q) of x (N, C, H, W) convolved with w (K, C, R, S)."""
+    (n, c, h, w), (k, c2, r, s) = x_shape, w_shape
+    if c != c2:
+        raise runtime.CourseInputError(f"x has {c} channels but the filters expect {c2}")
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    return n, k, output_size(h, r, ph, sh, dh), output_size(w, s, pw, sw, dw)
+
+
+def layer_flops(layer: tuple) -> float:
+    """Multiply-adds x 2 of one of LAYERS' convolutions: 2 N K P Q C R S."""
+    n, c, h, w, k, r, s, pad, stride = layer
+    _, _, p, q = output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+    return 2.0 * n * k * p * q * c * r * s
+
+
+def im2col_bytes(layer: tuple, itemsize: int) -> int:
+    """The size of the im2col matrix of a layer: (C R S) x (N P Q) elements, the memory im2col costs."""
+    n, c, h, w, k, r, s, pad, stride = layer
+    _, _, p, q = output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+    return c * r * s * n * p * q * itemsize
+
+
+# ===================================================================================== NumPy specs
+
+def conv2d_spec(x, w, pad=0, stride=1, dilation=1) -> np.ndarray:
+    """y[n, k, p, q] = sum over c, r, s of x[n, c, p stride + r dilation - pad, q stride + s dilation - pad]
+    w[k, c, r, s] (zero outside x), in float64: a cross-correlation, which deep-learning frameworks and cuDNN's
+    CUDNN_CROSS_CORRELATION mode call convolution. x is NCHW, w is KCRS."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    if x.ndim != 4 or w.ndim != 4:
+        raise runtime.CourseInputError(f"x (N, C, H, W) and w (K, C, R, S) must be 4-D, got {x.shape}, {w.shape}")
+    n, k, P, Q = output_shape(x.shape, w.shape, pad, stride, dilation)
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y = np.zeros((n, k, P, Q))
+    for r in range(w.shape[2]):
+        for s in range(w.shape[3]):
+            patch = xp[:, :, r * dh: r * dh + sh * (P - 1) + 1: sh, s * dw: s * dw + sw * (Q - 1) + 1: sw]
+            y += np.einsum("ncpq,kc->nkpq", patch, w[:, :, r, s])
+    return y
+
+
+def convolve_spec(x, w, pad=0, stride=1, dilation=1) -> np.ndarray:
+    """The textbook convolution (CUDNN_CONVOLUTION mode): the filter flipped in both axes, then
+    cross-correlated. For learned filters the difference does not matter: the network learns them flipped."""
+    return conv2d_spec(x, np.asarray(w)[:, :, ::-1, ::-1], pad, stride, dilation)
+
+
+def bias_relu_spec(y, b, layout: str = "NCHW") -> np.ndarray:
+    """max(y + b, 0) with one bias per output channel."""
+    b = np.asarray(b, np.float64)
+    shape = (1, -1, 1, 1) if layout == "NCHW" else (1, 1, 1, -1)
+    return np.maximum(np.asarray(y, np.float64) + b.reshape(shape), 0.0)
+
+
+def im2col_spec(x, r: int, s: int, pad=0, stride=1, dilation=1) -> np.ndarray:
+    """The im2col matrix of x (N, C, H, W): shape (N, C R S, P Q); row c R S + r' S + s' of image n holds, for
+    every output position p Q + q, the input that filter tap (c, r', s') meets there (0 in the padding).
+    Then conv(x, w)[n] = w.reshape(K, C R S) @ cols[n]: the convolution is one GEMM per image (or one
+    batched GEMM)."""
+    x = np.asarray(x)
+    if x.ndim != 4:
+        raise runtime.CourseInputError(f"x must be (N, C, H, W), got shape {x.shape}")
+    n, c, h, w = x.shape
+    _, _, P, Q = output_shape(x.shape, (1, c, r, s), pad, stride, dilation)
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    cols = np.empty((n, c, r, s, P, Q), x.dtype)
+    for i in range(r):
+        for j in range(s):
+            cols[:, :, i, j] = xp[:, :, i * dh: i * dh + sh * (P - 1) + 1: sh, j * dw: j * dw + sw * (Q - 1) + 1: sw]
+    return cols.reshape(n, c * r * s, P * Q)
+
+
+def im2col_nhwc_spec(x, r: int, s: int, pad=0, stride=1, dilation=1) -> np.ndarray:
+    """The im2col matrix of x in NHWC (N, H, W, C): shape (N P Q, R S C), row (n P + p) Q + q, column
+    (r' S + s') C + c. Then conv = cols @ w_krsc.reshape(K, R S C).T is (N P Q, K): already NHWC."""
+    x = np.asarray(x)
+    cols = im2col_spec(x.transpose(0, 3, 1, 2), r, s, pad, stride, dilation)  # (N, C R S, P Q)
+    n, c = x.shape[0], x.shape[3]
+    pq = cols.shape[2]
+    return cols.reshape(n, c, r * s, pq).transpose(0, 3, 2, 1).reshape(n * pq, r * s * c)
+
+
+def conv2d_im2col_spec(x, w, pad=0, stride=1, dilation=1) -> np.ndarray:
+    """conv2d through im2col and a matrix product, in float64: the same numbers as conv2d_spec."""
+    k, c, r, s = np.shape(w)
+    n, _, P, Q = output_shape(np.shape(x), (k, c, r, s), pad, stride, dilation)
+    cols = im2col_spec(np.asarray(x, np.float64), r, s, pad, stride, dilation)
+    return (np.asarray(w, np.float64).reshape(k, c * r * s) @ cols).reshape(n, k, P, Q)
+
+
+def nchw_to_nhwc(x):
+    return np.ascontiguousarray(np.asarray(x).transpose(0, 2, 3, 1))
+
+
+def nhwc_to_nchw(x):
+    return np.ascontiguousarray(np.asarray(x).transpose(0, 3, 1, 2))
+
+
+def kcrs_to_krsc(w):
+    return np.ascontiguousarray(np.asarray(w).transpose(0, 2, 3, 1))
+
+
+def hwio_to_kcrs(w):
+    """Keras / TensorFlow filters (R, S, C, K) -> cuDNN's NCHW filter layout (K, C, R, S)."""
+    return np.ascontiguousarray(np.asarray(w).transpose(3, 2, 0, 1))
+
+
+def rel_error(y, ref) -> float:
+    """max |y - ref| / max |ref| (inf if y has NaN or inf)."""
+    y = np.asarray(y, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(y)):
+        return math.inf
+    return float(np.max(np.abs(y - ref)) / max(np.max(np.abs(ref)), np.finfo(np.float64).tiny))
+
+
+def tolerance(precision: str, crs: int) -> float:
+    """The error max |y - ref| / max |ref| allowed for sums of crs = C R S products of inputs in [-1, 1)
+    (random signs, so the sums grow like sqrt(crs) while their bound grows like crs; a generous bound is the
+    deterministic one, crs u, with u the unit roundoff):
+    "float32": crs 2**-24; "tf32": inputs rounded to 10 bits (2 x 2**-11 a product, relative to the sum of
+    |products|, which for random signs is about sqrt(crs) times max |y|) plus FP32 sums; "float16": inputs and
+    output in FP16 (FP32 sums): one rounding of the output, 2**-11, plus the inputs' 2 x 2**-11 as for TF32."""
+    u = 2.0**-24
+    if precision == "float32":
+        return crs * u
+    if precision == "tf32":
+        return 2 * 2.0**-11 * math.sqrt(crs) + crs * u
+    if precision == "float16":
+        return 2.0**-11 + 2 * 2.0**-11 * math.sqrt(crs) + crs * u
+    raise runtime.CourseInputError(f"no tolerance for precision {precision!r}")
+
+
+# ================================================================== numba: direct, one thread per output
+
+@cuda.jit
+def conv2d_direct(x, w, y, ph, pw, sh, sw, dh, dw):
+    """y = x (*) w in NCHW, one thread per output element y[n, k, p, q] (a 1-D grid over all of them, q
+    fastest, so neighbouring threads read neighbouring inputs). Each thread sums C R S products; reads outside
+    the input are the zero padding and are skipped."""
+    N, K, P, Q = y.shape
+    C, H, W = x.shape[1], x.shape[2], x.shape[3]
+    R, S = w.shape[2], w.shape[3]
+    i = cuda.grid(1)
+    if i >= N * K * P * Q:
+        return
+    q = i % Q
+    p = (i // Q) % P
+    k = (i // (P * Q)) % K
+    n = i // (K * P * Q)
+    acc = np.float32(0.0)
+    for c in range(C):
+        for r in range(R):
+            h = p * sh - ph + r * dh
+            if 0 <= h < H:
+                for s in range(S):
+                    col = q * sw - pw + s * dw
+                    if 0 <= col < W:
+                        acc += x[n, c, h, col] * w[k, c, r, s]
+    y[n, k, p, q] = acc
+
+
+@cuda.jit
+def conv2d_nhwc_bias_relu(x, w, b, y, ph, pw, sh, sw, dh, dw):
+    """y = max(conv(x, w) + b, 0) in NHWC: x (N, H, W, C), w (K, R, S, C), b (K,), y (N, P, Q, K). One thread
+    per output element, k fastest (the NHWC order of y, so writes are coalesced; the threads of a warp read the
+    same inputs, a broadcast). The layer of the exercises' Task 4.2 and the reference for its speed."""
+    N, P, Q, K = y.shape
+    H, W, C = x.shape[1], x.shape[2], x.shape[3]
+    R, S = w.shape[1], w.shape[2]
+    i = cuda.grid(1)
+    if i >= N * P * Q * K:
+        return
+    k = i % K
+    q = (i // K) % Q
+    p = (i // (K * Q)) % P
+    n = i // (K * Q * P)
+    acc = np.float32(0.0)
+    for r in range(R):
+        h = p * sh - ph + r * dh
+        if 0 <= h < H:
+            for s in range(S):
+                col = q * sw - pw + s * dw
+                if 0 <= col < W:
+                    for c in range(C):
+                        acc += x[n, h, col, c] * w[k, r, s, c]
+    y[n, p, q, k] = max(acc + b[k], np.float32(0.0))
+
+
+def conv2d_nhwc_bias_relu_numba(x, w, b, y, *, pad=0, stride=1, dilation=1, threads: int = 128):
+    """y = relu(conv2d(x, w) + b) in NHWC with the numba kernel (either mode); float32 device arrays."""
+    _check_conv(x, w, y, np.float32, pad, stride, dilation, layout="NHWC")
+    runtime.check_device_array(b, "b", dtype=np.float32, shape=(w.shape[0],))
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    total = math.prod(y.shape)
+    conv2d_nhwc_bias_relu[math.ceil(total / threads), threads](x, w, b, y, ph, pw, sh, sw, dh, dw)
+    return y
+
+
+NUMBA_SIGNATURE = "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], " + \
+    ", ".join(["int32"] * 6) + ")"
+
+
+def _check_conv(x, w, y, dtype, pad, stride, dilation, layout="NCHW"):
+    runtime.check_device_array(x, "x", dtype=dtype, ndim=4)
+    runtime.check_device_array(w, "w", dtype=dtype, ndim=4)
+    if layout == "NCHW":
+        xs, ws = tuple(x.shape), tuple(w.shape)
+    else:
+        xs = (x.shape[0], x.shape[3], x.shape[1], x.shape[2])
+        ws = (w.shape[0], w.shape[3], w.shape[1], w.shape[2])
+    n, k, P, Q = output_shape(xs, ws, pad, stride, dilation)
+    want = (n, k, P, Q) if layout == "NCHW" else (n, P, Q, k)
+    runtime.check_device_array(y, "y", dtype=dtype, shape=want)
+    return xs, ws, (n, k, P, Q)
+
+
+def conv2d_numba(x, w, y, *, pad=0, stride=1, dilation=1, threads: int = 128):
+    """y = conv2d(x, w) with the numba kernel (either mode): float32 device arrays x (N, C, H, W), w (K, C, R,
+    S), y (N, K, P, Q). Asynchronous on a GPU."""
+    _check_conv(x, w, y, np.float32, pad, stride, dilation)
+    if not 1 <= threads <= 1024:
+        raise runtime.CourseInputError(f"a block has 1 to 1024 threads, got {threads}")
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    total = math.prod(y.shape)
+    conv2d_direct[math.ceil(total / threads), threads](x, w, y, ph, pw, sh, sw, dh, dw)
+    return y
+
+
+# ============================================================================ CUDA C through CuPy
+
+def _suffix(dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in ("float32", "float16"):
+        raise runtime.CourseInputError(f"the CUDA C kernels take float32 or float16, not {name}")
+    return "f32" if name == "float32" else "f16"
+
+
+def _require_cupy(**arrays):
+    runtime.require_gpu("a CUDA C kernel")
+    for name, a in arrays.items():
+        if runtime.is_device_array(a) and not type(a).__module__.startswith("cupy"):
+            raise runtime.CourseInputError(f"the CUDA C kernels take CuPy arrays; {name} is not one "
+                                           "(cupy.asarray(...) wraps a numba device array without a copy)")
+        if runtime.is_device_array(a) and not a.flags.c_contiguous:
+            raise runtime.CourseInputError(f"{name} must be C-contiguous; use cupy.ascontiguousarray")
+
+
+def _grid_stride_blocks(total: int, threads: int = 256) -> int:
+    return max(1, min(math.ceil(total / threads), 132 * 32))
+
+
+def cols_shape(x_shape, r: int, s: int, pad=0, stride=1, dilation=1, layout: str = "NCHW") -> tuple:
+    """Shape of the im2col matrix: (N, C R S, P Q) for NCHW, (N P Q, R S C) for NHWC."""
+    if layout == "NCHW":
+        n, c, h, w = x_shape
+    elif layout == "NHWC":
+        n, h, w, c = x_shape
+    else:
+        raise runtime.CourseInputError(f"layout must be 'NCHW' or 'NHWC', not {layout!r}")
+    _, _, P, Q = output_shape((n, c, h, w), (1, c, r, s), pad, stride, dilation)
+    return (n, c * r * s, P * Q) if layout == "NCHW" else (n * P * Q, r * s * c)
+
+
+def im2col(x, cols, r: int, s: int, *, pad=0, stride=1, dilation=1, layout: str = "NCHW"):
+    """The im2col matrix of x (CuPy, float32 or float16, NCHW or NHWC) into cols (see cols_shape), on the GPU.
+    For NHWC with C a multiple of 16 bytes' worth of elements, each thread copies 16 bytes at once."""
+    _require_cupy(x=x, cols=cols)
+    sfx = _suffix(x.dtype)
+    runtime.check_device_array(x, "x", dtype=x.dtype, ndim=4)
+    runtime.check_device_array(cols, "cols", dtype=x.dtype, shape=cols_shape(x.shape, r, s, pad, stride, dilation,
+                                                                             layout))
+    if layout == "NCHW":
+        n, c, h, w = x.shape
+    else:
+        n, h, w, c = x.shape
+    _, _, P, Q = output_shape((n, c, h, w), (1, c, r, s), pad, stride, dilation)
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    args = tuple(np.int32(v) for v in (n, c, h, w, r, s, P, Q, ph, pw, sh, sw, dh, dw))
+    vec = 16 // x.dtype.itemsize
+    if layout == "NHWC" and c % vec == 0:
+        name, total = f"im2col_nhwc_vec_{sfx}", cols.size // vec
+    else:
+        name, total = f"im2col_{layout.lower()}_{sfx}", cols.size
+    cuda_c.function(SOURCE, name)((_grid_stride_blocks(total),), (256,), (x, cols, *args))
+    return cols
+
+
+def gemm(a, b, out, *, tf32: bool = False):
+    """out = a @ b through cuBLAS (cupy.matmul): FP16 on the tensor cores; FP32 strict, or TF32 on the tensor
+    cores when ``tf32``. Broadcasts like numpy.matmul."""
+    from . import tensor_cores
+
+    return tensor_cores.gemm_library(a, b, out, tf32=tf32)
+
+
+def conv_im2col_gemm(x, w, y, *, pad=0, stride=1, dilation=1, layout: str = "NCHW", tf32: bool = False,
+                     cols=None):
+    """y = conv2d(x, w) as im2col + one GEMM (GPU mode, CuPy arrays of one dtype, float32 or float16).
+
+    NCHW: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q): y[n] = w (K x CRS) @ cols[n] (CRS x PQ), a batched GEMM.
+    NHWC: x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K): y = cols (NPQ x RSC) @ w^T (RSC x K), one GEMM whose
+    output is already NHWC. ``cols``: a buffer of cols_shape to reuse (else one is allocated: im2col's memory).
+    ``tf32``: for float32 data, run the GEMM on TF32 tensor cores."""
+    _require_cupy(x=x, w=w, y=y)
+    xs, ws, (n, k, P, Q) = _check_conv(x, w, y, x.dtype, pad, stride, dilation, layout)
+    _, c, r, s = ws
+    cp = runtime.cupy()
+    shape = cols_shape(x.shape, r, s, pad, stride, dilation, layout)
+    if cols is None:
+        runtime.check_fits(math.prod(shape) * x.dtype.itemsize, "the im2col matrix")
+        cols = cp.empty(shape, x.dtype)
+    im2col(x, cols, r, s, pad=pad, stride=stride, dilation=dilation, layout=layout)
+    if layout == "NCHW":
+        gemm(w.reshape(k, c * r * s), cols, y.reshape(n, k, P * Q), tf32=tf32)
+    else:
+        gemm(cols, w.reshape(k, r * s * c).T, y.reshape(n * P * Q, k), tf32=tf32)
+    return y
+
+
+def direct_smem_bytes(r: int, s: int, stride=1, dilation=1) -> int:
+    """Shared memory of one block of the CUDA C direct kernel: the input patch and the weights of CB channels."""
+    t = DIRECT_TILE
+    (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
+    ih, iw = (t["TP"] - 1) * sh + (r - 1) * dh + 1, (t["TQ"] - 1) * sw + (s - 1) * dw + 1
+    return (math.ceil(t["CB"] * ih * iw / 4) * 4 + t["KB"] * t["CB"] * r * s) * 4
+
+
+def conv_direct(x, w, y, *, pad=0, stride=1, dilation=1):
+    """y = conv2d(x, w) with the register-tiled CUDA C direct kernel (GPU mode, CuPy, NCHW, float32 or float16
+    with FP32 sums): blocks of 256 threads compute 8 x 16 pixels x 64 output channels, 4 pixels x 8 channels
+    a thread, through shared memory 4 input channels at a time. No extra memory."""
+    _require_cupy(x=x, w=w, y=y)
+    sfx = _suffix(x.dtype)
+    (n, c, h, wd), (k, _, r, s), (_, _, P, Q) = _check_conv(x, w, y, x.dtype, pad, stride, dilation)
+    smem = direct_smem_bytes(r, s, stride, dilation)
+    if smem > 48 * 1024:
+        raise runtime.CourseInputError(f"the direct kernel needs {smem} bytes of shared memory for a {r}x{s} filter "
+                                       "with this stride and dilation; it allows 48 KiB")
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    t = DIRECT_TILE
+    grid = (math.ceil(Q / t["TQ"]) * math.ceil(P / t["TP"]), math.ceil(k / t["KB"]), n)
+    name = f"conv_direct_nchw_{'3x3_' if (r, s) == (3, 3) else ''}{sfx}"
+    args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
+    cuda_c.function(SOURCE, name)(grid, (t["threads"],), (x, w, y, *args), shared_mem=smem)
+    return y

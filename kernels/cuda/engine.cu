@@ -1,0 +1,406 @@
+// Lesson 5: the kernels of a small inference engine, in CUDA C. Loaded from Python by kernels/cuda_c.py
+// (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA include path). The plan that says which
+// kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/engine.py.
+//
+// Every activation lives in one "arena" (one allocation, like TensorRT's workspace), NHWC: pixel m of a
+// tensor starts at base + m * ld, so a tensor can be a slice of channels of a wider buffer. That is what
+// lets a branch of an inception block write straight into its part of the concatenated output.
+//
+// 1. conv_*: a convolution as an implicit GEMM (rows: output pixels, columns: output channels, reduction:
+//    kernel height x width x input channels), with the CBR epilogue: + bias, ReLU, conversion to the
+//    activation type, and a destination per output channel (y_off[k], y_ld[k]). With no bias and no ReLU it
+//    is the plain convolution of the layer-by-layer engine.
+//    SIMT versions for float, half and int8 (int32 accumulation), and a WMMA (tensor core) version for half.
+// 2. maxpool_*, head_* (average pool + flatten + dense), convert_in_* (the network's input into the arena).
+// 3. The layer-by-layer engine's separate kernels: bias_add_*, batchnorm_*, relu_*, concat_copy_*,
+//    avgpool_*, dense_*.
+
+#include <mma.h>
+#include <cuda_fp16.h>
+
+using namespace nvcuda;
+
+typedef signed char int8;
+
+// ------------------------------------------------------------------------- conversions to and from float
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ float to_f(half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f(int8 v) { return (float)v; }
+
+// float -> activation type; inv_scale is 1 / the tensor's INT8 scale (ignored for float and half)
+__device__ __forceinline__ void store(float* p, float v, float) { *p = v; }
+__device__ __forceinline__ void store(half* p, float v, float) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void store(int8* p, float v, float inv_scale)
+{
+    int q = __float2int_rn(v * inv_scale);
+    *p = (int8)max(-127, min(127, q));
+}
+
+// what the reduction accumulates in: float for float and half, int32 for int8 (exact)
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<int8> { typedef int type; };
+__device__ __forceinline__ float to_acc(float v, float) { return v; }
+__device__ __forceinline__ float to_acc(half v, float) { return __half2float(v); }
+__device__ __forceinline__ int to_acc(int8 v, int) { return (int)v; }
+
+// The epilogue of every convolution: value of output (m, k) from its accumulator.
+template <typename T, typename A>
+__device__ __forceinline__ void epilogue(A acc, long long m, int k, const float* bias, const float* scale,
+                                         T* y, const long long* y_off, const int* y_ld, const float* y_inv_scale,
+                                         int relu)
+{
+    float v = (float)acc;
+    if (scale) v *= scale[k];  // INT8: s_x s_w[k] turns the int32 sum back into real units
+    if (bias) v += bias[k];
+    if (relu) v = fmaxf(v, 0.0f);
+    store(y + y_off[k] + m * (long long)y_ld[k], v, y_inv_scale ? y_inv_scale[k] : 1.0f);
+}
+
+// An output pixel m = (n H + h) W + w, decomposed once per thread: its (h, w) and the index of its input
+// pixel (n, h, w). Indices are 32-bit: the launcher refuses layers of 2^31 elements or more.
+struct Pixel { int h, w, base; bool valid; };
+
+__device__ __forceinline__ Pixel pixel(int m, int M, int H, int W)
+{
+    Pixel p;
+    p.valid = m < M;
+    p.w = m % W;
+    p.h = (m / W) % H;
+    p.base = m;  // (n H + h) W + w is m itself
+    return p;
+}
+
+// One reduction index r = (dy KW + dx) C + c, decomposed: the input offset it adds to a pixel, and (dy, dx)
+// relative to the centre for the edge test ("same" padding: zero outside the image).
+struct Tap { int dy, dx, c; bool valid; };
+
+__device__ __forceinline__ Tap tap(int r, int R, int C, int KH, int KW)
+{
+    Tap t;
+    t.valid = r < R;
+    t.c = r % C;
+    int q = r / C;
+    t.dx = q % KW - KW / 2;
+    t.dy = q / KW - KH / 2;
+    return t;
+}
+
+// Element (r, m) of the implicit im2col matrix: input pixel (n, h + dy, w + dx), channel c, or zero.
+template <typename T>
+__device__ __forceinline__ T im2col(const T* x, int ldx, Pixel p, Tap t, int H, int W)
+{
+    int hh = p.h + t.dy, ww = p.w + t.dx;
+    if (!p.valid || !t.valid || hh < 0 || hh >= H || ww < 0 || ww >= W) return (T)0;
+    return x[(long long)(p.base + t.dy * W + t.dx) * ldx + t.c];
+}
+
+// ------------------------------------------------------------------------------- 1a. SIMT implicit GEMM
+// A block of 256 threads computes BM output pixels x BN output channels; each thread TM x TN of them, in
+// registers. Per step of 16 along the reduction the block stages 16 x BM of the im2col matrix and 16 x BN of
+// the weights (R x K, row-major) in shared memory. Loading, thread t takes reduction index t % 16 (so a
+// warp reads 16 consecutive channels of a pixel: coalesced in NHWC) and BM / 16 pixels, decomposed once.
+template <typename T, int BM, int BN, int TM, int TN>
+__device__ void conv_simt(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
+                          const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
+                          int C, int K, int KH, int KW, int relu)
+{
+    typedef typename Acc<T>::type A;
+    const int BK = 16, THREADS = 256, PIX = BM * BK / THREADS;  // pixels each thread loads per step
+    __shared__ A xs[BK][BM + 1];
+    __shared__ A ws[BK][BN];
+    int tid = threadIdx.x;
+    int tm = tid / (BN / TN), tn = tid % (BN / TN);
+    int M = N * H * W, R = KH * KW * C;
+    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+    int rr = tid % BK;
+    Pixel px[PIX];
+#pragma unroll
+    for (int j = 0; j < PIX; ++j) px[j] = pixel(m0 + tid / BK + j * (THREADS / BK), M, H, W);
+    A acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = (A)0;
+    for (int r0 = 0; r0 < R; r0 += BK) {
+        Tap t = tap(r0 + rr, R, C, KH, KW);
+#pragma unroll
+        for (int j = 0; j < PIX; ++j)
+            xs[rr][tid / BK + j * (THREADS / BK)] = to_acc(im2col(x, ldx, px[j], t, H, W), (A)0);
+        for (int e = tid; e < BK * BN; e += THREADS) {
+            int r = r0 + e / BN, k = k0 + e % BN;
+            ws[e / BN][e % BN] = (r < R && k < K) ? to_acc(w[(long long)r * K + k], (A)0) : (A)0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < BK; ++q) {
+            A a[TM], b[TN];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = xs[q][tm + i * (BM / TM)];
+#pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = ws[q][tn + j * (BN / TN)];
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        int m = m0 + tm + i * (BM / TM);
+        if (m >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            int k = k0 + tn + j * (BN / TN);
+            if (k < K) epilogue(acc[i][j], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+        }
+    }
+}
+
+#define CONV_SIMT(NAME, T, BM, BN, TM, TN)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                                          \
+    NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
+         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
+    {                                                                                                          \
+        conv_simt<T, BM, BN, TM, TN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, KH,  \
+                                     KW, relu);                                                                \
+    }
+
+CONV_SIMT(conv_simt_64x64_f32, float, 64, 64, 4, 4)
+CONV_SIMT(conv_simt_64x32_f32, float, 64, 32, 4, 2)
+CONV_SIMT(conv_simt_32x32_f32, float, 32, 32, 2, 2)
+CONV_SIMT(conv_simt_64x64_f16, half, 64, 64, 4, 4)
+CONV_SIMT(conv_simt_64x32_f16, half, 64, 32, 4, 2)
+CONV_SIMT(conv_simt_32x32_f16, half, 32, 32, 2, 2)
+CONV_SIMT(conv_simt_64x64_i8, int8, 64, 64, 4, 4)
+CONV_SIMT(conv_simt_64x32_i8, int8, 64, 32, 4, 2)
+CONV_SIMT(conv_simt_32x32_i8, int8, 32, 32, 2, 2)
+
+// ------------------------------------------------------------------- 1b. tensor cores (WMMA), half only
+// A block of 4 warps (WARPS_M x WARPS_N) computes BM pixels x BN channels; each warp FM x FN fragments of
+// 16 x 16 with FP32 accumulators. Per step of 16 along the reduction the block stages BM x 16 of the im2col
+// matrix and 16 x BN of the weights in shared memory (zeros past the edges); thread t loads reduction index
+// t % 16 for BM / 8 pixels. The accumulators then go through shared memory to the same epilogue as the SIMT
+// kernels.
+template <int WARPS_M, int WARPS_N, int FM, int FN>
+__device__ void conv_wmma(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,
+                          const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
+                          int C, int K, int KH, int KW, int relu)
+{
+    const int BM = WARPS_M * FM * 16, BN = WARPS_N * FN * 16, THREADS = 128, PIX = BM * 16 / THREADS;
+    __shared__ __align__(32) half xs[BM][24];       // [pixel][r]: row-major matrix_a, ldm 24 (a multiple of 8)
+    __shared__ __align__(32) half ws[16][BN + 8];   // [r][channel]: row-major matrix_b
+    __shared__ __align__(32) float cs[BM][BN + 4];
+    int tid = threadIdx.x, warp = tid / 32;
+    int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    int M = N * H * W, R = KH * KW * C;
+    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+    int rr = tid % 16;
+    Pixel px[PIX];
+#pragma unroll
+    for (int j = 0; j < PIX; ++j) px[j] = pixel(m0 + tid / 16 + j * (THREADS / 16), M, H, W);
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[FN];
+    for (int r0 = 0; r0 < R; r0 += 16) {
+        Tap t = tap(r0 + rr, R, C, KH, KW);
+#pragma unroll
+        for (int j = 0; j < PIX; ++j) xs[tid / 16 + j * (THREADS / 16)][rr] = im2col(x, ldx, px[j], t, H, W);
+        for (int e = tid; e < 16 * BN; e += THREADS) {
+            int r = r0 + e / BN, k = k0 + e % BN;
+            ws[e / BN][e % BN] = (r < R && k < K) ? w[(long long)r * K + k] : __float2half(0.0f);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &xs[(wm * FM + i) * 16][0], 24);
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &ws[0][(wn * FN + j) * 16], BN + 8);
+#pragma unroll
+        for (int i = 0; i < FM; ++i)
+#pragma unroll
+            for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+            wmma::store_matrix_sync(&cs[(wm * FM + i) * 16][(wn * FN + j) * 16], acc[i][j], BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < BM * BN; e += THREADS) {
+        int mm = e / BN, kk = e % BN;
+        int m = m0 + mm, k = k0 + kk;
+        if (m < M && k < K) epilogue(cs[mm][kk], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+    }
+}
+
+#define CONV_WMMA(NAME, WARPS_M, WARPS_N, FM, FN)                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                          \
+    NAME(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,               \
+         const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K,  \
+         int KH, int KW, int relu)                                                                             \
+    {                                                                                                          \
+        conv_wmma<WARPS_M, WARPS_N, FM, FN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, \
+                                            KH, KW, relu);                                                     \
+    }
+
+CONV_WMMA(conv_wmma_64x64_f16, 2, 2, 2, 2)
+CONV_WMMA(conv_wmma_64x32_f16, 4, 1, 1, 2)
+CONV_WMMA(conv_wmma_128x32_f16, 4, 1, 2, 2)
+
+// ------------------------------------------------------------------------------ 2. the other fused kernels
+
+// Max over a P x P window, stride 1, "same" padding (the window clipped at the edges). One thread per
+// output element; the INT8 scale of the output is the input's, so max works on the stored integers.
+template <typename T>
+__device__ void maxpool(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C, int P)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)N * H * W * C) return;
+    int c = (int)(e % C);
+    long long m = e / C;
+    int w = (int)(m % W), h = (int)((m / W) % H);
+    long long n = m / ((long long)H * W);
+    float best = -3.0e38f;
+    T bestv = x[m * ldx + c];
+    for (int dy = -(P / 2); dy <= P / 2; ++dy)
+        for (int dx = -(P / 2); dx <= P / 2; ++dx) {
+            int hh = h + dy, ww = w + dx;
+            if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
+            T v = x[((n * H + hh) * W + ww) * ldx + c];
+            if (to_f(v) > best) { best = to_f(v); bestv = v; }
+        }
+    y[m * ldy + c] = bestv;
+}
+
+// Average pool P x P (stride P) + flatten (h, w, c) + dense D -> O, one block per image: the pooled vector
+// goes to shared memory, then each thread computes outputs. x_scale dequantises INT8 (1 otherwise).
+template <typename T>
+__device__ void head(const T* x, int ldx, int H, int W, int C, int P, float x_scale, const float* wd,
+                     const float* bd, float* out, int O)
+{
+    extern __shared__ float pooled[];
+    int n = blockIdx.x, Hp = H / P, Wp = W / P, D = Hp * Wp * C;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+        int c = d % C, t = d / C, wp = t % Wp, hp = t / Wp;
+        float s = 0.0f;
+        for (int i = 0; i < P; ++i)
+            for (int j = 0; j < P; ++j)
+                s += to_f(x[(((long long)n * H + hp * P + i) * W + wp * P + j) * ldx + c]);
+        pooled[d] = s * x_scale / (P * P);
+    }
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int o = warp; o < O; o += blockDim.x / 32) {  // one warp per output: a dot product of length D
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += pooled[d] * wd[(long long)d * O + o];
+        for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0) out[(long long)n * O + o] = s + bd[o];
+    }
+}
+
+// The network's float input into the arena's type (INT8: quantised with the input's scale).
+template <typename T>
+__device__ void convert_in(const float* x, long long n, T* y, float inv_scale)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n) store(y + e, x[e], inv_scale);
+}
+
+// ------------------------------------------------------------------ 3. the layer-by-layer engine's kernels
+// Each works on a whole tensor of M pixels x C channels, contiguous (ld = C), in place where it can.
+
+template <typename T>
+__device__ void bias_add(T* y, long long M, int C, const float* b)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < M * C) store(y + e, to_f(y[e]) + b[e % C], 1.0f);
+}
+
+template <typename T>
+__device__ void batchnorm(T* y, long long M, int C, const float* gamma, const float* beta, const float* mean,
+                          const float* var, float eps)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= M * C) return;
+    int c = (int)(e % C);
+    store(y + e, (to_f(y[e]) - mean[c]) * rsqrtf(var[c] + eps) * gamma[c] + beta[c], 1.0f);
+}
+
+template <typename T>
+__device__ void relu(T* y, long long n)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n) store(y + e, fmaxf(to_f(y[e]), 0.0f), 1.0f);
+}
+
+// dst (pre-offset to its first channel, pixel stride ldd) <- src (M x Cs, contiguous)
+template <typename T>
+__device__ void concat_copy(const T* src, long long M, int Cs, T* dst, int ldd)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < M * Cs) dst[(e / Cs) * ldd + e % Cs] = src[e];
+}
+
+// N x H x W x C -> N x H/P x W/P x C, average of each P x P window
+template <typename T>
+__device__ void avgpool(const T* x, int N, int H, int W, int C, int P, T* y)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int Hp = H / P, Wp = W / P;
+    if (e >= (long long)N * Hp * Wp * C) return;
+    int c = (int)(e % C);
+    long long t = e / C;
+    int wp = (int)(t % Wp), hp = (int)((t / Wp) % Hp);
+    long long n = t / ((long long)Hp * Wp);
+    float s = 0.0f;
+    for (int i = 0; i < P; ++i)
+        for (int j = 0; j < P; ++j) s += to_f(x[((n * H + hp * P + i) * W + wp * P + j) * C + c]);
+    store(y + e, s / (P * P), 1.0f);
+}
+
+// out (N x O, float) = x (N x D) wd (D x O) + bd, one thread per output
+template <typename T>
+__device__ void dense(const T* x, int N, int D, const float* wd, const float* bd, float* out, int O)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)N * O) return;
+    long long n = e / O;
+    int o = (int)(e % O);
+    float s = 0.0f;
+    for (int d = 0; d < D; ++d) s += to_f(x[n * D + d]) * wd[(long long)d * O + o];
+    out[e] = s + bd[o];
+}
+
+#define ENGINE_KERNELS(SUFFIX, T)                                                                              \
+    extern "C" __global__ void maxpool_##SUFFIX(const T* x, int ldx, T* y, int ldy, int N, int H, int W,       \
+                                                int C, int P)                                                  \
+    { maxpool<T>(x, ldx, y, ldy, N, H, W, C, P); }                                                             \
+    extern "C" __global__ void head_##SUFFIX(const T* x, int ldx, int H, int W, int C, int P, float x_scale,  \
+                                             const float* wd, const float* bd, float* out, int O)             \
+    { head<T>(x, ldx, H, W, C, P, x_scale, wd, bd, out, O); }                                                  \
+    extern "C" __global__ void convert_in_##SUFFIX(const float* x, long long n, T* y, float inv_scale)        \
+    { convert_in<T>(x, n, y, inv_scale); }                                                                     \
+    extern "C" __global__ void bias_add_##SUFFIX(T* y, long long M, int C, const float* b)                   \
+    { bias_add<T>(y, M, C, b); }                                                                               \
+    extern "C" __global__ void batchnorm_##SUFFIX(T* y, long long M, int C, const float* gamma,               \
+                                                  const float* beta, const float* mean, const float* var,     \
+                                                  float eps)                                                   \
+    { batchnorm<T>(y, M, C, gamma, beta, mean, var, eps); }                                                    \
+    extern "C" __global__ void relu_##SUFFIX(T* y, long long n) { relu<T>(y, n); }                            \
+    extern "C" __global__ void concat_copy_##SUFFIX(const T* src, long long M, int Cs, T* dst, int ldd)       \
+    { concat_copy<T>(src, M, Cs, dst, ldd); }                                                                  \
+    extern "C" __global__ void avgpool_##SUFFIX(const T* x, int N, int H, int W, int C, int P, T* y)          \
+    { avgpool<T>(x, N, H, W, C, P, y); }                                                                       \
+    extern "C" __global__ void dense_##SUFFIX(const T* x, int N, int D, const float* wd, const float* bd,     \
+                                              float* out, int O)                                               \
+    { dense<T>(x, N, D, wd, bd, out, O); }
+
+ENGINE_KERNELS(f32, float)
+ENGINE_KERNELS(f16, half)
+ENGINE_KERNELS(i8, int8)

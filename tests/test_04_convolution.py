@@ -1,0 +1,496 @@
+"""Lesson 4: the output-shape arithmetic, the NumPy specs against a plain loop and against TensorFlow, the numba
+direct kernel in the simulator, the cuDNN binding's error paths without a GPU, the CUDA C compiled to PTX, the
+recorded figures; on a GPU the CUDA C kernels and cuDNN against float64."""
+import math
+import re
+
+import numpy as np
+import pytest
+
+from conftest import needs_compiler
+from gpucourse import records, runtime
+from kernels import convolution as cv
+from kernels import cuda_c, cudnn
+
+pytestmark = pytest.mark.lesson04
+LESSON = "04_convolution"
+cuda = runtime.cuda()
+
+
+def _loop_conv(x, w, pad, stride, dilation):
+    """The definition, one output at a time (independent of conv2d_spec's slicing)."""
+    (ph, pw), (sh, sw), (dh, dw) = [(v, v) if np.isscalar(v) else v for v in (pad, stride, dilation)]
+    n, c, h, wd = x.shape
+    k, _, r, s = w.shape
+    P = (h + 2 * ph - dh * (r - 1) - 1) // sh + 1
+    Q = (wd + 2 * pw - dw * (s - 1) - 1) // sw + 1
+    y = np.zeros((n, k, P, Q))
+    for i in np.ndindex(n, k, P, Q):
+        b, kk, p, q = i
+        for cc, rr, ss in np.ndindex(c, r, s):
+            hh, ww = p * sh - ph + rr * dh, q * sw - pw + ss * dw
+            if 0 <= hh < h and 0 <= ww < wd:
+                y[i] += x[b, cc, hh, ww] * w[kk, cc, rr, ss]
+    return y
+
+
+CASES = [  # x shape, w shape, pad, stride, dilation
+    ((2, 3, 7, 9), (4, 3, 3, 2), 0, 1, 1),
+    ((1, 2, 8, 8), (3, 2, 3, 3), 1, 2, 1),
+    ((2, 1, 9, 7), (2, 1, 3, 3), (2, 1), (1, 2), (2, 1)),
+    ((1, 4, 5, 5), (5, 4, 1, 1), 0, 1, 1),
+    ((1, 2, 6, 6), (2, 2, 5, 5), 2, 3, 1),
+]
+
+
+# ------------------------------------------------------------------------------------- shape arithmetic
+
+@pytest.mark.parametrize("args, want", [
+    ((56, 3, 1, 1, 1), 56), ((224, 7, 3, 2, 1), 112), ((5, 3, 0, 1, 1), 3), ((7, 3, 0, 2, 1), 3),
+    ((8, 3, 0, 2, 1), 3), ((9, 3, 0, 1, 2), 5), ((14, 3, 2, 1, 2), 14), ((1, 1, 0, 1, 1), 1), ((10, 4, 1, 3, 1), 3),
+])
+def test_output_size(args, want):
+    assert cv.output_size(*args) == want
+
+
+def test_output_size_rejects_bad_input():
+    for bad in ((0, 3), (5, 3, -1), (5, 3, 0, 0), (5, 3, 0, 1, 0)):
+        with pytest.raises(runtime.CourseInputError):
+            cv.output_size(*bad)
+    with pytest.raises(runtime.CourseInputError, match="spans"):
+        cv.output_size(4, 3, 0, 1, 2)  # a dilated 3-tap filter spans 5 inputs
+    with pytest.raises(runtime.CourseInputError, match="channels"):
+        cv.output_shape((1, 3, 8, 8), (4, 2, 3, 3))
+
+
+def test_resnet_layers():
+    for name, layer in cv.LAYERS.items():
+        n, c, h, w, k, r, s, pad, stride = layer
+        assert cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride) == (n, k, h, w), name
+        assert cv.layer_flops(layer) == pytest.approx(2 * 32 * 9 * (56 * 56 * 64 * 64), rel=1e-12)  # all equal
+    assert cv.im2col_bytes(cv.LAYERS["conv2_x: 56x56, C=K=64"], 2) == 576 * 32 * 56 * 56 * 2
+
+
+# ----------------------------------------------------------------------------------------- NumPy specs
+
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", CASES)
+def test_spec_matches_the_definition(rng, xs, ws, pad, stride, dilation):
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    want = _loop_conv(x, w, pad, stride, dilation)
+    np.testing.assert_allclose(cv.conv2d_spec(x, w, pad, stride, dilation), want, atol=1e-12)
+    np.testing.assert_allclose(cv.conv2d_im2col_spec(x, w, pad, stride, dilation), want, atol=1e-12)
+
+
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", CASES)
+def test_im2col_layouts(rng, xs, ws, pad, stride, dilation):
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    k, c, r, s = ws
+    want = cv.conv2d_spec(x, w, pad, stride, dilation)
+    cols = cv.im2col_spec(x, r, s, pad, stride, dilation)
+    assert cols.shape == cv.cols_shape(xs, r, s, pad, stride, dilation)
+    nhwc = cv.im2col_nhwc_spec(cv.nchw_to_nhwc(x), r, s, pad, stride, dilation)
+    assert nhwc.shape == cv.cols_shape(cv.nchw_to_nhwc(x).shape, r, s, pad, stride, dilation, "NHWC")
+    y = (nhwc @ cv.kcrs_to_krsc(w).reshape(k, -1).T).reshape(xs[0], want.shape[2], want.shape[3], k)
+    np.testing.assert_allclose(cv.nhwc_to_nchw(y), want, atol=1e-12)
+
+
+def test_convolution_flips_the_filter(rng):
+    x, w = rng.standard_normal((1, 2, 6, 6)), rng.standard_normal((3, 2, 3, 3))
+    flipped = cv.convolve_spec(x, w, 1)
+    assert not np.allclose(flipped, cv.conv2d_spec(x, w, 1))
+    np.testing.assert_allclose(flipped, _loop_conv(x, w[:, :, ::-1, ::-1], 1, 1, 1), atol=1e-12)
+    sym = w + w[:, :, ::-1, ::-1]  # a filter symmetric under the flip: both agree
+    np.testing.assert_allclose(cv.convolve_spec(x, sym, 1), cv.conv2d_spec(x, sym, 1), atol=1e-12)
+
+
+def test_tolerances():
+    assert cv.tolerance("float32", 576) == 576 * 2.0**-24
+    assert cv.tolerance("float16", 576) > cv.tolerance("tf32", 576) > cv.tolerance("float32", 576)
+    with pytest.raises(runtime.CourseInputError):
+        cv.tolerance("int8", 9)
+
+
+# ------------------------------------------------------------------------- numba kernel (either mode)
+
+def _device(x):
+    return runtime.cupy().asarray(x) if runtime.is_gpu() else cuda.to_device(x)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") and not hasattr(x, "copy_to_host") else x.copy_to_host()
+
+
+def _numba_device(x):
+    return cuda.as_cuda_array(_device(x)) if runtime.is_gpu() else cuda.to_device(x)
+
+
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", CASES)
+def test_numba_direct_matches_spec(rng, xs, ws, pad, stride, dilation):
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = rng.uniform(-1, 1, ws).astype(np.float32)
+    want = cv.conv2d_spec(x, w, pad, stride, dilation)
+    y = _numba_device(np.full(want.shape, np.nan, np.float32))
+    cv.conv2d_numba(_numba_device(x), _numba_device(w), y, pad=pad, stride=stride, dilation=dilation)
+    assert cv.rel_error(_host(y), want) <= cv.tolerance("float32", math.prod(ws[1:]))
+
+
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", CASES[:3])
+def test_numba_nhwc_bias_relu_matches_spec(rng, xs, ws, pad, stride, dilation):
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = rng.uniform(-1, 1, ws).astype(np.float32)
+    b = rng.uniform(-0.5, 0.5, ws[0]).astype(np.float32)
+    want = cv.nchw_to_nhwc(cv.bias_relu_spec(cv.conv2d_spec(x, w, pad, stride, dilation), b))
+    y = _numba_device(np.full(want.shape, np.nan, np.float32))
+    cv.conv2d_nhwc_bias_relu_numba(_numba_device(cv.nchw_to_nhwc(x)), _numba_device(cv.kcrs_to_krsc(w)),
+                                   _numba_device(b), y, pad=pad, stride=stride, dilation=dilation)
+    got = _host(y)
+    assert (got == 0).any() and cv.rel_error(got, want) <= cv.tolerance("float32", math.prod(ws[1:]))
+
+
+def test_numba_direct_checks_its_input():
+    x = _numba_device(np.zeros((1, 3, 8, 8), np.float32))
+    w = _numba_device(np.zeros((4, 3, 3, 3), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="device array"):
+        cv.conv2d_numba(np.zeros((1, 3, 8, 8), np.float32), w, _numba_device(np.zeros((1, 4, 6, 6), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="shape"):
+        cv.conv2d_numba(x, w, _numba_device(np.zeros((1, 4, 8, 8), np.float32)))  # forgot the padding
+    with pytest.raises(runtime.CourseInputError, match="dtype"):
+        cv.conv2d_numba(x, w, _numba_device(np.zeros((1, 4, 6, 6), np.float64)))
+    with pytest.raises(runtime.CourseInputError, match="channels"):
+        cv.conv2d_numba(x, _numba_device(np.zeros((4, 2, 3, 3), np.float32)),
+                        _numba_device(np.zeros((1, 4, 6, 6), np.float32)))
+
+
+# ---------------------------------------------------------------------- TensorFlow / Keras as the oracle
+
+@pytest.fixture(scope="module")
+def tf():
+    tf = pytest.importorskip("tensorflow")
+    return tf
+
+
+@pytest.mark.parametrize("padding, strides, dilation", [("same", 1, 1), ("valid", 2, 1), ("same", 1, 2)])
+def test_keras_conv2d_weights_through_the_course_kernels(tf, rng, padding, strides, dilation):
+    keras = tf.keras
+    x = rng.uniform(-1, 1, (2, 9, 9, 3)).astype(np.float32)  # NHWC, as Keras keeps images
+    layer = keras.layers.Conv2D(4, 3, padding=padding, strides=strides, dilation_rate=dilation, use_bias=True,
+                                kernel_initializer="glorot_uniform", bias_initializer="random_normal")
+    want = layer(x).numpy()  # Keras's own output
+    kernel, bias = (v.numpy() for v in layer.weights)  # (R, S, C, K) and (K,)
+    oracle = tf.nn.conv2d(x, kernel, strides=strides, padding=padding.upper(), dilations=dilation).numpy() + bias
+    np.testing.assert_allclose(want, oracle, rtol=1e-5, atol=1e-6)
+    pad = dilation * (3 - 1) // 2 if padding == "same" else 0
+    w = cv.hwio_to_kcrs(kernel)
+    spec = cv.nchw_to_nhwc(cv.conv2d_spec(cv.nhwc_to_nchw(x), w, pad, strides, dilation)) + bias
+    np.testing.assert_allclose(spec, want, rtol=1e-5, atol=1e-5)
+    cols = cv.im2col_nhwc_spec(x, 3, 3, pad, strides, dilation)
+    via_gemm = (cols @ cv.kcrs_to_krsc(w).reshape(4, -1).T).reshape(want.shape) + bias
+    np.testing.assert_allclose(via_gemm, want, rtol=1e-5, atol=1e-5)
+    y = _numba_device(np.zeros(cv.output_shape((2, 3, 9, 9), w.shape, pad, strides, dilation), np.float32))
+    cv.conv2d_numba(_numba_device(cv.nhwc_to_nchw(x)), _numba_device(w), y, pad=pad, stride=strides, dilation=dilation)
+    np.testing.assert_allclose(cv.nchw_to_nhwc(_host(y)) + bias, want, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- the cuDNN binding, no GPU
+
+def test_status_names():
+    assert cudnn.status_name(0) == "CUDNN_STATUS_SUCCESS"
+    assert cudnn.status_name(2000) == "CUDNN_STATUS_BAD_PARAM"
+    assert cudnn.status_name(3000) == "CUDNN_STATUS_NOT_SUPPORTED"
+    assert cudnn.status_name(3999).startswith("CUDNN_STATUS_NOT_SUPPORTED (detail 3999)")
+    assert cudnn.status_name(77) == "unknown cuDNN status 77"
+
+
+def test_check_raises_a_readable_error():
+    cudnn.check("cudnnCreate", 0)
+    with pytest.raises(cudnn.CudnnError, match=r"cudnnSetTensor4dDescriptor failed: CUDNN_STATUS_BAD_PARAM \(2000\)") as e:
+        cudnn.check("cudnnSetTensor4dDescriptor", 2000, lib=None)
+    assert e.value.name == "CUDNN_STATUS_BAD_PARAM" and isinstance(e.value, runtime.CourseError)
+
+
+def test_not_installed_says_how_to_install(tmp_path, monkeypatch):
+    with pytest.raises(runtime.CourseError, match="pip install nvidia-cudnn-cu12") as e:
+        cudnn.load([tmp_path / "libcudnn.so.9"], system=False)
+    assert "nvidia-cudnn-cu13" in str(e.value) and str(tmp_path) in str(e.value)
+    monkeypatch.setenv(cudnn.PATH_VARIABLE, str(tmp_path))
+    assert cudnn.candidate_paths()[0] == tmp_path / "libcudnn.so.9"
+    (tmp_path / "libcudnn.so.9").write_text("not a library")
+    with pytest.raises(runtime.CourseError, match="Tried: .*libcudnn.so.9 \\("):
+        cudnn.load([tmp_path / "libcudnn.so.9"], system=False)
+
+
+def test_wheel_path_is_searched(tmp_path, monkeypatch):
+    lib = tmp_path / "nvidia" / "cudnn" / "lib"
+    lib.mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(cudnn.PATH_VARIABLE, raising=False)
+    assert cudnn.candidate_paths()[0] == lib / "libcudnn.so.9"
+
+
+def test_perf_struct_matches_the_c_layout():
+    # algo, status (int), time (float), padding, memory (size_t), determinism, mathType, reserved[3], padding
+    assert cudnn.FwdAlgoPerf.memory.offset == 16 and math.ceil(cudnn.FwdAlgoPerf.reserved.offset) == 32
+    assert ctypes_sizeof(cudnn.FwdAlgoPerf) == 48
+
+
+def ctypes_sizeof(t):
+    import ctypes
+
+    return ctypes.sizeof(t)
+
+
+TABLE = [  # the shape of a Find table (fastest first), as recorded
+    {"algo": "IMPLICIT_PRECOMP_GEMM", "status": "CUDNN_STATUS_SUCCESS", "time_ms": 0.29, "workspace_bytes": 27 * 2**20},
+    {"algo": "WINOGRAD_NONFUSED", "status": "CUDNN_STATUS_SUCCESS", "time_ms": 0.31, "workspace_bytes": 116 * 2**20},
+    {"algo": "IMPLICIT_GEMM", "status": "CUDNN_STATUS_SUCCESS", "time_ms": 0.37, "workspace_bytes": 0},
+    {"algo": "GEMM", "status": "CUDNN_STATUS_SUCCESS", "time_ms": 4.1, "workspace_bytes": 0},
+    {"algo": "DIRECT", "status": "CUDNN_STATUS_NOT_SUPPORTED", "time_ms": None, "workspace_bytes": None},
+    {"algo": "FFT", "status": "CUDNN_STATUS_EXECUTION_FAILED", "time_ms": 0.01, "workspace_bytes": 0},
+]
+
+
+def test_fastest_under_a_workspace_limit():
+    assert cudnn.fastest_under(TABLE, None)["algo"] == "IMPLICIT_PRECOMP_GEMM"
+    assert cudnn.fastest_under(TABLE, 27 * 2**20)["algo"] == "IMPLICIT_PRECOMP_GEMM"  # the limit is inclusive
+    assert cudnn.fastest_under(TABLE, 27 * 2**20 - 1)["algo"] == "IMPLICIT_GEMM"
+    assert cudnn.fastest_under(TABLE, 0)["algo"] == "IMPLICIT_GEMM"  # a failed algorithm never wins
+    assert cudnn.fastest_under(TABLE[4:5], None) is None
+    assert cudnn.fastest_under(list(reversed(TABLE)), None)["algo"] == "IMPLICIT_PRECOMP_GEMM"  # not by position
+
+
+def test_handle_needs_a_gpu():
+    if runtime.is_gpu():
+        pytest.skip("GPU mode")
+    with pytest.raises(runtime.NeedsGPU):
+        cudnn.Handle()
+
+
+def test_descriptor_arguments_are_checked():
+    with pytest.raises(runtime.CourseInputError, match="layout"):
+        cudnn._layout("CHWN")
+    with pytest.raises(runtime.CourseInputError, match="data type"):
+        cudnn._dtype_name(np.int16)
+    with pytest.raises(runtime.CourseInputError, match="four positive"):
+        cudnn._dims4((1, 2, 3), "a tensor descriptor")
+    with pytest.raises(runtime.CourseInputError, match="algo"):
+        cudnn._algo_id("FASTEST")
+    assert cudnn._algo_id("WINOGRAD") == 6 and cudnn._algo_id(1) == 1
+
+
+# ----------------------------------------------------------------------- PTX, compiled without a GPU
+
+def _entry(ptx: str, name: str) -> str:
+    start = ptx.index(f".entry {name}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end > 0 else None]
+
+
+@needs_compiler
+def test_cuda_c_compiles():
+    ptx = cuda_c.compile_ptx(cv.SOURCE, arch="sm_80")
+    for sfx in ("f32", "f16"):
+        for name in (f"conv_direct_nchw_{sfx}", f"conv_direct_nchw_3x3_{sfx}"):
+            body = _entry(ptx, name)
+            assert "ld.shared.v4.f32" in body and "bar.sync" in body and "fma.rn.f32" in body, name
+            assert ".local" not in body, f"{name} spills its accumulators to local memory"
+        assert "ld.global.v4" in _entry(ptx, f"im2col_nhwc_vec_{sfx}") or "ld.global.nc.v4" in _entry(
+            ptx, f"im2col_nhwc_vec_{sfx}")
+    assert re.search(r"cvt\.rn\.f16\.f32", _entry(ptx, "conv_direct_nchw_f16"))
+
+
+def test_direct_kernel_shared_memory():
+    assert cv.direct_smem_bytes(3, 3) == (4 * 10 * 18 + 64 * 4 * 9) * 4
+    assert cv.direct_smem_bytes(3, 3) < 48 * 1024
+
+
+# ----------------------------------------------- what a GPU recorded, against the lesson (either mode)
+
+@pytest.fixture(scope="module")
+def record():
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no GPU record of lesson 4 yet")
+    return rec["figures"]
+
+
+def test_recorded_tables_cover_every_layer(record):
+    assert [lt["name"] for lt in record["layers"]] == list(cv.LAYERS)
+    for lt in record["layers"]:
+        assert set(lt["find"]) == {f"{d}/{lay}/{m}" for lay in cv.LAYOUTS for d, m in
+                                   (("float32", "fma"), ("float32", "default"), ("float16", "tensor_op"))}
+        for key, table in lt["find"].items():
+            ok = [r for r in table if r["status"] == "CUDNN_STATUS_SUCCESS"]
+            assert ok, key
+            assert all(r["time_ms"] > 0 and r["workspace_bytes"] >= 0 for r in ok)
+            times = [r["time_ms"] for r in ok]
+            assert times == sorted(times), f"{key}: Find answers fastest first"
+
+
+def test_recorded_rows_are_checked_and_consistent(record):
+    for lt in record["layers"]:
+        rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
+        for r in lt["rows"]:
+            if r["check_error"] is not None:
+                assert r["check_error"] <= 2 * cv.tolerance(r["precision"], lt["crs"]), r["name"]
+            if r["tflops"] is not None:
+                assert r["tflops"] == pytest.approx(lt["flops"] / (r["median_ms"] * 1e-3) / 1e12)
+            fastest = next(v for (n, d, lay), v in rows.items() if n == r["cudnn_fastest"] and d == r["dtype"]
+                           and lay == r["layout"])
+            assert r["of_cudnn_fastest"] == pytest.approx(r["median_ms"] / fastest["median_ms"])
+            assert r["of_cudnn_fastest"] >= r["of_cudnn_like"] - 1e-12 or r["kind"] == "cudnn"
+        for key, t in lt["targets"].items():
+            assert t["met"] == (t["ratio"] <= t["limit"])
+
+
+def test_recorded_direct_kernels_are_ordered(record):
+    for lt in record["layers"]:
+        direct = {r["name"]: r for r in lt["rows"] if r["kind"] == "direct" and r["dtype"] == "float32"}
+        assert direct["CUDA C direct, register-tiled"]["tflops"] > direct["numba direct, one thread per output"]["tflops"]
+
+
+def test_recorded_layout_and_targets(record):
+    """What the lesson teaches from the record: NHWC feeds the tensor cores better than NCHW (im2col + FP16 GEMM
+    faster on every layer), NHWC FP16 im2col + GEMM within the 2x target, the tiled direct kernel within 10x of
+    cuDNN's fastest and far ahead of one thread per output."""
+    for lt in record["layers"]:
+        rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
+        nhwc = rows["im2col + cuBLAS FP16 GEMM", "float16", "NHWC"]
+        assert nhwc["median_ms"] < rows["im2col + cuBLAS FP16 GEMM", "float16", "NCHW"]["median_ms"]
+        assert lt["targets"]["im2col+GEMM float16 NHWC"]["met"], lt["name"]
+        for dtype in ("float32", "float16"):
+            assert lt["targets"][f"direct {dtype} NCHW"]["ratio"] < 10, lt["name"]
+
+
+# ----------------------------------------------------------------------------------------- GPU only
+
+GPU_CASES = CASES + [((4, 16, 20, 20), (20, 16, 3, 3), 1, 1, 1), ((3, 24, 15, 13), (70, 24, 3, 3), 1, 2, 1),
+                     ((2, 8, 12, 12), (64, 8, 3, 3), 2, 1, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", GPU_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cuda_c_direct_and_im2col_on_gpu(rng, xs, ws, pad, stride, dilation, dtype):
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, xs).astype(dtype)
+    w = rng.uniform(-1, 1, ws).astype(dtype)
+    want = cv.conv2d_spec(x, w, pad, stride, dilation)
+    crs = math.prod(ws[1:])
+    prec = "float32" if dtype == "float32" else "float16"
+    y = cp.full(want.shape, cp.nan, dtype)
+    cv.conv_direct(cp.asarray(x), cp.asarray(w), y, pad=pad, stride=stride, dilation=dilation)
+    assert cv.rel_error(y.get(), want) <= cv.tolerance(prec, crs)
+    for tf32 in ((False, True) if dtype == "float32" else (False,)):
+        y.fill(cp.nan)
+        cv.conv_im2col_gemm(cp.asarray(x), cp.asarray(w), y, pad=pad, stride=stride, dilation=dilation, tf32=tf32)
+        assert cv.rel_error(y.get(), want) <= cv.tolerance("tf32" if tf32 else prec, crs)
+        yn = cp.full(cv.nchw_to_nhwc(want).shape, cp.nan, dtype)
+        cv.conv_im2col_gemm(cp.asarray(cv.nchw_to_nhwc(x)), cp.asarray(cv.kcrs_to_krsc(w)), yn, pad=pad,
+                            stride=stride, dilation=dilation, layout="NHWC", tf32=tf32)
+        assert cv.rel_error(cv.nhwc_to_nchw(yn.get()), want) <= cv.tolerance("tf32" if tf32 else prec, crs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_im2col_kernel_matches_spec(rng, layout):
+    cp = runtime.cupy()
+    for dtype in ("float32", "float16"):
+        x = rng.uniform(-1, 1, (2, 16, 9, 11)).astype(dtype)
+        xin = x if layout == "NCHW" else cv.nchw_to_nhwc(x)
+        cols = cp.full(cv.cols_shape(xin.shape, 3, 3, 1, 2, 1, layout), cp.nan, dtype)
+        cv.im2col(cp.asarray(xin), cols, 3, 3, pad=1, stride=2, layout=layout)
+        spec = cv.im2col_spec(x, 3, 3, 1, 2) if layout == "NCHW" else cv.im2col_nhwc_spec(xin, 3, 3, 1, 2)
+        assert np.array_equal(cols.get(), spec)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", GPU_CASES[:6])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_cudnn_forward_matches_spec(rng, xs, ws, pad, stride, dilation, layout):
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = rng.uniform(-1, 1, ws).astype(np.float32)
+    want = cv.conv2d_spec(x, w, pad, stride, dilation)
+    xin, win = (x, w) if layout == "NCHW" else (cv.nchw_to_nhwc(x), cv.kcrs_to_krsc(w))
+    y = cudnn.conv_forward(cp.asarray(xin), cp.asarray(win), pad=pad, stride=stride, dilation=dilation,
+                           layout=layout, math="fma").get()
+    y = y if layout == "NCHW" else cv.nhwc_to_nchw(y)
+    assert cv.rel_error(y, want) <= cv.tolerance("float32", math.prod(ws[1:]))
+
+
+@pytest.mark.gpu
+def test_cudnn_find_table_and_every_algorithm(rng):
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, (4, 16, 12, 12)).astype(np.float32)
+    w = rng.uniform(-1, 1, (32, 16, 3, 3)).astype(np.float32)
+    want = cv.conv2d_spec(x, w, 1)
+    with cudnn.Handle() as h, cudnn.TensorDescriptor(x.shape) as xd, cudnn.FilterDescriptor(w.shape) as wd, \
+            cudnn.ConvolutionDescriptor(1, math="fma") as cd:
+        assert cd.output_dims(xd, wd) == want.shape
+        with cudnn.TensorDescriptor(cd.output_dims(xd, wd)) as yd:
+            table = h.find_forward_algorithms(xd, wd, cd, yd)
+            ok = [r for r in table if r["status"] == "CUDNN_STATUS_SUCCESS"]
+            assert len(ok) >= 3 and {r["algo"] for r in table} <= set(cudnn.FWD_ALGOS)
+            for r in ok:
+                y = cp.full(want.shape, cp.nan, cp.float32)
+                h.convolution_forward(cp.asarray(x), cp.asarray(w), y, xd, wd, cd, yd, algo=r["algo"])
+                assert cv.rel_error(y.get(), want) <= 1e-4, r["algo"]  # FFT and Winograd round differently
+                assert h.workspace_size(xd, wd, cd, yd, r["algo"]) <= max(r["workspace_bytes"], 1 << 30)
+    flipped = cudnn.conv_forward(cp.asarray(x), cp.asarray(w), pad=1, math="fma").get()
+    assert cv.rel_error(flipped, want) <= cv.tolerance("float32", 144)
+
+
+@pytest.mark.gpu
+def test_cudnn_convolution_mode_flips(rng):
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, (1, 2, 7, 7)).astype(np.float32)
+    w = rng.uniform(-1, 1, (3, 2, 3, 3)).astype(np.float32)
+    with cudnn.Handle() as h, cudnn.TensorDescriptor(x.shape) as xd, cudnn.FilterDescriptor(w.shape) as wd, \
+            cudnn.ConvolutionDescriptor(1, mode="convolution", math="fma") as cd, \
+            cudnn.TensorDescriptor((1, 3, 7, 7)) as yd:
+        y = cp.empty((1, 3, 7, 7), cp.float32)
+        h.convolution_forward(cp.asarray(x), cp.asarray(w), y, xd, wd, cd, yd, algo="IMPLICIT_GEMM")
+        assert cv.rel_error(y.get(), cv.convolve_spec(x, w, 1)) <= 1e-6
+
+
+@pytest.mark.gpu
+def test_cudnn_errors_are_readable():
+    with cudnn.Handle(), cudnn.TensorDescriptor((1, 3, 8, 8)) as xd, cudnn.FilterDescriptor((4, 2, 3, 3)) as wd, \
+            cudnn.ConvolutionDescriptor(1) as cd:
+        with pytest.raises(cudnn.CudnnError, match="cudnnGetConvolution2dForwardOutputDim failed: CUDNN_STATUS_BAD_PARAM"):
+            cd.output_dims(xd, wd)  # 3 input channels, filters for 2
+    d = cudnn.TensorDescriptor((1, 1, 1, 1))
+    d.destroy()
+    with pytest.raises(runtime.CourseError, match="destroyed"):
+        d.ptr
+    assert re.fullmatch(r"9\.\d+\.\d+", cudnn.version())
+
+
+@pytest.mark.gpu
+def test_cudnn_bias_relu(rng):
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, (2, 8, 10, 10)).astype(np.float32)
+    w = rng.uniform(-1, 1, (16, 8, 3, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, 16).astype(np.float32)
+    want = cv.bias_relu_spec(cv.conv2d_spec(x, w, 1), b)
+    with cudnn.Handle() as h, cudnn.TensorDescriptor(x.shape) as xd, cudnn.FilterDescriptor(w.shape) as wd, \
+            cudnn.ConvolutionDescriptor(1, math="fma") as cd, cudnn.TensorDescriptor((2, 16, 10, 10)) as yd:
+        y = cp.full((2, 16, 10, 10), cp.nan, cp.float32)
+        h.convolution_bias_activation_forward(cp.asarray(x), cp.asarray(w), cp.asarray(b), y, xd, wd, cd, yd)
+        got = y.get()
+    assert (got >= 0).all() and (got == 0).any()
+    assert cv.rel_error(got, want) <= cv.tolerance("float32", 72)
+
+
+@pytest.mark.gpu
+def test_layer_benchmark_small():
+    """The benchmark's checks and bookkeeping on a small layer (the record runs the ResNet-50 ones)."""
+    from benchmarks import convolution as bm
+
+    with cudnn.Handle() as h:
+        lt = bm.layer_table("small", (4, 32, 16, 16, 64, 3, 3, 1, 1), h, repeats=2, batch=2)
+    kinds = {r["kind"] for r in lt["rows"]}
+    assert kinds == {"cudnn", "im2col", "direct", "part"}
+    assert len(lt["targets"]) == 6
+    for r in lt["rows"]:
+        assert r["median_ms"] > 0 and r["of_cudnn_fastest"] > 0

@@ -1,0 +1,121 @@
+"""Lesson 4's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
+(Task 4.2's kernel in the simulator), where the GPU-only speed test (perf_4_2_speed) is "not gradable here"; its
+GPU side is checked by running the solution notebook on a GPU (python -m gpucourse run ... --mode gpu)."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import (
+    assert_exercise_hides_the_answers,
+    assert_full_marks,
+    assert_loses_exactly,
+    assert_performance_not_gradable,
+    assert_scores_zero,
+    graded_variants,
+    replace_in_cell,
+)
+
+from gpucourse import grading
+
+pytestmark = [pytest.mark.lesson04, pytest.mark.slow]
+
+LESSON = "04_convolution"
+SOLUTION = grading.SOLUTIONS / LESSON / "convolution.ipynb"
+EXERCISE = grading.EXERCISES / LESSON / "convolution.ipynb"
+TIMEOUT = 60  # seconds per cell: Task 4.2's hidden cases in the simulator take a few
+
+POINTS = {"test_4_1_size": 2, "test_4_2_results": 3, "perf_4_2_speed": 2, "test_4_3_im2col": 3,
+          "test_4_4_choose": 2, "test_4_4_answers": 2}
+
+
+def no_dilation(nb):
+    """Task 4.1: the filter's span without the dilation: right for every undilated layer."""
+    replace_in_cell(nb, "task-4-1-size", "span = dilation * (r - 1) + 1", "span = r")
+
+
+def flipped_filter(nb):
+    """Task 4.2: the textbook convolution (filter flipped) instead of deep learning's cross-correlation."""
+    replace_in_cell(nb, "task-4-2-kernel", "acc += x[n, h, col, c] * w[k, r, s, c]",
+                    "acc += x[n, h, col, c] * w[k, R - 1 - r, S - 1 - s, c]")
+
+
+def no_relu(nb):
+    """Task 4.2: the bias added, the ReLU forgotten."""
+    replace_in_cell(nb, "task-4-2-kernel", "y[n, p, q, k] = max(acc + b[k], np.float32(0.0))",
+                    "y[n, p, q, k] = acc + b[k]")
+
+
+def taps_outermost(nb):
+    """Task 4.3: rows ordered (r, s, c), as NHWC's im2col orders its columns, instead of (c, r, s)."""
+    replace_in_cell(nb, "task-4-3-im2col", "return cols.reshape(n, c * r * s, P * Q)",
+                    "return cols.transpose(0, 2, 3, 1, 4, 5).reshape(n, c * r * s, P * Q)")
+
+
+def trusts_failed_rows(nb):
+    """Task 4.4 (a): the status ignored, so an algorithm that failed can win. (b) still uses the right
+    function's answers on the recorded table, whose failed rows carry no time."""
+    replace_in_cell(nb, "task-4-4-choose", 'ok = [row for row in table if row["status"] == "CUDNN_STATUS_SUCCESS"\n'
+                    '          and (limit is None',
+                    'ok = [row for row in table if row["time_ms"] is not None\n          and (limit is None')
+
+
+def strict_limit(nb):
+    """Task 4.4 (a): workspace strictly below the limit: an algorithm needing exactly the limit is refused."""
+    replace_in_cell(nb, "task-4-4-choose", 'row["workspace_bytes"] <= limit', 'row["workspace_bytes"] < limit')
+
+
+VARIANTS = {
+    no_dilation: ["test_4_1_size", "test_4_3_im2col"],  # Task 4.3's im2col uses output_size
+    flipped_filter: ["test_4_2_results"],
+    no_relu: ["test_4_2_results"],
+    taps_outermost: ["test_4_3_im2col"],
+    trusts_failed_rows: ["test_4_4_choose"],
+    strict_limit: ["test_4_4_choose", "test_4_4_answers"],  # with limit 0, nothing is below it
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
+
+
+def test_solution_scores_every_gradable_point(graded):
+    assert_full_marks(graded["solution"], POINTS)
+    assert graded["solution"].notes == [], graded["solution"].notes
+
+
+def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
+    assert_performance_not_gradable(graded["solution"], POINTS)
+
+
+def test_generated_exercise_scores_zero(graded):
+    report = graded["exercise"]
+    assert_scores_zero(report, POINTS)
+    for grade_id in ("test_4_1_size", "test_4_3_im2col", "test_4_4_choose"):
+        assert "NotImplementedError" in report.test(grade_id).message, report.format()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
+def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
+    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
+
+
+def test_feedback_names_the_mistake(graded):
+    def message(variant, grade_id):
+        return graded[variant].test(grade_id).message
+
+    assert "want 28" in message("no_dilation", "test_4_1_size")  # a hidden test: 3 taps dilated by 2, pad 2
+    assert "cross-correlation" in message("flipped_filter", "test_4_2_results")
+    assert "ReLU is missing" in message("no_relu", "test_4_2_results")
+    assert "c R S + r S + s" in message("taps_outermost", "test_4_3_im2col")
+    assert "chose" in message("trusts_failed_rows", "test_4_4_choose")
+
+
+def test_exercise_matches_generation():
+    assert grading.check_exercises([LESSON]) == []
+
+
+def test_exercise_hides_the_answers():
+    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
+                                                           "max(acc + b[k]"])

@@ -1,0 +1,128 @@
+"""Lesson 5's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU
+mode (Task 5.1's kernel in the simulator), where the two performance tests (perf_*) are "not gradable here";
+their GPU side is checked by running the solution notebook on a GPU (python -m gpucourse run ... --mode gpu)."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import (
+    assert_exercise_hides_the_answers,
+    assert_full_marks,
+    assert_loses_exactly,
+    assert_performance_not_gradable,
+    assert_scores_zero,
+    graded_variants,
+    replace_in_cell,
+)
+
+from gpucourse import grading
+
+pytestmark = [pytest.mark.lesson05, pytest.mark.slow]
+
+LESSON = "05_inference_engine"
+SOLUTION = grading.SOLUTIONS / LESSON / "inference_engine.ipynb"
+EXERCISE = grading.EXERCISES / LESSON / "inference_engine.ipynb"
+TIMEOUT = 60  # seconds per cell; the slowest, Task 5.1's hidden layers in the simulator, takes a few
+
+POINTS = {"test_5_1_results": 3, "test_5_1_fused": 1, "perf_5_1_speed": 2,
+          "test_5_2_fold": 3, "test_5_2_stem": 1,
+          "test_5_3_scale": 1, "test_5_3_quantize": 2, "test_5_3_roundtrip": 1, "perf_5_3_speed": 1}
+
+
+def no_relu(nb):
+    """Task 5.1: conv + bias, the ReLU forgotten."""
+    replace_in_cell(nb, "task-5-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))", "y[n, row, col, k] = acc")
+
+
+def relu_in_a_second_pass(nb):
+    """Task 5.1: right results, but the sum is written to y and the ReLU applied by reading it back: the
+    memory pass fusion removes."""
+    replace_in_cell(nb, "task-5-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))",
+                    "y[n, row, col, k] = acc\n        y[n, row, col, k] = max(y[n, row, col, k], np.float32(0.0))")
+
+
+def no_padding_check(nb):
+    """Task 5.1: the window's edge test left out for columns: reads wrap into the neighbouring row (or fail)."""
+    replace_in_cell(nb, "task-5-1-kernel", "                    if 0 <= ww < W:\n",
+                    "                    if True:\n")
+
+
+def mean_not_subtracted(nb):
+    """Task 5.2: the bias folded as b s + beta, forgetting the running mean."""
+    replace_in_cell(nb, "task-5-2-fold", "((b0 - mean) * s + beta)", "(b0 * s + beta)")
+
+
+def zero_scale(nb):
+    """Task 5.3: a tensor of zeros gets scale 0."""
+    replace_in_cell(nb, "task-5-3-int8", "return m / 127 if m > 0 else 1.0", "return m / 127")
+
+
+def round_half_up(nb):
+    """Task 5.3: halves rounded up (floor(v + 0.5)), not to even: codes differ at exact halves."""
+    replace_in_cell(nb, "task-5-3-int8", "np.rint(x / np.float32(scale))", "np.floor(x / np.float32(scale) + 0.5)")
+
+
+def no_clip(nb):
+    """Task 5.3: no saturation: values past 127 scale wrap around in int8. The round trip's visible test stays
+    in range; its hidden test checks the saturated values."""
+    replace_in_cell(nb, "task-5-3-int8", "np.clip(np.rint(x / np.float32(scale)), -127, 127)",
+                    "np.rint(x / np.float32(scale))")
+
+
+# variant -> the tests it fails (all others pass)
+VARIANTS = {
+    no_relu: ["test_5_1_results"],
+    relu_in_a_second_pass: ["test_5_1_fused"],
+    no_padding_check: ["test_5_1_results", "test_5_1_fused"],
+    mean_not_subtracted: ["test_5_2_fold", "test_5_2_stem"],
+    zero_scale: ["test_5_3_scale"],
+    round_half_up: ["test_5_3_quantize"],
+    no_clip: ["test_5_3_quantize", "test_5_3_roundtrip"],
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
+
+
+def test_solution_scores_every_gradable_point(graded):
+    assert_full_marks(graded["solution"], POINTS)
+    assert graded["solution"].notes == [], graded["solution"].notes
+
+
+def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
+    assert_performance_not_gradable(graded["solution"], POINTS)
+
+
+def test_generated_exercise_scores_zero(graded):
+    report = graded["exercise"]
+    assert_scores_zero(report, POINTS)
+    for grade_id in ("test_5_1_results", "test_5_2_fold", "test_5_3_scale"):
+        assert "NotImplementedError" in report.test(grade_id).message or "NameError" in report.test(grade_id).message, \
+            report.format()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
+def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
+    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
+
+
+def test_feedback_names_the_mistake(graded):
+    def message(variant, grade_id):
+        return graded[variant].test(grade_id).message
+
+    assert "without the ReLU" in message("no_relu", "test_5_1_results")
+    assert "reading y back" in message("relu_in_a_second_pass", "test_5_1_fused")
+    assert "batchnorm(conv(x, w) + b)" in message("mean_not_subtracted", "test_5_2_fold")
+    assert "round half to even" in message("round_half_up", "test_5_3_quantize")  # a hidden test
+
+
+def test_exercise_matches_generation():
+    assert grading.check_exercises([LESSON]) == []
+
+
+def test_exercise_hides_the_answers():
+    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
+                                                           "acc += x[n, hh, ww, c]"])

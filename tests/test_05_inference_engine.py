@@ -1,0 +1,434 @@
+"""Lesson 5: the engine's graph, passes, calibration, plan file and runtime against NumPy and Keras; the numba
+CBR kernel in the simulator; the CUDA C kernels compiled to PTX without a GPU; the recorded figures against
+the lesson's targets; and on a GPU every kernel against the NumPy runtime."""
+import json
+import zipfile
+
+import numpy as np
+import pytest
+
+from conftest import needs_compiler
+from gpucourse import records, runtime
+from kernels import cuda_c
+from kernels import engine as E
+
+pytestmark = pytest.mark.lesson05
+LESSON = "05_inference_engine"
+cuda = runtime.cuda()
+
+
+@pytest.fixture(scope="module")
+def model():
+    g, data = E.load_model_file()
+    return g, E.optimize(g), E.dataset(data)
+
+
+@pytest.fixture(scope="module")
+def plans(model):
+    """Fused plans in each precision and the layer-by-layer FP32 plan, for this mode's runtime (untuned)."""
+    g, stages, d = model
+    out = {p: E.build_plan(stages[-1][1], precision=p, max_batch=128, x_calib=d["x_calib"], tune=False)
+           for p in E.PRECISIONS}
+    out["unfused"] = E.build_plan(g, precision="fp32", max_batch=128, tune=False)
+    return out
+
+
+def _acc(logits, y):
+    return float(np.mean(np.asarray(logits).argmax(1) == y))
+
+
+# ---------------------------------------------------------------------------- graph and passes
+
+def test_imported_graph_reproduces_keras(model):
+    g, _, d = model
+    assert abs(np.abs(E.run_graph(g, d["x_test"]) - d["keras_logits"]).max()) < 1e-4
+    assert g.ops() == {"Conv": 7, "BatchNorm": 1, "BiasAdd": 6, "Relu": 7, "MaxPool": 1, "Concat": 1, "AvgPool": 1,
+                       "Flatten": 1, "Dense": 1}
+    assert d["keras_accuracy"] > 0.95 and len(d["y_test"]) == 397
+
+
+def test_every_pass_preserves_the_output_and_does_its_job(model):
+    g, stages, d = model
+    x = d["x_test"][:50]
+    want = E.run_graph(g, x)
+    for name, s in stages:
+        assert np.abs(E.run_graph(s, x) - want).max() < 1e-9 * max(1, np.abs(want).max()) * 1e4, name
+    ops = {name: s.ops() for name, s in stages}
+    assert "BatchNorm" not in ops["batch-norm folding"] and ops["batch-norm folding"]["BiasAdd"] == 7
+    assert ops["vertical fusion"] == {"CBR": 7, "MaxPool": 1, "Concat": 1, "Head": 1}
+    assert ops["horizontal fusion"]["CBR"] == 5
+    fused = stages[-1][1]
+    assert "Concat" not in ops["concatenation elimination"]
+    wide = next(n for n in fused.nodes if "+" in n.name)
+    assert wide.attrs["kh"] == 1 and sum(wide.attrs["splits"]) == 80 and len(wide.outputs) == 3
+    offsets = sorted(off for _, off in fused.aliases.values())
+    assert offsets == [0, 32, 64, 80]
+
+
+def test_passes_do_not_change_their_input(model):
+    g, _, _ = model
+    before = str(g)
+    for _, fn in E.PASSES:
+        fn(g)
+    assert str(g) == before
+
+
+def test_fold_bn_weights_matches_conv_then_batchnorm(rng):
+    x = rng.standard_normal((2, 5, 6, 3))
+    w = rng.standard_normal((3, 3, 3, 4)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    gamma, beta, mean = rng.standard_normal(4), rng.standard_normal(4), rng.standard_normal(4)
+    var = rng.random(4) + 0.1
+    for bias in (b, None):
+        want = E.batchnorm_spec(E.conv_spec(x, w) + (0 if bias is None else bias), gamma, beta, mean, var, 1e-3)
+        w2, b2 = E.fold_bn_weights(w, bias, gamma, beta, mean, var, 1e-3)
+        assert w2.dtype == np.float32 and w2.shape == w.shape and b2.shape == (4,)
+        assert np.abs(E.conv_spec(x, w2) + b2 - want).max() < 1e-4
+
+
+def test_cbr_spec_is_conv_bias_relu(rng):
+    x = rng.standard_normal((1, 4, 4, 2))
+    w = rng.standard_normal((1, 1, 2, 3))
+    b = rng.standard_normal(3)
+    direct = np.einsum("nhwc,ck->nhwk", x, w[0, 0]) + b
+    assert np.allclose(E.cbr_spec(x, w, b), np.maximum(direct, 0))
+    assert np.allclose(E.cbr_spec(x, w, b, relu=False), direct)
+
+
+# ------------------------------------------------------------------------------------ INT8
+
+def test_quantize_rounds_to_even_and_saturates():
+    q = E.quantize(np.array([0.5, 1.5, -2.5, 300.0, -300.0, 0.26], np.float32), 1.0)
+    assert q.dtype == np.int8 and q.tolist() == [0, 2, -2, 127, -127, 0]
+    x = np.linspace(-1, 1, 1001).astype(np.float32)
+    s = E.minmax_scale(x)
+    assert s == pytest.approx(1 / 127)
+    assert np.abs(E.dequantize(E.quantize(x, s), s) - x).max() <= s / 2 + 1e-7
+    assert E.minmax_scale(np.zeros(5)) == 1.0
+
+
+def test_percentile_and_entropy_clip_outliers(rng):
+    x = np.concatenate([rng.standard_normal(100_000), [60.0]])
+    m, p, e = E.minmax_scale(x), E.percentile_scale(x), E.entropy_scale(x)
+    assert m == pytest.approx(60 / 127)
+    assert p < m / 5 and e < m / 2
+    with pytest.raises(runtime.CourseInputError, match="calibration"):
+        E.calibrate(E.load_model_file()[0], np.zeros((1, 16, 16, 1), np.float32), "mse")
+
+
+# ------------------------------------------------------------------------------------ runtime (this mode)
+
+def test_fp32_engine_matches_keras_tightly(model, plans):
+    _, _, d = model
+    for key in ("fp32", "unfused"):
+        logits = E.predict(E.Engine(plans[key]), d["x_test"])
+        assert np.abs(logits - d["keras_logits"]).max() < 1e-3, key
+
+
+def test_fp16_and_int8_within_one_point_of_fp32(model, plans):
+    _, stages, d = model
+    acc = {p: _acc(E.predict(E.Engine(plans[p]), d["x_test"]), d["y_test"]) for p in E.PRECISIONS}
+    assert acc["fp16"] >= acc["fp32"] - 0.01 and acc["int8"] >= acc["fp32"] - 0.01, acc  # at most 1 point lost
+    for method in ("minmax", "entropy"):
+        plan = E.build_plan(stages[-1][1], precision="int8", max_batch=128, x_calib=d["x_calib"],
+                            calibration=method, tune=False)
+        assert _acc(E.predict(E.Engine(plan), d["x_test"]), d["y_test"]) >= acc["fp32"] - 0.01, method
+    assert plans["int8"].arrays["1/w"].dtype == np.int8 and plans["fp16"].arrays["1/w"].dtype == np.float16
+
+
+def test_launch_counts(model, plans):
+    _, _, d = model
+    assert plans["unfused"].launches == 29 and plans["fp32"].launches == 8
+    eng = E.Engine(plans["fp32"])
+    eng.infer(d["x_test"][:3])
+    eng.infer(d["x_test"][:1])
+    assert eng.launches == 2 * 8
+
+
+def test_engine_checks_its_input(plans):
+    eng = E.Engine(plans["fp32"])
+    with pytest.raises(runtime.CourseInputError, match="N x 16 x 16 x 1"):
+        eng.infer(np.zeros((2, 8, 8, 1), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="float32"):
+        eng.infer(np.zeros((2, 16, 16, 1), np.float64))
+    with pytest.raises(runtime.CourseInputError, match="1 to 128"):
+        eng.infer(np.zeros((129, 16, 16, 1), np.float32))
+
+
+def test_builder_checks_its_input(model):
+    g, stages, d = model
+    with pytest.raises(runtime.CourseInputError, match="precision"):
+        E.build_plan(g, precision="bf16")
+    with pytest.raises(runtime.CourseInputError, match="x_calib"):
+        E.build_plan(stages[-1][1], precision="int8")
+    with pytest.raises(runtime.CourseError, match="fused into its convolution"):
+        E.build_plan(g, precision="int8", x_calib=d["x_calib"][:8])
+    with pytest.raises(runtime.CourseInputError, match="max_batch"):
+        E.build_plan(g, max_batch=0)
+
+
+# ------------------------------------------------------------------------------------ the plan file
+
+def test_plan_reloads_without_rebuilding(model, plans, tmp_path):
+    _, _, d = model
+    path = plans["int8"].save(tmp_path / "digits.plan")
+    again = E.load_plan(path)
+    assert again.header["steps"] == plans["int8"].header["steps"]
+    assert np.array_equal(E.predict(E.Engine(again), d["x_test"][:40]),
+                          E.predict(E.Engine(plans["int8"]), d["x_test"][:40]))
+
+
+def _rewrite(path, edit_header=None, edit_arrays=None):
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    header = json.loads(bytes(arrays.pop("header")).decode())
+    if edit_header:
+        edit_header(header)
+    if edit_arrays:
+        edit_arrays(arrays)
+    with open(path, "wb") as f:
+        np.savez(f, header=np.frombuffer(json.dumps(header).encode(), np.uint8), **arrays)
+
+
+def test_bad_plans_are_refused(plans, tmp_path):
+    def fresh(name):
+        return plans["fp32"].save(tmp_path / name)
+
+    p = fresh("truncated.plan")
+    p.write_bytes(p.read_bytes()[:500])
+    with pytest.raises(runtime.CourseError, match="not a readable plan file"):
+        E.load_plan(p)
+    p = tmp_path / "text.plan"
+    p.write_text("hello")
+    with pytest.raises(runtime.CourseError, match="not a plan file"):
+        E.load_plan(p)
+    p = fresh("weights.plan")
+    _rewrite(p, edit_arrays=lambda a: a.__setitem__("a/1/w", a["a/1/w"] * 1.001))
+    with pytest.raises(runtime.CourseError, match="checksum mismatch"):
+        E.load_plan(p)
+    p = fresh("relu.plan")
+    _rewrite(p, edit_header=lambda h: h["steps"][1].__setitem__("relu", False))
+    with pytest.raises(runtime.CourseError, match="checksum mismatch"):
+        E.load_plan(p)
+    p = fresh("version.plan")
+    _rewrite(p, edit_header=lambda h: h.__setitem__("format", E.PLAN_FORMAT + 1))
+    with pytest.raises(runtime.CourseError, match=f"format version {E.PLAN_FORMAT + 1}"):
+        E.load_plan(p)
+    p = fresh("magic.plan")
+    _rewrite(p, edit_header=lambda h: h.__setitem__("magic", "TRT"))
+    with pytest.raises(runtime.CourseError, match="not a plan of this engine"):
+        E.load_plan(p)
+
+
+def test_plan_for_another_gpu_is_refused(plans, tmp_path):
+    other = E.Plan(dict(plans["fp32"].header, target={"kind": "gpu", "name": "NVIDIA A100-SXM4-80GB",
+                                                      "compute_capability": "8.0"}), plans["fp32"].arrays)
+    path = other.save(tmp_path / "a100.plan")
+    here = E.this_target()["name"]
+    if here == other.header["target"]["name"]:
+        pytest.skip("this machine is the other GPU")
+    with pytest.raises(runtime.CourseError, match=r"built for NVIDIA A100-SXM4-80GB \(compute capability 8.0\)"):
+        E.load_plan(path)
+    with pytest.raises(runtime.CourseError, match="rebuild the plan here"):
+        E.Engine(other)
+
+
+def test_damaged_zip_member_is_refused(plans, tmp_path):
+    p = plans["fp16"].save(tmp_path / "flip.plan")
+    raw = bytearray(p.read_bytes())
+    with zipfile.ZipFile(p) as z:
+        info = z.getinfo("a/1/w.npy")
+    raw[info.header_offset + 100] ^= 0xFF  # inside the stored weights: the zip's CRC check fails
+    p.write_bytes(bytes(raw))
+    with pytest.raises(runtime.CourseError, match="not a readable plan file|checksum mismatch"):
+        E.load_plan(p)
+
+
+# ------------------------------------------------------------------------------------ Keras import
+
+@pytest.fixture(scope="module")
+def keras_model():
+    pytest.importorskip("tensorflow")
+    keras = pytest.importorskip("keras")
+    keras.utils.set_random_seed(3)
+    return keras, E.build_keras_model()
+
+
+def test_graph_from_keras_reproduces_an_untrained_model(keras_model, rng):
+    keras, m = keras_model
+    x = rng.random((4, 16, 16, 1), dtype=np.float32)
+    want = np.asarray(m.predict(x, verbose=0))
+    g = E.graph_from_keras(m)
+    assert np.abs(E.run_graph(g, x) - want).max() < 1e-4
+    assert np.abs(E.run_graph(E.optimize(g)[-1][1], x) - want).max() < 1e-4
+
+
+def test_unsupported_layers_name_themselves(keras_model):
+    keras, _ = keras_model
+    from keras import layers
+
+    inp = keras.Input((16, 16, 1))
+    x = layers.Conv2D(4, 3, padding="same")(inp)
+    bad = keras.Model(inp, layers.Dense(10)(layers.Flatten()(layers.Dropout(0.5, name="drop")(x))))
+    with pytest.raises(runtime.CourseError, match=r"layer 'drop' \(Dropout\) is not supported"):
+        E.graph_from_keras(bad)
+    strided = keras.Model(inp, layers.Conv2D(4, 3, strides=2, name="down")(inp))
+    with pytest.raises(runtime.CourseError, match=r"layer 'down' \(Conv2D\): strides"):
+        E.graph_from_keras(strided)
+    sig = keras.Model(inp, layers.Conv2D(4, 3, padding="same", activation="sigmoid", name="sig")(inp))
+    with pytest.raises(runtime.CourseError, match="activation 'sigmoid'"):
+        E.graph_from_keras(sig)
+
+
+# ------------------------------------------------------------------------------------ numba CBR kernel
+
+def _device(x):
+    return runtime.cupy().asarray(x) if runtime.is_gpu() else cuda.to_device(x)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") and not hasattr(x, "copy_to_host") else x.copy_to_host()
+
+
+@pytest.mark.parametrize("shape", [(1, 5, 6, 3, 4, 3), (2, 4, 4, 2, 3, 1), (1, 3, 3, 1, 2, 5)])
+def test_numba_cbr_matches_spec(rng, shape):
+    n, h, w, c, k, ks = shape
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    wt = rng.standard_normal((ks, ks, c, k)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    y = _device(np.full((n, h, w, k), np.nan, np.float32))
+    E.cbr_numba(_device(x), _device(wt), _device(b), y)
+    assert np.abs(_host(y) - E.cbr_spec(x, wt, b)).max() < 1e-4
+
+
+def test_numba_cbr_checks_its_input():
+    x = _device(np.zeros((1, 4, 4, 2), np.float32))
+    w = _device(np.zeros((3, 3, 2, 3), np.float32))
+    b = _device(np.zeros(3, np.float32))
+    with pytest.raises(runtime.CourseInputError, match="device array"):
+        E.cbr_numba(np.zeros((1, 4, 4, 2), np.float32), w, b, _device(np.zeros((1, 4, 4, 3), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="KH x KW x 2 x K"):
+        E.cbr_numba(x, _device(np.zeros((2, 2, 2, 3), np.float32)), b, _device(np.zeros((1, 4, 4, 3), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="y"):
+        E.cbr_numba(x, w, b, _device(np.zeros((1, 4, 4, 2), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="dtype"):
+        E.cbr_numba(x, w, b, _device(np.zeros((1, 4, 4, 3), np.float64)))
+
+
+@needs_compiler
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_c_compiles(arch):
+    ptx = cuda_c.compile_ptx(E.SOURCE, arch)
+    for k in E.CONV_KERNELS:
+        for p in E.CANDIDATES:
+            if k in E.CANDIDATES[p]:
+                assert f".entry conv_{k}_{E.SUFFIX[p]}(" in ptx
+    assert "wmma.mma.sync" in ptx and ".entry head_i8(" in ptx and ".entry concat_copy_f16(" in ptx
+
+
+# ----------------------------------------------- what a GPU recorded, against the lesson's targets (either mode)
+
+@pytest.fixture(scope="module")
+def record():
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no GPU record of lesson 5 yet")
+    return rec
+
+
+def test_recorded_engines_are_right(record):
+    t = record["figures"]["engines"]
+    rows = {r["name"]: r for r in t["rows"]}
+    assert record["gpu"]["name"].startswith("NVIDIA")
+    assert rows["fused, FP32"]["max_diff_keras"] < 1e-3 and rows["layer by layer, FP32"]["max_diff_keras"] < 1e-3
+    fp32 = rows["fused, FP32"]["accuracy"]
+    for name in ("fused, FP16", "fused, INT8", "layer by layer, FP16"):
+        assert rows[name]["accuracy"] >= fp32 - 0.01, name
+    for r in t["rows"]:
+        assert r["launches"] == r["launches_counted"] == (8 if r["fused"] else 29)
+    for r in record["figures"]["calibration"]["rows"]:
+        assert r["accuracy"] >= fp32 - 0.01, r
+    assert record["figures"]["plan"]["same_logits"]
+
+
+def test_recorded_speedups(record):
+    """What the lesson says about the record: the fused engines beat layer by layer by well over 1.5x at both
+    batch sizes (FP32 reaching the 2x target at batch 1), FP16 beats FP32 at batch 256, tuning picks the tensor
+    cores for FP16's large convolutions, and every plan's conv kernel is its fastest candidate."""
+    q = record["figures"]["engines"]["ratios"]
+    assert q["fused_vs_layer_fp32_latency"] >= 1.8 and q["fused_vs_layer_fp16_latency"] >= 1.8, q
+    assert q["fused_vs_layer_fp32_batch"] >= 1.5 and q["fused_vs_layer_fp16_batch"] >= 1.5, q
+    assert q["fp16_vs_fp32_fused_batch"] >= 1.2, q
+    tuning = record["figures"]["tuning"]
+    for rows in tuning.values():
+        for r in rows:
+            assert r["kernel"] == min(r["tuning_ms"], key=r["tuning_ms"].get)
+    fp16 = {r["layer"]: r["kernel"] for r in tuning["fused, FP16"]}
+    assert fp16["branch3x3"].startswith("wmma") and fp16["branch5x5"].startswith("wmma")
+
+
+def test_recorded_cudnn_comparison(record):
+    c = record["figures"]["cudnn"]
+    if not c["available"]:
+        pytest.skip(c["why"])
+    for r in c["rows"]:
+        assert r["status"] == "ok" and r["cudnn_error"] < (1e-5 if r["dtype"] == "float32" else 2e-3), r
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", E.PRECISIONS)
+def test_every_conv_kernel_matches_the_numpy_runtime(model, precision):
+    _, stages, d = model
+    x = d["x_test"][:100]
+    plan = E.build_plan(stages[-1][1], precision=precision, max_batch=128, x_calib=d["x_calib"], tune=False)
+    want = None
+    for kernel in E.CANDIDATES[precision]:
+        for s in plan.steps:
+            if s["kind"] == "conv":
+                s["kernel"] = kernel
+        got = E.predict(E.Engine(plan), x)
+        ref = E.run_graph(stages[-1][1], x)
+        if precision == "fp32":
+            assert np.abs(got - ref).max() < 1e-3, kernel
+        else:
+            assert np.abs(got - ref).max() < 0.05 * np.abs(ref).max() + 0.5, kernel
+            assert _acc(got, d["y_test"][:100]) >= _acc(ref, d["y_test"][:100]) - 0.02, kernel
+        if want is None:
+            want = got
+        elif precision != "fp16" or "wmma" not in kernel:
+            assert np.abs(got - want).max() < (1e-4 if precision == "fp32" else 0.05 * np.abs(want).max()), kernel
+
+
+@pytest.mark.gpu
+def test_gpu_int8_matches_numpy_int8_arithmetic(model):
+    """The same INT8 plan through the CUDA kernels and through NumPy: identical integer arithmetic, so the
+    logits agree to float rounding of the epilogue (a rare code one step apart)."""
+    _, stages, d = model
+    plan = E.build_plan(stages[-1][1], precision="int8", max_batch=128, x_calib=d["x_calib"], tune=False)
+    got = E.predict(E.Engine(plan), d["x_test"][:128])
+    eng = E.Engine(plan, numpy=True)
+    want = E.predict(eng, d["x_test"][:128])
+    assert np.median(np.abs(got - want)) < 1e-3 and np.abs(got - want).max() < 0.1 * np.abs(want).max()
+
+
+@pytest.mark.gpu
+def test_autotune_times_every_candidate(model):
+    _, stages, d = model
+    plan = E.build_plan(stages[-1][1], precision="fp16", max_batch=64, tune=True)
+    for s in plan.steps:
+        if s["kind"] == "conv":
+            assert set(s["tuning"]) == set(E.CANDIDATES["fp16"])
+            assert s["kernel"] == min(s["tuning"], key=s["tuning"].get)
+
+
+@pytest.mark.gpu
+def test_numba_cbr_on_gpu_at_size(rng):
+    n, h, w, c, k = runtime.size("inference_engine.cbr_shape")
+    x = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    wt = rng.standard_normal((3, 3, c, k)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    y = _device(np.full((n, h, w, k), np.nan, np.float32))
+    E.cbr_numba(_device(x), _device(wt), _device(b), y)
+    assert np.abs(_host(y) - E.cbr_spec(x, wt, b)).max() < 1e-3
