@@ -1,6 +1,7 @@
 """Each lesson's GPU measurements, shared by its notebook (GPU mode) and by `python -m gpucourse record`.
 
-A lesson module has LESSON (its id), FIGURES (the keys it records) and run() -> (figures, ceilings),
+A lesson module has LESSON (its id), FIGURES (the keys it records), run() -> (figures, ceilings), GPUS (the
+GPUs run() needs, if more than one; `record` of every lesson skips it on smaller machines),
 plus the plotting functions
 its notebook uses for both measured and recorded figures.
 """

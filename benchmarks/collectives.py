@@ -24,6 +24,7 @@ from kernels import collectives as col
 
 LESSON = "06_collectives"
 FIGURES = ("runs",)  # runs: {str(k): one ring size's measurements}; see run()
+GPUS = 2  # a ring needs two GPUs at least
 
 
 # ------------------------------------------------------------------------------- the machine

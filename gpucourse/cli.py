@@ -93,9 +93,14 @@ def _record(args) -> int:
     from . import records
 
     runtime.setup(args.mode or "gpu")
+    have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
     for lesson in args.lessons or list(benchmarks.LESSONS):
         if lesson not in benchmarks.LESSONS:
             raise runtime.CourseInputError(f"no lesson {lesson!r}; known: {', '.join(benchmarks.LESSONS)}")
+        needed = getattr(benchmarks.module(lesson), "GPUS", 1)
+        if not args.lessons and have < needed:  # asked for by name, the lesson's own error says why
+            print(f"skipped {lesson}: it needs {needed} GPUs and this machine has {have}")
+            continue
         figures, ceilings = benchmarks.module(lesson).run()
         print(f"wrote {records.write(lesson, figures, ceilings=ceilings)}")
     return 0

@@ -56,7 +56,8 @@ Scores are deterministic (``_verdict``; nbgrader's ``determine_grade`` is replac
       end with a Python float: ``performance_points`` returns one.
     * Performance tests (grade_id ``perf_*``, ``PERF_PREFIX``) score 0 in CPU mode whatever their value, and
       are reported "not gradable here (needs a GPU)"; the report gives the score out of the total and out
-      of what CPU mode can grade.
+      of what CPU mode can grade. On a GPU machine with fewer GPUs than a performance test needs, the
+      test prints ``GPUS_PERF_MESSAGE`` (``gpus_missing``) and is "not gradable here (needs more GPUs)".
 
 What a notebook can reach (the guarded kernel, ``_kernel_main``)
     The kernel is started from the course's kernelspec whatever the notebook's metadata names; it imports
@@ -155,7 +156,10 @@ MEMORY_BYTES = 8 * 2**30  # address space of a CPU-mode kernel (RLIMIT_AS)
 
 PERF_PREFIX = "perf_"
 NOT_GRADABLE = "not gradable here (needs a GPU)"
+NOT_GRADABLE_GPUS = "not gradable here (needs more GPUs)"
 CPU_PERF_MESSAGE = "performance: not gradable in CPU mode (needs a GPU); 0 of {points} points given here"
+GPUS_PERF_MESSAGE = ("performance: not gradable on this machine (needs {needed} GPUs, it has {have}); "
+                     "0 of {points} points given here")
 
 # A cell's stderr output that holds a Python warning ("file.py:12: SomeWarning: text") is removed before
 # scoring: a NumbaPerformanceWarning about a small grid must not cost a test its points.
@@ -211,7 +215,7 @@ class TestResult:
     points: float
     max_points: float
     # passed | partial | failed | timed out | kernel died | not run | not gradable here (needs a GPU)
-    # | needs manual grading
+    # | not gradable here (needs more GPUs) | needs manual grading
     status: str
     message: str
 
@@ -221,7 +225,7 @@ class TestResult:
 
     @property
     def gradable(self) -> bool:
-        return self.status != NOT_GRADABLE
+        return self.status not in (NOT_GRADABLE, NOT_GRADABLE_GPUS)
 
 
 @dataclass
@@ -1543,7 +1547,7 @@ def _annotate(graded: Path, tests: list[dict]) -> None:
         t = verdicts.get(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
         if t is None or cell.get("cell_type") != "code":
             continue
-        got = "-" if t["status"] == NOT_GRADABLE else _num(t["points"])
+        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS) else _num(t["points"])
         detail = t["status"] if t["message"] in ("", t["status"]) else f"{t['status']}: {t['message']}"
         cell.setdefault("outputs", []).append({"output_type": "stream", "name": "stdout",
                                                "text": f"grader: {got} / {_num(t['max_points'])}, {detail}\n"})
@@ -1757,6 +1761,9 @@ def _verdict(cell, max_points: float, mode: str | None, event=None) -> tuple[flo
         return 0.0, NOT_GRADABLE, line
     if event:
         return 0.0, event[0], event[1]
+    if grade_id.startswith(PERF_PREFIX) and said and said[-1].startswith(GPUS_PERF_MESSAGE.split("{")[0]) \
+            and not any(o.get("output_type") == "error" for o in outputs):
+        return 0.0, NOT_GRADABLE_GPUS, said[-1]
     if cell.get("cell_type") != "code" or meta.get("solution") or meta.get("task"):
         return None, "needs manual grading", ""
     errors = [o for o in outputs if o.get("output_type") == "error"]
@@ -2247,8 +2254,23 @@ def _measure(candidate: Callable, reference: Callable, *, make_inputs: Callable,
     return times
 
 
+def gpus_missing(needed: int, max_points: float) -> bool:
+    """On a GPU machine with fewer than ``needed`` GPUs, print the line that makes a ``perf_`` test "not gradable
+    here (needs more GPUs)" (0 points, left out of the gradable total) and return True; otherwise False. A
+    multi-GPU test cell starts with ``if not grading.gpus_missing(2, points): ...``. In CPU mode every perf_
+    test is not gradable anyway, and this returns False."""
+    if not runtime.is_gpu():
+        return False
+    have = runtime.cupy().cuda.runtime.getDeviceCount()
+    if have >= needed:
+        return False
+    print(GPUS_PERF_MESSAGE.format(needed=needed, have=have, points=_num(max_points)))
+    return True
+
+
 def performance_points(candidate: Callable, reference: Callable, *, make_inputs: Callable, check: Callable,
-                       max_points: float, repeats: int = 20, warmup: int = 3, out_index: int = -1) -> float:
+                       max_points: float, repeats: int = 20, warmup: int = 3, out_index: int = -1,
+                       gpus: int = 1) -> float:
     """Time ``candidate`` against ``reference`` on a GPU and return the points earned, as a Python float.
 
     Both are called as f(*make_inputs()), alternately, ``warmup`` times each untimed and ``repeats`` times
@@ -2260,6 +2282,8 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     the CUDA timing functions. Otherwise r = median candidate time / median reference time scores as
     ``performance_score``.
 
+    gpus: the GPUs the test needs; with fewer, the test is "not gradable here (needs more GPUs)" (``gpus_missing``).
+
     Prints one line that starts with "performance:". In CPU mode nothing is timed: the line says the points
     cannot be graded here and 0 is returned. Use it as the last expression of a ``perf_`` test cell whose
     points equal ``max_points``: nbgrader takes the cell's value as its score.
@@ -2268,6 +2292,8 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
         raise runtime.CourseInputError("repeats must be at least 1, warmup and max_points at least 0")
     if not runtime.is_gpu():
         print(CPU_PERF_MESSAGE.format(points=_num(max_points)))
+        return 0.0
+    if gpus_missing(gpus, max_points):
         return 0.0
 
     name = getattr(candidate, "__name__", "your code")

@@ -822,6 +822,20 @@ def test_performance_tests_score_nothing_in_cpu_mode_whatever_they_show():
     assert grading._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
 
 
+def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
+    line = grading.GPUS_PERF_MESSAGE.format(needed=2, have=1, points=3)
+    said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
+    cell = _graded_cell("check_on_gpus()", [said], grade_id="perf_x")
+    assert grading._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_GPUS, line)
+    assert grading._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_GPUS, line).gradable
+    # an ordinary test that prints the line is graded as usual, and an error is still a failure
+    assert grading._verdict(_graded_cell("check()", [said]), 3.0, "gpu")[:2] == (3.0, "passed")
+    error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
+    assert grading._verdict(_graded_cell("check()", [said, error], grade_id="perf_x"), 3.0, "gpu")[:2] \
+        == (0.0, "failed")
+
+
 # ------------------------------------------------------------------------- the kernel's audit hook
 
 def _audited(code: str, tmp_path: Path) -> str:
