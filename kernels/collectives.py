@@ -24,7 +24,9 @@ import numpy as np
 
 from gpucourse import runtime
 
-# NVLink multicast (NVLS) stays off: set before any NCCL communicator is created in this process.
+# NVLink multicast (NVLS) stays off, so NCCL broadcasts with the rings and trees this lesson compares against (and
+# shared multi-GPU servers often require it off). Set before any NCCL communicator is created in this process;
+# a value already in the environment wins.
 for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                      ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_var, _value)
