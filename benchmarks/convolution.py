@@ -20,6 +20,8 @@ FIGURES = ("cudnn", "layers", "fused")  # what run() records
 CONFIGS = (("float32", "fma"), ("float32", "default"), ("float16", "tensor_op"))  # (data type, cuDNN math)
 WORKSPACE_LIMITS_MIB = (0, 1, 4, 16, 64, 256, 1024)
 MIB = 2**20
+CORES_DIRECT = "CUDA C direct, register-tiled"  # CUDA cores, NCHW
+TC_DIRECT = "CUDA C direct on tensor cores (implicit GEMM)"  # WMMA, FP16 NHWC
 
 
 def _precision(dtype: str, math_: str) -> str:
@@ -44,8 +46,10 @@ def _operands(layer: tuple, seed: int = 0) -> dict:
         _, _, P, Q = cv.output_shape(x.shape, wt.shape, pad, stride)
         cols = cp.empty(cv.cols_shape(x.shape, r, s, pad, stride), dt)
         cv.im2col(x, cols, r, s, pad=pad, stride=stride)
-        ref = cp.matmul(wt.astype(cp.float64).reshape(k, -1), cols.astype(cp.float64)).reshape(n, k, P, Q)
+        # cols is (C R S, N P Q): the product is K x N P Q, the images side by side; NCHW puts N first
+        ref = cp.matmul(wt.astype(cp.float64).reshape(k, -1), cols.astype(cp.float64)).reshape(k, n, P, Q)
         del cols
+        ref = cp.ascontiguousarray(ref.transpose(1, 0, 2, 3))
         o["ref", dt, "NCHW"] = ref
         o["ref", dt, "NHWC"] = cp.ascontiguousarray(ref.transpose(0, 2, 3, 1))
     return o
@@ -70,15 +74,37 @@ def _descriptors(layer, dtype, layout, math_):
     return x, f, conv, y
 
 
-def find_table(handle, layer, dtype, layout, math_) -> list:
-    """cudnnFindConvolutionForwardAlgorithm for one layer, data type, layout and math type."""
+def find_table(handle, layer, dtype, layout, math_, arrays=None, *, repeats: int = 5, batch: int = 4) -> list:
+    """cudnnFindConvolutionForwardAlgorithm for one layer, data type, layout and math type. Find times each
+    algorithm once, and the first search after an idle moment also pays for the GPU's clocks ramping up: the
+    search is run twice and the second answer kept. With ``arrays`` (x, w, y on the GPU) every algorithm that
+    succeeded is also timed the course's way (CUDA events, calls back to back): "timed_ms"."""
     x, f, conv, y = _descriptors(layer, dtype, layout, math_)
     with x, f, conv, y:
-        return handle.find_forward_algorithms(x, f, conv, y)
+        handle.find_forward_algorithms(x, f, conv, y)
+        table = handle.find_forward_algorithms(x, f, conv, y)
+        for row in table:
+            row["timed_ms"] = None
+            if arrays is None or row["status"] != "CUDNN_STATUS_SUCCESS":
+                continue
+            n, c, h, w, k, r, s, pad, stride = layer
+            with cudnn.ConvolutionDescriptor(pad, stride, 1, compute="float32", math=row["math"]) as c_row:
+                launch = handle.forward_launcher(*arrays, x, f, c_row, y, algo=row["algo"])
+                row["timed_ms"] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+                del launch
+        return table
 
 
-def tradeoff(table: list, limits_mib=WORKSPACE_LIMITS_MIB) -> list:
-    """For each workspace limit, the fastest algorithm of a Find table within it (cudnn.fastest_under)."""
+def fastest_timed(table: list) -> dict:
+    """The row of a Find table with the shortest time measured by the course (``timed_ms``)."""
+    return min((r for r in table if r.get("timed_ms") is not None), key=lambda r: r["timed_ms"])
+
+
+def tradeoff(table: list, limits_mib=WORKSPACE_LIMITS_MIB, *, timed: bool = True) -> list:
+    """For each workspace limit, the fastest algorithm of a Find table within it (cudnn.fastest_under), by the
+    course's own timing of each algorithm (``timed``) or by Find's."""
+    if timed:
+        table = [{**r, "time_ms": r.get("timed_ms")} for r in table if r.get("timed_ms") is not None]
     out = []
     for lim in limits_mib:
         best = cudnn.fastest_under(table, lim * MIB)
@@ -115,16 +141,17 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
 
     for layout in cv.LAYOUTS:
         for dtype, math_ in CONFIGS:
-            table = find_table(handle, layer, dtype, layout, math_)
-            tables[f"{dtype}/{layout}/{math_}"] = table
-            best = cudnn.fastest_under(table, None)
-            xd, fd, conv, yd = _descriptors(layer, dtype, layout, math_)
             x, wt = o[dtype, layout]
-            y = cp.empty(yd.shape, dtype)
+            _, _, P, Q = cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+            y = cp.empty((n, k, P, Q) if layout == "NCHW" else (n, P, Q, k), dtype)
+            table = find_table(handle, layer, dtype, layout, math_, (x, wt, y))
+            tables[f"{dtype}/{layout}/{math_}"] = table
+            best = fastest_timed(table)
+            xd, fd, conv, yd = _descriptors(layer, dtype, layout, best["math"])
             launch = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])
-            row = add(f"cuDNN {best['algo']} ({math_} math)", dtype, layout, "cudnn", _precision(dtype, math_),
-                      launch, y)
-            row.update(math=math_, algo=best["algo"], workspace_bytes=best["workspace_bytes"])
+            row = add(f"cuDNN {best['algo']} ({best['math']} math)", dtype, layout, "cudnn",
+                      _precision(dtype, math_), launch, y)
+            row.update(math=math_, row_math=best["math"], algo=best["algo"], workspace_bytes=best["workspace_bytes"])
             cudnn_best[dtype, layout, math_] = row
             del launch
             for d in (xd, fd, conv, yd):
@@ -150,8 +177,9 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                          **t_cols.summary(), "tflops": None, "check_error": None,
                          "gbps": t_cols.gbps(cols.nbytes + x.nbytes)})
             if layout == "NCHW":
-                launch_gemm = lambda wt=wt, cols=cols, y=y: cv.gemm(wt.reshape(k, crs), cols, y.reshape(n, k, P * Q),
-                                                                     tf32=dtype == "float32")
+                gout = cp.empty((k, n * P * Q), dtype)
+                launch_gemm = lambda wt=wt, cols=cols, gout=gout: cv.gemm(wt.reshape(k, crs), cols, gout,
+                                                                           tf32=dtype == "float32")
             else:
                 launch_gemm = lambda wt=wt, cols=cols, y=y: cv.gemm(cols, wt.reshape(k, crs).T, y.reshape(n * P * Q, k),
                                                                      tf32=dtype == "float32")
@@ -160,8 +188,26 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                          "layout": layout, "kind": "part", "precision": dtype, **t_gemm.summary(),
                          "tflops": t_gemm.tflops(flops), "check_error": None})
             del cols
+            if layout == "NHWC" and dtype == "float16":
+                # every tile configuration, checked and timed; the fastest is the kernel's row (as Find does for
+                # cuDNN's algorithms)
+                configs_ms = {}
+                for cfg in cv.IGEMM_CONFIGS:
+                    launch = lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_implicit_gemm(x, wt, y, pad=pad, stride=stride,
+                                                                                  config=cfg)
+                    y.fill(cp.nan)
+                    launch()
+                    err = _rel_error_gpu(y, o["ref", dtype, layout])
+                    if not err <= cv.tolerance("float16", crs) * 2:
+                        raise runtime.CourseError(f"{cfg} gave a wrong result on {name}: error {err:.2e}")
+                    configs_ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+                best_cfg = min(configs_ms, key=configs_ms.get)
+                add(TC_DIRECT, dtype, layout, "direct", "float16",
+                    lambda x=x, wt=wt, y=y: cv.conv_implicit_gemm(x, wt, y, pad=pad, stride=stride, config=best_cfg), y)
+                rows[-1].update(config=best_cfg, configs_ms=configs_ms,
+                                rule_of_thumb=cv.igemm_choose(n * P * Q, k, runtime.get().device.get("sms", 132)))
             if layout == "NCHW":
-                add("CUDA C direct, register-tiled", dtype, layout, "direct", "float32" if dtype == "float32"
+                add(CORES_DIRECT, dtype, layout, "direct", "float32" if dtype == "float32"
                     else "float16", lambda x=x, wt=wt, y=y: cv.conv_direct(x, wt, y, pad=pad, stride=stride), y)
                 if dtype == "float32" and numba:
                     nx, nw, ny = (cuda.as_cuda_array(a) for a in (x, wt, y))
@@ -193,9 +239,10 @@ def targets(rows: list) -> dict:
         if r["kind"] == "im2col" and r["precision"] in ("tf32", "float16"):
             out[f"im2col+GEMM {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 2.0,
                                                               "met": r["of_cudnn_fastest"] <= 2.0}
-        if r["kind"] == "direct" and r["name"].startswith("CUDA C"):
-            out[f"direct {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 5.0,
-                                                         "met": r["of_cudnn_fastest"] <= 5.0}
+        if r["kind"] == "direct" and r["name"] in (CORES_DIRECT, TC_DIRECT):
+            how = "tensor cores" if r["name"] == TC_DIRECT else "CUDA cores"
+            out[f"direct ({how}) {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 5.0,
+                                                                 "met": r["of_cudnn_fastest"] <= 5.0}
     return out
 
 
@@ -274,11 +321,13 @@ def run() -> tuple:
 def find_text(table: list, title: str = "") -> str:
     """The seed's printf loop, as a table: algo, time, workspace, status."""
     lines = [title] if title else []
-    lines.append(f"{'':3} {'algorithm':24} {'time':>10} {'workspace':>12}  {'status':30} {'math':9} determ.")
+    lines.append(f"{'':3} {'algorithm':24} {'Find time':>10} {'timed':>10} {'workspace':>12}  {'status':30} "
+                 f"{'math':9} determ.")
     for i, r in enumerate(table):
         t = f"{r['time_ms']:.4f} ms" if r["time_ms"] is not None else "-"
+        timed = f"{r['timed_ms']:.4f} ms" if r.get("timed_ms") is not None else "-"
         ws = f"{r['workspace_bytes'] / MIB:.2f} MiB" if r["workspace_bytes"] is not None else "-"
-        lines.append(f"{i:3} {r['algo']:24} {t:>10} {ws:>12}  {r['status']:30} {r['math']:9} "
+        lines.append(f"{i:3} {r['algo']:24} {t:>10} {timed:>10} {ws:>12}  {r['status']:30} {r['math']:9} "
                      f"{'yes' if r['deterministic'] else 'no'}")
     return "\n".join(lines)
 
@@ -298,10 +347,12 @@ def layer_text(lt: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_find(table: list, source: str, title: str):
-    """cuDNN's algorithms for one layer: time of each (µs), with its workspace in the label."""
-    values = {f"{r['algo']} ({r['workspace_bytes'] / MIB:.1f} MiB)": r["time_ms"] * 1e3
-              for r in table if r["time_ms"] is not None}
+def plot_find(table: list, source: str, title: str, *, timed: bool = True):
+    """cuDNN's algorithms for one layer: time of each (µs; the course's timing, or Find's own), with its math
+    type and workspace in the label."""
+    key = "timed_ms" if timed else "time_ms"
+    values = {f"{r['algo']}, {r['math']} ({r['workspace_bytes'] / MIB:.1f} MiB)": r[key] * 1e3
+              for r in table if r.get(key) is not None}
     fig = plots.bars(values, unit="µs", source=source, title=title)
     failed = [f"{r['algo']}: {r['status']}" for r in table if r["time_ms"] is None]
     if failed:

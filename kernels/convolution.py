@@ -9,9 +9,11 @@ Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
   and the convolution as one GEMM over the im2col matrix, layout conversions (NCHW <-> NHWC, Keras's HWIO
   filters -> KCRS / KRSC).
 * A numba.cuda direct convolution, one thread per output element (runs in Numba's simulator): ``conv2d_numba``.
-* CUDA C kernels of kernels/cuda/convolution.cu through CuPy: im2col for NCHW and NHWC, and a register-tiled
-  direct convolution (``conv_direct``); ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS
-  (FP16 on tensor cores; FP32 as strict FP32 or as TF32 on tensor cores).
+* CUDA C kernels of kernels/cuda/convolution.cu through CuPy: im2col for NCHW and NHWC, a register-tiled
+  direct convolution on the CUDA cores (``conv_direct``) and a direct convolution on the tensor cores
+  (``conv_implicit_gemm``: WMMA, FP16 NHWC, im2col done in shared memory tile by tile, never written out);
+  ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS (FP16 on tensor cores; FP32 as strict FP32
+  or as TF32 on tensor cores).
 """
 from __future__ import annotations
 
@@ -34,6 +36,11 @@ LAYERS = {
     "conv4_x: 14x14, C=K=256": (32, 256, 14, 14, 256, 3, 3, 1, 1),
 }
 DIRECT_TILE = {"TQ": 16, "TP": 8, "KB": 64, "CB": 4, "threads": 256}  # as #defined in convolution.cu
+# the tensor-core direct kernel's tiles, as instantiated in convolution.cu: conv_igemm_<BM>x<BN>_w<WM>x<WN>_s<STAGES>
+IGEMM_CONFIGS = ("conv_igemm_128x128_w64x32_s3_nhwc_f16", "conv_igemm_128x64_w64x32_s3_nhwc_f16",
+                 "conv_igemm_128x64_w32x32_s4_nhwc_f16", "conv_igemm_64x128_w32x64_s3_nhwc_f16",
+                 "conv_igemm_64x64_w32x32_s3_nhwc_f16")
+IGEMM_BK = 32  # the slice of R S C one step takes: one filter tap, 32 channels
 
 
 # ============================================================================ shapes and arithmetic
@@ -319,7 +326,8 @@ def _grid_stride_blocks(total: int, threads: int = 256) -> int:
 
 
 def cols_shape(x_shape, r: int, s: int, pad=0, stride=1, dilation=1, layout: str = "NCHW") -> tuple:
-    """Shape of the im2col matrix: (N, C R S, P Q) for NCHW, (N P Q, R S C) for NHWC."""
+    """Shape of the GPU kernels' im2col matrix: (C R S, N P Q) for NCHW — im2col_spec's (N, C R S, P Q) with the
+    images side by side, so that the layer is one GEMM — and (N P Q, R S C) for NHWC (im2col_nhwc_spec's)."""
     if layout == "NCHW":
         n, c, h, w = x_shape
     elif layout == "NHWC":
@@ -327,12 +335,13 @@ def cols_shape(x_shape, r: int, s: int, pad=0, stride=1, dilation=1, layout: str
     else:
         raise runtime.CourseInputError(f"layout must be 'NCHW' or 'NHWC', not {layout!r}")
     _, _, P, Q = output_shape((n, c, h, w), (1, c, r, s), pad, stride, dilation)
-    return (n, c * r * s, P * Q) if layout == "NCHW" else (n * P * Q, r * s * c)
+    return (c * r * s, n * P * Q) if layout == "NCHW" else (n * P * Q, r * s * c)
 
 
 def im2col(x, cols, r: int, s: int, *, pad=0, stride=1, dilation=1, layout: str = "NCHW"):
     """The im2col matrix of x (CuPy, float32 or float16, NCHW or NHWC) into cols (see cols_shape), on the GPU.
-    For NHWC with C a multiple of 16 bytes' worth of elements, each thread copies 16 bytes at once."""
+    NCHW: a block per (row of cols, image), its threads along the output pixels. NHWC with C a multiple of 16
+    bytes' worth of elements: each thread copies 16 bytes (a pixel's channels are contiguous)."""
     _require_cupy(x=x, cols=cols)
     sfx = _suffix(x.dtype)
     runtime.check_device_array(x, "x", dtype=x.dtype, ndim=4)
@@ -345,11 +354,19 @@ def im2col(x, cols, r: int, s: int, *, pad=0, stride=1, dilation=1, layout: str 
     _, _, P, Q = output_shape((n, c, h, w), (1, c, r, s), pad, stride, dilation)
     (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
     args = tuple(np.int32(v) for v in (n, c, h, w, r, s, P, Q, ph, pw, sh, sw, dh, dw))
+    if layout == "NCHW":
+        if c * r * s > 65535 or n > 65535:
+            raise runtime.CourseInputError(f"im2col for NCHW takes C R S and N up to 65535, got {c * r * s} and {n}")
+        grid = (min(math.ceil(P * Q / 256), 64), c * r * s, n)
+        cuda_c.function(SOURCE, f"im2col_nchw_{sfx}")(grid, (256,), (x, cols, *args))
+        return cols
     vec = 16 // x.dtype.itemsize
-    if layout == "NHWC" and c % vec == 0:
+    if c % vec == 0:
         name, total = f"im2col_nhwc_vec_{sfx}", cols.size // vec
     else:
-        name, total = f"im2col_{layout.lower()}_{sfx}", cols.size
+        name, total = f"im2col_nhwc_{sfx}", cols.size
+    if total >= 2**31 - 2**24:
+        name += "_i64"
     cuda_c.function(SOURCE, name)((_grid_stride_blocks(total),), (256,), (x, cols, *args))
     return cols
 
@@ -366,7 +383,8 @@ def conv_im2col_gemm(x, w, y, *, pad=0, stride=1, dilation=1, layout: str = "NCH
                      cols=None):
     """y = conv2d(x, w) as im2col + one GEMM (GPU mode, CuPy arrays of one dtype, float32 or float16).
 
-    NCHW: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q): y[n] = w (K x CRS) @ cols[n] (CRS x PQ), a batched GEMM.
+    NCHW: x (N, C, H, W), w (K, C, R, S), y (N, K, P, Q): w (K x CRS) @ cols (CRS x NPQ) is one GEMM whose output,
+    K x N x PQ, is then transposed into y (a copy of the output).
     NHWC: x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K): y = cols (NPQ x RSC) @ w^T (RSC x K), one GEMM whose
     output is already NHWC. ``cols``: a buffer of cols_shape to reuse (else one is allocated: im2col's memory).
     ``tf32``: for float32 data, run the GEMM on TF32 tensor cores."""
@@ -380,7 +398,8 @@ def conv_im2col_gemm(x, w, y, *, pad=0, stride=1, dilation=1, layout: str = "NCH
         cols = cp.empty(shape, x.dtype)
     im2col(x, cols, r, s, pad=pad, stride=stride, dilation=dilation, layout=layout)
     if layout == "NCHW":
-        gemm(w.reshape(k, c * r * s), cols, y.reshape(n, k, P * Q), tf32=tf32)
+        out = gemm(w.reshape(k, c * r * s), cols, None, tf32=tf32)  # K x (N P Q)
+        y.reshape(n, k, P * Q)[...] = out.reshape(k, n, P * Q).transpose(1, 0, 2)
     else:
         gemm(cols, w.reshape(k, r * s * c).T, y.reshape(n * P * Q, k), tf32=tf32)
     return y
@@ -391,7 +410,8 @@ def direct_smem_bytes(r: int, s: int, stride=1, dilation=1) -> int:
     t = DIRECT_TILE
     (sh, sw), (dh, dw) = _pair(stride, "stride"), _pair(dilation, "dilation")
     ih, iw = (t["TP"] - 1) * sh + (r - 1) * dh + 1, (t["TQ"] - 1) * sw + (s - 1) * dw + 1
-    return (math.ceil(t["CB"] * ih * iw / 4) * 4 + t["KB"] * t["CB"] * r * s) * 4
+    iwp = iw + (12 - iw % 8) % 8  # the padded row pitch (bank conflicts), as in convolution.cu
+    return (math.ceil(t["CB"] * ih * iwp / 4) * 4 + t["KB"] * t["CB"] * r * s) * 4
 
 
 def conv_direct(x, w, y, *, pad=0, stride=1, dilation=1):
@@ -411,4 +431,62 @@ def conv_direct(x, w, y, *, pad=0, stride=1, dilation=1):
     name = f"conv_direct_nchw_{'3x3_' if (r, s) == (3, 3) else ''}{sfx}"
     args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
     cuda_c.function(SOURCE, name)(grid, (t["threads"],), (x, w, y, *args), shared_mem=smem)
+    return y
+
+
+# ================================================================ direct convolution on the tensor cores
+
+def igemm_config(name: str) -> dict:
+    """The tile of a tensor-core direct kernel, from its name: block BM x BN of y (pixels x output channels),
+    warps of WM x WN, STAGES shared-memory buffers; threads and shared memory per block."""
+    import re
+
+    m = re.fullmatch(r"conv_igemm_(\d+)x(\d+)_w(\d+)x(\d+)_s(\d+)_nhwc_f16", name)
+    if not m or name not in IGEMM_CONFIGS:
+        raise runtime.CourseInputError(f"no tensor-core convolution {name!r}; known: {', '.join(IGEMM_CONFIGS)}")
+    bm, bn, wm, wn, stages = map(int, m.groups())
+    warps = (bm // wm) * (bn // wn)
+    ld = IGEMM_BK + 8
+    smem = max(stages * (bm + bn) * ld * 2, warps * 16 * 16 * 4)
+    return {"name": name, "bm": bm, "bn": bn, "wm": wm, "wn": wn, "stages": stages, "threads": 32 * warps,
+            "smem_bytes": smem}
+
+
+def igemm_choose(m: int, k: int, sms: int = 132) -> str:
+    """The configuration for a layer with M = N P Q output pixels and K output channels: the largest tile
+    that still gives every SM a block (big tiles reuse each input more; too few blocks leave SMs idle), and
+    no wider than K needs. A rule of thumb: the benchmark times every configuration and keeps the fastest."""
+    fits = [igemm_config(n) for n in IGEMM_CONFIGS]
+    fits = [c for c in fits if c["bn"] <= max(64, k)]
+    for c in sorted(fits, key=lambda c: -c["bm"] * c["bn"]):
+        if math.ceil(m / c["bm"]) * math.ceil(k / c["bn"]) >= sms:
+            return c["name"]
+    return min(fits, key=lambda c: c["bm"] * c["bn"])["name"]
+
+
+_igemm_ready = set()
+
+
+def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None):
+    """y = conv2d(x, w) as a direct convolution on the tensor cores (GPU mode): CuPy float16 arrays in NHWC,
+    x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. The GEMM of im2col + GEMM without the im2col
+    matrix: each block gathers the input rows of its tile straight from x into shared memory. C must be a
+    multiple of 32 and K of 8. ``config``: one of IGEMM_CONFIGS (by default igemm_choose's)."""
+    _require_cupy(x=x, w=w, y=y)
+    (n, c, h, wd), (k, _, r, s), (_, _, P, Q) = _check_conv(x, w, y, np.float16, pad, stride, dilation, "NHWC")
+    if c % IGEMM_BK or k % 8:
+        raise runtime.CourseInputError(f"the tensor-core convolution needs C a multiple of {IGEMM_BK} and K a "
+                                       f"multiple of 8; got C={c}, K={k}")
+    if n * P * Q >= 2**31 or x.size >= 2**31:
+        raise runtime.CourseInputError("the tensor-core convolution indexes pixels with 32-bit integers")
+    cfg = igemm_config(config or igemm_choose(n * P * Q, k, runtime.get().device.get("sms", 132)))
+    fn = cuda_c.function(SOURCE, cfg["name"])
+    if cfg["name"] not in _igemm_ready:
+        if cfg["smem_bytes"] > 48 * 1024:  # more than 48 KiB of shared memory a block only when asked for
+            fn.max_dynamic_shared_size_bytes = cfg["smem_bytes"]
+        _igemm_ready.add(cfg["name"])
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    grid = (math.ceil(n * P * Q / cfg["bm"]), math.ceil(k / cfg["bn"]))
+    args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
+    fn(grid, (cfg["threads"],), (x, w, y, *args), shared_mem=cfg["smem_bytes"])
     return y
