@@ -43,12 +43,19 @@ DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
 SUFFIX = {"fp32": "f32", "fp16": "f16", "int8": "i8"}
 # Convolution kernels of engine.cu: name -> (pixels per block, channels per block, threads)
 CONV_KERNELS = {"simt_64x64": (64, 64, 256), "simt_64x32": (64, 32, 256), "simt_32x32": (32, 32, 256),
-                "wmma_64x64": (64, 64, 128), "wmma_64x32": (64, 32, 128), "wmma_128x32": (128, 32, 128)}
-CANDIDATES = {"fp32": ("simt_64x64", "simt_64x32", "simt_32x32"),
-              "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "simt_64x64", "simt_64x32", "simt_32x32"),
-              "int8": ("simt_64x64", "simt_64x32", "simt_32x32")}
+                "wmma_64x64": (64, 64, 128), "wmma_64x32": (64, 32, 128), "wmma_128x32": (128, 32, 128),
+                "wmmav_64x32": (64, 32, 128), "wmmav_128x32": (128, 32, 128), "wmmav_64x16": (64, 16, 128),
+                "wmmav_128x16": (128, 16, 128), "simtv_128x64": (128, 64, 256), "simtv_128x32": (128, 32, 256),
+                "simtv_64x32": (64, 32, 256), "simtv_128x16": (128, 16, 256), "simtv_64x16": (64, 16, 256)}
+SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
+        "simtv_64x16")
+CANDIDATES = {"fp32": SIMT,
+              "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
+                       "wmmav_128x16") + SIMT,
+              "int8": SIMT}
 DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64"}
 THREADS = 256  # elementwise kernels
+VECTOR = 8  # the wmmav kernels load 8 halves (16 bytes) at a time
 Q = 127  # symmetric INT8: values -127 .. 127
 
 
@@ -636,8 +643,13 @@ class Plan:
 
     @property
     def launches(self) -> int:
-        """Kernel launches per inference: one per step."""
+        """Kernels per inference: one per step."""
         return len(self.steps)
+
+    @property
+    def host_launches(self) -> int:
+        """Launches the host makes per inference: one graph launch with CUDA graphs, one per kernel without."""
+        return 1 if self.header.get("graphs") else len(self.steps)
 
     def save(self, path) -> Path:
         """Write the plan: an .npz (no pickle) of the weights and the JSON header with its checksum."""
@@ -704,10 +716,11 @@ def check_target(plan: Plan) -> None:
 
 
 def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_calib=None,
-               calibration: str = "percentile", tune: bool = True, name: str = "") -> Plan:
+               calibration: str = "percentile", tune: bool = True, name: str = "", graphs: bool = True) -> Plan:
     """Buffers, steps and weights for graph ``g`` (optimised or not) in ``precision``. INT8 needs
     ``x_calib`` (a sample of inputs) and a ``calibration`` method. On a GPU with ``tune``, every
-    convolution's kernel is chosen by timing each candidate on this GPU at ``max_batch``."""
+    convolution's kernel is chosen by timing each candidate on this GPU at ``max_batch``. ``graphs``: the
+    runtime replays the launches of each batch size as one CUDA graph (an Engine can override it)."""
     if precision not in PRECISIONS:
         raise runtime.CourseInputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if not isinstance(max_batch, int) or max_batch < 1:
@@ -822,34 +835,63 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
               "max_batch": max_batch, "arena": base, "input_shape": list(g.shapes[g.input]),
               "outputs": int(g.shapes[g.output][0]), "calibration": calibration if scales else None,
               "name": name, "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "steps": steps}
+              "graphs": bool(graphs), "steps": steps}
     plan = Plan(header, arrays)
     if tune and runtime.is_gpu():
         autotune(plan)
     return plan
 
 
+def kernel_fits(step: dict, kernel: str) -> bool:
+    """Whether a convolution kernel can run a conv step: the wmmav kernels load 8 channels of a pixel at once
+    (16 bytes), so the input's channels, pixel stride and first channel must be multiples of 8."""
+    if not kernel.startswith("wmmav"):
+        return True
+    src = step["src"]
+    return src["C"] % VECTOR == 0 and src["ld"] % VECTOR == 0 and (src["base"] + src["off"]) % VECTOR == 0
+
+
+def candidates(step: dict, precision: str) -> list:
+    """The kernels of CANDIDATES[precision] that can run this conv step."""
+    return [k for k in CANDIDATES[precision] if kernel_fits(step, k)]
+
+
 def autotune(plan: Plan, repeats: int = 10) -> dict:
     """Time every candidate kernel of every convolution on this GPU at the plan's max_batch and keep the
-    fastest (step["kernel"]); the timings stay in the plan (step["tuning"], ms)."""
+    fastest (step["kernel"]); the timings stay in the plan (step["tuning"], ms: GPU time of one launch,
+    ``bench.time_per_call``). A candidate is first run through a whole inference from a poisoned arena and
+    must give the logits of the default kernel (to FP16 rounding); one that does not is left out
+    (step["rejected"]) whatever its speed."""
     from gpucourse import bench
 
     runtime.require_gpu("auto-tuning")
-    eng = Engine(plan)
+    eng = Engine(plan, graphs=False)
     cp = runtime.cupy()
+    precision = plan.header["precision"]
     x = cp.asarray(np.random.default_rng(0).random((plan.header["max_batch"], *plan.header["input_shape"]),
                                                     np.float32))
-    eng.infer(x)
+
+    def logits():
+        eng.arena.fill(0 if precision == "int8" else np.nan)  # every value read must have been written
+        return eng.infer(x).get().astype(np.float64)
+
+    want = logits()
+    tol = 1e-4 if precision == "fp32" else 0.05
     convs = [s for s in plan.steps if s["kind"] == "conv"]
-    for step in bench.progress(convs, desc=f"auto-tuning {plan.header['precision']}"):
-        times = {}
-        for kernel in CANDIDATES[plan.header["precision"]]:
+    for step in bench.progress(convs, desc=f"auto-tuning {precision}"):
+        default, times, rejected = step["kernel"], {}, []
+        for kernel in candidates(step, precision):
             step["kernel"] = kernel
             eng.refresh(step["id"])
-            times[kernel] = bench.time_gpu(lambda: eng.run_step(step["id"], len(x)), repeats=repeats,
-                                           warmup=2).median_ms
+            got = logits()
+            if not np.all(np.abs(got - want) <= tol * (np.abs(want).max() + 1)):
+                rejected.append(kernel)
+                continue
+            times[kernel] = bench.time_per_call(lambda: eng.run_step(step["id"], len(x)), batch=8,
+                                                repeats=repeats, warmup=2).median_ms
         step["tuning"] = times
-        step["kernel"] = min(times, key=times.get)
+        step["rejected"] = rejected
+        step["kernel"] = min(times, key=times.get) if times else default
         eng.refresh(step["id"])
     return {s["name"]: s["tuning"] for s in convs}
 
@@ -858,18 +900,24 @@ def autotune(plan: Plan, repeats: int = 10) -> dict:
 
 class Engine:
     """Runs a plan: CUDA C kernels through CuPy in GPU mode, NumPy in CPU mode (same steps, same arithmetic:
-    FP16 storage with FP32 accumulation, INT8 storage with int32 accumulation). ``launches`` counts every
-    kernel launched since the engine was made."""
+    FP16 storage with FP32 accumulation, INT8 storage with int32 accumulation).
 
-    def __init__(self, plan: Plan, *, numpy: bool = False):
+    ``launches`` counts the kernels run since the engine was made, ``host_launches`` the launches the host
+    made for them: one per kernel when the steps are launched one by one ("eager"), one per inference when
+    a CUDA graph replays them all (plus one copy when the input is not already in ``input_buffer``)."""
+
+    def __init__(self, plan: Plan, *, numpy: bool = False, graphs: bool | None = None):
         """numpy=True runs the plan with the NumPy runtime whatever the mode (what the GPU kernels are checked
-        against)."""
+        against). graphs: replay each batch size's launches as one CUDA graph (GPU mode only); None takes the
+        plan's choice (build_plan's ``graphs``)."""
         check_target(plan)
         self.plan = plan
         self.precision = plan.header["precision"]
         self.dtype = DTYPES[self.precision]
         self.gpu = plan.header["target"]["kind"] == "gpu" and not numpy
+        self.graphs = bool(plan.header.get("graphs", False) if graphs is None else graphs) and self.gpu
         self.launches = 0
+        self.host_launches = 0
         self.max_batch = plan.header["max_batch"]
         if self.gpu:
             cp = runtime.cupy()
@@ -877,18 +925,26 @@ class Engine:
             self.dev = {k: cp.asarray(v) for k, v in plan.arrays.items()}
             self._fn = {}
             self._prepared = {}
+            self._graph = {}  # batch size -> cupy.cuda.Graph
         else:
             self.xp = np
             self.dev = plan.arrays
         self.arena = self.xp.zeros(plan.header["arena"], self.dtype)
         self.out = self.xp.zeros((self.max_batch, plan.header["outputs"]), np.float32)
+        # the input binding: where a CUDA graph reads the input (its kernels' arguments are fixed pointers)
+        self.input = self.xp.zeros((self.max_batch, *plan.header["input_shape"]), np.float32)
         self._x = None
+
+    def input_buffer(self, n: int):
+        """The engine's own input buffer for a batch of n: an input written here is read in place (no copy)."""
+        return self.input[:n]
 
     def refresh(self, step_id: int) -> None:
         """Forget the compiled kernel of a step (after its kernel choice changed)."""
         if self.gpu:
             self._fn.pop(step_id, None)
             self._prepared = {k: v for k, v in self._prepared.items() if k[0] != step_id}
+            self._graph.clear()  # a graph holds the kernels it was captured with
 
     # ------------------------------------------------------------------ the public call
     def infer(self, x):
@@ -905,6 +961,9 @@ class Engine:
         n = x.shape[0]
         if not 1 <= n <= self.max_batch:
             raise runtime.CourseInputError(f"a batch of {n}: this plan takes 1 to {self.max_batch} inputs")
+        if self.graphs:
+            self._infer_graph(x, n)
+            return self.out[:n]
         self._x = self.xp.ascontiguousarray(x)
         for step in self.plan.steps:
             self.run_step(step["id"], n)
@@ -913,7 +972,43 @@ class Engine:
     def run_step(self, i: int, n: int) -> None:
         step = self.plan.steps[i]
         self.launches += 1
+        self.host_launches += 1
         (self._gpu_step if self.gpu else self._numpy_step)(step, n)
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _infer_graph(self, x, n: int) -> None:
+        """One inference as one graph launch. The graph was captured with the input buffer's address, so an
+        input elsewhere is first copied there."""
+        binding = self.input[:n]
+        if x.data.ptr != binding.data.ptr:
+            binding[...] = x
+            self.host_launches += 1
+        graph = self._graph.get(n)
+        if graph is None:
+            graph = self._graph[n] = self.capture(n)
+        graph.launch()
+        self.launches += len(self.plan.steps)
+        self.host_launches += 1
+
+    def capture(self, n: int):
+        """The plan's launches for a batch of n, recorded once as a CUDA graph (cupy.cuda.Graph): CuPy's
+        stream capture records the kernels launched on a (non-default) stream instead of running them, and
+        ``graph.launch()`` then replays the whole sequence with one call from the host."""
+        runtime.require_gpu("capturing a CUDA graph")
+        cp = runtime.cupy()
+        self._x = self.input[:n]
+        for step in self.plan.steps:  # compile and prepare every kernel first: nothing may load during capture
+            self._gpu_step(step, n)
+        cp.cuda.Device().synchronize()
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                for step in self.plan.steps:
+                    self._gpu_step(step, n)
+            finally:
+                graph = stream.end_capture()
+        return graph
 
     # ------------------------------------------------------------------ NumPy
     def _view(self, loc, n):

@@ -7,6 +7,7 @@ import zipfile
 import numpy as np
 import pytest
 
+from benchmarks import inference_engine as bench_lesson
 from conftest import needs_compiler
 from gpucourse import records, runtime
 from kernels import cuda_c
@@ -139,10 +140,21 @@ def test_fp16_and_int8_within_one_point_of_fp32(model, plans):
 def test_launch_counts(model, plans):
     _, _, d = model
     assert plans["unfused"].launches == 29 and plans["fp32"].launches == 8
-    eng = E.Engine(plans["fp32"])
+    assert plans["fp32"].header["graphs"] and plans["fp32"].host_launches == 1
+    eng = E.Engine(plans["fp32"], graphs=False)
     eng.infer(d["x_test"][:3])
     eng.infer(d["x_test"][:1])
-    assert eng.launches == 2 * 8
+    assert eng.launches == eng.host_launches == 2 * 8
+
+
+def test_kernel_fits_needs_channels_in_eights(plans):
+    convs = [s for s in plans["fp16"].steps if s["kind"] == "conv"]
+    stem = convs[0]
+    assert stem["src"]["C"] == 1 and not E.kernel_fits(stem, "wmmav_64x32") and E.kernel_fits(stem, "wmma_64x32")
+    assert all("wmmav" not in k for k in E.candidates(stem, "fp16"))
+    big = [s for s in convs if s["kh"] > 1 and s["src"]["C"] > 1]
+    assert big and all(E.kernel_fits(s, "wmmav_64x32") for s in big)
+    assert E.candidates(big[0], "fp32") == list(E.CANDIDATES["fp32"])
 
 
 def test_engine_checks_its_input(plans):
@@ -342,29 +354,72 @@ def test_recorded_engines_are_right(record):
     assert record["gpu"]["name"].startswith("NVIDIA")
     assert rows["fused, FP32"]["max_diff_keras"] < 1e-3 and rows["layer by layer, FP32"]["max_diff_keras"] < 1e-3
     fp32 = rows["fused, FP32"]["accuracy"]
-    for name in ("fused, FP16", "fused, INT8", "layer by layer, FP16"):
+    for name in ("fused, FP16", "fused + graph, FP16", "fused + graph, INT8", "layer by layer, FP16"):
         assert rows[name]["accuracy"] >= fp32 - 0.01, name
-    for r in t["rows"]:
-        assert r["launches"] == r["launches_counted"] == (8 if r["fused"] else 29)
+    assert rows["fused + graph, FP32"]["accuracy"] == fp32  # the same kernels, launched another way
+    assert set(rows) == set(bench_lesson.ENGINES)
+    for r in t["rows"]:  # counted by the runtime at batch 1 and at the max batch
+        kernels = 8 if r["fused"] else 29
+        assert r["kernels"] == r["kernels_batch"] == r["plan_kernels"] == kernels, r["name"]
+        assert r["host_launches"] == r["host_launches_batch"] == (1 if r["graphs"] else kernels), r["name"]
     for r in record["figures"]["calibration"]["rows"]:
         assert r["accuracy"] >= fp32 - 0.01, r
     assert record["figures"]["plan"]["same_logits"]
 
 
+def test_recorded_ratios_are_the_rows(record):
+    """The ratios the lesson quotes are recomputed from the rows of the same run, not stored separately."""
+    t = record["figures"]["engines"]
+    assert t["ratios"] == pytest.approx(bench_lesson.ratios(t["rows"]))
+    assert t["targets"] == {"optimised_vs_layer": 2.0, "fp16_vs_fp32": 1.5}
+
+
 def test_recorded_speedups(record):
-    """What the lesson says about the record: the fused engines beat layer by layer by well over 1.5x at both
-    batch sizes (FP32 reaching the 2x target at batch 1), FP16 beats FP32 at batch 256, tuning picks the tensor
-    cores for FP16's large convolutions, and every plan's conv kernel is its fastest candidate."""
-    q = record["figures"]["engines"]["ratios"]
-    assert q["fused_vs_layer_fp32_latency"] >= 1.8 and q["fused_vs_layer_fp16_latency"] >= 1.8, q
-    assert q["fused_vs_layer_fp32_batch"] >= 1.5 and q["fused_vs_layer_fp16_batch"] >= 1.5, q
-    assert q["fp16_vs_fp32_fused_batch"] >= 1.2, q
+    """The lesson's targets, checked against the record: the optimised engine (fused + CUDA graph) at least
+    2x layer-by-layer execution at batch 1 and at batch 256, in FP32 and FP16, and FP16 at least 1.5x FP32 at
+    batch 256. Each target the record meets is asserted at its full value; for one it misses, the notebook
+    says so (engine_text prints "NOT met"), and the test checks only what the lesson then claims: the
+    figures are consistent with each other (graphs never slow an engine down much, fusion and graphs
+    together beat either alone, FP16 is faster than FP32)."""
+    t = record["figures"]["engines"]
+    q = t["ratios"]
+    met = bench_lesson.targets_met(t)
+    for what, (ratio, goal, ok) in met.items():
+        assert ok == (ratio >= goal), what
+    # batch 1 is where launches dominate: fusion and graphs together must reach the 2x target there
+    assert q["optimised_vs_layer_fp32_latency"] >= 2.0 and q["optimised_vs_layer_fp16_latency"] >= 2.0, q
+    for p in ("fp32", "fp16"):
+        for w in ("latency", "batch"):
+            assert q[f"optimised_vs_layer_{p}_{w}"] >= max(q[f"fusion_{p}_{w}"], q[f"graphs_{p}_{w}"]) * 0.95, (p, w)
+            assert q[f"graphs_{p}_{w}"] > 0.9 and q[f"fusion_{p}_{w}"] > 1.0, (p, w)
+        assert q[f"graphs_{p}_latency"] > 1.2, p  # at batch 1 one host launch instead of 8 must show
+    assert q["fp16_vs_fp32_batch"] > 1.0 and q["fp16_vs_fp32_batch_gpu"] > 1.0, q
     tuning = record["figures"]["tuning"]
     for rows in tuning.values():
         for r in rows:
             assert r["kernel"] == min(r["tuning_ms"], key=r["tuning_ms"].get)
+            assert not r["rejected"], r  # every candidate computed the right logits
     fp16 = {r["layer"]: r["kernel"] for r in tuning["fused, FP16"]}
     assert fp16["branch3x3"].startswith("wmma") and fp16["branch5x5"].startswith("wmma")
+
+
+def test_recorded_targets_as_the_lesson_states_them(record):
+    """Which targets the record meets, as the notebook states them: every one but FP32 at batch 256, which falls
+    just short because the two large convolutions, the same kernels in both engines, take about half of the
+    fused engine's GPU time (what fusion cannot remove). The notebook prints the figures from targets_met."""
+    t = record["figures"]["engines"]
+    met = bench_lesson.targets_met(t)
+    assert len(met) == 5
+    missed = {what: ratio for what, (ratio, _, ok) in met.items() if not ok}
+    assert set(missed) <= {"fused + graph over layer by layer, FP32, batch 256"}, missed
+    for ratio in missed.values():
+        assert ratio >= 1.9, missed  # "just short"
+        rows = {r["name"]: r for r in t["rows"]}
+        convs = {r["layer"]: r["tuning_ms"][r["kernel"]] for r in record["figures"]["tuning"]["fused, FP32"]}
+        assert convs["branch3x3"] + convs["branch5x5"] >= 0.4 * rows["fused + graph, FP32"]["batch_gpu_ms"]
+    text = bench_lesson.engine_text(record["figures"]["engines"])
+    for what, (_, _, ok) in met.items():
+        assert f"target {what}:" in text and ("NOT met" in text.split(f"target {what}:")[1].split("\n")[0]) != ok
 
 
 def test_recorded_cudnn_comparison(record):
@@ -373,6 +428,9 @@ def test_recorded_cudnn_comparison(record):
         pytest.skip(c["why"])
     for r in c["rows"]:
         assert r["status"] == "ok" and r["cudnn_error"] < (1e-5 if r["dtype"] == "float32" else 2e-3), r
+        ok = {a: v["ms"] for a, v in r["algorithms"].items() if v["status"] == "ok"}
+        assert r["cudnn_algo"] in ok and r["cudnn_ms"] == min(ok.values()), r  # cuDNN's fastest allowed algorithm
+        assert "hold" in r["timing"]
 
 
 # ------------------------------------------------------------------------------------ on a GPU
@@ -387,7 +445,7 @@ def test_every_conv_kernel_matches_the_numpy_runtime(model, precision):
     for kernel in E.CANDIDATES[precision]:
         for s in plan.steps:
             if s["kind"] == "conv":
-                s["kernel"] = kernel
+                s["kernel"] = kernel if E.kernel_fits(s, kernel) else E.DEFAULT_KERNEL[precision]
         got = E.predict(E.Engine(plan), x)
         ref = E.run_graph(stages[-1][1], x)
         if precision == "fp32":
@@ -419,8 +477,37 @@ def test_autotune_times_every_candidate(model):
     plan = E.build_plan(stages[-1][1], precision="fp16", max_batch=64, tune=True)
     for s in plan.steps:
         if s["kind"] == "conv":
-            assert set(s["tuning"]) == set(E.CANDIDATES["fp16"])
+            assert set(s["tuning"]) == set(E.candidates(s, "fp16")) and not s["rejected"]
             assert s["kernel"] == min(s["tuning"], key=s["tuning"].get)
+    assert any(s["kernel"].startswith("wmma") for s in plan.steps if s["kind"] == "conv")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_cuda_graph_replay_matches_eager(model, fused):
+    """A plan run as one captured CUDA graph gives the eager launches' logits exactly (the same kernels on
+    the same buffers), for several batch sizes (one graph each), with 1 host launch per inference, and an
+    input outside the engine's buffer is copied in (1 more launch)."""
+    _, stages, d = model
+    g = stages[-1][1] if fused else stages[0][1]
+    plan = E.build_plan(g, precision="fp16", max_batch=64, tune=False)
+    eager, graph = E.Engine(plan, graphs=False), E.Engine(plan)
+    assert graph.graphs and not eager.graphs
+    kernels = 8 if fused else 29
+    for n in (64, 5, 1, 5):
+        x = d["x_test"][:n]
+        want = eager.infer(x).get()
+        buf = graph.input_buffer(n)
+        buf[...] = runtime.cupy().asarray(x)
+        k0, h0 = graph.launches, graph.host_launches
+        got = graph.infer(buf).get()
+        assert np.array_equal(got, want), n
+        assert (graph.launches - k0, graph.host_launches - h0) == (kernels, 1)
+        got = graph.infer(runtime.cupy().asarray(d["x_test"][n:2 * n])).get()
+        assert np.array_equal(got, eager.infer(d["x_test"][n:2 * n]).get())
+    assert sorted(graph._graph) == [1, 5, 64]
+    assert graph.host_launches == 4 * 2 + 4  # a graph launch per inference, a copy for each foreign input
+    assert eager.host_launches == eager.launches == 8 * kernels
 
 
 @pytest.mark.gpu

@@ -10,7 +10,8 @@
 //    kernel height x width x input channels), with the CBR epilogue: + bias, ReLU, conversion to the
 //    activation type, and a destination per output channel (y_off[k], y_ld[k]). With no bias and no ReLU it
 //    is the plain convolution of the layer-by-layer engine.
-//    SIMT versions for float, half and int8 (int32 accumulation), and a WMMA (tensor core) version for half.
+//    SIMT versions for float, half and int8 (int32 accumulation), two ways of tiling them, and WMMA (tensor core) versions for half:
+//    one that loads 2 bytes at a time (any layer) and one that loads 16 (channels in multiples of 8).
 // 2. maxpool_*, head_* (average pool + flatten + dense), convert_in_* (the network's input into the arena).
 // 3. The layer-by-layer engine's separate kernels: bias_add_*, batchnorm_*, relu_*, concat_copy_*,
 //    avgpool_*, dense_*.
@@ -176,6 +177,113 @@ CONV_SIMT(conv_simt_64x64_i8, int8, 64, 64, 4, 4)
 CONV_SIMT(conv_simt_64x32_i8, int8, 64, 32, 4, 2)
 CONV_SIMT(conv_simt_32x32_i8, int8, 32, 32, 2, 2)
 
+// ---------------------------------------------------- 1a'. SIMT implicit GEMM, each thread's tile contiguous
+// The same staging as 1a, but thread (tm, tn) owns TM consecutive pixels and TN consecutive channels, so
+// its operands for one step of the reduction are TM and TN consecutive values in shared memory: read as
+// float4 / float2 (int4 / int2 for int8's int32 sums), 3 shared-memory loads for 16 multiply-adds where 1a
+// needs 6 for 8. Rows are padded by 4 values to keep those loads 16-byte aligned.
+template <typename A> struct Vec;
+template <> struct Vec<float> { typedef float4 v4; typedef float2 v2; };
+template <> struct Vec<int> { typedef int4 v4; typedef int2 v2; };
+
+template <typename A, int N>
+__device__ __forceinline__ void load_row(A (&r)[N], const A* p)
+{
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 4; ++i) {
+            typename Vec<A>::v4 v = reinterpret_cast<const typename Vec<A>::v4*>(p)[i];
+            r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
+        }
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N / 2; ++i) {
+            typename Vec<A>::v2 v = reinterpret_cast<const typename Vec<A>::v2*>(p)[i];
+            r[2 * i] = v.x; r[2 * i + 1] = v.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) r[i] = p[i];
+    }
+}
+
+template <typename T, int BM, int BN, int TM, int TN>
+__device__ void conv_simt_vec(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
+                              const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H,
+                              int W, int C, int K, int KH, int KW, int relu)
+{
+    typedef typename Acc<T>::type A;
+    const int BK = 16, THREADS = 256, PIX = BM * BK / THREADS;
+    static_assert((BM / TM) * (BN / TN) == THREADS, "one thread per TM x TN piece of the tile");
+    __shared__ __align__(16) A xs[BK][BM + 4];
+    __shared__ __align__(16) A ws[BK][BN];
+    int tid = threadIdx.x;
+    int tm = tid / (BN / TN), tn = tid % (BN / TN);
+    int M = N * H * W, R = KH * KW * C;
+    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+    int rr = tid % BK;
+    Pixel px[PIX];
+#pragma unroll
+    for (int j = 0; j < PIX; ++j) px[j] = pixel(m0 + tid / BK + j * (THREADS / BK), M, H, W);
+    A acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = (A)0;
+    for (int r0 = 0; r0 < R; r0 += BK) {
+        Tap t = tap(r0 + rr, R, C, KH, KW);
+#pragma unroll
+        for (int j = 0; j < PIX; ++j)
+            xs[rr][tid / BK + j * (THREADS / BK)] = to_acc(im2col(x, ldx, px[j], t, H, W), (A)0);
+        for (int e = tid; e < BK * BN; e += THREADS) {
+            int r = r0 + e / BN, k = k0 + e % BN;
+            ws[e / BN][e % BN] = (r < R && k < K) ? to_acc(w[(long long)r * K + k], (A)0) : (A)0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < BK; ++q) {
+            A a[TM], b[TN];
+            load_row(a, &xs[q][tm * TM]);
+            load_row(b, &ws[q][tn * TN]);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        int m = m0 + tm * TM + i;
+        if (m >= M) continue;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            int k = k0 + tn * TN + j;
+            if (k < K) epilogue(acc[i][j], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+        }
+    }
+}
+
+#define CONV_SIMT_VEC(NAME, T, BM, BN, TM, TN)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                          \
+    NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
+         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
+    {                                                                                                          \
+        conv_simt_vec<T, BM, BN, TM, TN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K,  \
+                                         KH, KW, relu);                                                        \
+    }
+
+#define CONV_SIMT_VEC_ALL(SUFFIX, T)                                \
+    CONV_SIMT_VEC(conv_simtv_128x64_##SUFFIX, T, 128, 64, 8, 4)     \
+    CONV_SIMT_VEC(conv_simtv_128x32_##SUFFIX, T, 128, 32, 8, 2)     \
+    CONV_SIMT_VEC(conv_simtv_64x32_##SUFFIX, T, 64, 32, 4, 2)       \
+    CONV_SIMT_VEC(conv_simtv_128x16_##SUFFIX, T, 128, 16, 8, 1)     \
+    CONV_SIMT_VEC(conv_simtv_64x16_##SUFFIX, T, 64, 16, 4, 1)
+
+CONV_SIMT_VEC_ALL(f32, float)
+CONV_SIMT_VEC_ALL(f16, half)
+CONV_SIMT_VEC_ALL(i8, int8)
+
 // ------------------------------------------------------------------- 1b. tensor cores (WMMA), half only
 // A block of 4 warps (WARPS_M x WARPS_N) computes BM pixels x BN channels; each warp FM x FN fragments of
 // 16 x 16 with FP32 accumulators. Per step of 16 along the reduction the block stages BM x 16 of the im2col
@@ -252,6 +360,98 @@ __device__ void conv_wmma(const half* x, int ldx, const half* w, const float* bi
 CONV_WMMA(conv_wmma_64x64_f16, 2, 2, 2, 2)
 CONV_WMMA(conv_wmma_64x32_f16, 4, 1, 1, 2)
 CONV_WMMA(conv_wmma_128x32_f16, 4, 1, 2, 2)
+
+// ------------------------------------------------------- 1c. tensor cores, fed 16 bytes at a time (half only)
+// The same tiles as 1b, with the loads that starve it fixed. When C, the input's pixel stride and its first
+// channel are multiples of 8 (the engine checks, see kernel_fits in engine.py), 8 consecutive reduction
+// indices are 8 consecutive channels of one input pixel: one 16-byte load (uint4) instead of eight 2-byte
+// ones, and the edge test is made once for the 8. A step covers 32 of the reduction (two mma per fragment
+// pair between barriers, half as many barriers), and the weights come in 16 bytes at a time too.
+template <int WARPS_M, int WARPS_N, int FM, int FN>
+__device__ void conv_wmma_vec(const half* x, int ldx, const half* w, const float* bias, const float* scale,
+                              half* y, const long long* y_off, const int* y_ld, const float* y_inv_scale, int N,
+                              int H, int W, int C, int K, int KH, int KW, int relu)
+{
+    const int BM = WARPS_M * FM * 16, BN = WARPS_N * FN * 16, BK = 32, THREADS = 128;
+    __shared__ __align__(32) half xs[BM][BK + 8];   // [pixel][r], ldm 40
+    __shared__ __align__(32) half ws[BK][BN + 8];   // [r][channel], ldm BN + 8
+    __shared__ __align__(32) float cs[BM][BN + 4];
+    int tid = threadIdx.x, warp = tid / 32;
+    int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    int M = N * H * W, R = KH * KW * C;
+    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+    bool k_vec = (K % 8) == 0;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[FN];
+    for (int r0 = 0; r0 < R; r0 += BK) {
+        for (int e = tid; e < BM * (BK / 8); e += THREADS) {  // im2col tile: BM pixels x 4 chunks of 8
+            int mm = e / (BK / 8), q = e % (BK / 8);
+            Pixel p = pixel(m0 + mm, M, H, W);
+            Tap t = tap(r0 + q * 8, R, C, KH, KW);
+            int hh = p.h + t.dy, ww = p.w + t.dx;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (p.valid && t.valid && hh >= 0 && hh < H && ww >= 0 && ww < W)
+                v = *reinterpret_cast<const uint4*>(x + (long long)(p.base + t.dy * W + t.dx) * ldx + t.c);
+            *reinterpret_cast<uint4*>(&xs[mm][q * 8]) = v;
+        }
+        for (int e = tid; e < BK * (BN / 8); e += THREADS) {  // weights: BK rows x BN / 8 chunks of 8
+            int rr = e / (BN / 8), kk = (e % (BN / 8)) * 8;
+            int r = r0 + rr, k = k0 + kk;
+            if (k_vec && r < R && k + 8 <= K) {
+                *reinterpret_cast<uint4*>(&ws[rr][kk]) = *reinterpret_cast<const uint4*>(w + (long long)r * K + k);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    ws[rr][kk + j] = (r < R && k + j < K) ? w[(long long)r * K + k + j] : __float2half(0.0f);
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int s = 0; s < BK; s += 16) {
+#pragma unroll
+            for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &xs[(wm * FM + i) * 16][s], BK + 8);
+#pragma unroll
+            for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &ws[s][(wn * FN + j) * 16], BN + 8);
+#pragma unroll
+            for (int i = 0; i < FM; ++i)
+#pragma unroll
+                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < FM; ++i)
+#pragma unroll
+        for (int j = 0; j < FN; ++j)
+            wmma::store_matrix_sync(&cs[(wm * FM + i) * 16][(wn * FN + j) * 16], acc[i][j], BN + 4,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < BM * BN; e += THREADS) {
+        int mm = e / BN, kk = e % BN;
+        int m = m0 + mm, k = k0 + kk;
+        if (m < M && k < K) epilogue(cs[mm][kk], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+    }
+}
+
+#define CONV_WMMA_VEC(NAME, WARPS_M, WARPS_N, FM, FN)                                                          \
+    extern "C" __global__ void __launch_bounds__(128)                                                          \
+    NAME(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,               \
+         const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K,  \
+         int KH, int KW, int relu)                                                                             \
+    {                                                                                                          \
+        conv_wmma_vec<WARPS_M, WARPS_N, FM, FN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, \
+                                                C, K, KH, KW, relu);                                           \
+    }
+
+CONV_WMMA_VEC(conv_wmmav_64x32_f16, 4, 1, 1, 2)
+CONV_WMMA_VEC(conv_wmmav_128x32_f16, 4, 1, 2, 2)
+CONV_WMMA_VEC(conv_wmmav_64x16_f16, 4, 1, 1, 1)
+CONV_WMMA_VEC(conv_wmmav_128x16_f16, 4, 1, 2, 1)
 
 // ------------------------------------------------------------------------------ 2. the other fused kernels
 
