@@ -283,8 +283,9 @@ class GradeReport:
         skipped = self.not_gradable
         if skipped:
             held = sum(t.max_points for t in skipped)
+            need = "more GPUs" if all(t.status == NOT_GRADABLE_GPUS for t in skipped) else "a GPU"
             total += (f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here; "
-                      f"{_num(held)} performance point{'s' if held != 1 else ''} need a GPU and were not given)")
+                      f"{_num(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
         lines.append(total)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
