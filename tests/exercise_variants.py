@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from gpucourse import grading
 
@@ -113,3 +114,73 @@ def assert_exercise_hides_the_answers(solution: Path, exercise: Path, answers: l
             visible = source[cell.get("id")].split("### BEGIN HIDDEN TESTS")[0]
             assert cell.source.strip() == visible.strip() and any(
                 line and not line.startswith("#") for line in visible.splitlines()), cell.get("id")
+
+
+# ------------------------------------------------------------------ one lesson's exercise tests, in one place
+
+class LessonExercises:
+    """The tests every lesson's exercises get through the real grader, in CPU mode: the solution earns every
+    point CPU mode can grade, the performance tests are "not gradable here", the released exercise earns
+    nothing, each known-wrong variant loses exactly the tests it should, the exercise is what nbgrader
+    generates from the solution, and it gives no answer away. tests/test_NN_exercises.py subclasses it as
+    ``class TestExercises(LessonExercises)`` and sets:
+
+    LESSON, NOTEBOOK: the lesson's id and its notebook's file name.
+    POINTS: {grade_id: points}, every graded test in notebook order.
+    VARIANTS: {edit(nb): the grade_ids it fails (or {grade_id: status})}; each edit changes the solution.
+    UNANSWERED: {grade_id: text its message holds in the blank exercise} ("NotImplementedError", ...).
+    ANSWERS: snippets of the solution that must not be released.
+    TIMEOUT: seconds per cell.
+
+    A subclass adds its own tests (what the feedback says) with the ``graded`` fixture: {"solution",
+    "exercise", variant name: GradeReport}."""
+
+    LESSON = NOTEBOOK = ""
+    POINTS: dict = {}
+    VARIANTS: dict = {}
+    UNANSWERED: dict = {}
+    ANSWERS: list = []
+    TIMEOUT = 60
+
+    @classmethod
+    def solution(cls) -> Path:
+        return grading.SOLUTIONS / cls.LESSON / cls.NOTEBOOK
+
+    @classmethod
+    def exercise(cls) -> Path:
+        return grading.EXERCISES / cls.LESSON / cls.NOTEBOOK
+
+    def pytest_generate_tests(self, metafunc):
+        if "variant" in metafunc.fixturenames:
+            metafunc.parametrize("variant", list(self.VARIANTS), ids=lambda v: v.__name__)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def graded(cls, tmp_path_factory):
+        """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
+        return graded_variants(tmp_path_factory.mktemp("graded"), cls.solution(), cls.exercise(), cls.VARIANTS,
+                               timeout=cls.TIMEOUT)
+
+    def test_solution_scores_every_gradable_point(self, graded):
+        assert_full_marks(graded["solution"], self.POINTS)
+        assert graded["solution"].notes == [], graded["solution"].notes
+
+    def test_performance_tests_are_not_gradable_in_cpu_mode(self, graded):
+        assert_performance_not_gradable(graded["solution"], self.POINTS)
+        for grade_id in (g for g in self.POINTS if g.startswith(grading.PERF_PREFIX)):
+            assert "not gradable in CPU mode" in graded["solution"].test(grade_id).message
+
+    def test_generated_exercise_scores_zero(self, graded):
+        report = graded["exercise"]
+        assert_scores_zero(report, self.POINTS)
+        for grade_id, text in self.UNANSWERED.items():
+            assert text in report.test(grade_id).message, report.format()
+
+    def test_wrong_variant_gets_exactly_its_partial_score(self, graded, variant):
+        assert_loses_exactly(graded[variant.__name__], self.POINTS, self.VARIANTS[variant])
+
+    def test_exercise_matches_generation(self):
+        assert grading.check_exercises([self.LESSON]) == []
+
+    def test_exercise_hides_the_answers(self):
+        assert_exercise_hides_the_answers(self.solution(), self.exercise(), self.ANSWERS)

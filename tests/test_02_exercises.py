@@ -5,31 +5,10 @@ here"; their GPU side is checked by running the solution notebook on a GPU (pyth
 from __future__ import annotations
 
 import pytest
-from exercise_variants import (
-    assert_exercise_hides_the_answers,
-    assert_full_marks,
-    assert_loses_exactly,
-    assert_performance_not_gradable,
-    assert_scores_zero,
-    fill_in_exercise,
-    graded_variants,
-    replace_in_cell,
-)
+from exercise_variants import LessonExercises, fill_in_exercise, replace_in_cell
 
-from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson02, pytest.mark.slow]
-
-LESSON = "02_warp_divergence"
-SOLUTION = grading.SOLUTIONS / LESSON / "warp_divergence.ipynb"
-EXERCISE = grading.EXERCISES / LESSON / "warp_divergence.ipynb"
-TIMEOUT = 60  # seconds per cell: the slowest, Task 2.2's kernel in the simulator, takes a few
-
-POINTS = {"test_2_1_element_of": 2, "test_2_1_kernel": 2, "test_2_1_warps": 1, "perf_2_1_regrouped": 2,
-          "test_2_2_model": 2, "test_2_2_kernel": 2, "test_2_2_launcher": 1, "perf_2_2_shuffle_sum": 2,
-          "test_2_3_cost": 1, "test_2_3_efficiency": 1, "test_2_3_expected_cost": 2, "test_2_3_slowdown": 1}
-PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
-GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
 
 
 def mixed_warps(nb):
@@ -86,76 +65,49 @@ def average_cost_in_exercise(nb):
     """The released exercise filled in, with expected_warp_cost = expected paths x the mean body: right when the
     two bodies cost the same, which is all the visible test tries; the hidden tests nbgrader puts back try
     bodies of different costs."""
-    fill_in_exercise(nb, SOLUTION, EXERCISE)
+    fill_in_exercise(nb, TestExercises.solution(), TestExercises.exercise())
     replace_in_cell(nb, "task-2-3-expected", "return rare * (1 - (1 - fraction) ** WARP) + common * (1 - fraction ** WARP)",
              "return wd.expected_paths(fraction) * (rare + common) / 2")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
 
 
 # variant -> the tests it fails (all others pass)
-VARIANTS = {
-    mixed_warps: ["test_2_1_element_of"],
-    kernel_ignores_mapping: ["test_2_1_warps"],
-    wrong_offsets: ["test_2_2_model", "test_2_2_kernel", "test_2_2_launcher"],
-    atomic_per_thread: ["test_2_2_kernel"],
-    early_return: ["test_2_2_kernel", "test_2_2_launcher"],
-    forgets_to_zero: ["test_2_2_launcher"],
-    blocks_of_1024: [],
-    no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
-    average_cost_in_exercise: ["test_2_3_expected_cost"],
-}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
+class TestExercises(LessonExercises):
+    LESSON = "02_warp_divergence"
+    NOTEBOOK = "warp_divergence.ipynb"
+    TIMEOUT = 60  # seconds per cell: the slowest, Task 2.2's kernel in the simulator, takes a few
+    POINTS = {"test_2_1_element_of": 2, "test_2_1_kernel": 2, "test_2_1_warps": 1, "perf_2_1_regrouped": 2,
+              "test_2_2_model": 2, "test_2_2_kernel": 2, "test_2_2_launcher": 1, "perf_2_2_shuffle_sum": 2,
+              "test_2_3_cost": 1, "test_2_3_efficiency": 1, "test_2_3_expected_cost": 2, "test_2_3_slowdown": 1}
+    VARIANTS = {
+        mixed_warps: ["test_2_1_element_of"],
+        kernel_ignores_mapping: ["test_2_1_warps"],
+        wrong_offsets: ["test_2_2_model", "test_2_2_kernel", "test_2_2_launcher"],
+        atomic_per_thread: ["test_2_2_kernel"],
+        early_return: ["test_2_2_kernel", "test_2_2_launcher"],
+        forgets_to_zero: ["test_2_2_launcher"],
+        blocks_of_1024: [],
+        no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
+        average_cost_in_exercise: ["test_2_3_expected_cost"],
+    }
+    UNANSWERED = {"test_2_1_element_of": "NotImplementedError", "test_2_1_kernel": "NotImplementedError",
+                  "test_2_2_model": "NotImplementedError", "test_2_2_kernel": "NotImplementedError",
+                  "test_2_3_expected_cost": "NotImplementedError", "test_2_3_cost": "NameError"}
+    ANSWERS = ["(t // 64) * 64", "shfl_down_sync(FULL_MASK, acc"]
 
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
 
-def test_solution_scores_every_gradable_point(graded):
-    assert_full_marks(graded["solution"], POINTS)
-    assert graded["solution"].notes == [], graded["solution"].notes
-
-
-def test_performance_tests_are_not_gradable_in_cpu_mode(graded):
-    assert_performance_not_gradable(graded["solution"], POINTS)
-    for grade_id in PERFORMANCE:
-        assert "not gradable in CPU mode" in graded["solution"].test(grade_id).message
-
-
-def test_generated_exercise_scores_zero(graded):
-    report = graded["exercise"]
-    assert_scores_zero(report, POINTS)
-    for grade_id in ("test_2_1_element_of", "test_2_1_kernel", "test_2_2_model", "test_2_2_kernel",
-                     "test_2_3_expected_cost"):
-        assert "NotImplementedError" in report.test(grade_id).message, report.format()
-    assert report.test("test_2_3_cost").message.startswith("NameError")
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
-def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
-
-
-def test_feedback_names_the_mistake(graded):
-    def message(variant, grade_id):
-        return graded[variant].test(grade_id).message
-
-    assert "threads 0..31 holds 2 paths" in message("mixed_warps", "test_2_1_element_of")
-    assert "element_of gives its threads" in message("kernel_ignores_mapping", "test_2_1_warps")
-    assert "want 499500" in message("wrong_offsets", "test_2_2_model")
-    assert "the exact sum is" in message("wrong_offsets", "test_2_2_kernel")
-    assert "ran [0] shuffles" in message("atomic_per_thread", "test_2_2_kernel")
-    assert "33 elements: got nan" in message("early_return", "test_2_2_kernel")  # a hidden test
-    assert "got nan" in message("forgets_to_zero", "test_2_2_launcher")
-    assert "the model gives 31" in message("no_serialisation", "test_2_3_cost")  # a hidden test
-    assert "the model gives 3.25" in message("no_serialisation", "test_2_3_slowdown")
-    assert "expected_warp_cost(0.015625, 10, 1)" in message("average_cost_in_exercise", "test_2_3_expected_cost")
-
-
-def test_exercise_matches_generation():
-    assert grading.check_exercises([LESSON]) == []
-
-
-def test_exercise_hides_the_answers():
-    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["(t // 64) * 64", "shfl_down_sync(FULL_MASK, acc"])
+        assert "threads 0..31 holds 2 paths" in message("mixed_warps", "test_2_1_element_of")
+        assert "element_of gives its threads" in message("kernel_ignores_mapping", "test_2_1_warps")
+        assert "want 499500" in message("wrong_offsets", "test_2_2_model")
+        assert "the exact sum is" in message("wrong_offsets", "test_2_2_kernel")
+        assert "ran [0] shuffles" in message("atomic_per_thread", "test_2_2_kernel")
+        assert "33 elements: got nan" in message("early_return", "test_2_2_kernel")  # a hidden test
+        assert "got nan" in message("forgets_to_zero", "test_2_2_launcher")
+        assert "the model gives 31" in message("no_serialisation", "test_2_3_cost")  # a hidden test
+        assert "the model gives 3.25" in message("no_serialisation", "test_2_3_slowdown")
+        assert "expected_warp_cost(0.015625, 10, 1)" in message("average_cost_in_exercise", "test_2_3_expected_cost")

@@ -6,31 +6,10 @@ mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC)
 from __future__ import annotations
 
 import pytest
-from exercise_variants import (
-    assert_exercise_hides_the_answers,
-    assert_full_marks,
-    assert_loses_exactly,
-    assert_performance_not_gradable,
-    assert_scores_zero,
-    graded_variants,
-    replace_in_cell,
-)
+from exercise_variants import LessonExercises, replace_in_cell
 
-from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson03, pytest.mark.slow]
-
-LESSON = "03_tensor_cores"
-SOLUTION = grading.SOLUTIONS / LESSON / "tensor_cores.ipynb"
-EXERCISE = grading.EXERCISES / LESSON / "tensor_cores.ipynb"
-TIMEOUT = 60  # seconds per cell: the slowest, Task 3.1's hidden sizes in the simulator, takes about ten
-
-POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
-          "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
-          "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
-          "test_3_3_why": 1}
-PERFORMANCE = [g for g in POINTS if g.startswith(grading.PERF_PREFIX)]
-GRADABLE = sum(p for g, p in POINTS.items() if g not in PERFORMANCE)
 
 
 def no_second_barrier(nb):
@@ -78,60 +57,37 @@ def numpy_scalars(nb):
 
 
 # variant -> the tests it fails (all others pass)
-VARIANTS = {
-    no_second_barrier: ["test_3_1_results"],
-    products_from_global: ["test_3_1_loads"],
-    row_major_b: ["test_3_2_compiles"],
-    does_not_compile: ["test_3_2_compiles"],
-    endpoint_slope: ["test_3_3_exponent"],
-    linear_explanation: ["test_3_3_why"],
-    numpy_scalars: ["test_3_3_errors"],
-}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
+class TestExercises(LessonExercises):
+    LESSON = "03_tensor_cores"
+    NOTEBOOK = "tensor_cores.ipynb"
+    TIMEOUT = 60  # seconds per cell: the slowest, Task 3.1's hidden sizes in the simulator, takes about ten
+    POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
+              "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
+              "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
+              "test_3_3_why": 1}
+    VARIANTS = {
+        no_second_barrier: ["test_3_1_results"],
+        products_from_global: ["test_3_1_loads"],
+        row_major_b: ["test_3_2_compiles"],
+        does_not_compile: ["test_3_2_compiles"],
+        endpoint_slope: ["test_3_3_exponent"],
+        linear_explanation: ["test_3_3_why"],
+        numpy_scalars: ["test_3_3_errors"],
+    }
+    UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
+                  "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
+                  "test_3_2_compiles": "NameError"}
+    ANSWERS = ["wmma::col_major> b", "np.polyfit", 'why = "B"']
 
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
 
-def test_solution_scores_every_gradable_point(graded):
-    assert_full_marks(graded["solution"], POINTS)
-    assert graded["solution"].notes == [], graded["solution"].notes
-
-
-def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
-    assert_performance_not_gradable(graded["solution"], POINTS)
-
-
-def test_generated_exercise_scores_zero(graded):
-    report = graded["exercise"]
-    assert_scores_zero(report, POINTS)
-    for grade_id in ("test_3_1_results", "test_3_1_loads", "test_3_3_errors", "test_3_3_exponent"):
-        assert "NotImplementedError" in report.test(grade_id).message, report.format()
-    assert report.test("test_3_2_compiles").message.startswith("NameError")
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
-def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
-
-
-def test_feedback_names_the_mistake(graded):
-    def message(variant, grade_id):
-        return graded[variant].test(grade_id).message
-
-    assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
-    assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
-    assert "column-major" in message("row_major_b", "test_3_2_compiles")  # a hidden test
-    assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
-    assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
-    assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
-
-
-def test_exercise_matches_generation():
-    assert grading.check_exercises([LESSON]) == []
-
-
-def test_exercise_hides_the_answers():
-    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["wmma::col_major> b", "np.polyfit", 'why = "B"'])
+        assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
+        assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
+        assert "column-major" in message("row_major_b", "test_3_2_compiles")  # a hidden test
+        assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
+        assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
+        assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")

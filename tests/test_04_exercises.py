@@ -5,27 +5,10 @@ GPU side is checked by running the solution notebook on a GPU (python -m gpucour
 from __future__ import annotations
 
 import pytest
-from exercise_variants import (
-    assert_exercise_hides_the_answers,
-    assert_full_marks,
-    assert_loses_exactly,
-    assert_performance_not_gradable,
-    assert_scores_zero,
-    graded_variants,
-    replace_in_cell,
-)
+from exercise_variants import LessonExercises, replace_in_cell
 
-from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson04, pytest.mark.slow]
-
-LESSON = "04_convolution"
-SOLUTION = grading.SOLUTIONS / LESSON / "convolution.ipynb"
-EXERCISE = grading.EXERCISES / LESSON / "convolution.ipynb"
-TIMEOUT = 60  # seconds per cell: Task 4.2's hidden cases in the simulator take a few
-
-POINTS = {"test_4_1_size": 2, "test_4_2_results": 3, "perf_4_2_speed": 2, "test_4_3_im2col": 3,
-          "test_4_4_choose": 2, "test_4_4_answers": 2}
 
 
 def no_dilation(nb):
@@ -64,58 +47,31 @@ def strict_limit(nb):
     replace_in_cell(nb, "task-4-4-choose", 'row["workspace_bytes"] <= limit', 'row["workspace_bytes"] < limit')
 
 
-VARIANTS = {
-    no_dilation: ["test_4_1_size", "test_4_3_im2col"],  # Task 4.3's im2col uses output_size
-    flipped_filter: ["test_4_2_results"],
-    no_relu: ["test_4_2_results"],
-    taps_outermost: ["test_4_3_im2col"],
-    trusts_failed_rows: ["test_4_4_choose"],
-    strict_limit: ["test_4_4_choose", "test_4_4_answers"],  # with limit 0, nothing is below it
-}
+class TestExercises(LessonExercises):
+    LESSON = "04_convolution"
+    NOTEBOOK = "convolution.ipynb"
+    TIMEOUT = 60  # seconds per cell: Task 4.2's hidden cases in the simulator take a few
+    POINTS = {"test_4_1_size": 2, "test_4_2_results": 3, "perf_4_2_speed": 2, "test_4_3_im2col": 3,
+              "test_4_4_choose": 2, "test_4_4_answers": 2}
+    VARIANTS = {
+        no_dilation: ["test_4_1_size", "test_4_3_im2col"],  # Task 4.3's im2col uses output_size
+        flipped_filter: ["test_4_2_results"],
+        no_relu: ["test_4_2_results"],
+        taps_outermost: ["test_4_3_im2col"],
+        trusts_failed_rows: ["test_4_4_choose"],
+        strict_limit: ["test_4_4_choose", "test_4_4_answers"],  # with limit 0, nothing is below it
+    }
+    UNANSWERED = {"test_4_1_size": "NotImplementedError", "test_4_3_im2col": "NotImplementedError",
+                  "test_4_4_choose": "NotImplementedError"}
+    ANSWERS = ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
+               "max(acc + b[k]"]
 
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
-
-
-def test_solution_scores_every_gradable_point(graded):
-    assert_full_marks(graded["solution"], POINTS)
-    assert graded["solution"].notes == [], graded["solution"].notes
-
-
-def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
-    assert_performance_not_gradable(graded["solution"], POINTS)
-
-
-def test_generated_exercise_scores_zero(graded):
-    report = graded["exercise"]
-    assert_scores_zero(report, POINTS)
-    for grade_id in ("test_4_1_size", "test_4_3_im2col", "test_4_4_choose"):
-        assert "NotImplementedError" in report.test(grade_id).message, report.format()
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
-def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
-
-
-def test_feedback_names_the_mistake(graded):
-    def message(variant, grade_id):
-        return graded[variant].test(grade_id).message
-
-    assert "want 28" in message("no_dilation", "test_4_1_size")  # a hidden test: 3 taps dilated by 2, pad 2
-    assert "cross-correlation" in message("flipped_filter", "test_4_2_results")
-    assert "ReLU is missing" in message("no_relu", "test_4_2_results")
-    assert "c R S + r S + s" in message("taps_outermost", "test_4_3_im2col")
-    assert "chose" in message("trusts_failed_rows", "test_4_4_choose")
-
-
-def test_exercise_matches_generation():
-    assert grading.check_exercises([LESSON]) == []
-
-
-def test_exercise_hides_the_answers():
-    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
-                                                           "max(acc + b[k]"])
+        assert "want 28" in message("no_dilation", "test_4_1_size")  # a hidden test: 3 taps dilated by 2, pad 2
+        assert "cross-correlation" in message("flipped_filter", "test_4_2_results")
+        assert "ReLU is missing" in message("no_relu", "test_4_2_results")
+        assert "c R S + r S + s" in message("taps_outermost", "test_4_3_im2col")
+        assert "chose" in message("trusts_failed_rows", "test_4_4_choose")

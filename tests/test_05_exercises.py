@@ -5,28 +5,10 @@ their GPU side is checked by running the solution notebook on a GPU (python -m g
 from __future__ import annotations
 
 import pytest
-from exercise_variants import (
-    assert_exercise_hides_the_answers,
-    assert_full_marks,
-    assert_loses_exactly,
-    assert_performance_not_gradable,
-    assert_scores_zero,
-    graded_variants,
-    replace_in_cell,
-)
+from exercise_variants import LessonExercises, replace_in_cell
 
-from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson05, pytest.mark.slow]
-
-LESSON = "05_inference_engine"
-SOLUTION = grading.SOLUTIONS / LESSON / "inference_engine.ipynb"
-EXERCISE = grading.EXERCISES / LESSON / "inference_engine.ipynb"
-TIMEOUT = 60  # seconds per cell; the slowest, Task 5.1's hidden layers in the simulator, takes a few
-
-POINTS = {"test_5_1_results": 3, "test_5_1_fused": 1, "perf_5_1_speed": 2,
-          "test_5_2_fold": 3, "test_5_2_stem": 1,
-          "test_5_3_scale": 1, "test_5_3_quantize": 2, "test_5_3_roundtrip": 1, "perf_5_3_speed": 1}
 
 
 def no_relu(nb):
@@ -70,59 +52,34 @@ def no_clip(nb):
 
 
 # variant -> the tests it fails (all others pass)
-VARIANTS = {
-    no_relu: ["test_5_1_results"],
-    relu_in_a_second_pass: ["test_5_1_fused"],
-    no_padding_check: ["test_5_1_results", "test_5_1_fused"],
-    mean_not_subtracted: ["test_5_2_fold", "test_5_2_stem"],
-    zero_scale: ["test_5_3_scale"],
-    round_half_up: ["test_5_3_quantize"],
-    no_clip: ["test_5_3_quantize", "test_5_3_roundtrip"],
-}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
+class TestExercises(LessonExercises):
+    LESSON = "05_inference_engine"
+    NOTEBOOK = "inference_engine.ipynb"
+    TIMEOUT = 60  # seconds per cell; the slowest, Task 5.1's hidden layers in the simulator, takes a few
+    POINTS = {"test_5_1_results": 3, "test_5_1_fused": 1, "perf_5_1_speed": 2,
+              "test_5_2_fold": 3, "test_5_2_stem": 1,
+              "test_5_3_scale": 1, "test_5_3_quantize": 2, "test_5_3_roundtrip": 1, "perf_5_3_speed": 1}
+    VARIANTS = {
+        no_relu: ["test_5_1_results"],
+        relu_in_a_second_pass: ["test_5_1_fused"],
+        no_padding_check: ["test_5_1_results", "test_5_1_fused"],
+        mean_not_subtracted: ["test_5_2_fold", "test_5_2_stem"],
+        zero_scale: ["test_5_3_scale"],
+        round_half_up: ["test_5_3_quantize"],
+        no_clip: ["test_5_3_quantize", "test_5_3_roundtrip"],
+    }
+    UNANSWERED = {"test_5_1_results": "NotImplementedError", "test_5_2_fold": "NotImplementedError",
+                  "test_5_3_scale": "NotImplementedError"}
+    ANSWERS = ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
+               "acc += x[n, hh, ww, c]"]
 
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
 
-def test_solution_scores_every_gradable_point(graded):
-    assert_full_marks(graded["solution"], POINTS)
-    assert graded["solution"].notes == [], graded["solution"].notes
-
-
-def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
-    assert_performance_not_gradable(graded["solution"], POINTS)
-
-
-def test_generated_exercise_scores_zero(graded):
-    report = graded["exercise"]
-    assert_scores_zero(report, POINTS)
-    for grade_id in ("test_5_1_results", "test_5_2_fold", "test_5_3_scale"):
-        assert "NotImplementedError" in report.test(grade_id).message or "NameError" in report.test(grade_id).message, \
-            report.format()
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
-def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
-
-
-def test_feedback_names_the_mistake(graded):
-    def message(variant, grade_id):
-        return graded[variant].test(grade_id).message
-
-    assert "without the ReLU" in message("no_relu", "test_5_1_results")
-    assert "reading y back" in message("relu_in_a_second_pass", "test_5_1_fused")
-    assert "batchnorm(conv(x, w) + b)" in message("mean_not_subtracted", "test_5_2_fold")
-    assert "round half to even" in message("round_half_up", "test_5_3_quantize")  # a hidden test
-
-
-def test_exercise_matches_generation():
-    assert grading.check_exercises([LESSON]) == []
-
-
-def test_exercise_hides_the_answers():
-    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
-                                                           "acc += x[n, hh, ww, c]"])
+        assert "without the ReLU" in message("no_relu", "test_5_1_results")
+        assert "reading y back" in message("relu_in_a_second_pass", "test_5_1_fused")
+        assert "batchnorm(conv(x, w) + b)" in message("mean_not_subtracted", "test_5_2_fold")
+        assert "round half to even" in message("round_half_up", "test_5_3_quantize")  # a hidden test

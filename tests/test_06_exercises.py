@@ -7,28 +7,10 @@ solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode
 from __future__ import annotations
 
 import pytest
-from exercise_variants import (
-    assert_exercise_hides_the_answers,
-    assert_full_marks,
-    assert_loses_exactly,
-    assert_performance_not_gradable,
-    assert_scores_zero,
-    graded_variants,
-    replace_in_cell,
-)
+from exercise_variants import LessonExercises, replace_in_cell
 
-from gpucourse import grading
 
 pytestmark = [pytest.mark.lesson06, pytest.mark.slow]
-
-LESSON = "06_collectives"
-SOLUTION = grading.SOLUTIONS / LESSON / "collectives.ipynb"
-EXERCISE = grading.EXERCISES / LESSON / "collectives.ipynb"
-TIMEOUT = 60  # seconds per cell; the slowest takes well under one
-
-POINTS = {"test_6_1_time": 2, "test_6_1_best": 1, "test_6_2_data": 2, "test_6_2_pipelined": 2,
-          "test_6_3_results": 2, "test_6_3_traffic": 1, "test_6_4_gradients": 2,
-          "test_6_5_schedule": 2, "perf_6_5_results": 2, "perf_6_5_speed": 2}
 
 
 def no_latency_steps(nb):
@@ -116,69 +98,45 @@ def pull_without_waiting(nb):
 """, "")
 
 
-VARIANTS = {
-    no_latency_steps: ["test_6_1_time"],
-    rounded_optimum: ["test_6_1_best"],
-    root_is_zero: ["test_6_2_data"],
-    store_and_forward: ["test_6_2_pipelined"],
-    whole_buffer: ["test_6_2_pipelined"],
-    store_not_add: ["test_6_3_results", "test_6_4_gradients"],
-    pass_whole_arrays: ["test_6_3_traffic"],
-    sum_not_mean: ["test_6_4_gradients"],
-    pull_on_sender: ["test_6_5_schedule"],
-    pull_without_waiting: ["test_6_5_schedule"],
-}
+class TestExercises(LessonExercises):
+    LESSON = "06_collectives"
+    NOTEBOOK = "collectives.ipynb"
+    TIMEOUT = 60  # seconds per cell; the slowest takes well under one
+    POINTS = {"test_6_1_time": 2, "test_6_1_best": 1, "test_6_2_data": 2, "test_6_2_pipelined": 2,
+              "test_6_3_results": 2, "test_6_3_traffic": 1, "test_6_4_gradients": 2,
+              "test_6_5_schedule": 2, "perf_6_5_results": 2, "perf_6_5_speed": 2}
+    VARIANTS = {
+        no_latency_steps: ["test_6_1_time"],
+        rounded_optimum: ["test_6_1_best"],
+        root_is_zero: ["test_6_2_data"],
+        store_and_forward: ["test_6_2_pipelined"],
+        whole_buffer: ["test_6_2_pipelined"],
+        store_not_add: ["test_6_3_results", "test_6_4_gradients"],
+        pass_whole_arrays: ["test_6_3_traffic"],
+        sum_not_mean: ["test_6_4_gradients"],
+        pull_on_sender: ["test_6_5_schedule"],
+        pull_without_waiting: ["test_6_5_schedule"],
+    }
+    UNANSWERED = {"test_6_1_time": "NotImplementedError", "test_6_1_best": "NotImplementedError",
+                  "test_6_2_data": "NotImplementedError", "test_6_2_pipelined": "NotImplementedError",
+                  "test_6_3_results": "NotImplementedError", "test_6_3_traffic": "NotImplementedError",
+                  "test_6_4_gradients": "NotImplementedError", "test_6_5_schedule": "NotImplementedError"}
+    ANSWERS = ["(S + k - 2) * (alpha + N / (S * B))",
+               "pos = (comm.rank - root) % comm.size",
+               "col.unflatten(v / k, grads[0])",
+               "stream = ring.streams[j + 1]"]
 
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-    return graded_variants(tmp_path_factory.mktemp("graded"), SOLUTION, EXERCISE, VARIANTS, timeout=TIMEOUT)
-
-
-def test_solution_scores_every_gradable_point(graded):
-    assert_full_marks(graded["solution"], POINTS)
-    assert graded["solution"].notes == [], graded["solution"].notes
-
-
-def test_generated_exercise_scores_zero(graded):
-    report = graded["exercise"]
-    assert_scores_zero(report, POINTS)
-    for grade_id in (g for g in POINTS if not g.startswith(grading.PERF_PREFIX)):
-        assert "NotImplementedError" in report.test(grade_id).message, report.format()
-
-
-def test_gpu_tests_are_not_gradable_in_cpu_mode(graded):
-    assert_performance_not_gradable(graded["solution"], POINTS)
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS), ids=lambda v: v.__name__)
-def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
-    assert_loses_exactly(graded[variant.__name__], POINTS, VARIANTS[variant])
-
-
-def test_feedback_names_the_mistake(graded):
-    def message(variant, grade_id):
-        return graded[variant].test(grade_id).message
-
-    assert "want" in message("no_latency_steps", "test_6_1_time")
-    assert "takes" in message("rounded_optimum", "test_6_1_best")  # a hidden test
-    assert "unlike the root's" in message("root_is_zero", "test_6_2_data")
-    assert "as soon as it has arrived" in message("store_and_forward", "test_6_2_pipelined")
-    assert "one per chunk" in message("whole_buffer", "test_6_2_pipelined")
-    assert "differs from the sum" in message("store_not_add", "test_6_3_results")
-    assert "2 (k - 1)" in message("pass_whole_arrays", "test_6_3_traffic")
-    assert "whole batch" in message("sum_not_mean", "test_6_4_gradients")
-    assert "cannot be recorded" in message("pull_on_sender", "test_6_5_schedule")
-    assert "stale" in message("pull_without_waiting", "test_6_5_schedule")
-
-
-def test_exercise_matches_generation():
-    assert grading.check_exercises([LESSON]) == []
-
-
-def test_exercise_hides_the_answers():
-    assert_exercise_hides_the_answers(SOLUTION, EXERCISE, ["(S + k - 2) * (alpha + N / (S * B))",
-                                                           "pos = (comm.rank - root) % comm.size",
-                                                           "col.unflatten(v / k, grads[0])",
-                                                           "stream = ring.streams[j + 1]"])
+        assert "want" in message("no_latency_steps", "test_6_1_time")
+        assert "takes" in message("rounded_optimum", "test_6_1_best")  # a hidden test
+        assert "unlike the root's" in message("root_is_zero", "test_6_2_data")
+        assert "as soon as it has arrived" in message("store_and_forward", "test_6_2_pipelined")
+        assert "one per chunk" in message("whole_buffer", "test_6_2_pipelined")
+        assert "differs from the sum" in message("store_not_add", "test_6_3_results")
+        assert "2 (k - 1)" in message("pass_whole_arrays", "test_6_3_traffic")
+        assert "whole batch" in message("sum_not_mean", "test_6_4_gradients")
+        assert "cannot be recorded" in message("pull_on_sender", "test_6_5_schedule")
+        assert "stale" in message("pull_without_waiting", "test_6_5_schedule")
