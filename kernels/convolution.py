@@ -10,7 +10,8 @@ Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
   filters -> KCRS / KRSC).
 * A numba.cuda direct convolution, one thread per output element (runs in Numba's simulator): ``conv2d_numba``.
 * CUDA C kernels of kernels/cuda/convolution.cu through CuPy: im2col for NCHW and NHWC, a register-tiled
-  direct convolution on the CUDA cores (``conv_direct``) and a direct convolution on the tensor cores
+  direct convolution on the CUDA cores (``conv_direct``), the same as an implicit GEMM with lesson 3's SGEMM
+  tiling (``conv_direct_cores``: strict FP32, NCHW, 8 x 8 outputs a thread) and a direct convolution on the tensor cores
   (``conv_implicit_gemm``: WMMA, FP16 NHWC, im2col done in shared memory tile by tile, never written out);
   ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS (FP16 on tensor cores; FP32 as strict FP32
   or as TF32 on tensor cores).
@@ -41,6 +42,14 @@ IGEMM_CONFIGS = ("conv_igemm_128x128_w64x32_s3_nhwc_f16", "conv_igemm_128x64_w64
                  "conv_igemm_128x64_w32x32_s4_nhwc_f16", "conv_igemm_64x128_w32x64_s3_nhwc_f16",
                  "conv_igemm_64x64_w32x32_s3_nhwc_f16")
 IGEMM_BK = 32  # the slice of R S C one step takes: one filter tap, 32 channels
+# the CUDA-core implicit GEMM (FP32, NCHW), as instantiated in convolution.cu: conv_cores_<BM>x<BN>_b<B>_nchw_f32,
+# BM output channels x BN output pixels a block, 8 x 8 a thread, compiled for B blocks an SM
+CORES_CONFIGS = ("conv_cores_128x128_b2_nchw_f32", "conv_cores_128x128_b1_nchw_f32",
+                 "conv_cores_64x128_b4_nchw_f32", "conv_cores_64x128_b1_nchw_f32",
+                 "conv_cores_128x64_b4_nchw_f32", "conv_cores_128x64_b1_nchw_f32",
+                 "conv_cores_64x64_b8_nchw_f32", "conv_cores_64x64_b1_nchw_f32")
+CORES_SPLITS = (1, 2)  # blocks that share one tile's C R S (2: partial sums added into y, order-independent)
+CORES_BK = 8  # the slice of C R S one step takes
 
 
 # ============================================================================ shapes and arithmetic
@@ -489,4 +498,59 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
     grid = (math.ceil(n * P * Q / cfg["bm"]), math.ceil(k / cfg["bn"]))
     args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
     fn(grid, (cfg["threads"],), (x, w, y, *args), shared_mem=cfg["smem_bytes"])
+    return y
+
+
+# ==================================================== direct convolution on the CUDA cores as an implicit GEMM
+
+def cores_config(name: str) -> dict:
+    """The tile of a CUDA-core implicit-GEMM kernel, from its name: BM output channels x BN output pixels a
+    block, 8 x 8 a thread, compiled for ``min_blocks`` blocks an SM; threads and shared memory per block."""
+    import re
+
+    m = re.fullmatch(r"conv_cores_(\d+)x(\d+)_b(\d+)_nchw_f32", name)
+    if not m or name not in CORES_CONFIGS:
+        raise runtime.CourseInputError(f"no CUDA-core convolution {name!r}; known: {', '.join(CORES_CONFIGS)}")
+    bm, bn, b = map(int, m.groups())
+    return {"name": name, "bm": bm, "bn": bn, "min_blocks": b, "threads": (bm // 8) * (bn // 8),
+            "smem_bytes": 2 * CORES_BK * ((bm + 4) + bn) * 4}
+
+
+def cores_choose(npq: int, k: int, sms: int = 132) -> tuple:
+    """(configuration, splits) for a layer with N P Q output pixels and K output channels, by a rule of thumb:
+    the largest tile no taller than K needs that still gives every SM two blocks of its own; if even the
+    smallest does not, split C R S in two. The benchmark times every choice and keeps the fastest."""
+    fits = [cores_config(n) for n in CORES_CONFIGS if cores_config(n)["min_blocks"] > 1]
+    fits = [c for c in fits if c["bm"] <= max(64, k)]
+    fits.sort(key=lambda c: -c["bm"] * c["bn"])
+    for splits in CORES_SPLITS:
+        for c in fits:
+            if math.ceil(npq / c["bn"]) * math.ceil(k / c["bm"]) * splits >= 2 * sms:
+                return c["name"], splits
+    return fits[-1]["name"], CORES_SPLITS[-1]
+
+
+def conv_direct_cores(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None,
+                      splits: int | None = None):
+    """y = conv2d(x, w) as an implicit GEMM on the CUDA cores (GPU mode): CuPy float32 arrays in NCHW, x (N, C, H,
+    W), w (K, C, R, S), y (N, K, P, Q); strict FP32 (FMA, no tensor cores), no extra memory. y (K x N P Q) =
+    w (K x C R S) @ the im2col matrix of x, whose tiles each block gathers straight from x into shared memory;
+    lesson 3's register tiling, 8 x 8 outputs a thread. ``config``: one of CORES_CONFIGS, ``splits``: one of
+    CORES_SPLITS (by default cores_choose's); with 2 splits y is zeroed first and two blocks add into it."""
+    _require_cupy(x=x, w=w, y=y)
+    (n, c, h, wd), (k, _, r, s), (_, _, P, Q) = _check_conv(x, w, y, np.float32, pad, stride, dilation)
+    if max(x.size, w.size, y.size) >= 2**31:
+        raise runtime.CourseInputError("the CUDA-core implicit GEMM indexes its arrays with 32-bit integers")
+    if config is None or splits is None:
+        c0, s0 = cores_choose(n * P * Q, k, runtime.get().device.get("sms", 132))
+        config, splits = config or c0, splits or s0
+    cfg = cores_config(config)
+    if splits not in CORES_SPLITS:
+        raise runtime.CourseInputError(f"splits must be one of {CORES_SPLITS}, got {splits}")
+    (ph, pw), (sh, sw), (dh, dw) = _pair(pad, "pad"), _pair(stride, "stride"), _pair(dilation, "dilation")
+    if splits > 1:
+        y.fill(0)
+    grid = (math.ceil(n * P * Q / cfg["bn"]), math.ceil(k / cfg["bm"]), splits)
+    args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
+    cuda_c.function(SOURCE, cfg["name"])(grid, (cfg["threads"],), (x, w, y, *args))
     return y

@@ -340,6 +340,48 @@ def test_tensor_core_direct_configs():
     assert cv.igemm_choose(100, 64) == "conv_igemm_64x64_w32x32_s3_nhwc_f16"
 
 
+@pytest.mark.parametrize("compiler", ["nvrtc", "auto"])
+def test_cuda_core_implicit_gemm_compiles(compiler):
+    """The CUDA-core implicit GEMM compiles (NVRTC, as a grader without nvcc would, and nvcc where present) to
+    strict FP32 FMAs fed from shared memory as float4, 8 x 8 x 8 = 512 of them a step per thread, with no tensor-core
+    instruction, no im2col buffer among its arguments and no local arrays; the split version adds atomically."""
+    from kernels import tensor_cores as tc
+
+    try:
+        tc.include_path_or_explain()
+        ptx = cuda_c.ptx_from_source(cuda_c.source(cv.SOURCE), "sm_90", filename="convolution.cu",
+                                     compiler=compiler)
+    except (ImportError, runtime.CourseError) as exc:  # no NVRTC or no CUDA headers on this machine
+        pytest.skip(f"cannot compile here: {str(exc).splitlines()[0]}")
+    for name in cv.CORES_CONFIGS:
+        body = _entry(ptx, name)
+        assert body.count("fma.rn.f32") == 8 * 8 * cv.CORES_BK, name
+        assert body.count("ld.shared.v4.f32") == 4 * cv.CORES_BK, name
+        assert "bar.sync" in body and "ld.global.nc.f32" in body, name
+        assert re.search(r"(red|atom)\.global\.add\.f32", body), f"{name}: the split version adds into y"
+        assert not re.search(r"mma|wgmma|\.f16|tf32", body), f"{name} must not use the tensor cores"
+        assert ".local" not in body, f"{name} keeps an array in local memory"
+        params = re.search(r"\((.*?)\)", body, re.S).group(1)
+        assert params.count(".param .u64") == 3, "x, w and y: no im2col matrix"
+
+
+def test_cuda_core_implicit_gemm_configs():
+    for name in cv.CORES_CONFIGS:
+        c = cv.cores_config(name)
+        assert c["threads"] == (c["bm"] // 8) * (c["bn"] // 8) and c["min_blocks"] in (1, 512 // c["threads"])
+        assert c["smem_bytes"] < 48 * 1024
+    with pytest.raises(runtime.CourseInputError, match="known"):
+        cv.cores_config("conv_cores_256x256_b1_nchw_f32")
+    for name, lay in cv.LAYERS.items():
+        n, c, h, w, k = lay[:5]
+        pick, splits = cv.cores_choose(n * h * w, k)
+        cfg = cv.cores_config(pick)
+        assert cfg["bm"] <= max(64, k) and splits in cv.CORES_SPLITS
+        assert math.ceil(n * h * w / cfg["bn"]) * math.ceil(k / cfg["bm"]) * splits >= 2 * 132, name
+    assert cv.cores_choose(10**6, 256) == ("conv_cores_128x128_b2_nchw_f32", 1)
+    assert cv.cores_choose(100, 8) == ("conv_cores_64x64_b8_nchw_f32", 2)
+
+
 def test_direct_kernel_shared_memory():
     assert cv.direct_smem_bytes(3, 3) == (4 * 10 * 20 + 64 * 4 * 9) * 4  # rows of 18 padded to 20
     assert cv.direct_smem_bytes(3, 3) < 48 * 1024
@@ -388,6 +430,8 @@ def test_recorded_direct_kernels_are_ordered(record):
     for lt in record["layers"]:
         direct = {r["name"]: r for r in lt["rows"] if r["kind"] == "direct" and r["dtype"] == "float32"}
         assert direct["CUDA C direct, register-tiled"]["tflops"] > direct["numba direct, one thread per output"]["tflops"]
+        assert direct["CUDA C direct on CUDA cores (implicit GEMM)"]["tflops"] > direct["CUDA C direct, register-tiled"][
+            "tflops"], lt["name"]
 
 
 def bench_lesson():
@@ -413,6 +457,12 @@ def test_recorded_layout_and_targets(record):
         assert lt["targets"]["direct (tensor cores) float16 NHWC"]["met"], lt["name"]
         cores = rows[lesson.CORES_DIRECT, "float32", "NCHW"]
         assert cores["tflops"] > 10 * rows["numba direct, one thread per output", "float32", "NCHW"]["tflops"]
+        igemm = rows[lesson.CORES_IGEMM, "float32", "NCHW"]
+        assert igemm["config"] in cv.CORES_CONFIGS and igemm["splits"] in cv.CORES_SPLITS
+        assert set(igemm["configs_ms"]) == {f"{c}/{s}" for c in cv.CORES_CONFIGS for s in cv.CORES_SPLITS}
+        assert igemm["median_ms"] < cores["median_ms"], lt["name"]
+        assert igemm["check_error"] <= cv.tolerance("float32", lt["crs"]) * 2
+        assert lt["targets"]["direct (CUDA cores) float32 NCHW"]["kernel"] == lesson.CORES_IGEMM
         for t in lt["targets"].values():
             assert t["met"] == (t["ratio"] <= t["limit"])
         for r in lt["rows"]:
@@ -450,6 +500,45 @@ def test_cuda_c_direct_and_im2col_on_gpu(rng, xs, ws, pad, stride, dilation, dty
         cv.conv_im2col_gemm(cp.asarray(cv.nchw_to_nhwc(x)), cp.asarray(cv.kcrs_to_krsc(w)), yn, pad=pad,
                             stride=stride, dilation=dilation, layout="NHWC", tf32=tf32)
         assert cv.rel_error(cv.nhwc_to_nchw(yn.get()), want) <= cv.tolerance("tf32" if tf32 else prec, crs)
+
+
+CORES_CASES = GPU_CASES + [((2, 5, 11, 10), (9, 5, 5, 3), (2, 1), 1, 1),   # a 5x3 filter
+                           ((3, 16, 9, 17), (130, 16, 1, 1), 0, 1, 1),    # 1x1, K past one 128-row tile
+                           ((2, 40, 13, 11), (66, 40, 3, 3), 1, 1, 1)]    # C R S = 360: many steps, ragged tiles
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("xs, ws, pad, stride, dilation", CORES_CASES)
+def test_cuda_core_implicit_gemm_matches_spec(rng, xs, ws, pad, stride, dilation):
+    """Every tile configuration and split, and the default choice, against float64 (strict FP32 tolerance)."""
+    cp = runtime.cupy()
+    x = rng.uniform(-1, 1, xs).astype(np.float32)
+    w = rng.uniform(-1, 1, ws).astype(np.float32)
+    want = cv.conv2d_spec(x, w, pad, stride, dilation)
+    crs = math.prod(ws[1:])
+    dx, dw = cp.asarray(x), cp.asarray(w)
+    y = cp.full(want.shape, cp.nan, cp.float32)
+    cv.conv_direct_cores(dx, dw, y, pad=pad, stride=stride, dilation=dilation)
+    assert cv.rel_error(y.get(), want) <= cv.tolerance("float32", crs)
+    for config in cv.CORES_CONFIGS:
+        for splits in cv.CORES_SPLITS:
+            y.fill(cp.nan)
+            cv.conv_direct_cores(dx, dw, y, pad=pad, stride=stride, dilation=dilation, config=config, splits=splits)
+            assert cv.rel_error(y.get(), want) <= cv.tolerance("float32", crs), (config, splits)
+
+
+@pytest.mark.gpu
+def test_cuda_core_implicit_gemm_checks_inputs():
+    cp = runtime.cupy()
+    x, w, y = cp.zeros((1, 4, 6, 6), cp.float32), cp.zeros((8, 4, 3, 3), cp.float32), cp.zeros((1, 8, 4, 4), cp.float32)
+    with pytest.raises(runtime.CourseInputError):
+        cv.conv_direct_cores(x.astype(cp.float16), w.astype(cp.float16), y.astype(cp.float16))
+    with pytest.raises(runtime.CourseInputError):
+        cv.conv_direct_cores(x, w, cp.zeros((1, 8, 6, 6), cp.float32))
+    with pytest.raises(runtime.CourseInputError, match="splits"):
+        cv.conv_direct_cores(x, w, y, config=cv.CORES_CONFIGS[0], splits=3)
+    with pytest.raises(runtime.CourseInputError, match="known"):
+        cv.conv_direct_cores(x, w, y, config="conv_cores_8x8_b1_nchw_f32", splits=1)
 
 
 @pytest.mark.gpu

@@ -374,3 +374,159 @@ CONV_IGEMM(128, 64, 64, 32, 3)   // 4 warps
 CONV_IGEMM(64, 64, 32, 32, 3)    // 4 warps
 CONV_IGEMM(128, 64, 32, 32, 4)   // 8 warps, four buffers
 CONV_IGEMM(64, 128, 32, 64, 3)   // 4 warps
+
+// ------------------------------------------------- direct convolution on the CUDA cores, as an implicit GEMM
+//
+// The same implicit GEMM in FP32 on the ordinary cores, for NCHW, with lesson 3's register-tiled SGEMM inside:
+//   y[n, :, p, q] (K x N*P*Q) = W (K x C*R*S) @ X (C*R*S x N*P*Q),  X[(c, r, s), (n, p, q)] = x[n, c, h, w] with
+//   h = p sh - ph + r dh, w = q sw - pw + s dw (zero outside the image): the im2col matrix, never written out.
+// A block computes a BM x BN tile of that product (BM output channels x BN output pixels); each of its
+// (BM/8) x (BN/8) threads keeps 8 x 8 accumulators: the channels ty*4 .. +3 and BM/2 + ty*4 .. +3 times the pixels
+// tx*4 .. +3 and BN/2 + tx*4 .. +3, read from shared memory as float4 (conflict-free, as in lesson 3). Each step
+// along C*R*S takes BK = 8 of it: the BM x 8 weights (contiguous rows of KCRS, stored transposed) and the 8 x BN
+// inputs, gathered straight from the NCHW image: a thread loads one (c, r, s) row for BN*8/THREADS pixels that are
+// THREADS/8 apart, so neighbouring threads read neighbouring pixels. The next step's loads go to registers while
+// the cores work on this one (two shared-memory buffers, one barrier a step). gridDim.z > 1 splits C*R*S among
+// blocks that add their partial sums into y (zeroed first): with 2 the sum 0 + a + b does not depend on the order.
+// Strict FP32: every product is an FMA on the CUDA cores.
+namespace cores {
+constexpr int BK = 8;
+
+template <int BM, int BN>
+__device__ __forceinline__ void conv_igemm_f32(const float* __restrict__ x, const float* __restrict__ w,
+                                               float* __restrict__ y, int N, int C, int H, int W, int K, int R,
+                                               int S, int P, int Q, int ph, int pw, int sh, int sw, int dh, int dw)
+{
+    constexpr int THREADS = (BM / 8) * (BN / 8);
+    constexpr int A_PER = BM * BK / THREADS, A_TPR = BK / A_PER;  // weights a thread loads a step; threads a row
+    constexpr int B_PER = BK * BN / THREADS, B_TPR = THREADS / BK;  // inputs a thread loads a step; threads a row
+    constexpr int AP = BM + 4;  // row pitch of the transposed weights: the transposing stores hit 32 banks
+    __shared__ __align__(16) float As[2][BK][AP];
+    __shared__ __align__(16) float Bs[2][BK][BN];
+
+    const int tid = threadIdx.x;
+    const int PQ = P * Q, NPQ = N * PQ, RS = R * S, CRS = C * RS, HW = H * W;
+    const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+    const int steps = (CRS + BK - 1) / BK, per = (steps + gridDim.z - 1) / gridDim.z;
+    const int step0 = blockIdx.z * per, step1 = min(steps, step0 + per);
+
+    // the weights this thread copies: row a_m of the tile, columns a_k .. a_k + A_PER - 1
+    const int a_m = tid / A_TPR, a_k = (tid % A_TPR) * A_PER;
+    const bool a_ok = m0 + a_m < K;
+    const float* wrow = w + (a_ok ? (m0 + a_m) * CRS : 0);
+    // the inputs: row b_k of the tile, pixels b_n + j B_TPR; for each, where its filter window starts
+    const int b_k = tid / B_TPR, b_n = tid % B_TPR;
+    int b_base[B_PER], b_h[B_PER], b_w[B_PER];
+#pragma unroll
+    for (int j = 0; j < B_PER; ++j) {
+        int col = n0 + b_n + j * B_TPR;
+        int n = col / PQ, pq = col - n * PQ, p = pq / Q, q = pq - p * Q;
+        b_h[j] = col < NPQ ? p * sh - ph : -(1 << 28);  // pixels past N P Q read nothing: never inside the image
+        b_w[j] = q * sw - pw;
+        b_base[j] = col < NPQ ? n * C * HW + b_h[j] * W + b_w[j] : 0;
+    }
+
+    float a_reg[A_PER], b_reg[B_PER];
+    auto load = [&](int step) {
+        const int kb = step * BK;
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) {
+            int kk = kb + a_k + i;
+            a_reg[i] = (a_ok && kk < CRS) ? __ldg(wrow + kk) : 0.0f;
+        }
+        const int crs = kb + b_k;
+        const int c = crs / RS, rs = crs - c * RS, r = rs / S, s = rs - r * S;
+        const int rh = r * dh, rw = s * dw, off = c * HW + rh * W + rw;
+        const bool row_ok = crs < CRS;
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) {
+            int h = b_h[j] + rh, wc = b_w[j] + rw;
+            bool ok = row_ok && (unsigned)h < (unsigned)H && (unsigned)wc < (unsigned)W;
+            b_reg[j] = ok ? __ldg(x + b_base[j] + off) : 0.0f;
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_PER; ++i) As[buf][a_k + i][a_m] = a_reg[i];
+#pragma unroll
+        for (int j = 0; j < B_PER; ++j) Bs[buf][b_k][b_n + j * B_TPR] = b_reg[j];
+    };
+
+    const int ty = tid / (BN / 8), tx = tid % (BN / 8);
+    float acc[8][8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    if (step0 < step1) {
+        load(step0);
+        store(0);
+    }
+    __syncthreads();
+    for (int step = step0; step < step1; ++step) {
+        const int buf = (step - step0) & 1;
+        const bool more = step + 1 < step1;
+        if (more) load(step + 1);  // in flight while the FMAs below run
+#pragma unroll
+        for (int kk = 0; kk < BK; ++kk) {
+            float4 a0 = *reinterpret_cast<const float4*>(&As[buf][kk][ty * 4]);
+            float4 a1 = *reinterpret_cast<const float4*>(&As[buf][kk][BM / 2 + ty * 4]);
+            float4 b0 = *reinterpret_cast<const float4*>(&Bs[buf][kk][tx * 4]);
+            float4 b1 = *reinterpret_cast<const float4*>(&Bs[buf][kk][BN / 2 + tx * 4]);
+            float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+            float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (more) store(buf ^ 1);
+        __syncthreads();
+    }
+
+    // y[n, k, p, q]: column (n, p, q) of the tile is at n K P Q + p Q + q, row k adds k P Q
+    int y_off[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        int col = n0 + (j < 4 ? tx * 4 + j : BN / 2 + tx * 4 + j - 4);
+        int n = col / PQ;
+        y_off[j] = col < NPQ ? n * K * PQ + (col - n * PQ) : -1;
+    }
+    const bool split = gridDim.z > 1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int k = m0 + (i < 4 ? ty * 4 + i : BM / 2 + ty * 4 + i - 4);
+        if (k >= K) continue;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            if (y_off[j] < 0) continue;
+            float* dst = y + y_off[j] + k * PQ;
+            if (split) atomicAdd(dst, acc[i][j]);
+            else *dst = acc[i][j];
+        }
+    }
+}
+}  // namespace cores
+
+// The configurations: conv_cores_<BM>x<BN>_b<B>_nchw_f32, (BM/8) x (BN/8) threads, compiled so that B blocks fit
+// on an SM (kernels/convolution.py parses the name): with B = 512 / threads, at most 128 registers a thread (16
+// warps an SM, a few registers spilled to the L1 cache); with B = 1 the compiler takes what it needs (140 to 170:
+// fewer warps, no spills). Which is faster depends on the layer; the benchmark times both.
+#define CONV_CORES(BM, BN, B)                                                                                 \
+    extern "C" __global__ void __launch_bounds__((BM / 8) * (BN / 8), B)                                      \
+        conv_cores_##BM##x##BN##_b##B##_nchw_f32(const float* x, const float* w, float* y, int N, int C, int H, \
+                                                 int W, int K, int R, int S, int P, int Q, int ph, int pw,    \
+                                                 int sh, int sw, int dh, int dw)                              \
+    {                                                                                                         \
+        cores::conv_igemm_f32<BM, BN>(x, w, y, N, C, H, W, K, R, S, P, Q, ph, pw, sh, sw, dh, dw);            \
+    }
+
+CONV_CORES(128, 128, 2)  // 256 threads
+CONV_CORES(128, 128, 1)
+CONV_CORES(64, 128, 4)   // 128 threads
+CONV_CORES(64, 128, 1)
+CONV_CORES(128, 64, 4)   // 128 threads
+CONV_CORES(128, 64, 1)
+CONV_CORES(64, 64, 8)    // 64 threads
+CONV_CORES(64, 64, 1)
