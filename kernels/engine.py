@@ -47,8 +47,16 @@ CONV_KERNELS = {"simt_64x64": (64, 64, 256), "simt_64x32": (64, 32, 256), "simt_
                 "wmmav_64x32": (64, 32, 128), "wmmav_128x32": (128, 32, 128), "wmmav_64x16": (64, 16, 128),
                 "wmmav_128x16": (128, 16, 128), "simtv_128x64": (128, 64, 256), "simtv_128x32": (128, 32, 256),
                 "simtv_64x32": (64, 32, 256), "simtv_128x16": (128, 16, 256), "simtv_64x16": (64, 16, 256)}
+# The direct convolutions (engine.cu 1a''): name -> (kernel size, tile rows TH, tile columns TW, channels BN,
+# pixels per thread TM, channels per thread TN). A block computes a TH x TW tile of one image x BN channels,
+# with TH (TW / TM) (BN / TN) threads; they run only the KS x KS convolutions they are compiled for.
+DIRECT = {f"direct{ks}_{th}x{tw}x{bn}_{tm}x{tn}": (ks, th, tw, bn, tm, tn)
+          for ks, th, tw, bn, tm, tn in [(3, 16, 16, 32, 8, 4), (3, 8, 16, 32, 8, 4), (3, 8, 16, 32, 4, 4),
+                                         (3, 4, 16, 32, 4, 4), (3, 16, 16, 16, 4, 4), (5, 16, 16, 16, 8, 4),
+                                         (5, 16, 16, 16, 4, 4), (5, 8, 16, 16, 4, 4), (5, 8, 16, 32, 8, 4)]}
+CONV_KERNELS.update({k: (th * tw, bn, th * (tw // tm) * (bn // tn)) for k, (_, th, tw, bn, tm, tn) in DIRECT.items()})
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
-        "simtv_64x16")
+        "simtv_64x16") + tuple(DIRECT)
 CANDIDATES = {"fp32": SIMT,
               "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
                        "wmmav_128x16") + SIMT,
@@ -843,8 +851,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
 
 
 def kernel_fits(step: dict, kernel: str) -> bool:
-    """Whether a convolution kernel can run a conv step: the wmmav kernels load 8 channels of a pixel at once
-    (16 bytes), so the input's channels, pixel stride and first channel must be multiples of 8."""
+    """Whether a convolution kernel can run a conv step: a direct kernel only the kernel size it is compiled for;
+    the wmmav kernels load 8 channels of a pixel at once (16 bytes), so the input's channels, pixel stride and
+    first channel must be multiples of 8."""
+    if kernel in DIRECT:
+        return step["kh"] == step["kw"] == DIRECT[kernel][0]
     if not kernel.startswith("wmmav"):
         return True
     src = step["src"]
@@ -1104,7 +1115,11 @@ class Engine:
             bm, bn, threads = CONV_KERNELS[s["kernel"]]
             src = s["src"]
             M = n * src["H"] * src["W"]
-            return (fn, (math.ceil(M / bm), math.ceil(s["K"] / bn)), (threads,),
+            blocks = math.ceil(M / bm)
+            if s["kernel"] in DIRECT:  # one block per TH x TW tile of an image
+                _, th, tw = DIRECT[s["kernel"]][:3]
+                blocks = n * math.ceil(src["H"] / th) * math.ceil(src["W"] / tw)
+            return (fn, (blocks, math.ceil(s["K"] / bn)), (threads,),
                     (self._ptr(src), i32(src["ld"]), a[f"{i}/w"], a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
                      self.arena, a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n), i32(src["H"]),
                      i32(src["W"]), i32(src["C"]), i32(s["K"]), i32(s["kh"]), i32(s["kw"]), i32(s["relu"])), 0)

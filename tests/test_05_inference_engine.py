@@ -154,7 +154,23 @@ def test_kernel_fits_needs_channels_in_eights(plans):
     assert all("wmmav" not in k for k in E.candidates(stem, "fp16"))
     big = [s for s in convs if s["kh"] > 1 and s["src"]["C"] > 1]
     assert big and all(E.kernel_fits(s, "wmmav_64x32") for s in big)
-    assert E.candidates(big[0], "fp32") == list(E.CANDIDATES["fp32"])
+    own = [k for k in E.CANDIDATES["fp32"] if k not in E.DIRECT or E.DIRECT[k][0] == big[0]["kh"]]
+    assert E.candidates(big[0], "fp32") == own and len(own) < len(E.CANDIDATES["fp32"])
+
+
+def test_direct_kernels_run_only_their_kernel_size(plans):
+    """A direct convolution is compiled for one kernel size: it is a candidate for those layers only, and its
+    block (TH x TW pixels x BN channels, one thread per TM x TN of them) fits the launcher's table."""
+    convs = [s for s in plans["fp32"].steps if s["kind"] == "conv"]
+    sizes = {s["kh"] for s in convs}
+    assert {3, 5} <= sizes and {ks for ks, *_ in E.DIRECT.values()} == {3, 5}
+    for s in convs:
+        direct = [k for k in E.candidates(s, "fp32") if k in E.DIRECT]
+        assert direct == [k for k, v in E.DIRECT.items() if v[0] == s["kh"]], s["name"]
+        assert E.candidates(s, "int8") == E.candidates(s, "fp32")
+    for k, (ks, th, tw, bn, tm, tn) in E.DIRECT.items():
+        assert tw % tm == 0 and bn % tn == 0 and k in E.SIMT
+        assert E.CONV_KERNELS[k] == (th * tw, bn, th * (tw // tm) * (bn // tn)) and E.CONV_KERNELS[k][2] <= 256
 
 
 def test_engine_checks_its_input(plans):
@@ -336,6 +352,8 @@ def test_cuda_c_compiles(arch):
             if k in E.CANDIDATES[p]:
                 assert f".entry conv_{k}_{E.SUFFIX[p]}(" in ptx
     assert "wmma.mma.sync" in ptx and ".entry head_i8(" in ptx and ".entry concat_copy_f16(" in ptx
+    direct = {line.split("conv_", 1)[1].split("(")[0] for line in ptx.splitlines() if ".entry conv_direct" in line}
+    assert direct == {f"{k}_{sfx}" for k in E.DIRECT for sfx in E.SUFFIX.values()}  # the table is the source's
 
 
 # ----------------------------------------------- what a GPU recorded, against the lesson's targets (either mode)
@@ -386,8 +404,10 @@ def test_recorded_speedups(record):
     met = bench_lesson.targets_met(t)
     for what, (ratio, goal, ok) in met.items():
         assert ok == (ratio >= goal), what
-    # batch 1 is where launches dominate: fusion and graphs together must reach the 2x target there
-    assert q["optimised_vs_layer_fp32_latency"] >= 2.0 and q["optimised_vs_layer_fp16_latency"] >= 2.0, q
+    # fusion and graphs together reach the 2x target at batch 1 (launches dominate) and at batch 256 (fusion
+    # removes the passes around the convolutions), in both precisions
+    for p in ("fp32", "fp16"):
+        assert q[f"optimised_vs_layer_{p}_latency"] >= 2.0 and q[f"optimised_vs_layer_{p}_batch"] >= 2.0, q
     for p in ("fp32", "fp16"):
         for w in ("latency", "batch"):
             assert q[f"optimised_vs_layer_{p}_{w}"] >= max(q[f"fusion_{p}_{w}"], q[f"graphs_{p}_{w}"]) * 0.95, (p, w)
@@ -401,22 +421,26 @@ def test_recorded_speedups(record):
             assert not r["rejected"], r  # every candidate computed the right logits
     fp16 = {r["layer"]: r["kernel"] for r in tuning["fused, FP16"]}
     assert fp16["branch3x3"].startswith("wmma") and fp16["branch5x5"].startswith("wmma")
+    for name in ("fused, FP32", "layer by layer, FP32"):  # the direct kernels win the FP32 3x3 and 5x5 layers
+        fp32 = {r["layer"]: r["kernel"] for r in tuning[name]}
+        assert fp32["branch3x3"].startswith("direct3") and fp32["branch5x5"].startswith("direct5"), name
 
 
 def test_recorded_targets_as_the_lesson_states_them(record):
-    """Which targets the record meets, as the notebook states them: every one but FP32 at batch 256, which falls
-    just short because the two large convolutions, the same kernels in both engines, take about half of the
-    fused engine's GPU time (what fusion cannot remove). The notebook prints the figures from targets_met."""
+    """Which targets the record meets, as the notebook states them: every one but FP16 over FP32 at batch 256.
+    FP16 is still faster, but the direct FP32 kernels brought the two large convolutions within 1.5x of the
+    tensor-core kernels (the tuning table), so FP16's lead over FP32 is under 1.5x there too. The notebook
+    prints the figures from targets_met and the two convolutions' times."""
     t = record["figures"]["engines"]
     met = bench_lesson.targets_met(t)
     assert len(met) == 5
     missed = {what: ratio for what, (ratio, _, ok) in met.items() if not ok}
-    assert set(missed) <= {"fused + graph over layer by layer, FP32, batch 256"}, missed
+    assert set(missed) <= {f"FP16 over FP32 (fused + graph), batch {t['rows'][0]['batch']}"}, missed
     for ratio in missed.values():
-        assert ratio >= 1.9, missed  # "just short"
-        rows = {r["name"]: r for r in t["rows"]}
-        convs = {r["layer"]: r["tuning_ms"][r["kernel"]] for r in record["figures"]["tuning"]["fused, FP32"]}
-        assert convs["branch3x3"] + convs["branch5x5"] >= 0.4 * rows["fused + graph, FP32"]["batch_gpu_ms"]
+        assert 1.0 < ratio < 1.5, missed
+        big = {p: sum(r["tuning_ms"][r["kernel"]] for r in record["figures"]["tuning"][f"fused, {p}"]
+                      if r["layer"] in ("branch3x3", "branch5x5")) for p in ("FP32", "FP16")}
+        assert 1.0 < big["FP32"] / big["FP16"] < 1.5, big
     text = bench_lesson.engine_text(record["figures"]["engines"])
     for what, (_, _, ok) in met.items():
         assert f"target {what}:" in text and ("NOT met" in text.split(f"target {what}:")[1].split("\n")[0]) != ok

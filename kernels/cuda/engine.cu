@@ -284,6 +284,121 @@ CONV_SIMT_VEC_ALL(f32, float)
 CONV_SIMT_VEC_ALL(f16, half)
 CONV_SIMT_VEC_ALL(i8, int8)
 
+// ----------------------------------------------- 1a''. SIMT direct convolution, the input tile reused from shared memory
+// For the k x k convolutions (stride 1, "same" padding) the implicit GEMM above stages the im2col matrix,
+// which holds every input value k^2 times, each with its own index arithmetic and edge test. This kernel
+// stages what the outputs actually need: a block computes a TH x TW tile of one image's pixels x BN channels,
+// and per chunk of CB input channels loads the input tile with its halo, (TH + KS - 1) x (TW + KS - 1) x CB,
+// once (zeros outside the image), and the chunk's weights, KS x KS x CB x BN; one barrier, then the whole
+// chunk's arithmetic from shared memory. Each thread owns TM consecutive pixels of one row x TN consecutive
+// channels (register tiling, as in lesson 3's SGEMM): per input channel and kernel row it reads TM + KS - 1
+// input values into registers once and uses each for up to KS taps, and reads its TN weights of a tap as
+// one float4 (int4 for int8's int32 sums), 2 KS + TM - 1 shared loads for KS^2 TM TN multiply-adds.
+// The input tile keeps its CB channels of a pixel together, padded to CB + 1 so neighbouring threads' pixels
+// fall in different shared-memory banks. Blocks: blockIdx.x a tile (image, tile row, tile column),
+// blockIdx.y a group of BN channels (the launcher in kernels/engine.py sizes the grid from DIRECT).
+template <typename T, int KS, int TH, int TW, int BN, int TM, int TN, int CB>
+__device__ void conv_direct(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
+                            const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H,
+                            int W, int C, int K, int KH, int KW, int relu)
+{
+    typedef typename Acc<T>::type A;
+    const int THREADS = TH * (TW / TM) * (BN / TN);
+    const int HH = TH + KS - 1, WW = TW + KS - 1, CBP = CB + 1, P = KS / 2, TAPS = KS * KS;
+    static_assert(THREADS <= 256 && TW % TM == 0 && BN % TN == 0, "one thread per TM x TN piece of the tile");
+    __shared__ A xs[HH * WW * CBP];
+    __shared__ __align__(16) A ws[CB * TAPS * BN];
+    int tid = threadIdx.x;
+    int tn = tid % (BN / TN), pg = tid / (BN / TN);
+    int ph = pg / (TW / TM), pw = (pg % (TW / TM)) * TM;
+    int tiles_w = (W + TW - 1) / TW, tiles_h = (H + TH - 1) / TH;
+    int b = blockIdx.x;
+    int n = b / (tiles_h * tiles_w);
+    b -= n * tiles_h * tiles_w;
+    int h0 = (b / tiles_w) * TH, w0 = (b % tiles_w) * TW;
+    int k0 = blockIdx.y * BN;
+    A acc[TM][TN];
+#pragma unroll
+    for (int i = 0; i < TM; ++i)
+#pragma unroll
+        for (int j = 0; j < TN; ++j) acc[i][j] = (A)0;
+    for (int c0 = 0; c0 < C; c0 += CB) {
+        int nc = min(CB, C - c0);
+        for (int e = tid; e < HH * WW * CB; e += THREADS) {  // consecutive threads: consecutive channels
+            int c = e % CB, p = e / CB;
+            int hh = h0 - P + p / WW, ww = w0 - P + p % WW;
+            A v = (A)0;
+            if (c < nc && hh >= 0 && hh < H && ww >= 0 && ww < W)
+                v = to_acc(x[((long long)(n * H + hh) * W + ww) * ldx + c0 + c], (A)0);
+            xs[p * CBP + c] = v;
+        }
+        for (int e = tid; e < CB * TAPS * BN; e += THREADS) {  // ws[c][tap][k]; w is R x K, r = tap C + c
+            int k = e % BN, q = e / BN;
+            int tap = q % TAPS, c = q / TAPS;
+            A v = (A)0;
+            if (c < nc && k0 + k < K) v = to_acc(w[((long long)tap * C + c0 + c) * K + k0 + k], (A)0);
+            ws[e] = v;
+        }
+        __syncthreads();
+        for (int c = 0; c < nc; ++c) {
+#pragma unroll
+            for (int dy = 0; dy < KS; ++dy) {
+                A row[TM + KS - 1];
+#pragma unroll
+                for (int i = 0; i < TM + KS - 1; ++i) row[i] = xs[((ph + dy) * WW + pw + i) * CBP + c];
+#pragma unroll
+                for (int dx = 0; dx < KS; ++dx) {
+                    A bv[TN];
+                    load_row(bv, &ws[(c * TAPS + dy * KS + dx) * BN + tn * TN]);
+#pragma unroll
+                    for (int i = 0; i < TM; ++i)
+#pragma unroll
+                        for (int j = 0; j < TN; ++j) acc[i][j] += row[i + dx] * bv[j];
+                }
+            }
+        }
+        __syncthreads();
+    }
+    int h = h0 + ph;
+    if (h >= H) return;
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        int ww = w0 + pw + i;
+        if (ww >= W) continue;
+        long long m = (long long)(n * H + h) * W + ww;
+#pragma unroll
+        for (int j = 0; j < TN; ++j) {
+            int k = k0 + tn * TN + j;
+            if (k < K) epilogue(acc[i][j], m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+        }
+    }
+}
+
+#define CONV_DIRECT(NAME, T, KS, TH, TW, BN, TM, TN, CB)                                                      \
+    extern "C" __global__ void __launch_bounds__(TH * (TW / TM) * (BN / TN))                                   \
+    NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
+         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
+    {                                                                                                          \
+        conv_direct<T, KS, TH, TW, BN, TM, TN, CB>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, \
+                                                   W, C, K, KH, KW, relu);                                     \
+    }
+
+// name: direct<KS>_<TH>x<TW>x<BN>_<TM>x<TN>; threads TH (TW / TM) (BN / TN). Keep in step with DIRECT in engine.py.
+#define CONV_DIRECT_ALL(SUFFIX, T)                                                  \
+    CONV_DIRECT(conv_direct3_16x16x32_8x4_##SUFFIX, T, 3, 16, 16, 32, 8, 4, 16)     \
+    CONV_DIRECT(conv_direct3_8x16x32_8x4_##SUFFIX, T, 3, 8, 16, 32, 8, 4, 16)       \
+    CONV_DIRECT(conv_direct3_8x16x32_4x4_##SUFFIX, T, 3, 8, 16, 32, 4, 4, 16)       \
+    CONV_DIRECT(conv_direct3_4x16x32_4x4_##SUFFIX, T, 3, 4, 16, 32, 4, 4, 16)       \
+    CONV_DIRECT(conv_direct3_16x16x16_4x4_##SUFFIX, T, 3, 16, 16, 16, 4, 4, 16)     \
+    CONV_DIRECT(conv_direct5_16x16x16_8x4_##SUFFIX, T, 5, 16, 16, 16, 8, 4, 8)      \
+    CONV_DIRECT(conv_direct5_16x16x16_4x4_##SUFFIX, T, 5, 16, 16, 16, 4, 4, 8)      \
+    CONV_DIRECT(conv_direct5_8x16x16_4x4_##SUFFIX, T, 5, 8, 16, 16, 4, 4, 8)        \
+    CONV_DIRECT(conv_direct5_8x16x32_8x4_##SUFFIX, T, 5, 8, 16, 32, 8, 4, 8)
+
+CONV_DIRECT_ALL(f32, float)
+CONV_DIRECT_ALL(f16, half)
+CONV_DIRECT_ALL(i8, int8)
+
 // ------------------------------------------------------------------- 1b. tensor cores (WMMA), half only
 // A block of 4 warps (WARPS_M x WARPS_N) computes BM pixels x BN channels; each warp FM x FN fragments of
 // 16 x 16 with FP32 accumulators. Per step of 16 along the reduction the block stages BM x 16 of the im2col
