@@ -7,7 +7,6 @@ back: bench.time_per_call), each checked first against the float64 convolution o
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -54,14 +53,6 @@ def _operands(layer: tuple, seed: int = 0) -> dict:
         o["ref", dt, "NCHW"] = ref
         o["ref", dt, "NHWC"] = cp.ascontiguousarray(ref.transpose(0, 2, 3, 1))
     return o
-
-
-def _rel_error_gpu(y, ref) -> float:
-    cp = runtime.cupy()
-    y = y.astype(cp.float64)
-    if not bool(cp.isfinite(y).all()):
-        return math.inf
-    return float(cp.abs(y - ref).max() / cp.abs(ref).max())
 
 
 # ------------------------------------------------------------------------------------ cuDNN's tables
@@ -130,7 +121,7 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
     def add(label, dtype, layout, kind, precision, launch, out, *, reps=repeats, b=batch):
         out.fill(cp.nan)
         launch()
-        err = _rel_error_gpu(out, o["ref", dtype, layout])
+        err = cv.rel_error(out, o["ref", dtype, layout])
         limit = cv.tolerance(precision, crs) * 2
         if not err <= limit:
             raise runtime.CourseError(f"{label} ({dtype}, {layout}) gave a wrong result on {name}: error {err:.2e}, "
@@ -198,7 +189,7 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                                                                                   config=cfg)
                     y.fill(cp.nan)
                     launch()
-                    err = _rel_error_gpu(y, o["ref", dtype, layout])
+                    err = cv.rel_error(y, o["ref", dtype, layout])
                     if not err <= cv.tolerance("float16", crs) * 2:
                         raise runtime.CourseError(f"{cfg} gave a wrong result on {name}: error {err:.2e}")
                     configs_ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
@@ -219,7 +210,7 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                                 x, wt, y, pad=pad, stride=stride, config=cfg, splits=sp)
                             y.fill(cp.nan)
                             launch()
-                            err = _rel_error_gpu(y, o["ref", dtype, layout])
+                            err = cv.rel_error(y, o["ref", dtype, layout])
                             if not err <= cv.tolerance("float32", crs) * 2:
                                 raise runtime.CourseError(f"{cfg}, {splits} splits, gave a wrong result on {name}: "
                                                           f"error {err:.2e}")
@@ -300,7 +291,7 @@ def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> d
                                                                                 activation="relu", algo=algo)
                 y.fill(cp.nan)
                 fused_call()
-                row["fused_error"] = _rel_error_gpu(y, ref)
+                row["fused_error"] = cv.rel_error(y, ref)
                 row["fused"] = bench.time_per_call(fused_call, batch=batch, repeats=repeats).summary()
                 row["status"] = "CUDNN_STATUS_SUCCESS"
             except cudnn.CudnnError as exc:
@@ -312,7 +303,7 @@ def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> d
                 bias_relu(y, bias.reshape(bshape), z)
 
             separate()
-            row["separate_error"] = _rel_error_gpu(z, ref)
+            row["separate_error"] = cv.rel_error(z, ref)
             row["separate"] = bench.time_per_call(separate, batch=batch, repeats=repeats).summary()
             row["conv_only"] = bench.time_per_call(conv_only, batch=batch, repeats=repeats).summary()
             out["rows"].append(row)

@@ -29,14 +29,6 @@ def _operands(n: int, dtype, *, seed: int = 0):
     return A, B, ref
 
 
-def _rel_error_gpu(C, ref) -> float:
-    cp = runtime.cupy()
-    C = C.astype(cp.float32)
-    if not bool(cp.isfinite(C).all()):
-        return math.inf
-    return float(cp.abs(C - ref).max() / cp.abs(ref).max())
-
-
 # name -> (precision, kind, intensity model, launch(ops) where ops holds the operands, out buffers)
 def _launchers(config: str, config16: str) -> dict:
     def numba(kernel):
@@ -100,7 +92,7 @@ def kernel_table(n: int | None = None, *, config: str | None = None, config16: s
         out, ref = _out_of(o, name, precision)
         out.fill(cp.nan)
         launch(o)
-        err = _rel_error_gpu(out, ref)
+        err = tc.rel_error(out, ref)
         limit = 3e-2 if precision == "FP16 acc" else (5e-3 if precision in ("TF32",) or name == "cuBLAS FP16 (tensor cores)"
                                                        else CHECK)
         if not err <= limit:
@@ -131,7 +123,7 @@ def config_table(n: int | None = None, repeats: int = 10) -> dict:
         c = tc.tiled_config(name)
         C = cp.full((n, n), cp.nan, dtype=c["acc"])
         tc.gemm(A, B, C, kernel="tiled", config=name)
-        err = _rel_error_gpu(C, ref)
+        err = tc.rel_error(C, ref)
         if not err <= (3e-2 if c["acc"] == "float16" else CHECK):
             raise runtime.CourseError(f"{name} gave a wrong result at n={n} (error {err:.2e})")
         t = bench.time_gpu(lambda: tc.gemm(A, B, C, kernel="tiled", config=name), repeats=repeats)

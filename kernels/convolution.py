@@ -25,6 +25,7 @@ import numpy as np
 from gpucourse import runtime
 
 from . import cuda_c
+from .tensor_cores import rel_error  # noqa: F401  (cv.rel_error: the course's one relative-error check)
 
 cuda = runtime.cuda()
 
@@ -189,15 +190,6 @@ def hwio_to_kcrs(w):
     return np.ascontiguousarray(np.asarray(w).transpose(3, 2, 0, 1))
 
 
-def rel_error(y, ref) -> float:
-    """max |y - ref| / max |ref| (inf if y has NaN or inf)."""
-    y = np.asarray(y, np.float64)
-    ref = np.asarray(ref, np.float64)
-    if not np.all(np.isfinite(y)):
-        return math.inf
-    return float(np.max(np.abs(y - ref)) / max(np.max(np.abs(ref)), np.finfo(np.float64).tiny))
-
-
 def tolerance(precision: str, crs: int) -> float:
     """The error max |y - ref| / max |ref| allowed for sums of crs = C R S products of inputs in [-1, 1)
     (random signs, so the sums grow like sqrt(crs) while their bound grows like crs; a generous bound is the
@@ -331,7 +323,8 @@ def _require_cupy(**arrays):
 
 
 def _grid_stride_blocks(total: int, threads: int = 256) -> int:
-    return max(1, min(math.ceil(total / threads), 132 * 32))
+    """Blocks for a grid-stride loop over ``total`` items: enough to fill the GPU 32 blocks an SM, no more."""
+    return max(1, min(math.ceil(total / threads), 32 * runtime.get().device["sms"]))
 
 
 def cols_shape(x_shape, r: int, s: int, pad=0, stride=1, dilation=1, layout: str = "NCHW") -> tuple:
@@ -488,7 +481,7 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
                                        f"multiple of 8; got C={c}, K={k}")
     if n * P * Q >= 2**31 or x.size >= 2**31:
         raise runtime.CourseInputError("the tensor-core convolution indexes pixels with 32-bit integers")
-    cfg = igemm_config(config or igemm_choose(n * P * Q, k, runtime.get().device.get("sms", 132)))
+    cfg = igemm_config(config or igemm_choose(n * P * Q, k, runtime.get().device["sms"]))
     fn = cuda_c.function(SOURCE, cfg["name"])
     if cfg["name"] not in _igemm_ready:
         if cfg["smem_bytes"] > 48 * 1024:  # more than 48 KiB of shared memory a block only when asked for
@@ -542,7 +535,7 @@ def conv_direct_cores(x, w, y, *, pad=0, stride=1, dilation=1, config: str | Non
     if max(x.size, w.size, y.size) >= 2**31:
         raise runtime.CourseInputError("the CUDA-core implicit GEMM indexes its arrays with 32-bit integers")
     if config is None or splits is None:
-        c0, s0 = cores_choose(n * P * Q, k, runtime.get().device.get("sms", 132))
+        c0, s0 = cores_choose(n * P * Q, k, runtime.get().device["sms"])
         config, splits = config or c0, splits or s0
     cfg = cores_config(config)
     if splits not in CORES_SPLITS:

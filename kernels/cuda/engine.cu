@@ -100,88 +100,12 @@ __device__ __forceinline__ T im2col(const T* x, int ldx, Pixel p, Tap t, int H, 
 // registers. Per step of 16 along the reduction the block stages 16 x BM of the im2col matrix and 16 x BN of
 // the weights (R x K, row-major) in shared memory. Loading, thread t takes reduction index t % 16 (so a
 // warp reads 16 consecutive channels of a pixel: coalesced in NHWC) and BM / 16 pixels, decomposed once.
-template <typename T, int BM, int BN, int TM, int TN>
-__device__ void conv_simt(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
-                          const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
-                          int C, int K, int KH, int KW, int relu)
-{
-    typedef typename Acc<T>::type A;
-    const int BK = 16, THREADS = 256, PIX = BM * BK / THREADS;  // pixels each thread loads per step
-    __shared__ A xs[BK][BM + 1];
-    __shared__ A ws[BK][BN];
-    int tid = threadIdx.x;
-    int tm = tid / (BN / TN), tn = tid % (BN / TN);
-    int M = N * H * W, R = KH * KW * C;
-    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
-    int rr = tid % BK;
-    Pixel px[PIX];
-#pragma unroll
-    for (int j = 0; j < PIX; ++j) px[j] = pixel(m0 + tid / BK + j * (THREADS / BK), M, H, W);
-    A acc[TM][TN];
-#pragma unroll
-    for (int i = 0; i < TM; ++i)
-#pragma unroll
-        for (int j = 0; j < TN; ++j) acc[i][j] = (A)0;
-    for (int r0 = 0; r0 < R; r0 += BK) {
-        Tap t = tap(r0 + rr, R, C, KH, KW);
-#pragma unroll
-        for (int j = 0; j < PIX; ++j)
-            xs[rr][tid / BK + j * (THREADS / BK)] = to_acc(im2col(x, ldx, px[j], t, H, W), (A)0);
-        for (int e = tid; e < BK * BN; e += THREADS) {
-            int r = r0 + e / BN, k = k0 + e % BN;
-            ws[e / BN][e % BN] = (r < R && k < K) ? to_acc(w[(long long)r * K + k], (A)0) : (A)0;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < BK; ++q) {
-            A a[TM], b[TN];
-#pragma unroll
-            for (int i = 0; i < TM; ++i) a[i] = xs[q][tm + i * (BM / TM)];
-#pragma unroll
-            for (int j = 0; j < TN; ++j) b[j] = ws[q][tn + j * (BN / TN)];
-#pragma unroll
-            for (int i = 0; i < TM; ++i)
-#pragma unroll
-                for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < TM; ++i) {
-        int m = m0 + tm + i * (BM / TM);
-        if (m >= M) continue;
-#pragma unroll
-        for (int j = 0; j < TN; ++j) {
-            int k = k0 + tn + j * (BN / TN);
-            if (k < K) epilogue(acc[i][j], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
-        }
-    }
-}
-
-#define CONV_SIMT(NAME, T, BM, BN, TM, TN)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256)                                                          \
-    NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
-         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
-    {                                                                                                          \
-        conv_simt<T, BM, BN, TM, TN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, KH,  \
-                                     KW, relu);                                                                \
-    }
-
-CONV_SIMT(conv_simt_64x64_f32, float, 64, 64, 4, 4)
-CONV_SIMT(conv_simt_64x32_f32, float, 64, 32, 4, 2)
-CONV_SIMT(conv_simt_32x32_f32, float, 32, 32, 2, 2)
-CONV_SIMT(conv_simt_64x64_f16, half, 64, 64, 4, 4)
-CONV_SIMT(conv_simt_64x32_f16, half, 64, 32, 4, 2)
-CONV_SIMT(conv_simt_32x32_f16, half, 32, 32, 2, 2)
-CONV_SIMT(conv_simt_64x64_i8, int8, 64, 64, 4, 4)
-CONV_SIMT(conv_simt_64x32_i8, int8, 64, 32, 4, 2)
-CONV_SIMT(conv_simt_32x32_i8, int8, 32, 32, 2, 2)
-
-// ---------------------------------------------------- 1a'. SIMT implicit GEMM, each thread's tile contiguous
-// The same staging as 1a, but thread (tm, tn) owns TM consecutive pixels and TN consecutive channels, so
-// its operands for one step of the reduction are TM and TN consecutive values in shared memory: read as
-// float4 / float2 (int4 / int2 for int8's int32 sums), 3 shared-memory loads for 16 multiply-adds where 1a
-// needs 6 for 8. Rows are padded by 4 values to keep those loads 16-byte aligned.
+//
+// CONTIG picks which outputs a thread owns. false: pixels tm, tm + BM / TM, ... and channels tn, tn + BN / TN,
+// ... (strided). true: TM consecutive pixels and TN consecutive channels, so its operands for one step of the
+// reduction are TM and TN consecutive values in shared memory, read as float4 / float2 (int4 / int2 for int8's
+// int32 sums): 3 shared-memory loads for 16 multiply-adds where the strided tile needs 6 for 8. Its rows are
+// padded by 4 values to keep those loads 16-byte aligned (the strided tile pads by 1 against bank conflicts).
 template <typename A> struct Vec;
 template <> struct Vec<float> { typedef float4 v4; typedef float2 v2; };
 template <> struct Vec<int> { typedef int4 v4; typedef int2 v2; };
@@ -207,15 +131,15 @@ __device__ __forceinline__ void load_row(A (&r)[N], const A* p)
     }
 }
 
-template <typename T, int BM, int BN, int TM, int TN>
-__device__ void conv_simt_vec(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
-                              const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H,
-                              int W, int C, int K, int KH, int KW, int relu)
+template <typename T, int BM, int BN, int TM, int TN, bool CONTIG>
+__device__ void conv_simt(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
+                          const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
+                          int C, int K, int KH, int KW, int relu)
 {
     typedef typename Acc<T>::type A;
-    const int BK = 16, THREADS = 256, PIX = BM * BK / THREADS;
+    const int BK = 16, THREADS = 256, PIX = BM * BK / THREADS;  // pixels each thread loads per step
     static_assert((BM / TM) * (BN / TN) == THREADS, "one thread per TM x TN piece of the tile");
-    __shared__ __align__(16) A xs[BK][BM + 4];
+    __shared__ __align__(16) A xs[BK][BM + (CONTIG ? 4 : 1)];
     __shared__ __align__(16) A ws[BK][BN];
     int tid = threadIdx.x;
     int tm = tid / (BN / TN), tn = tid % (BN / TN);
@@ -243,8 +167,15 @@ __device__ void conv_simt_vec(const T* x, int ldx, const T* w, const float* bias
 #pragma unroll
         for (int q = 0; q < BK; ++q) {
             A a[TM], b[TN];
-            load_row(a, &xs[q][tm * TM]);
-            load_row(b, &ws[q][tn * TN]);
+            if constexpr (CONTIG) {
+                load_row(a, &xs[q][tm * TM]);
+                load_row(b, &ws[q][tn * TN]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < TM; ++i) a[i] = xs[q][tm + i * (BM / TM)];
+#pragma unroll
+                for (int j = 0; j < TN; ++j) b[j] = ws[q][tn + j * (BN / TN)];
+            }
 #pragma unroll
             for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -254,31 +185,42 @@ __device__ void conv_simt_vec(const T* x, int ldx, const T* w, const float* bias
     }
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        int m = m0 + tm * TM + i;
+        int m = m0 + (CONTIG ? tm * TM + i : tm + i * (BM / TM));
         if (m >= M) continue;
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-            int k = k0 + tn * TN + j;
+            int k = k0 + (CONTIG ? tn * TN + j : tn + j * (BN / TN));
             if (k < K) epilogue(acc[i][j], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
         }
     }
 }
 
-#define CONV_SIMT_VEC(NAME, T, BM, BN, TM, TN)                                                                \
+#define CONV_SIMT(NAME, T, BM, BN, TM, TN, CONTIG)                                                                    \
     extern "C" __global__ void __launch_bounds__(256)                                                          \
     NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
          const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
     {                                                                                                          \
-        conv_simt_vec<T, BM, BN, TM, TN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K,  \
-                                         KH, KW, relu);                                                        \
+        conv_simt<T, BM, BN, TM, TN, CONTIG>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, KH,  \
+                                     KW, relu);                                                                \
     }
 
-#define CONV_SIMT_VEC_ALL(SUFFIX, T)                                \
-    CONV_SIMT_VEC(conv_simtv_128x64_##SUFFIX, T, 128, 64, 8, 4)     \
-    CONV_SIMT_VEC(conv_simtv_128x32_##SUFFIX, T, 128, 32, 8, 2)     \
-    CONV_SIMT_VEC(conv_simtv_64x32_##SUFFIX, T, 64, 32, 4, 2)       \
-    CONV_SIMT_VEC(conv_simtv_128x16_##SUFFIX, T, 128, 16, 8, 1)     \
-    CONV_SIMT_VEC(conv_simtv_64x16_##SUFFIX, T, 64, 16, 4, 1)
+CONV_SIMT(conv_simt_64x64_f32, float, 64, 64, 4, 4, false)
+CONV_SIMT(conv_simt_64x32_f32, float, 64, 32, 4, 2, false)
+CONV_SIMT(conv_simt_32x32_f32, float, 32, 32, 2, 2, false)
+CONV_SIMT(conv_simt_64x64_f16, half, 64, 64, 4, 4, false)
+CONV_SIMT(conv_simt_64x32_f16, half, 64, 32, 4, 2, false)
+CONV_SIMT(conv_simt_32x32_f16, half, 32, 32, 2, 2, false)
+CONV_SIMT(conv_simt_64x64_i8, int8, 64, 64, 4, 4, false)
+CONV_SIMT(conv_simt_64x32_i8, int8, 64, 32, 4, 2, false)
+CONV_SIMT(conv_simt_32x32_i8, int8, 32, 32, 2, 2, false)
+
+// 1a with CONTIG: each thread's tile contiguous (see above).
+#define CONV_SIMT_VEC_ALL(SUFFIX, T)                               \
+    CONV_SIMT(conv_simtv_128x64_##SUFFIX, T, 128, 64, 8, 4, true)  \
+    CONV_SIMT(conv_simtv_128x32_##SUFFIX, T, 128, 32, 8, 2, true)  \
+    CONV_SIMT(conv_simtv_64x32_##SUFFIX, T, 64, 32, 4, 2, true)    \
+    CONV_SIMT(conv_simtv_128x16_##SUFFIX, T, 128, 16, 8, 1, true)  \
+    CONV_SIMT(conv_simtv_64x16_##SUFFIX, T, 64, 16, 4, 1, true)
 
 CONV_SIMT_VEC_ALL(f32, float)
 CONV_SIMT_VEC_ALL(f16, half)
