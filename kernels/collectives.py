@@ -606,9 +606,6 @@ class Nccl:
     launches them together. Same stream discipline as GpuRing. NCCL needs GPUs: CPU mode has none."""
 
     def __init__(self, devices=None):
-        for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                           ("NVSHMEM_DISABLE_NVLS", "1")):
-            os.environ.setdefault(var, value)
         runtime.require_gpu("NCCL")
         from cupy.cuda import nccl
 

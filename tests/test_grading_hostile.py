@@ -32,8 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import nbformat
 import numpy as np
 import pytest
+from exercise_variants import fill_in_exercise
 
 from gpucourse import grading, runtime
 
@@ -57,14 +59,12 @@ def gid(cell) -> str | None:
 
 
 def filled_exercise(lesson: str) -> dict:
-    """The released exercise with the solution's answers typed in: a learner's working notebook."""
-    answers = {gid(c): c["source"] for c in source_nb(lesson)["cells"]
-               if gid(c) and c["metadata"]["nbgrader"].get("solution")}
-    nb = json.loads(next((grading.EXERCISES / lesson).glob("*.ipynb")).read_text())
-    for c in nb["cells"]:
-        if gid(c) in answers:
-            c["source"] = answers[gid(c)]
-    return nb
+    """The released exercise with the solution's answers typed in: a learner's working notebook, as JSON."""
+    solution = next((grading.SOLUTIONS / lesson).glob("*.ipynb"))
+    exercise = grading.EXERCISES / lesson / solution.name
+    nb = nbformat.read(exercise, as_version=4)
+    fill_in_exercise(nb, solution, exercise)
+    return json.loads(nbformat.writes(nb))
 
 
 def points(lesson: str) -> dict[str, float]:
