@@ -252,9 +252,7 @@ def ceilings(refresh: bool = False) -> Ceilings:
     """This GPU's measured ceilings, measured once (about 10 s) and cached per GPU and driver."""
     rt = runtime.get()
     runtime.require_gpu("measuring this GPU's ceilings")
-    from .records import slug
-
-    path = cache_dir() / f"ceilings-{slug(rt.device['name'])}-{rt.device['driver']}.json"
+    path = cache_dir() / f"ceilings-{runtime.slug(rt.device['name'])}-{rt.device['driver']}.json"
     if path.exists() and not refresh:
         return Ceilings(**json.loads(path.read_text()))
     c = measure_ceilings()

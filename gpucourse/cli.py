@@ -67,7 +67,10 @@ def main(argv=None) -> int:
 
 
 def _probe(args) -> int:
-    runtime.setup(args.mode)
+    from . import records
+
+    runtime.setup(args.mode, quiet=True)
+    print(records.describe())
     return 0
 
 

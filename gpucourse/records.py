@@ -8,21 +8,19 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 from pathlib import Path
 
 from . import runtime
+from .runtime import slug  # records.slug: the GPU's name in results/<slug>/
+
+__all__ = ["FORMAT", "results_dir", "slug", "write", "all_records", "latest", "load", "label", "describe",
+           "measure_or_recall", "ceilings_or_recall"]
 
 FORMAT = 1
 
 
 def results_dir() -> Path:
     return Path(os.environ.get("GPUCOURSE_RESULTS", Path(__file__).resolve().parents[1] / "results"))
-
-
-def slug(gpu_name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200'."""
-    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
 
 
 def write(lesson: str, figures: dict, *, ceilings: dict | None = None) -> Path:
@@ -77,6 +75,18 @@ def load(lesson: str, gpu: str | None = None) -> dict:
 def label(rec: dict) -> str:
     g = rec["gpu"]
     return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {rec['date'][:10]}"
+
+
+def describe(lesson: str | None = None) -> str:
+    """The probe (``runtime.describe``), plus in CPU mode the record of ``lesson`` its GPU figures come from."""
+    text = runtime.describe()
+    if lesson and not runtime.is_gpu():
+        rec = latest(lesson)
+        if rec is None:
+            text += f"\n          No GPU record of lesson {lesson} is in this repository yet."
+        else:
+            text += f"\n          GPU figures shown are {label(rec)}."
+    return text
 
 
 def measure_or_recall(lesson: str, key: str, measure) -> tuple:

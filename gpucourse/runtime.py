@@ -15,10 +15,12 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import re
 import sys
 from dataclasses import dataclass, field
 
 MODE_VARIABLE = "GPUCOURSE_MODE"
+FAKE_CC_VARIABLE = "GPUCOURSE_FAKE_CC"  # e.g. 7.5: the compute capability that gpucourse.gpus answers for
 
 # Problem sizes per mode, for every lesson, in one table: key -> (GPU mode, CPU mode).
 # The simulator runs each CUDA thread as Python (tens of microseconds a thread), so CPU sizes are small.
@@ -112,12 +114,12 @@ def _numba_cuda_imported_mode() -> str | None:
     return "cpu" if config.ENABLE_CUDASIM else "gpu"
 
 
-def setup(mode: str | None = None, *, lesson: str | None = None, quiet: bool = False) -> Runtime:
+def setup(mode: str | None = None, *, quiet: bool = False) -> Runtime:
     """Choose GPU or CPU mode (once per process) and print the probe.
 
     mode: "gpu", "cpu" or None/"auto" (GPU when one is usable). The environment variable GPUCOURSE_MODE
-    gives the default. lesson: the lesson id (for example "01_vector_multiply"); in CPU mode the probe
-    names the GPU and date of that lesson's recorded results.
+    gives the default. Notebooks call ``gpucourse.setup(lesson=...)``, which adds the lesson's recorded
+    results to the probe (records sits above runtime, so the runtime itself never reads them).
     """
     global _runtime
     wanted = (mode or os.environ.get(MODE_VARIABLE) or "auto").lower()
@@ -134,7 +136,7 @@ def setup(mode: str | None = None, *, lesson: str | None = None, quiet: bool = F
             "Restart the kernel (Kernel > Restart) and run the setup cell first."
         )
     if not quiet:
-        print(describe(lesson))
+        print(describe())
     return _runtime
 
 
@@ -183,7 +185,8 @@ def compile_only(cc: tuple = (8, 0)) -> Runtime:
     if _runtime is not None or _numba_cuda_imported_mode() is not None:
         raise CourseError("compile_only() must come first in a fresh process, before setup() and numba.cuda")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
-    _runtime = Runtime(mode="compile", reason="compiling to PTX only; no GPU is used")
+    _runtime = Runtime(mode="compile", reason="compiling to PTX only; no GPU is used",
+                       device={"compute_capability": f"{cc[0]}.{cc[1]}"})
     import types
 
     import numba.cuda.dispatcher as dispatcher
@@ -280,7 +283,8 @@ def versions() -> dict:
     return out
 
 
-def describe(lesson: str | None = None) -> str:
+def describe() -> str:
+    """The probe: the mode, and in GPU mode what the GPU is (``records.describe`` adds a lesson's records)."""
     rt = get()
     if rt.gpu:
         d = rt.device
@@ -291,16 +295,33 @@ def describe(lesson: str | None = None) -> str:
             + (f" ({d['driver_release']})" if "driver_release" in d else "")
             + f", runtime {d['runtime']}; numba.cuda compiles real kernels."
         )
-    text = f"CPU mode: kernels run in Numba's CUDA simulator ({rt.reason})."
-    if lesson:
-        from . import records
+    return f"CPU mode: kernels run in Numba's CUDA simulator ({rt.reason})."
 
-        rec = records.latest(lesson)
-        if rec is None:
-            text += f"\n          No GPU record of lesson {lesson} is in this repository yet."
-        else:
-            text += f"\n          GPU figures shown are {records.label(rec)}."
-    return text
+
+def slug(gpu_name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': how a GPU's name appears in file names (results/, the ceilings cache)."""
+    return re.sub(r"[^a-z0-9]+", "-", gpu_name.lower()).strip("-")
+
+
+def parse_cc(cc) -> tuple[int, int]:
+    """A compute capability as (major, minor), from "8.6", "sm_86", 86, 8.6 or (8, 6)."""
+    if isinstance(cc, tuple | list) and len(cc) == 2 and all(isinstance(v, int) for v in cc):
+        return int(cc[0]), int(cc[1])
+    text = str(cc).strip().lower().removeprefix("sm_").rstrip("a")
+    m = re.fullmatch(r"(\d+)\.(\d)", text) or re.fullmatch(r"(\d+)(\d)", text)
+    if not m:
+        raise CourseInputError(f"a compute capability looks like 7.5, 8.6 or sm_90, not {cc!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def compute_capability() -> tuple[int, int] | None:
+    """The compute capability kernels are built for: GPUCOURSE_FAKE_CC if set (tests, ``probe --cc``), else
+    the GPU's (GPU mode), the one ``compile_only(cc)`` was given, or None (CPU mode, no GPU)."""
+    fake = os.environ.get(FAKE_CC_VARIABLE)
+    if fake:
+        return parse_cc(fake)
+    cc = get().device.get("compute_capability")
+    return parse_cc(cc) if cc else None
 
 
 # ------------------------------------------------------------------------------- input checking

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from gpucourse import runtime
+from gpucourse import gpus, runtime
 
 from . import cuda_c
 from .tensor_cores import rel_error  # noqa: F401  (cv.rel_error: the course's one relative-error check)
@@ -275,6 +275,11 @@ def conv2d_nhwc_bias_relu_numba(x, w, b, y, *, pad=0, stride=1, dilation=1, thre
 
 NUMBA_SIGNATURE = "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[:, :, :, ::1], " + \
     ", ".join(["int32"] * 6) + ")"
+NUMBA_KERNELS = {  # every numba kernel of this module with a signature, for tests/test_gpu_archs.py
+    "conv2d_direct": NUMBA_SIGNATURE,
+    "conv2d_nhwc_bias_relu": "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[::1], "
+                             "float32[:, :, :, ::1], " + ", ".join(["int32"] * 6) + ")",
+}
 
 
 def _check_conv(x, w, y, dtype, pad, stride, dilation, layout="NCHW"):
@@ -482,6 +487,7 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
     if n * P * Q >= 2**31 or x.size >= 2**31:
         raise runtime.CourseInputError("the tensor-core convolution indexes pixels with 32-bit integers")
     cfg = igemm_config(config or igemm_choose(n * P * Q, k, runtime.get().device["sms"]))
+    gpus.step("04.igemm_wmma")  # below sm_80 its copies run synchronously, and it says so once
     fn = cuda_c.function(SOURCE, cfg["name"])
     if cfg["name"] not in _igemm_ready:
         if cfg["smem_bytes"] > 48 * 1024:  # more than 48 KiB of shared memory a block only when asked for

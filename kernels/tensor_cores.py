@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpucourse import runtime
+from gpucourse import gpus, runtime
 
 from . import cuda_c
 
@@ -94,6 +94,7 @@ def gemm_tiled(A, B, C):
 
 NUMBA_KERNELS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}
 NUMBA_SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
+NUMBA_KERNELS = {"gemm_naive": NUMBA_SIGNATURE, "gemm_tiled": NUMBA_SIGNATURE}  # for tests/test_gpu_archs.py
 
 
 # ===================================================================================== NumPy specs
@@ -437,6 +438,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     if max(M, N, K) >= 2**31 // 16:
         raise runtime.CourseInputError("dimensions must stay below 2**27")
     if kernel == "naive":
+        gpus.step("03.wmma")  # which GPU each step needs: gpucourse/gpus.py
         _require_multiple(M, N, K, 16, 16, 16, "the one-warp-per-tile WMMA kernel")
         warps = (M // 16) * (N // 16)
         threads = 128
@@ -448,6 +450,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     if c["acc"] != acc:
         raise runtime.CourseInputError(f"{c['name']} accumulates in {c['acc']} but C is {acc}")
     _require_multiple(M, N, K, c["bm"], c["bn"], c["bk"], c["name"])
+    gpus.step("03.wmma_tiled")  # below sm_80 its copies run synchronously, and it says so once
     fn = _tiled_function(c["name"], c["smem_bytes"])
     fn((N // c["bn"], M // c["bm"]), (c["threads"],), (A, B, C, np.int32(M), np.int32(N), np.int32(K)),
        shared_mem=c["smem_bytes"])

@@ -44,6 +44,10 @@ def multiply_grid_stride(a, b, out):
 
 
 KERNELS = {"one_per_thread": multiply_one_per_thread, "grid_stride": multiply_grid_stride}
+# Every numba kernel of this module with a signature: tests/test_gpu_archs.py compiles each to PTX and machine
+# code for every GPU the course supports (gpucourse/gpus.py).
+NUMBA_KERNELS = {name: "void(float32[::1], float32[::1], float32[::1])"
+                 for name in ("multiply_one_per_thread", "multiply_grid_stride")}
 
 
 def check_operands(a, b, out) -> None:

@@ -43,6 +43,16 @@ NUMBA_WARP_KERNELS = {
     "reduce_shuffle": "void(float32[::1], float32[::1])",
     "value_branch_masks": "void(float32[::1], float32, uint32[::1], uint32[::1], uint32[::1])",
 }
+# Every numba kernel of this module with a signature: tests/test_gpu_archs.py compiles each to PTX and machine
+# code for every GPU the course supports (gpucourse/gpus.py).
+NUMBA_KERNELS = {
+    **NUMBA_WARP_KERNELS,
+    "branch_on_lane": "void(float32[::1], float32[::1], int64, int64)",
+    "branch_on_warp": "void(float32[::1], float32[::1], int64, int64)",
+    "branch_on_value": "void(float32[::1], int64[::1], float32, float32[::1], int64)",
+    "reduce_tree": "void(float32[::1], float32[::1])",
+    "reduce_atomic": "void(float32[::1], float32[::1])",
+}
 PATH_A = np.float32(0.999)  # path p iterates v <- v * PATH_A + 0.001 * (p + 1), which tends to p + 1
 
 

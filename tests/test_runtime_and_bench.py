@@ -24,12 +24,85 @@ def test_sizes_follow_the_mode():
         runtime.size("nope")
 
 
-def test_probe_text():
-    text = runtime.describe("01_vector_multiply")
+def test_probe_text(capsys):
+    text = records.describe("01_vector_multiply")
+    assert text.startswith(runtime.describe())
     if runtime.is_gpu():
         assert text.startswith("GPU mode: ") and "compute capability" in text
     else:
         assert text.startswith("CPU mode: kernels run in Numba's CUDA simulator")
+        rec = records.latest("01_vector_multiply")
+        assert text.endswith(f"GPU figures shown are {records.label(rec)}.")
+        assert records.describe("99_none").endswith("No GPU record of lesson 99_none is in this repository yet.")
+    import gpucourse
+
+    assert gpucourse.setup(lesson="01_vector_multiply") is runtime.get()  # what a notebook's first cell prints
+    assert capsys.readouterr().out == text + "\n"
+
+
+def _gpucourse_imports() -> dict:
+    """{module: {gpucourse modules it imports}} for every gpucourse/*.py, function-level imports included."""
+    import ast
+    from pathlib import Path
+
+    package = Path(runtime.__file__).parent
+    names = {p.stem for p in package.glob("*.py")}
+    graph = {}
+    for path in package.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1 and node.module is None:  # from . import a, b
+                    deps |= {a.name for a in node.names}
+                elif node.level == 1:  # from .a import b
+                    deps.add(node.module.split(".")[0])
+                elif node.module == "gpucourse":  # from gpucourse import a
+                    deps |= {a.name for a in node.names if a.name in names}
+                elif node.module and node.module.startswith("gpucourse."):
+                    deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("gpucourse.")}
+        graph[path.stem] = (deps & names) - {path.stem}
+    return graph
+
+
+def _find_cycle(graph: dict) -> list | None:
+    """A chain of imports that comes back to where it started, or None."""
+    done, path = set(), []
+
+    def visit(mod):
+        if mod in path:
+            return path[path.index(mod):] + [mod]
+        if mod in done:
+            return None
+        path.append(mod)
+        for dep in sorted(graph.get(mod, ())):
+            cycle = visit(dep)
+            if cycle:
+                return cycle
+        path.pop()
+        done.add(mod)
+        return None
+
+    for mod in sorted(graph):
+        cycle = visit(mod)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_tooling_imports_stand_in_floors():
+    """runtime imports no other gpucourse module, and no chain of imports comes back to where it started."""
+    graph = _gpucourse_imports()
+    assert {"runtime", "gpus", "bench", "records", "cli"} <= set(graph)
+    assert graph["runtime"] == set(), f"runtime is the ground floor; it imports {graph['runtime']}"
+    assert graph["gpus"] <= {"runtime"} and graph["bench"] <= {"runtime"}
+    assert "records" in graph["cli"] and "bench" in graph["records"]  # the imports inside functions are seen
+    # importing any submodule runs the package's __init__ first: it may import runtime only at its top
+    assert _find_cycle({k: v for k, v in graph.items() if k != "__init__"}) is None
+    # the loop this replaced: runtime.describe imported records, records bench, bench records.slug
+    cycle = _find_cycle({**graph, "runtime": {"records"}, "bench": {"runtime", "records"}})
+    assert cycle and cycle[0] == cycle[-1] and {"bench", "records"} <= set(cycle)
 
 
 def test_cpu_mode_refuses_to_time():

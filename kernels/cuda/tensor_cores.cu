@@ -12,6 +12,7 @@
 //    set the tensor cores beside the best the FP32 units can do.
 //
 // Accumulation: FP32 ("f32": C is float) or FP16 ("f16": C is half). The inputs are always FP16.
+// GPUs: WMMA needs sm_70+; cp.async sm_80+, with a synchronous fallback below (all of it: gpucourse/gpus.py).
 
 #include <mma.h>
 #include <cuda_fp16.h>
@@ -58,6 +59,11 @@ extern "C" __global__ void wmma_naive_f16(const half* A, const half* B, half* C,
 // cp.async (sm_80+): a 16-byte copy from global to shared memory that does not pass through registers and
 // does not block the thread; commit_group closes a group of copies, wait_group<n> waits until at most n
 // groups are still in flight.
+// Below sm_80 (a T4) there is no cp.async: the copy is an ordinary 16-byte load and shared store, finished
+// before the thread goes on, so commit and wait have nothing to do and the __syncthreads that follows every
+// wait still makes the tile visible to the whole block. The pipeline then runs synchronously: same results,
+// no overlap of copies and math (gpucourse/gpus.py: step "03.wmma_tiled").
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -66,6 +72,15 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+#else
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
+{
+    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#endif
 
 // Shared memory rows are padded by 8 halves (16 bytes): row r of a slice starts 16 bytes further round the
 // 32 banks than row r - 1, so the 8 rows a fragment load reads at once fall in different banks.

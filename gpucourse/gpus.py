@@ -1,0 +1,209 @@
+"""Which GPU each kernel needs, in one place: the architectures the course supports, the hardware features
+its kernels use with the compute capability each needs, and what every lesson step needs.
+
+    gpus.supports("cp.async")                  # on this GPU (or the faked one); cc=(7, 5) to ask about another
+    gpus.require("fp16-wmma", what="lesson 3's WMMA GEMM")   # CourseError naming this GPU and what it lacks
+    gpus.step("03.wmma_tiled")                 # a launcher's check: raises, or notes a fallback once, or passes
+    gpus.plan((7, 5))                          # every lesson step on a T4: runs / runs with a fallback / cannot
+
+The compute capability asked about is the real GPU's, or GPUCOURSE_FAKE_CC (e.g. 7.5) where that is set: how
+the tests check the gating without a GPU (``runtime.compute_capability``). Kernel modules may import this
+module beside ``gpucourse.runtime``; it imports nothing else of the tooling.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from . import runtime
+
+# The GPUs learners bring, by compute capability. Every CUDA C source compiles to machine code for each of
+# these (tests/test_gpu_archs.py); sm_90a (the arch-specific Hopper target: wgmma, setmaxnreg) only for the
+# sources that declare it with a line "// gpucourse-arch: sm_90a".
+GPUS = {
+    (7, 5): "T4, RTX 20xx (Turing)",
+    (8, 0): "A100 (Ampere)",
+    (8, 6): "RTX 30xx, A10, A40 (Ampere)",
+    (8, 9): "RTX 40xx, L4, L40 (Ada)",
+    (9, 0): "H100, H200 (Hopper)",
+}
+ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")  # what every source is compiled for
+ARCH_SPECIFIC = ("sm_90a",)  # compiled only for sources that declare it
+_DECLARED_ARCH = re.compile(r"^\s*//\s*gpucourse-arch:\s*(sm_\d+a?)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    cc: tuple[int, int]  # the lowest compute capability that has it
+    what: str  # one line: what it is
+    arch_specific: bool = False  # sm_90a-style: only that exact architecture (code built for it runs nowhere else)
+
+    @property
+    def needs(self) -> str:
+        cc = f"compute capability {self.cc[0]}.{self.cc[1]}"
+        return f"sm_{self.cc[0]}{self.cc[1]}a ({cc} exactly)" if self.arch_specific else f"sm_{self.cc[0]}{self.cc[1]}+ ({cc} or higher)"
+
+
+FEATURES = {f.name: f for f in (
+    Feature("fp16-wmma", (7, 0), "FP16 tensor cores through WMMA: 16x16x16 half tiles, half or float sums"),
+    Feature("int8-wmma", (7, 2), "INT8 tensor cores through WMMA: 8-bit integer tiles, int32 sums"),
+    Feature("cp.async", (8, 0), "asynchronous 16-byte copies from global to shared memory that skip the "
+                                "registers and let the copy of the next tile overlap the math (cp.async)"),
+    Feature("bf16-wmma", (8, 0), "BF16 tensor cores through WMMA (bfloat16 tiles, float sums)"),
+    Feature("tf32-wmma", (8, 0), "TF32 tensor cores through WMMA: float inputs rounded to 10-bit mantissas"),
+    Feature("fp8", (8, 9), "FP8 (e4m3, e5m2) tensor-core math"),
+    Feature("clusters", (9, 0), "thread-block clusters and distributed shared memory"),
+    Feature("tma", (9, 0), "the Tensor Memory Accelerator: bulk tensor copies global <-> shared "
+                           "(cp.async.bulk.tensor)"),
+    Feature("wgmma", (9, 0), "warpgroup MMA (wgmma.mma_async): four warps issue one asynchronous tensor-core "
+                             "op reading shared memory", arch_specific=True),
+)}
+
+
+@dataclass(frozen=True)
+class Step:
+    key: str  # "03.wmma_tiled": lesson number and step
+    what: str  # what the step is, as a learner would name it
+    needs: tuple[str, ...] = ()  # features it cannot run without
+    prefers: tuple[str, ...] = ()  # features it uses where the GPU has them ...
+    fallback: str = ""  # ... and what it does instead where it does not
+
+    @property
+    def lesson(self) -> str:
+        return self.key.split(".")[0]
+
+
+# Every lesson step that needs more than the oldest supported GPU (sm_75). Steps not named here (numba kernels,
+# SIMT CUDA C, cuBLAS and cuDNN calls) run on every GPU in GPUS.
+STEPS = {s.key: s for s in (
+    Step("03.wmma", "lesson 3's WMMA GEMM, one warp per tile", needs=("fp16-wmma",)),
+    Step("03.wmma_tiled", "lesson 3's tiled, pipelined WMMA GEMM", needs=("fp16-wmma",), prefers=("cp.async",),
+         fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
+    Step("04.igemm_wmma", "lesson 4's tensor-core convolution (implicit GEMM, NHWC)", needs=("fp16-wmma",),
+         prefers=("cp.async",),
+         fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
+    Step("05.wmma", "lesson 5's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
+)}
+
+LESSONS = {
+    "01": "vector multiply", "02": "warp divergence", "03": "tensor cores", "04": "convolution",
+    "05": "inference engine", "06": "collectives",
+}
+
+
+def feature(name: str) -> Feature:
+    try:
+        return FEATURES[name]
+    except KeyError:
+        raise runtime.CourseInputError(f"no GPU feature named {name!r}; known: {', '.join(FEATURES)}") from None
+
+
+def _cc(cc) -> tuple[int, int]:
+    if cc is not None:
+        return runtime.parse_cc(cc)
+    here = runtime.compute_capability()
+    if here is None:
+        raise runtime.CourseError(
+            f"there is no GPU here to ask about; give a compute capability (cc=(7, 5)) or set "
+            f"{runtime.FAKE_CC_VARIABLE}=7.5")
+    return here
+
+
+def gpu_name(cc=None) -> str:
+    """'this GPU, Tesla T4 (compute capability 7.5),' or 'a GPU of compute capability 7.5 (T4, ...)'."""
+    major, minor = _cc(cc)
+    rt = runtime.get()
+    if cc is None and rt.gpu and not os.environ.get(runtime.FAKE_CC_VARIABLE):
+        return f"this GPU, {rt.device['name']} (compute capability {major}.{minor}),"
+    kinds = GPUS.get((major, minor))
+    return f"a GPU of compute capability {major}.{minor}" + (f" ({kinds})" if kinds else "")
+
+
+def supports(name: str, cc=None) -> bool:
+    """Whether a GPU of compute capability ``cc`` (default: this GPU, or GPUCOURSE_FAKE_CC) has feature ``name``."""
+    f, have = feature(name), _cc(cc)
+    return have == f.cc if f.arch_specific else have >= f.cc
+
+
+def missing(name: str, cc=None, *, what: str | None = None) -> str | None:
+    """None where the GPU has feature ``name``, else one line saying what lacks what."""
+    if supports(name, cc):
+        return None
+    f = feature(name)
+    return (f"{what or 'this step'} needs {f.name} ({f.what}), which needs {f.needs}; "
+            f"{gpu_name(cc)} does not have it")
+
+
+def require(name: str, *, what: str, cc=None) -> None:
+    """Raise CourseError (one line naming the GPU and the feature it lacks) unless the GPU has ``name``."""
+    msg = missing(name, cc, what=what)
+    if msg:
+        raise runtime.CourseError(msg)
+
+
+@dataclass
+class StepStatus:
+    step: Step
+    cc: tuple[int, int]
+    lacking: list = field(default_factory=list)  # features in step.needs this GPU lacks: the step cannot run
+    falls_back: list = field(default_factory=list)  # features in step.prefers it lacks: the step uses its fallback
+
+    @property
+    def runs(self) -> bool:
+        return not self.lacking
+
+    def line(self) -> str:
+        s = self.step
+        if self.lacking:
+            return "; ".join(missing(f, self.cc, what=s.what) for f in self.lacking)
+        if self.falls_back:
+            why = ", ".join(f"{f} needs {feature(f).needs.split(' (')[0]}" for f in self.falls_back)
+            return f"{s.what} {s.fallback} ({why})"
+        return f"{s.what}: runs as written"
+
+
+def status(key: str, cc=None) -> StepStatus:
+    try:
+        s = STEPS[key]
+    except KeyError:
+        raise runtime.CourseInputError(f"no lesson step {key!r} in gpus.STEPS; known: {', '.join(STEPS)}") from None
+    have = _cc(cc)
+    return StepStatus(s, have, [f for f in s.needs if not supports(f, have)],
+                      [f for f in s.prefers if not supports(f, have)])
+
+
+_noted: set = set()
+
+
+def step(key: str, cc=None) -> StepStatus:
+    """What a launcher calls before it runs lesson step ``key``: raises CourseError if the GPU cannot run it,
+    prints one line (once per process) if it runs with its fallback, else passes quietly."""
+    st = status(key, cc)
+    if not st.runs:
+        raise runtime.CourseError(st.line())
+    if st.falls_back and key not in _noted:
+        _noted.add(key)
+        print(f"note: {st.line()}.")
+    return st
+
+
+def plan(cc=None) -> dict:
+    """{lesson number: [StepStatus, ...]} for every lesson: what a GPU of compute capability ``cc`` runs."""
+    have = _cc(cc)
+    out = {lesson: [] for lesson in LESSONS}
+    for key in STEPS:
+        out[STEPS[key].lesson].append(status(key, have))
+    return out
+
+
+def source_archs(code: str) -> list[str]:
+    """The architectures a CUDA C source is compiled for: ARCHS, plus any it declares
+    ("// gpucourse-arch: sm_90a") for features of one architecture only."""
+    extra = [a for a in _DECLARED_ARCH.findall(code) if a not in ARCHS]
+    unknown = [a for a in extra if a not in ARCH_SPECIFIC]
+    if unknown:
+        raise runtime.CourseInputError(f"unknown architecture {', '.join(unknown)}; the course supports "
+                                       f"{', '.join(ARCHS + ARCH_SPECIFIC)}")
+    return list(ARCHS) + extra

@@ -1,0 +1,209 @@
+"""Which GPU each kernel needs (gpucourse/gpus.py), and every kernel compiled to machine code for every GPU the
+course supports: each CUDA C source under kernels/cuda/ through nvcc -cubin, each numba kernel's PTX through
+ptxas, for sm_75 (T4) up to sm_90 (H100, H200), without a GPU."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from gpucourse import gpus, runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA_SOURCES = sorted((ROOT / "kernels" / "cuda").rglob("*.cu"))
+NUMBA_MODULES = sorted(f"kernels.{p.stem}" for p in (ROOT / "kernels").glob("*.py") if p.stem != "__init__")
+# numba kernels of modules that do not declare NUMBA_KERNELS yet (they move there with the engine's own package)
+PENDING_SIGNATURES = {
+    "kernels.engine": {"cbr_direct": "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[::1], "
+                                     "float32[:, :, :, ::1])"},
+}
+
+
+@pytest.fixture
+def fake_cc(monkeypatch):
+    def set_cc(cc):
+        monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, cc)
+    return set_cc
+
+
+# ------------------------------------------------------------------------------------------- the registry
+
+def test_compute_capability_parsing():
+    for text in ("7.5", "sm_75", 75, (7, 5), "7.5 "):
+        assert runtime.parse_cc(text) == (7, 5)
+    assert runtime.parse_cc("sm_90a") == (9, 0) and runtime.parse_cc("12.0") == (12, 0)
+    with pytest.raises(runtime.CourseInputError, match="looks like 7.5"):
+        runtime.parse_cc("turing")
+
+
+@pytest.mark.parametrize("cc, cp_async, wgmma", [("7.5", False, False), ("8.0", True, False), ("8.6", True, False),
+                                                 ("8.9", True, False), ("9.0", True, True), ("10.0", True, False)])
+def test_supports_follows_the_faked_gpu(fake_cc, cc, cp_async, wgmma):
+    fake_cc(cc)
+    assert runtime.compute_capability() == runtime.parse_cc(cc)
+    assert gpus.supports("fp16-wmma")  # every GPU the course supports has FP16 tensor cores
+    assert gpus.supports("cp.async") is cp_async
+    assert gpus.supports("wgmma") is wgmma  # sm_90a code runs on compute capability 9.0 only
+    assert gpus.supports("cp.async", cc=(7, 5)) is False and gpus.supports("cp.async", cc="sm_80") is True
+
+
+def test_require_names_the_gpu_and_what_it_lacks(fake_cc):
+    fake_cc("7.5")
+    with pytest.raises(runtime.CourseError) as err:
+        gpus.require("cp.async", what="lesson 3's pipelined WMMA GEMM")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("lesson 3's pipelined WMMA GEMM needs cp.async")
+    assert "sm_80+" in msg and "compute capability 7.5 (T4" in msg and msg.endswith("does not have it")
+    gpus.require("fp16-wmma", what="WMMA")  # has it: no error
+    with pytest.raises(runtime.CourseInputError, match="no GPU feature named 'dp8'"):
+        gpus.supports("dp8")
+
+
+def test_without_a_gpu_the_question_needs_a_compute_capability(monkeypatch):
+    if runtime.is_gpu():
+        pytest.skip("a GPU answers for itself")
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE, raising=False)
+    assert runtime.compute_capability() is None
+    with pytest.raises(runtime.CourseError, match="GPUCOURSE_FAKE_CC=7.5"):
+        gpus.supports("cp.async")
+
+
+def test_steps_fall_back_or_refuse(fake_cc, capsys, monkeypatch):
+    monkeypatch.setattr(gpus, "_noted", set())
+    fake_cc("7.5")
+    st = gpus.step("03.wmma_tiled")
+    assert st.runs and st.falls_back == ["cp.async"]
+    gpus.step("03.wmma_tiled")  # the note is printed once per process
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["note: lesson 3's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary "
+                   "loads, synchronously (no overlap) (cp.async needs sm_80+)."]
+    fake_cc("8.0")
+    assert not gpus.status("03.wmma_tiled").falls_back and gpus.status("04.igemm_wmma").runs
+    # a step whose feature this GPU lacks is refused with one line
+    monkeypatch.setitem(gpus.STEPS, "99.wgmma", gpus.Step("99.wgmma", "a wgmma GEMM", needs=("wgmma",)))
+    with pytest.raises(runtime.CourseError, match=r"^a wgmma GEMM needs wgmma .* sm_90a \(compute capability 9.0 "
+                                                  r"exactly\); a GPU of compute capability 8.0"):
+        gpus.step("99.wgmma")
+    fake_cc("9.0")
+    assert gpus.step("99.wgmma").runs
+    with pytest.raises(runtime.CourseInputError, match="no lesson step"):
+        gpus.status("03.nope")
+
+
+def test_every_step_names_known_features_and_lessons():
+    for key, step in gpus.STEPS.items():
+        assert step.key == key and step.lesson in gpus.LESSONS
+        assert all(f in gpus.FEATURES for f in step.needs + step.prefers)
+        assert bool(step.prefers) == bool(step.fallback)
+    for f in gpus.FEATURES.values():
+        assert f.what and "\n" not in f.what
+    assert [gpus.runtime.parse_cc(a) for a in gpus.ARCHS] == sorted(gpus.GPUS)
+    # every supported GPU runs every step of the course, some with a fallback
+    for cc in gpus.GPUS:
+        assert all(st.runs for steps in gpus.plan(cc).values() for st in steps)
+
+
+def test_source_archs_reads_declarations():
+    assert gpus.source_archs("// no declaration") == list(gpus.ARCHS)
+    assert gpus.source_archs("// gpucourse-arch: sm_90a\n__global__ void k() {}") == [*gpus.ARCHS, "sm_90a"]
+    with pytest.raises(runtime.CourseInputError, match="unknown architecture sm_91"):
+        gpus.source_archs("// gpucourse-arch: sm_91\n")
+
+
+# ------------------------------------------------------------------------ machine code for every architecture
+
+def _tool(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    for site in map(Path, sys.path):  # the nvidia-cuda-nvcc wheel
+        candidate = site / "nvidia" / "cuda_nvcc" / "bin" / name
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def _run_all(jobs: list) -> list:
+    """Run the commands concurrently; return (label, stderr) of each that failed."""
+    def one(job):
+        label, cmd = job
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        return None if done.returncode == 0 else (label, done.stderr.strip()[-2000:])
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
+        return [f for f in pool.map(one, jobs) if f]
+
+
+@pytest.mark.archs
+def test_every_cuda_source_assembles_for_every_architecture(tmp_path):
+    nvcc = _tool("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    from kernels import cuda_c
+
+    assert {p.stem for p in CUDA_SOURCES} >= {"vector_multiply", "warp_divergence", "tensor_cores", "convolution"}
+    includes = [f"-I{d}" for d in cuda_c.include_dirs()]
+    jobs = []
+    for src in CUDA_SOURCES:
+        for arch in gpus.source_archs(src.read_text()):
+            target = f"-gencode=arch=compute_{arch[3:]},code={arch}" if arch.endswith("a") else f"-arch={arch}"
+            out = tmp_path / f"{src.stem}.{arch}.cubin"
+            jobs.append((f"{src.relative_to(ROOT)} for {arch}",
+                         [nvcc, "-std=c++17", target, *includes, "-cubin", str(src), "-o", str(out)]))
+    t0 = time.perf_counter()
+    failed = _run_all(jobs)
+    print(f"\n{len(jobs)} nvcc -cubin runs in {time.perf_counter() - t0:.1f} s")
+    assert not failed, "\n\n".join(f"{label}:\n{err}" for label, err in failed)
+    for _, cmd in jobs:  # real machine code came out of every run
+        assert Path(cmd[-1]).stat().st_size > 1000
+
+
+@pytest.mark.archs
+def test_every_numba_kernel_assembles_for_every_architecture(tmp_path):
+    ptxas = _tool("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas is not installed")
+    from kernels.numba_ptx import module_kernels
+
+    t0 = time.perf_counter()
+    try:  # PTX for the oldest GPU the course supports, which ptxas then assembles for every newer one too
+        found = module_kernels(NUMBA_MODULES, cc=runtime.parse_cc(gpus.ARCHS[0]), extra=PENDING_SIGNATURES)
+    except runtime.CourseError as exc:
+        if "libnvvm" in str(exc).lower() or "nvvm" in str(exc).lower():
+            pytest.skip(f"numba-cuda's NVVM is not installed: {str(exc)[-200:]}")
+        raise
+    undeclared = {m: r["undeclared"] for m, r in found.items() if r["undeclared"]}
+    stale = {m: r["stale"] for m, r in found.items() if r["stale"]}
+    assert not undeclared, f"declare these numba kernels' signatures in their module's NUMBA_KERNELS: {undeclared}"
+    assert not stale, f"NUMBA_KERNELS names kernels that do not exist: {stale}"
+    ptx = {f"{m}.{k}": text for m, r in found.items() for k, text in r["ptx"].items()}
+    assert len(ptx) >= 14 and "kernels.warp_divergence.reduce_shuffle" in ptx
+    jobs = []
+    for name, text in ptx.items():
+        path = tmp_path / f"{name}.ptx"
+        path.write_text(text)
+        for arch in gpus.ARCHS:
+            jobs.append((f"{name} for {arch}", [ptxas, f"-arch={arch}", str(path), "-o",
+                                                str(tmp_path / f"{name}.{arch}.cubin")]))
+    failed = _run_all(jobs)
+    print(f"\n{len(ptx)} numba kernels to PTX and {len(jobs)} ptxas runs in {time.perf_counter() - t0:.1f} s")
+    assert not failed, "\n\n".join(f"{label}:\n{err}" for label, err in failed)
+
+
+@pytest.mark.archs
+def test_sm80_code_is_what_it_was_and_sm75_has_no_cp_async():
+    """The fallback below sm_80 is compiled only there: sm_80+ PTX keeps its cp.async, sm_75's has none."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from kernels import cuda_c
+
+    for name in ("tensor_cores", "convolution"):
+        new = cuda_c.compile_ptx(name, arch="sm_80")
+        assert "cp.async.cg.shared.global" in new and "cp.async.wait_group" in new
+        old = cuda_c.compile_ptx(name, arch="sm_75")
+        assert "cp.async" not in old and "wmma.mma.sync" in old and "st.shared.v4" in old
