@@ -25,7 +25,7 @@ lab: setup                              ## open the course in JupyterLab (option
 test: setup                             ## run the test suite (CPU mode without a GPU)
 	$(BIN)/python -m pytest
 
-probe: setup                            ## GPU or CPU mode, and what the GPU is
+probe: setup                            ## GPU or CPU mode, what the GPU is, which lesson steps it runs
 	$(BIN)/python -m gpucourse probe
 
 notebooks: setup                        ## execute every lesson and solution notebook, print a summary

@@ -1,7 +1,7 @@
 """python -m gpucourse COMMAND — the course's command line.
 
-  probe                 GPU or CPU mode, and what the GPU is
-  lab                   open the course in JupyterLab
+  probe [--cc 7.5]      GPU or CPU mode, what the GPU is, and which lesson steps it runs (or a GPU of --cc)
+  lab                   open the course in JupyterLab (with --allow-root when run as root)
   run [NB ...]          execute lesson and solution notebooks headless; print a summary
   record [LESSON ...]   on a GPU: run lessons' benchmarks, write results/<gpu>/<lesson>.json
   ceilings [--refresh]  this GPU's measured copy, transfer and GEMM ceilings
@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,8 @@ def main(argv=None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--mode", choices=["auto", "gpu", "cpu"], default=None, help="force GPU or CPU mode")
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("probe", parents=[common])
+    probe = sub.add_parser("probe", parents=[common])
+    probe.add_argument("--cc", help="say what a GPU of this compute capability runs (e.g. 7.5 for a T4)")
     sub.add_parser("lab", help="further options go to jupyter lab")
     run = sub.add_parser("run", parents=[common])
     run.add_argument("notebooks", nargs="*", type=Path)
@@ -69,13 +71,34 @@ def main(argv=None) -> int:
 def _probe(args) -> int:
     from . import records
 
+    from . import gpus
+
     runtime.setup(args.mode, quiet=True)
     print(records.describe())
+    cc = runtime.parse_cc(args.cc) if args.cc else runtime.compute_capability()
+    if cc is None:
+        print("No GPU here to run CUDA C; `python -m gpucourse probe --cc 7.5` says what a T4 would run "
+              f"(the course supports compute capability {', '.join(f'{a}.{b}' for a, b in gpus.GPUS)}).")
+    else:
+        print(gpus.summary(cc if args.cc else None))
     return 0
 
 
+def lab_command(extra: list, *, euid: int | None = None) -> tuple[list, str | None]:
+    """The command that opens JupyterLab, and a line to print about it (or None). As root (Docker, cloud
+    images) Jupyter refuses to start without --allow-root, so it is added."""
+    cmd = [sys.executable, "-m", "jupyter", "lab", *extra]
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0 and "--allow-root" not in extra:
+        return [*cmd, "--allow-root"], "Running as root: starting JupyterLab with --allow-root."
+    return cmd, None
+
+
 def _lab(args) -> int:
-    return subprocess.call([sys.executable, "-m", "jupyter", "lab", *args.args], cwd=ROOT)
+    cmd, note = lab_command(args.args)
+    if note:
+        print(note, flush=True)
+    return subprocess.call(cmd, cwd=ROOT)
 
 
 def _run(args) -> int:

@@ -22,11 +22,11 @@ from . import runtime
 # these (tests/test_gpu_archs.py); sm_90a (the arch-specific Hopper target: wgmma, setmaxnreg) only for the
 # sources that declare it with a line "// gpucourse-arch: sm_90a".
 GPUS = {
-    (7, 5): "T4, RTX 20xx (Turing)",
-    (8, 0): "A100 (Ampere)",
-    (8, 6): "RTX 30xx, A10, A40 (Ampere)",
-    (8, 9): "RTX 40xx, L4, L40 (Ada)",
-    (9, 0): "H100, H200 (Hopper)",
+    (7, 5): "Turing: T4, RTX 20xx",
+    (8, 0): "Ampere: A100",
+    (8, 6): "Ampere: RTX 30xx, A10, A40",
+    (8, 9): "Ada: RTX 40xx, L4, L40",
+    (9, 0): "Hopper: H100, H200",
 }
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")  # what every source is compiled for
 ARCH_SPECIFIC = ("sm_90a",)  # compiled only for sources that declare it
@@ -207,3 +207,16 @@ def source_archs(code: str) -> list[str]:
         raise runtime.CourseInputError(f"unknown architecture {', '.join(unknown)}; the course supports "
                                        f"{', '.join(ARCHS + ARCH_SPECIFIC)}")
     return list(ARCHS) + extra
+
+
+def summary(cc=None) -> str:
+    """What a GPU runs, lesson by lesson (``python -m gpucourse probe`` prints it)."""
+    have = _cc(cc)
+    head = gpu_name(cc).rstrip(",")
+    lines = [f"{head[0].upper()}{head[1:]} runs:"]
+    for lesson, steps in plan(have).items():
+        notes = [st.line() for st in steps if not st.runs or st.falls_back]
+        cannot = [st for st in steps if not st.runs]
+        first = "all steps" if not cannot else f"all steps but {len(cannot)}"
+        lines.append(f"  lesson {int(lesson)} ({LESSONS[lesson]}): " + "; ".join([first, *notes]))
+    return "\n".join(lines)

@@ -58,7 +58,7 @@ def test_require_names_the_gpu_and_what_it_lacks(fake_cc):
         gpus.require("cp.async", what="lesson 3's pipelined WMMA GEMM")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("lesson 3's pipelined WMMA GEMM needs cp.async")
-    assert "sm_80+" in msg and "compute capability 7.5 (T4" in msg and msg.endswith("does not have it")
+    assert "sm_80+" in msg and "compute capability 7.5 (Turing: T4" in msg and msg.endswith("does not have it")
     gpus.require("fp16-wmma", what="WMMA")  # has it: no error
     with pytest.raises(runtime.CourseInputError, match="no GPU feature named 'dp8'"):
         gpus.supports("dp8")
@@ -113,6 +113,55 @@ def test_source_archs_reads_declarations():
     assert gpus.source_archs("// gpucourse-arch: sm_90a\n__global__ void k() {}") == [*gpus.ARCHS, "sm_90a"]
     with pytest.raises(runtime.CourseInputError, match="unknown architecture sm_91"):
         gpus.source_archs("// gpucourse-arch: sm_91\n")
+
+
+# ------------------------------------------------------------------------------------ the probe and the lab
+
+@pytest.mark.parametrize("cc", ["7.5", "8.0", "8.6", "8.9", "9.0"])
+def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
+    from gpucourse import cli, records
+
+    fake_cc(cc)  # as on a GPU of that compute capability: the probe asks runtime.compute_capability()
+    assert cli.main(["probe"]) == 0
+    faked = capsys.readouterr().out
+    assert faked.startswith(records.describe())
+    tail = faked.split(records.describe(), 1)[1]
+    assert cli.main(["probe", "--cc", cc]) == 0  # CPU mode asking about another GPU says the same
+    assert capsys.readouterr().out.split(records.describe(), 1)[1] == tail
+    lines = tail.strip().splitlines()
+    assert lines[0] == f"A GPU of compute capability {cc} ({gpus.GPUS[runtime.parse_cc(cc)]}) runs:"
+    by_lesson = {int(line.split()[1]): line for line in lines[1:]}
+    assert sorted(by_lesson) == [1, 2, 3, 4, 5, 6]
+    for n, line in by_lesson.items():
+        assert line.split(": ", 1)[1].startswith("all steps")
+        synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
+        assert synchronous is (cc == "7.5" and n in (3, 4)), line
+    if cc != "7.5":
+        assert all(line.endswith("all steps") for line in by_lesson.values())
+
+
+def test_probe_without_a_gpu_points_at_cc(capsys, monkeypatch):
+    from gpucourse import cli
+
+    if runtime.is_gpu():
+        pytest.skip("a GPU answers for itself")
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE, raising=False)
+    assert cli.main(["probe"]) == 0
+    assert "`python -m gpucourse probe --cc 7.5` says what a T4 would run" in capsys.readouterr().out
+    assert cli.main(["probe", "--cc", "turing"]) == 2
+    assert "a compute capability looks like 7.5" in capsys.readouterr().err
+
+
+def test_lab_allows_root_only_as_root():
+    from gpucourse import cli
+
+    cmd, note = cli.lab_command(["--port", "9999"], euid=0)
+    assert cmd[1:] == ["-m", "jupyter", "lab", "--port", "9999", "--allow-root"]
+    assert note == "Running as root: starting JupyterLab with --allow-root."
+    cmd, note = cli.lab_command(["--port", "9999"], euid=1000)
+    assert cmd[1:] == ["-m", "jupyter", "lab", "--port", "9999"] and note is None
+    cmd, _ = cli.lab_command(["--allow-root"], euid=0)
+    assert cmd.count("--allow-root") == 1
 
 
 # ------------------------------------------------------------------------ machine code for every architecture
