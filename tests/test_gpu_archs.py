@@ -256,3 +256,64 @@ def test_sm80_code_is_what_it_was_and_sm75_has_no_cp_async():
         assert "cp.async.cg.shared.global" in new and "cp.async.wait_group" in new
         old = cuda_c.compile_ptx(name, arch="sm_75")
         assert "cp.async" not in old and "wmma.mma.sync" in old and "st.shared.v4" in old
+
+
+# --------------------------------------------------------- the sm_75 fallback, run on whatever GPU is here
+
+@pytest.fixture
+def as_if_sm75(monkeypatch, tmp_path, fake_cc):
+    """Lessons 3 and 4's CUDA C as a T4 gets it (PTX for sm_75: plain loads in place of cp.async), which the
+    driver compiles for this GPU: the fallback's results checked on real hardware."""
+    import numpy as np  # noqa: F401
+
+    from kernels import convolution as cv, cuda_c, tensor_cores as tc
+
+    cp = runtime.cupy()
+    modules = {}
+    for name in (tc.SOURCE, cv.SOURCE):
+        ptx = cuda_c.compile_ptx(name, arch="sm_75")
+        assert "cp.async" not in ptx
+        path = tmp_path / f"{name}.ptx"
+        path.write_text(ptx)
+        modules[name] = cp.RawModule(path=str(path))
+    monkeypatch.setattr(cuda_c, "module", lambda name: modules[name])
+    monkeypatch.setattr(tc, "_raised", set())
+    monkeypatch.setattr(cv, "_igemm_ready", set())
+    monkeypatch.setattr(gpus, "_noted", set())
+    fake_cc("7.5")
+    return tc, cv
+
+
+@pytest.mark.gpu
+def test_sm75_fallback_gemm_and_conv_match_spec(as_if_sm75, rng, capsys):
+    import math
+
+    import numpy as np
+
+    tc, cv = as_if_sm75
+    cp = runtime.cupy()
+    for config in ("wmma_tiled_64x64x32_w32x32_s1_f32", "wmma_tiled_128x128x32_w64x64_s3_f32",
+                   "wmma_tiled_128x128x64_w64x64_s4_f32", tc.DEFAULT_TILED["float16"]):
+        c = tc.tiled_config(config)
+        M, N, K = 2 * c["bm"], 3 * c["bn"], 5 * c["bk"] * 4
+        A = rng.random((M, K)).astype(np.float16)
+        B = rng.random((K, N)).astype(np.float16)
+        C = cp.full((M, N), cp.nan, dtype=c["acc"])
+        tc.gemm(cp.asarray(A), cp.asarray(B), C, kernel="tiled", config=config)
+        prec = "fp16_inputs_fp32_acc" if c["acc"] == "float32" else "fp16_acc"
+        assert tc.rel_error(C.get(), tc.gemm_spec(A, B)) <= tc.tolerance(prec, K), config
+    for config in cv.IGEMM_CONFIGS:
+        xs, ws = (3, 64, 15, 13), (72, 64, 3, 3)  # stride 2, ragged tiles, zero-filled edges
+        x = rng.uniform(-1, 1, xs).astype(np.float16)
+        w = rng.uniform(-1, 1, ws).astype(np.float16)
+        want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, 1, 2, 1))
+        y = cp.full(want.shape, cp.nan, cp.float16)
+        cv.conv_implicit_gemm(cp.asarray(cv.nchw_to_nhwc(x)), cp.asarray(cv.kcrs_to_krsc(w)), y, pad=1, stride=2,
+                              config=config)
+        assert cv.rel_error(y.get(), want) <= cv.tolerance("float16", math.prod(ws[1:])), config
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("note:")] == [
+        "note: lesson 3's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary loads, "
+        "synchronously (no overlap) (cp.async needs sm_80+).",
+        "note: lesson 4's tensor-core convolution (implicit GEMM, NHWC) copies tiles to shared memory with "
+        "ordinary loads, synchronously (no overlap) (cp.async needs sm_80+)."]
