@@ -185,9 +185,10 @@ def hub_cli(*, instructors, students=(), group=None, ip="127.0.0.1", port=8000, 
                             group=group, ip=ip, port=port, api_token=token, course_code=course_code, mode=mode)
     write_nbgrader_config(Path(settings["jupyter_config"]), exchange, course_id())
     if _readable_by_others(REPO / "solutions") and not course_code:
-        print(f"warning: {REPO / 'solutions'} (solutions and hidden tests) is readable by every user of this machine; "
-              f"for a class, chmod 700 the instructor's clone and install the course's code for students with "
-              f"pip install . (README: Classroom on JupyterHub)", file=sys.stderr)
+        print(f"warning: {REPO / 'solutions'} (solutions and hidden tests) is readable by every user of this machine, "
+              "and students' servers import the course from this clone: for a class, run the hub from a clone "
+              "without solutions/ and grade in the instructor's private one (README: Classroom on JupyterHub)",
+              file=sys.stderr)
 
     def interrupted(signum, frame):
         raise KeyboardInterrupt

@@ -1,8 +1,8 @@
 """A class on JupyterHub with nbgrader's exchange, end to end on this machine's loopback: the hub that
 ``python -m gpucourse hub`` starts (its proxy is Node.js' configurable-http-proxy), real system users (an
-instructor and four students, made here with useradd and removed afterwards) who log in with PAM, each with
-the course's JupyterLab as their own single-user server, and nbgrader's exchange in a shared folder set up as
-nbgrader documents it.
+instructor and four students, made here with useradd and removed afterwards) who log in with PAM, the
+students' servers (the course's JupyterLab with nbgrader's extension, run as each student), and nbgrader's
+exchange in a shared folder set up as nbgrader documents it.
 
 The instructor runs nbgrader's and the course's commands as their own user (``runuser``), as they would in a
 terminal of their JupyterLab; students act through their servers behind the hub's proxy with their own API
@@ -280,7 +280,7 @@ def classroom():
         subprocess.run(["chown", "-R", f"{room.instructor}:{room.instructor}", str(course)], check=True, timeout=60)
         room.course = course
         room.start()
-        room.start_servers([room.instructor, *room.students.values()])
+        room.start_servers(list(room.students.values()))
         # The instructor releases lesson 1: the course's exercises/ through the exchange.
         room.as_user(room.instructor, sys.executable, "-m", "nbgrader", "release_assignment", LESSON, cwd=course)
         yield room
