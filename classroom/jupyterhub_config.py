@@ -33,13 +33,11 @@ c.JupyterHub.cleanup_proxy = True
 # spawner runs servers as). On a real server, an OAuth or LDAP authenticator (oauthenticator,
 # ldapauthenticator) with the same user names does the same without local passwords.
 c.JupyterHub.authenticator_class = "pam"
+# Only the class may log in: its instructors (the hub's admins), its students, and the members of its group.
 c.Authenticator.admin_users = set(SETTINGS["instructors"])
-if SETTINGS["students"]:
-    c.Authenticator.allowed_users = set(SETTINGS["instructors"]) | set(SETTINGS["students"])
+c.Authenticator.allowed_users = set(SETTINGS["instructors"]) | set(SETTINGS["students"])
 if SETTINGS["group"]:
     c.PAMAuthenticator.allowed_groups = {SETTINGS["group"]}
-if not SETTINGS["students"] and not SETTINGS["group"]:
-    c.Authenticator.allow_all = True  # every account of this machine that PAM accepts
 
 # An API token for the instructor's scripts (and the course's test): a service that may manage users, their
 # servers and their tokens.

@@ -176,6 +176,14 @@ def hub_cli(*, instructors, students=(), group=None, ip="127.0.0.1", port=8000, 
     if not instructors:
         raise runtime.CourseInputError("name the instructor(s): --instructor NAME")
     _check_users([*instructors, *students])
+    if group:
+        import grp
+
+        try:
+            grp.getgrnam(group)
+        except KeyError:
+            raise runtime.CourseInputError(f"no group {group!r} on this machine (groupadd {group}; "
+                                           f"usermod -aG {group} NAME)") from None
     runtime_dir = Path(runtime_dir or DEFAULT_RUNTIME).resolve()
     runtime_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(runtime_dir, 0o711)  # users reach its jupyter/ folder, nobody lists or reads the rest
@@ -198,8 +206,10 @@ def hub_cli(*, instructors, students=(), group=None, ip="127.0.0.1", port=8000, 
     try:
         hub = start(settings)
         url = f"http://{settings['ip']}:{settings['port']}/"
-        print(f"The class's hub is up: {url}  (exchange {exchange}, course {course_id()}; Ctrl-C stops it)",
-              flush=True)
+        who = ", ".join([*(f"{i} (instructor)" for i in settings["instructors"]), *settings["students"],
+                         *([f"the members of group {group}"] if group else [])])
+        print(f"The class's hub is up: {url}  (exchange {exchange}, course {course_id()}; Ctrl-C stops it)\n"
+              f"Who may log in, with their system password: {who}", flush=True)
         while hub.poll() is None:
             time.sleep(0.5)
         print(f"JupyterHub stopped (exit status {hub.returncode})", file=sys.stderr)

@@ -36,7 +36,7 @@ import nbformat
 import pytest
 from exercise_variants import fill_in_exercise, replace_in_cell
 
-pytestmark = [pytest.mark.slow, pytest.mark.lesson01]
+pytestmark = pytest.mark.lesson01
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "01_vector_multiply"
@@ -342,6 +342,36 @@ def _denied(room: Classroom, user: str, paths: list[Path]) -> dict[str, str]:
     return json.loads(done.stdout)
 
 
+def test_hub_config_from_the_template(tmp_path):
+    """classroom/jupyterhub_config.py filled in as `python -m gpucourse hub` does is a JupyterHub config that
+    keeps everything on the loopback and in the runtime folder, and lets only the class log in."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from gpucourse import classroom
+
+    settings = {"runtime": str(tmp_path), "ip": "127.0.0.1", "port": 18000, "hub_port": 18001,
+                "proxy_api_port": 18002, "proxy_command": "/usr/bin/configurable-http-proxy",
+                "singleuser": "/venv/bin/jupyterhub-singleuser", "instructors": ["teach"], "students": ["ann", "bo"],
+                "group": None, "api_token": None, "jupyter_config": str(tmp_path / "jupyter"), "course_code": None,
+                "mode": "cpu"}
+    path = classroom.write_config(tmp_path, settings)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    c = PyFileConfigLoader(path.name, path=str(tmp_path)).load_config()
+    assert (c.JupyterHub.ip, c.JupyterHub.port, c.JupyterHub.hub_ip) == ("127.0.0.1", 18000, "127.0.0.1")
+    assert c.ConfigurableHTTPProxy.api_url == "http://127.0.0.1:18002"
+    assert c.JupyterHub.db_url == f"sqlite:///{tmp_path}/jupyterhub.sqlite"
+    assert c.Authenticator.admin_users == {"teach"} and c.Authenticator.allowed_users == {"teach", "ann", "bo"}
+    assert "allow_all" not in c.Authenticator and "services" not in c.JupyterHub
+    assert c.Spawner.cmd == ["/venv/bin/jupyterhub-singleuser"]
+    assert c.Spawner.environment["JUPYTER_CONFIG_PATH"] == str(tmp_path / "jupyter")
+    assert c.Spawner.environment["GPUCOURSE_MODE"] == "cpu" and "PYTHONPATH" not in c.Spawner.environment
+    nbgrader_config = classroom.write_nbgrader_config(tmp_path / "jupyter", tmp_path / "exchange", "the-course")
+    n = PyFileConfigLoader(nbgrader_config.name, path=str(nbgrader_config.parent)).load_config()
+    assert (n.Exchange.root, n.CourseDirectory.course_id) == (str(tmp_path / "exchange"), "the-course")
+    assert classroom.course_id() == "gpu-programming-for-deep-learning"
+
+
+@pytest.mark.slow
 def test_a_student_fetches_and_submits_in_the_browser(classroom):
     """A student logs in on the hub's page with their password, opens Nbgrader > Assignment List in their
     JupyterLab, clicks Fetch on lesson 1 and then Submit (handing in the exercise unanswered)."""
@@ -382,6 +412,7 @@ def test_a_student_fetches_and_submits_in_the_browser(classroom):
     assert [p for p in inbound.iterdir() if p.name.startswith(f"{user}+{LESSON}+")], list(inbound.iterdir())
 
 
+@pytest.mark.slow
 def test_class_on_jupyterhub(classroom):
     room = classroom
     course_id = _course_id()
@@ -453,6 +484,8 @@ def test_class_on_jupyterhub(classroom):
         assert len(files) == 1, files
         feedback[role] = files[0]
     for role, html in feedback.items():
+        own = course / ".grading" / LESSON / "feedback" / students[role] / LESSON / f"{NOTEBOOK[:-6]}.html"
+        assert html.read_bytes() == own.read_bytes(), f"{students[role]} fetched feedback that is not theirs"
         text = html.read_text()
         assert f"{NOTEBOOK[:-6]} (Score: {EXPECTED[role]} / {MAX_SCORE})" in text, (role, text[:3000])
     # The grader's verdict on each test, in each student's own feedback.
