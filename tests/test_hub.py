@@ -448,6 +448,13 @@ def test_class_on_jupyterhub(classroom):
                                         body={"course_id": course_id, "assignment_id": LESSON})
         assert status == 200 and listing["success"], listing
 
+    # Each submission is in the exchange's inbound under a name no other student can guess (it ends in a random
+    # string) in a folder they cannot list.
+    names = sorted(p.name for p in inbound.iterdir())
+    assert [n.split("+")[0] for n in names] == sorted(students.values()), names
+    assert all(len(n.split("+")) == 4 and len(n.split("+")[3]) >= 12 for n in names), names
+    assert stat.S_IMODE(inbound.stat().st_mode) & 0o007 == 0o003, oct(inbound.stat().st_mode)  # o=wx: no listing
+
     # No student can see another's work: not in the exchange's inbound, not in another's home; nor the
     # instructor's course (solutions, hidden tests, gradebook).
     blank, full = students["blank"], students["full"]
