@@ -255,7 +255,7 @@ class Classroom:
 
 @pytest.fixture(scope="module")
 def classroom():
-    """Users, the hub with every user's server running, and lesson 1 released by the instructor through the
+    """Users, the hub with every student's server running, and lesson 1 released by the instructor through the
     exchange; everything stopped and removed afterwards (the test fails if something had to be killed)."""
     why = _prerequisites()
     if why:
@@ -322,11 +322,13 @@ def one_answer_wrong(nb):
 # autograded notebook read-only (nbgrader's default file permissions, 444) and then writes the grader's
 # verdicts into it, which only root may do; run as the instructor, every notebook is "not graded:
 # PermissionError". Until the grader sets nbgrader's Autograde.permissions itself, the instructor's run adds it.
+# (Where the grader no longer has that function, nothing is added: the run shows whether it is fixed.)
 GRADE_CLASS = """import sys
 from gpucourse import cli, grading
-guarded = grading._guarded_config
-grading._guarded_config = lambda limits: {**guarded(limits), "Autograde": {**guarded(limits)["Autograde"],
-                                                                           "permissions": 644}}
+guarded = getattr(grading, "_guarded_config", None)
+if guarded is not None:
+    grading._guarded_config = lambda limits: {**guarded(limits), "Autograde": {
+        **guarded(limits).get("Autograde", {}), "permissions": 644}}
 sys.exit(cli.main(sys.argv[1:]))
 """
 
