@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
 
-.PHONY: setup lab test notebooks record exercises check-exercises grade grade-class probe clean
+.PHONY: setup lab test notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -45,6 +45,12 @@ grade: setup                            ## grade one notebook: make grade NB=exe
 
 grade-class: setup                      ## grade a class: make grade-class DIR=submitted (DIR/<student>/<lesson>/<notebook>.ipynb)
 	$(BIN)/python -m gpucourse grade-class $(DIR)
+
+hub: setup                              ## as root: a JupyterHub for a class: make hub INSTRUCTOR=teacher STUDENTS="ann bo" (Ctrl-C stops it)
+	$(BIN)/python -m gpucourse hub $(if $(INSTRUCTOR),--instructor $(INSTRUCTOR)) --students "$(STUDENTS)" $(ARGS)
+
+release-feedback: setup                 ## after grade-class: make release-feedback LESSON=01_vector_multiply (students fetch their own)
+	$(BIN)/python -m gpucourse release-feedback $(LESSON)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .grading

@@ -8,6 +8,10 @@
   grade NB              grade one exercise notebook with nbgrader; print the score and feedback
   grade-class FOLDER    autograde a class's submissions into nbgrader's gradebook; CSV and feedback HTML
   exercises [--check]   generate exercises/ from solutions/ (or check they are in sync)
+  hub --instructor NAME [--students A,B,...]
+                        as root: a JupyterHub for a class, with nbgrader's exchange (Ctrl-C stops it)
+  release-feedback LESSON
+                        hand grade-class's feedback to nbgrader's exchange; students fetch their own
 """
 from __future__ import annotations
 
@@ -55,6 +59,22 @@ def main(argv=None) -> int:
     klass.add_argument("--json", action="store_true", help="print the reports as JSON (progress goes to stderr)")
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
+    # hub: the classroom route (gpucourse.classroom, README "Classroom on JupyterHub")
+    hub = sub.add_parser("hub", help="as root: start a JupyterHub for a class (Ctrl-C stops it)")
+    hub.add_argument("--instructor", action="append", default=[], help="an instructor's user name (repeatable)")
+    hub.add_argument("--students", default="", help="comma-separated user names allowed to log in")
+    hub.add_argument("--group", help="or: every member of this system group may log in")
+    hub.add_argument("--ip", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    hub.add_argument("--port", type=int, default=8000)
+    hub.add_argument("--runtime", type=Path, help="the hub's private folder (default .hub/)")
+    hub.add_argument("--exchange", type=Path, help="nbgrader's exchange (default /srv/nbgrader/exchange)")
+    hub.add_argument("--api-token-file", type=Path, help="a file holding an API token for the course-admin service")
+    hub.add_argument("--course-code", help="PYTHONPATH for users' servers: where gpucourse, kernels, benchmarks are")
+    hub.add_argument("--mode", choices=["gpu", "cpu"], help="GPUCOURSE_MODE for users' servers (default: each decides)")
+    fb = sub.add_parser("release-feedback", help="release grade-class's feedback through nbgrader's exchange")
+    fb.add_argument("assignment")
+    fb.add_argument("--course-dir", type=Path, help="the nbgrader course directory (default: the repository)")
+    fb.add_argument("--graded", type=Path, help="grade-class's course directory (default .grading/LESSON)")
     args, extra = p.parse_known_args(argv)
     if extra and args.command != "lab":
         p.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -163,5 +183,21 @@ def _exercises(args) -> int:
     return grading.exercises_cli(check=args.check)
 
 
+def _hub(args) -> int:
+    from . import classroom
+
+    students = [s for s in args.students.replace(" ", ",").split(",") if s]
+    return classroom.hub_cli(instructors=args.instructor, students=students, group=args.group, ip=args.ip,
+                             port=args.port, runtime_dir=args.runtime, exchange=args.exchange,
+                             api_token_file=args.api_token_file, course_code=args.course_code, mode=args.mode)
+
+
+def _release_feedback(args) -> int:
+    from . import classroom
+
+    return classroom.release_feedback_cli(args.assignment, course_dir=args.course_dir, graded=args.graded)
+
+
 COMMANDS = {"probe": _probe, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
-            "grade": _grade, "grade-class": _grade_class, "exercises": _exercises}
+            "grade": _grade, "grade-class": _grade_class, "exercises": _exercises, "hub": _hub,
+            "release-feedback": _release_feedback}
