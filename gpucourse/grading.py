@@ -1405,7 +1405,9 @@ def _guarded_config(limits: Limits) -> dict:
                     "iopub_timeout": 5, "raise_on_iopub_timeout": True, "shutdown_kernel": "immediate",
                     "skip_cells_with_tag": "gpucourse-never-skip"},
         "IgnorePattern": {"enabled": True, "pattern": WARNING_PATTERN},
-        "Autograde": {"create_student": True},
+        # nbgrader leaves autograded notebooks read-only (444) by default; the worker then writes its verdicts
+        # into them, which only root could do. The owner keeps write access.
+        "Autograde": {"create_student": True, "permissions": 644},
         "LimitOutput": {"max_lines": 1000, "max_traceback": TRACEBACK_LINES},
         "Application": {"log_level": "WARN"},
     }

@@ -318,17 +318,10 @@ def one_answer_wrong(nb):
     replace_in_cell(nb, "task-1-2-gbps", "nbytes = 3 * n * itemsize", "nbytes = 2 * n * itemsize")
 
 
-# `python -m gpucourse grade-class`, with one setting added: gpucourse/grading.py lets nbgrader leave each
-# autograded notebook read-only (nbgrader's default file permissions, 444) and then writes the grader's
-# verdicts into it, which only root may do; run as the instructor, every notebook is "not graded:
-# PermissionError". Until the grader sets nbgrader's Autograde.permissions itself, the instructor's run adds it.
-# (Where the grader no longer has that function, nothing is added: the run shows whether it is fixed.)
+# `python -m gpucourse grade-class`, run as the instructor (not root): the graded notebooks must stay writable
+# by their owner for the grader's verdicts.
 GRADE_CLASS = """import sys
-from gpucourse import cli, grading
-guarded = getattr(grading, "_guarded_config", None)
-if guarded is not None:
-    grading._guarded_config = lambda limits: {**guarded(limits), "Autograde": {
-        **guarded(limits).get("Autograde", {}), "permissions": 644}}
+from gpucourse import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
 
