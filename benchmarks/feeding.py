@@ -400,15 +400,20 @@ def batcher_table(service, rates, waits_ms=(0.0, 0.25, 1.0, 4.0), max_batch: int
 
 # ------------------------------------------------------------------------------------------- run
 
+def steps(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> dict:
+    """{figure name: the function that measures it}, in the order ``run`` measures them (MPS last: it
+    starts processes and a daemon)."""
+    return {"overlap": overlap, "small_kernels": small_kernels, "unified_memory": unified_memory,
+            "monitoring": monitoring, "batching": batch_sweep, "batcher": batcher, "profile": profile_kernels,
+            "mps": lambda: mps_sweep(mps_ks, mps_seconds)}
+
+
 def run(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> tuple:
     """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
     runtime.require_gpu("lesson 7's benchmark")
     ceilings = bench.measure_ceilings().as_dict()
     figures = {}
-    steps = {"overlap": overlap, "small_kernels": small_kernels, "batching": batch_sweep, "batcher": batcher,
-             "unified_memory": unified_memory, "monitoring": monitoring, "profile": profile_kernels,
-             "mps": lambda: mps_sweep(mps_ks, mps_seconds)}
-    for name, step in steps.items():
+    for name, step in steps(mps_ks, mps_seconds).items():
         t0 = time.perf_counter()
         figures[name] = step()
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)

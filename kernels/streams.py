@@ -223,6 +223,7 @@ class SmallKernels:
         self.cp, self.n, self.launches, self.nstreams = cp, n, launches, streams
         self.kernel = cp.RawKernel(SMALL_SOURCE, "add_one")
         self.x = cp.zeros(n, cp.float32)
+        self.kernel((1,), (1,), (self.x, np.int32(0)))  # compiles and loads it now: nothing may load during capture
         self.streams = [cp.cuda.Stream(non_blocking=False) for _ in range(streams)]
         self.graph = None
 
@@ -253,7 +254,6 @@ class SmallKernels:
                     self._launch(self.x, s)
             finally:
                 self.graph = s.end_capture()
-        self.graph.upload(s)
         s.synchronize()
 
     def graph_replay(self):
