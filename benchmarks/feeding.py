@@ -262,14 +262,14 @@ def unified_memory(n: int = 2**27, repeats: int = 5) -> dict:
     def cpu_touch():
         h[:] = 1.0  # the pages now live in host memory
 
-    out["cold_gbps"] = bench.time_gpu(lambda: x.__imul__(2), setup=cpu_touch, repeats=repeats, warmup=1).gbps(2 * nbytes)
+    out["cold_gbps"] = bench.time_gpu(lambda *_: x.__imul__(2), setup=cpu_touch, repeats=repeats, warmup=1).gbps(2 * nbytes)
     try:
         def touched_then_prefetched():
             cpu_touch()
             S.prefetch(x)
             cp.cuda.Device().synchronize()
 
-        out["prefetched_gbps"] = bench.time_gpu(lambda: x.__imul__(2), setup=touched_then_prefetched,
+        out["prefetched_gbps"] = bench.time_gpu(lambda *_: x.__imul__(2), setup=touched_then_prefetched,
                                                 repeats=repeats, warmup=1).gbps(2 * nbytes)
         out["prefetch_error"] = ""
     except Exception as exc:  # cudaMemPrefetchAsync missing or refused on this platform
