@@ -415,7 +415,13 @@ def run(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> tuple:
     figures = {}
     for name, step in steps(mps_ks, mps_seconds).items():
         t0 = time.perf_counter()
-        figures[name] = step()
+        try:
+            figures[name] = step()
+        except Exception as exc:  # one failing step must not lose the others' figures; the record says why
+            import traceback
+
+            traceback.print_exc()
+            figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
     return figures, ceilings
 
