@@ -45,8 +45,8 @@ def server_never_busy(nb):
 def inverted_gain(nb):
     """Task 7.3: time-slicing over MPS instead of MPS over time-slicing."""
     replace_in_cell(nb, "task-7-3-answer",
-                    'mps_gain = MPS["configs"]["MPS, batch 1"][k]["images_per_s"] / MPS["configs"]["time-slicing, batch 1"][k]["images_per_s"]',
-                    'mps_gain = MPS["configs"]["time-slicing, batch 1"][k]["images_per_s"] / MPS["configs"]["MPS, batch 1"][k]["images_per_s"]')
+                    'mps_gain = MPS["configs"]["MPS, batch 1"][largest]["images_per_s"] / sliced[largest]["images_per_s"]',
+                    'mps_gain = sliced[largest]["images_per_s"] / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"]')
 
 
 def closed_intervals(nb):
@@ -72,7 +72,7 @@ class TestExercises(LessonExercises):
     }
     UNANSWERED = {"test_7_1_results": "NotImplementedError", "test_7_2_batcher": "NotImplementedError",
                   "test_7_4_overlap": "NotImplementedError"}
-    ANSWERS = ["S.multiply_kernel[blocks, THREADS, s](da, db, dout)", "start = max(free, min(t[i] + max_wait, full))",
+    ANSWERS = ["da, db, dout = buffers[i % streams]", "start = max(free, min(t[i] + max_wait, full))",
                "sum(lo <= mid < hi for lo, hi in spans) >= 2"]
 
     def test_feedback_names_the_mistake(self, graded):
