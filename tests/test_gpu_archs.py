@@ -16,12 +16,8 @@ from gpucourse import gpus, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_SOURCES = sorted((ROOT / "kernels" / "cuda").rglob("*.cu"))
-NUMBA_MODULES = sorted(f"kernels.{p.stem}" for p in (ROOT / "kernels").glob("*.py") if p.stem != "__init__")
-# numba kernels of modules that do not declare NUMBA_KERNELS yet (they move there with the engine's own package)
-PENDING_SIGNATURES = {
-    "kernels.engine": {"cbr_direct": "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[::1], "
-                                     "float32[:, :, :, ::1])"},
-}
+NUMBA_MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "kernels").rglob("*.py")
+                       if p.stem != "__init__")
 
 
 @pytest.fixture
@@ -221,7 +217,7 @@ def test_every_numba_kernel_assembles_for_every_architecture(tmp_path):
 
     t0 = time.perf_counter()
     try:  # PTX for the oldest GPU the course supports, which ptxas then assembles for every newer one too
-        found = module_kernels(NUMBA_MODULES, cc=runtime.parse_cc(gpus.ARCHS[0]), extra=PENDING_SIGNATURES)
+        found = module_kernels(NUMBA_MODULES, cc=runtime.parse_cc(gpus.ARCHS[0]))
     except runtime.CourseError as exc:
         if "libnvvm" in str(exc).lower() or "nvvm" in str(exc).lower():
             pytest.skip(f"numba-cuda's NVVM is not installed: {str(exc)[-200:]}")
