@@ -822,6 +822,24 @@ def test_performance_tests_score_nothing_in_cpu_mode_whatever_they_show():
     assert grading.verdicts._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
 
 
+def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
+    """gpucourse.gpus says which GPU each lesson step needs; a performance test of a step the GPU lacks a
+    feature for says so in one line and is left out of the gradable total (tested with a stated compute
+    capability, as a GPU of it would answer)."""
+    assert grading.step_missing("03.wmma", 3.0, cc="9.0") is False and capsys.readouterr().out == ""
+    assert grading.step_missing(None, 3.0) is False
+    assert grading.step_missing("03.wmma", 3.0, cc="6.1") is True
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("performance: not gradable on this GPU (") and "fp16-wmma" in line, line
+    assert line.endswith("0 of 3 points given here"), line
+    said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
+    cell = _graded_cell("grading.performance_points(...)", [said, _value("0.0")], grade_id="perf_x")
+    assert grading.verdicts._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_ARCH, line)
+    assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_ARCH, line).gradable
+    with pytest.raises(runtime.CourseInputError, match="no lesson step"):
+        grading.step_missing("03.no_such_step", 3.0, cc="9.0")
+
+
 def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
     line = grading.GPUS_PERF_MESSAGE.format(needed=2, have=1, points=3)
     said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}

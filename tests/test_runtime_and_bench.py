@@ -136,6 +136,34 @@ def test_tooling_imports_stand_in_floors():
     assert cycle and cycle[0] == cycle[-1] and {"bench", "records"} <= set(cycle)
 
 
+def test_kernels_use_only_the_tooling_below_them():
+    """kernels import runtime, gpus and bench of the tooling, nothing above; the engine's rooms stand in floors."""
+    import ast
+    from pathlib import Path
+
+    kernels = Path(runtime.__file__).parents[1] / "kernels"
+    allowed = {"gpucourse.runtime", "gpucourse.gpus", "gpucourse.bench"}
+    used = {}
+    for path in kernels.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "gpucourse":
+                names = {f"gpucourse.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("gpucourse.", "benchmarks")):
+                names = {node.module}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names if a.name.startswith(("gpucourse", "benchmarks"))}
+            else:
+                continue
+            used.setdefault(str(path.relative_to(kernels)), set()).update(names)
+    wrong = {p: sorted(n - allowed) for p, n in used.items() if n - allowed}
+    assert not wrong, f"kernels reach above runtime, gpus and bench: {wrong}"
+    assert "gpucourse.bench" in used["engine/tuning.py"]  # the scan sees the auto-tuner's timer
+    engine = _floors(_import_graph(kernels), "kernels.engine")
+    assert {"graph", "plan", "executor", "build", "fused"} <= set(engine)
+    assert _find_cycle(engine) is None, engine
+    assert "executor" in engine["tuning"] and "tuning" in engine["build"]
+
+
 def test_cpu_mode_refuses_to_time():
     if runtime.is_gpu():
         pytest.skip("GPU mode times for real")

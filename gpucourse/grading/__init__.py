@@ -43,17 +43,19 @@ Rooms, each a floor above the ones it imports (nothing imports upwards):
     exercises    ``generate_exercises`` and ``check_exercises``
     cli          ``python -m gpucourse grade | grade-class | exercises``
 """
-from .settings import (CPU_PERF_MESSAGE, EXERCISES, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_GPUS, PERF_PREFIX,
-                       REPO, SOLUTIONS, WARNING_PATTERN, GradingError, Limits)
+from .settings import (CPU_PERF_MESSAGE, EXERCISES, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH,
+                       NOT_GRADABLE_GPUS, PERF_PREFIX, REPO, SOLUTIONS, STEP_PERF_MESSAGE, WARNING_PATTERN,
+                       GradingError, Limits)
 from .reports import ClassReport, GradeReport, TestResult
-from .performance import gpus_missing, performance_points, performance_score
+from .performance import gpus_missing, performance_points, performance_score, step_missing
 from .autograde import grade, grade_class
 from .exercises import check_exercises, generate_exercises
 from .cli import exercises_cli, grade_class_cli, grade_cli
 from . import (autograde, cli, course, exercises, integrity, kernel, performance, pool, reports,  # noqa: F401  the rooms
                settings, submissions, verdicts, worker)
 
-__all__ = ["grade", "grade_class", "performance_points", "performance_score", "gpus_missing", "generate_exercises",
-           "check_exercises", "GradeReport", "ClassReport", "TestResult", "GradingError", "Limits",
-           "grade_cli", "grade_class_cli", "exercises_cli", "REPO", "SOLUTIONS", "EXERCISES", "PERF_PREFIX",
-           "NOT_GRADABLE", "NOT_GRADABLE_GPUS", "CPU_PERF_MESSAGE", "GPUS_PERF_MESSAGE", "WARNING_PATTERN"]
+__all__ = ["grade", "grade_class", "performance_points", "performance_score", "gpus_missing", "step_missing",
+           "generate_exercises", "check_exercises", "GradeReport", "ClassReport", "TestResult", "GradingError",
+           "Limits", "grade_cli", "grade_class_cli", "exercises_cli", "REPO", "SOLUTIONS", "EXERCISES", "PERF_PREFIX",
+           "NOT_GRADABLE", "NOT_GRADABLE_GPUS", "NOT_GRADABLE_ARCH", "CPU_PERF_MESSAGE", "GPUS_PERF_MESSAGE",
+           "STEP_PERF_MESSAGE", "WARNING_PATTERN"]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .. import runtime
+from .. import gpus, runtime
 from .reports import _num
-from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, ZERO_AT
+from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
 from .verdicts import _first_lines
 
 
@@ -204,9 +204,23 @@ def gpus_missing(needed: int, max_points: float) -> bool:
     return True
 
 
+def step_missing(step: str | None, max_points: float, cc=None) -> bool:
+    """Where this GPU (or a GPU of compute capability ``cc``) cannot run lesson step ``step`` (a key of
+    gpucourse.gpus.STEPS), print the line that makes a ``perf_`` test "not gradable here (needs a newer GPU)"
+    (0 points, left out of the gradable total) and return True; otherwise False. ``performance_points(...,
+    step=...)`` asks this before it times anything."""
+    if step is None:
+        return False
+    st = gpus.status(step, cc)
+    if st.runs:
+        return False
+    print(STEP_PERF_MESSAGE.format(why=st.line(), points=_num(max_points)))
+    return True
+
+
 def performance_points(candidate: Callable, reference: Callable, *, make_inputs: Callable, check: Callable,
                        max_points: float, repeats: int = 20, warmup: int = 3, out_index: int = -1,
-                       gpus: int = 1) -> float:
+                       gpus: int = 1, step: str | None = None) -> float:
     """Time ``candidate`` against ``reference`` on a GPU and return the points earned, as a Python float.
 
     Both are called as f(*make_inputs()), alternately, ``warmup`` times each untimed and ``repeats`` times
@@ -219,6 +233,8 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     ``performance_score``.
 
     gpus: the GPUs the test needs; with fewer, the test is "not gradable here (needs more GPUs)" (``gpus_missing``).
+    step: the lesson step (gpucourse.gpus.STEPS) the candidate runs; on a GPU that cannot run it, the test is
+    "not gradable here (needs a newer GPU)" (``step_missing``), and nothing is timed.
 
     Prints one line that starts with "performance:". In CPU mode nothing is timed: the line says the points
     cannot be graded here and 0 is returned. Use it as the last expression of a ``perf_`` test cell whose
@@ -229,7 +245,7 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     if not runtime.is_gpu():
         print(CPU_PERF_MESSAGE.format(points=_num(max_points)))
         return 0.0
-    if gpus_missing(gpus, max_points):
+    if gpus_missing(gpus, max_points) or step_missing(step, max_points):
         return 0.0
 
     name = getattr(candidate, "__name__", "your code")

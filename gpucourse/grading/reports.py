@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .settings import NOT_GRADABLE, NOT_GRADABLE_GPUS, PERF_PREFIX
+from .settings import NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, PERF_PREFIX
 
 
 @dataclass
@@ -28,7 +28,7 @@ class TestResult:
 
     @property
     def gradable(self) -> bool:
-        return self.status not in (NOT_GRADABLE, NOT_GRADABLE_GPUS)
+        return self.status not in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH)
 
 
 @dataclass
@@ -86,7 +86,9 @@ class GradeReport:
         skipped = self.not_gradable
         if skipped:
             held = sum(t.max_points for t in skipped)
-            need = "more GPUs" if all(t.status == NOT_GRADABLE_GPUS for t in skipped) else "a GPU"
+            kinds = {t.status for t in skipped}
+            need = ("more GPUs" if kinds == {NOT_GRADABLE_GPUS} else "a newer GPU" if kinds == {NOT_GRADABLE_ARCH}
+                    else "a GPU")
             total += (f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here; "
                       f"{_num(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
         lines.append(total)

@@ -11,7 +11,9 @@
     * Performance tests (grade_id ``perf_*``, ``PERF_PREFIX``) score 0 in CPU mode whatever their value, and
       are reported "not gradable here (needs a GPU)"; the report gives the score out of the total and out
       of what CPU mode can grade. On a GPU machine with fewer GPUs than a performance test needs, the
-      test prints ``GPUS_PERF_MESSAGE`` (``gpus_missing``) and is "not gradable here (needs more GPUs)".
+      test prints ``GPUS_PERF_MESSAGE`` (``gpus_missing``) and is "not gradable here (needs more GPUs)"; on a
+      GPU that cannot run the lesson step a performance test times (gpucourse.gpus), it prints
+      ``STEP_PERF_MESSAGE`` (``step_missing``) and is "not gradable here (needs a newer GPU)".
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import re
 
 from .integrity import _transform_ipython
 from .reports import _num
-from .settings import CPU_PERF_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_GPUS, PERF_PREFIX, _ANSI
+from .settings import (CPU_PERF_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS,
+                       PERF_PREFIX, STEP_PERF_MESSAGE, _ANSI)
 
 
 def _clip(text: str, chars: int) -> str:
@@ -49,6 +52,9 @@ def _verdict(cell, max_points: float, mode: str | None, event=None) -> tuple[flo
     if grade_id.startswith(PERF_PREFIX) and said and said[-1].startswith(GPUS_PERF_MESSAGE.split("{")[0]) \
             and not any(o.get("output_type") == "error" for o in outputs):
         return 0.0, NOT_GRADABLE_GPUS, said[-1]
+    if grade_id.startswith(PERF_PREFIX) and said and said[-1].startswith(STEP_PERF_MESSAGE.split("{")[0]) \
+            and not any(o.get("output_type") == "error" for o in outputs):
+        return 0.0, NOT_GRADABLE_ARCH, said[-1]
     if cell.get("cell_type") != "code" or meta.get("solution") or meta.get("task"):
         return None, "needs manual grading", ""
     errors = [o for o in outputs if o.get("output_type") == "error"]

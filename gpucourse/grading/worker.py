@@ -24,7 +24,8 @@ from .. import runtime
 from .course import _course_config, _tail
 from .reports import _num
 from .settings import (
-    COURSE_ID, KERNEL_NAME, Limits, NOT_GRADABLE, NOT_GRADABLE_GPUS, TRACEBACK_LINES, VALUE_CHARS, WARNING_PATTERN)
+    COURSE_ID, KERNEL_NAME, Limits, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, TRACEBACK_LINES, VALUE_CHARS,
+    WARNING_PATTERN)
 from .submissions import _prepare_submission, _read_notebook
 from .verdicts import _clip, _first_lines, _text, _verdict
 
@@ -181,7 +182,7 @@ def _annotate(graded: Path, tests: list[dict]) -> None:
         t = verdicts.get(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
         if t is None or cell.get("cell_type") != "code":
             continue
-        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS) else _num(t["points"])
+        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH) else _num(t["points"])
         detail = t["status"] if t["message"] in ("", t["status"]) else f"{t['status']}: {t['message']}"
         cell.setdefault("outputs", []).append({"output_type": "stream", "name": "stdout",
                                                "text": f"grader: {got} / {_num(t['max_points'])}, {detail}\n"})
