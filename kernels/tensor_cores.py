@@ -92,7 +92,7 @@ def gemm_tiled(A, B, C):
         C[row, col] = acc
 
 
-NUMBA_KERNELS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}
+NUMBA_GEMMS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}  # gemm_numba(kernel=...)
 NUMBA_SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 NUMBA_KERNELS = {"gemm_naive": NUMBA_SIGNATURE, "gemm_tiled": NUMBA_SIGNATURE}  # for tests/test_gpu_archs.py
 
@@ -390,8 +390,8 @@ def _require_multiple(M, N, K, bm, bn, bk, what):
 def gemm_numba(A, B, C, *, kernel: str = "numba_tiled", threads: tuple = (16, 16)):
     """C = A B with a numba kernel (either mode): A (M x K), B (K x N), C (M x N), float32 device arrays.
     kernel: "numba_naive" or "numba_tiled" (which needs 16 x 16 threads). Asynchronous on a GPU."""
-    if kernel not in NUMBA_KERNELS:
-        raise runtime.CourseInputError(f"kernel must be one of {tuple(NUMBA_KERNELS)}, not {kernel!r}")
+    if kernel not in NUMBA_GEMMS:
+        raise runtime.CourseInputError(f"kernel must be one of {tuple(NUMBA_GEMMS)}, not {kernel!r}")
     M, N, K = _check_operands(A, B, C, np.float32, np.float32)
     tx, ty = threads
     if kernel == "numba_tiled" and (tx, ty) != (TILE, TILE):
@@ -399,7 +399,7 @@ def gemm_numba(A, B, C, *, kernel: str = "numba_tiled", threads: tuple = (16, 16
     if not (1 <= tx * ty <= 1024):
         raise runtime.CourseInputError(f"a block has 1 to 1024 threads, got {tx} x {ty}")
     grid = (math.ceil(N / tx), math.ceil(M / ty))
-    NUMBA_KERNELS[kernel][grid, (tx, ty)](A, B, C)
+    NUMBA_GEMMS[kernel][grid, (tx, ty)](A, B, C)
     return C
 
 
