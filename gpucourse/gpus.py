@@ -85,6 +85,8 @@ STEPS = {s.key: s for s in (
          prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     Step("05.wmma", "lesson 5's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
+    # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
+    Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
 )}
 
 LESSONS = {

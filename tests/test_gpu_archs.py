@@ -99,9 +99,14 @@ def test_every_step_names_known_features_and_lessons():
     for f in gpus.FEATURES.values():
         assert f.what and "\n" not in f.what
     assert [gpus.runtime.parse_cc(a) for a in gpus.ARCHS] == sorted(gpus.GPUS)
-    # every supported GPU runs every step of the course, some with a fallback
+    # every supported GPU runs every step of the course, some with a fallback, except the steps built on one
+    # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere
+    specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
+    assert specific == {"03.wgmma"}
     for cc in gpus.GPUS:
-        assert all(st.runs for steps in gpus.plan(cc).values() for st in steps)
+        for steps in gpus.plan(cc).values():
+            for st in steps:
+                assert st.runs or (st.step.key in specific and cc != (9, 0)), (cc, st.step.key)
 
 
 def test_source_archs_reads_declarations():
@@ -132,8 +137,13 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
         assert synchronous is (cc == "7.5" and n in (3, 4)), line
-    if cc != "7.5":
+        no_wgmma = ("all steps but 1;" in line and "; lesson 3's Hopper GEMM (wgmma fed by the TMA) needs wgmma (" in line
+                    and line.endswith("does not have it"))
+        assert no_wgmma is (cc != "9.0" and n == 3), line
+    if cc == "9.0":
         assert all(line.endswith("all steps") for line in by_lesson.values())
+    elif cc != "7.5":
+        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n != 3)
 
 
 def test_probe_without_a_gpu_points_at_cc(capsys, monkeypatch):
