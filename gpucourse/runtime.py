@@ -40,6 +40,8 @@ SIZES = {
     "convolution.demo": ((32, 64, 56, 56, 64), (2, 3, 8, 8, 4)),  # N, C, H, W, K of the numba direct demo
     "inference_engine.batch": (256, 64),  # max batch of a plan (the throughput batch on a GPU); NumPy in CPU mode
     "inference_engine.cbr_shape": ((256, 16, 16, 32, 32), (1, 6, 6, 3, 4)),  # N, H, W, C, K of the numba CBR
+    "training.demo_batch": (8192, 512),  # examples in lesson 8's live-curves training demo
+    "training.demo_steps": (300, 60),  # its SGD steps
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),
     "ceilings.gemm_n": (8192, 0),
