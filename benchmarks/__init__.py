@@ -14,6 +14,7 @@ LESSONS = {
     "04_convolution": "benchmarks.convolution",
     "05_inference_engine": "benchmarks.inference_engine",
     "06_collectives": "benchmarks.collectives",
+    "07_feeding_the_gpu": "benchmarks.feeding",
     "08_training": "benchmarks.training",
 }
 

@@ -92,6 +92,7 @@ STEPS = {s.key: s for s in (
 LESSONS = {
     "01": "vector multiply", "02": "warp divergence", "03": "tensor cores", "04": "convolution",
     "05": "inference engine", "06": "collectives",
+    "07": "feeding the GPU",
     "08": "training on GPUs",
 }
 

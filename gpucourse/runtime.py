@@ -40,6 +40,10 @@ SIZES = {
     "convolution.demo": ((32, 64, 56, 56, 64), (2, 3, 8, 8, 4)),  # N, C, H, W, K of the numba direct demo
     "inference_engine.batch": (256, 64),  # max batch of a plan (the throughput batch on a GPU); NumPy in CPU mode
     "inference_engine.cbr_shape": ((256, 16, 16, 32, 32), (1, 6, 6, 3, 4)),  # N, H, W, C, K of the numba CBR
+    "feeding.n": (2**29, 4_096),  # float32 elements of the lesson-7 pipeline: 2 GiB per vector on a GPU
+    "feeding.streams": ((1, 2, 3, 4, 8), (1, 2)),  # stream counts of the overlap sweep
+    "feeding.chunks": (32, 8),  # chunks of the pipeline
+    "feeding.batches": ((1, 4, 16, 64, 256, 1024, 4096), (1, 16, 64)),  # lesson 5 engine's batch sweep
     "training.demo_batch": (8192, 512),  # examples in lesson 8's live-curves training demo
     "training.demo_steps": (300, 60),  # its SGD steps
     "ceilings.copy_bytes": (2 * 2**30, 0),

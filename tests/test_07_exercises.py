@@ -1,0 +1,84 @@
+"""Lesson 7's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
+(Task 7.1's kernel in the simulator, where streams run one after another), where the speed test (perf_7_1_speed)
+is "not gradable here"; its GPU side is checked by running the solution notebook on a GPU
+(python -m gpucourse run ... --mode gpu). Tasks 7.3 and 7.4 read the lesson's GPU record in results/."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import LessonExercises, replace_in_cell
+
+
+pytestmark = [pytest.mark.lesson07, pytest.mark.slow]
+
+
+def last_chunk_skipped(nb):
+    """Task 7.1: the loop stops one chunk early: the last chunk's products are never computed."""
+    replace_in_cell(nb, "task-7-1-pipeline", "for i in range(chunks):", "for i in range(chunks - 1):")
+
+
+def no_split_check(nb):
+    """Task 7.1: the chunk size rounded down without checking that the chunks divide n: a remainder is lost
+    silently, and a bad split is not refused."""
+    replace_in_cell(nb, "task-7-1-pipeline", "size = S.check_pipeline(a.size, chunks, streams)",
+                    "size = a.size // chunks")
+
+
+def wrong_slot(nb):
+    """Task 7.1: every chunk's result copied from stream 0's output buffer: right with one stream only."""
+    replace_in_cell(nb, "task-7-1-pipeline", "dout.copy_to_host(out[lo:hi], stream=s)",
+                    "buffers[0][2].copy_to_host(out[lo:hi], stream=s)")
+
+
+def full_batches_only(nb):
+    """Task 7.2: the maximum wait ignored: a batch starts only when max_batch requests wait (or none will come)."""
+    replace_in_cell(nb, "task-7-2-batcher", "start = max(free, min(t[i] + max_wait, full))",
+                    "start = max(free, full if full < np.inf else t[-1])")
+
+
+def server_never_busy(nb):
+    """Task 7.2: a batch starts without waiting for the server to be free: batches overlap in time."""
+    replace_in_cell(nb, "task-7-2-batcher", "start = max(free, min(t[i] + max_wait, full))",
+                    "start = min(t[i] + max_wait, full)")
+
+
+def inverted_gain(nb):
+    """Task 7.3: time-slicing over MPS instead of MPS over time-slicing."""
+    replace_in_cell(nb, "task-7-3-answer",
+                    'mps_gain = MPS["configs"]["MPS, batch 1"][k]["images_per_s"] / MPS["configs"]["time-slicing, batch 1"][k]["images_per_s"]',
+                    'mps_gain = MPS["configs"]["time-slicing, batch 1"][k]["images_per_s"] / MPS["configs"]["MPS, batch 1"][k]["images_per_s"]')
+
+
+def closed_intervals(nb):
+    """Task 7.4: every moment some stage runs counted, not only those where two do: the busy fraction."""
+    replace_in_cell(nb, "task-7-4-overlap", "if sum(lo <= mid < hi for lo, hi in spans) >= 2:",
+                    "if sum(lo <= mid < hi for lo, hi in spans) >= 1:")
+
+
+class TestExercises(LessonExercises):
+    LESSON = "07_feeding_the_gpu"
+    NOTEBOOK = "feeding_the_gpu.ipynb"
+    TIMEOUT = 60
+    POINTS = {"test_7_1_results": 3, "test_7_1_errors": 1, "perf_7_1_speed": 2, "test_7_2_batcher": 3,
+              "test_7_3_table": 2, "test_7_4_overlap": 2}
+    VARIANTS = {
+        last_chunk_skipped: ["test_7_1_results"],
+        no_split_check: ["test_7_1_errors"],
+        wrong_slot: ["test_7_1_results"],
+        full_batches_only: ["test_7_2_batcher"],
+        server_never_busy: ["test_7_2_batcher"],
+        inverted_gain: ["test_7_3_table"],
+        closed_intervals: ["test_7_4_overlap"],
+    }
+    UNANSWERED = {"test_7_1_results": "NotImplementedError", "test_7_2_batcher": "NotImplementedError",
+                  "test_7_4_overlap": "NotImplementedError"}
+    ANSWERS = ["S.multiply_kernel[blocks, THREADS, s](da, db, dout)", "start = max(free, min(t[i] + max_wait, full))",
+               "sum(lo <= mid < hi for lo, hi in spans) >= 2"]
+
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
+
+        assert "wrong elements" in message("last_chunk_skipped", "test_7_1_results")
+        assert "batch sizes" in message("full_batches_only", "test_7_2_batcher")
+        assert "mps_gain" in message("inverted_gain", "test_7_3_table")
