@@ -11,7 +11,7 @@ Grading a whole class:
     nbgrader autograde 01_vector_multiply --force
     nbgrader generate_feedback 01_vector_multiply
 
-Grading one notebook needs none of this: `python -m gpucourse grade NB` (gpucourse/grading.py) builds its
+Grading one notebook needs none of this: `python -m gpucourse grade NB` (gpucourse/grading/) builds its
 own course directory with the same settings. Run either in the mode the scores are meant for: GPU mode grades
 the performance tests (grade_id perf_*), CPU mode (GPUCOURSE_MODE=cpu) gives them 0.
 """

@@ -15,6 +15,7 @@ LESSONS = {
     "05_inference_engine": "benchmarks.inference_engine",
     "06_collectives": "benchmarks.collectives",
     "07_feeding_the_gpu": "benchmarks.feeding",
+    "08_training": "benchmarks.training",
 }
 
 

@@ -398,14 +398,58 @@ def plot_simulation(k_runs: dict, source: str):
 
 # ---------------------------------------------------------------------------------- command line
 
+def processes_allreduce(k: int, sizes, *, repeats: int = 10) -> dict:
+    """NCCL's all-reduce with one process per GPU (kernels/ranks.py: rank 0's unique id through the launcher)
+    against the same all-reduce from one process driving k GPUs, at each size; the course's ring across
+    processes (CUDA IPC) checked for equality at the smallest size. Medians of CUDA-event times, the
+    slowest rank's median for the processes."""
+    from kernels import ranks
+
+    cp = runtime.cupy()
+    devices = list(range(k))
+    out = {"k": k, "N": list(sizes), "processes_ms": [], "one_process_ms": []}
+    n0 = min(sizes) // 4
+    want = ranks.expected_sum(k, n0, seed=1)
+    for name, fn in (("nccl", ranks.nccl_allreduce_program), ("ipc_ring", ranks.ipc_ring_allreduce_program)):
+        got = ranks.launch(k, fn, n0, 1, timeout=120)
+        err = max(float(np.abs(g["result"].astype(np.float64) - want).max()) for g in got)
+        if not err <= 1e-5 * k * max(1.0, float(np.abs(want).max())):
+            raise runtime.CourseError(f"{name} across {k} processes is wrong (error {err:.2e})")
+        out[f"{name}_max_abs_error"] = err
+    nccl = col.Nccl(devices)
+    for nbytes in bench.progress(sizes, desc=f"all-reduce, {k} processes vs one"):
+        n = nbytes // 4
+        per_rank = ranks.launch(k, ranks.nccl_allreduce_program, n, 2, repeats, timeout=300)
+        out["processes_ms"].append(max(float(np.median(r["ms"])) for r in per_rank))
+        bufs = []
+        for d in devices:
+            with cp.cuda.Device(d):
+                bufs.append(cp.asarray(ranks.rank_data(d, n, 2)))
+        with cp.cuda.Device(devices[0]):
+            out["one_process_ms"].append(bench.time_gpu(lambda: nccl.allreduce(bufs), repeats=repeats).median_ms)
+        bufs = None
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.collectives", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--k", type=int, nargs="+", help="ring sizes (default: every GPU of this machine)")
     p.add_argument("--S", type=int, nargs="+", help="chunk counts (default: SIZES['collectives.chunks'])")
     p.add_argument("--N", type=int, nargs="+", help="sizes in bytes (default: SIZES['collectives.sizes'])")
+    p.add_argument("--processes", action="store_true", help="only: NCCL's all-reduce with one process per GPU "
+                   "(and the ring across processes) against one process driving every GPU; prints a table")
     args = p.parse_args(argv)
     runtime.setup("gpu")
+    if args.processes:
+        k = (args.k or [col.gpu_count()])[0]
+        res = processes_allreduce(k, args.N or [2**20, 2**26, 2**30])
+        print(f"all-reduce on {k} GPUs: one process per GPU vs one process, "
+              f"ring across processes max error {res['ipc_ring_max_abs_error']:.1e}")
+        for N, a, b in zip(res["N"], res["processes_ms"], res["one_process_ms"]):
+            print(f"  {N / 2**20:8.0f} MiB  {a:9.3f} ms  {b:9.3f} ms  ratio {a / b:5.2f}")
+        return 0
     figures, ceilings = run(args.k, args.S, args.N)
     path = records.write(LESSON, figures, ceilings=ceilings)
     for k, entry in figures["runs"].items():

@@ -9,11 +9,23 @@ import math
 
 import numpy as np
 
-from gpucourse import bench, plots, runtime
+from gpucourse import bench, gpus, plots, runtime
 from kernels import tensor_cores as tc
 
 LESSON = "03_tensor_cores"
-FIGURES = ("peak", "kernels", "configs", "sizes", "errors", "accumulation")  # what run() records
+FIGURES = ("peak", "kernels", "configs", "wgmma", "sizes", "errors", "accumulation")  # what run() records
+# What each wgmma configuration adds over the one before it (the notebook's "what each ingredient bought").
+WGMMA_STEPS = {
+    "wgmma_128x256x64_s1_kn": "wgmma + TMA, 1 stage (copy, then compute)",
+    "wgmma_128x256x64_s2_kn": "2 stages (the next copy overlaps the MMAs)",
+    "wgmma_128x256x64_s3_kn": "3 stages",
+    "wgmma_128x256x64_s4_kn": "4 stages",
+    "wgmma_64x256x64_s4_kn": "4 stages, one consumer warpgroup (64 x 256 tile)",
+    "wgmma_128x128x64_s4_kn": "4 stages, 128 x 128 tile",
+    "wgmma_128x128x64_s6_kn": "6 stages, 128 x 128 tile",
+    "wgmma_128x256x64_s4_nk": "4 stages, B stored transposed (N x K)",
+}
+WGMMA_HOLD_MS = 2.0  # queue each launch behind a hold kernel: the events time the GEMM, not the ctypes launch
 CHECK = 1e-3  # a timed kernel's result against cuBLAS's, |diff|max / |ref|max: catches bugs, not rounding
 
 
@@ -134,6 +146,46 @@ def config_table(n: int | None = None, repeats: int = 10) -> dict:
     return {"n": n, "cublas_fp16_tflops": lib, "rows": rows}
 
 
+def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
+    """Hopper's warpgroup MMA fed by the TMA (kernels/cuda/wgmma_gemm.cu), every configuration on
+    n x n x n, beside cuBLAS FP16 and the lesson's best tiled WMMA kernel, each checked against the FP32
+    product first; plus the block order (group_m) of the default configuration. Compute capability 9.0."""
+    cp = runtime.cupy()
+    n = n or runtime.size("tensor_cores.n")
+    if not gpus.supports("wgmma"):
+        return {"n": n, "skipped": gpus.missing("wgmma", what="the wgmma GEMM"), "rows": []}
+    A, B, ref = _operands(n, cp.float16)
+    Bt = cp.ascontiguousarray(B.T)
+    C = cp.empty((n, n), cp.float32)
+    L = cp.empty((n, n), cp.float16)
+    flops = 2.0 * n**3
+    launches = {"cuBLAS FP16 (tensor cores)": (lambda: cp.matmul(A, B, out=L), L, "library", {})}
+    wmma = tc.DEFAULT_TILED["float32"]
+    launches[f"WMMA, tiled ({wmma})"] = (lambda: tc.gemm(A, B, C, kernel="tiled", config=wmma), C, "kernel", {})
+    for name in WGMMA_STEPS:
+        c = tc.wgmma_config(name)
+        Bop = B if c["b_layout"] == "kn" else Bt
+        launches[WGMMA_STEPS[name]] = (lambda Bop=Bop, name=name: tc.gemm_wgmma(A, Bop, C, config=name), C,
+                                       "kernel", c)
+    for g in (1, 4, 16):
+        launches[f"4 stages, group_m = {g}"] = (lambda g=g: tc.gemm_wgmma(A, B, C, group_m=g), C, "kernel",
+                                                {**tc.wgmma_config(tc.DEFAULT_WGMMA), "group_m": g})
+    rows = []
+    for label, (launch, out, kind, c) in bench.progress(launches.items(), desc="wgmma"):
+        out.fill(cp.nan)
+        launch()
+        err = tc.rel_error(out, ref)
+        if not err <= (5e-3 if kind == "library" else CHECK):
+            raise runtime.CourseError(f"{label} gave a wrong result at n={n} (error {err:.2e}); not timing it")
+        t = bench.time_gpu(launch, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
+        rows.append({"name": label, "kind": kind, "config": c.get("name"), "group_m": c.get("group_m",
+                     tc.WGMMA_GROUP_M if c else None), **t.summary(), "tflops": t.tflops(flops), "check_error": err})
+    lib = rows[0]["tflops"]
+    for r in rows:
+        r["of_cublas"] = r["tflops"] / lib
+    return {"n": n, "cublas_fp16_tflops": lib, "default": tc.DEFAULT_WGMMA, "rows": rows}
+
+
 def size_sweep(sizes=None, repeats: int = 10, config: str | None = None) -> dict:
     """TFLOP/s against n for the tensor-core and FP32 kernels and their cuBLAS counterparts."""
     cp = runtime.cupy()
@@ -243,6 +295,8 @@ def run() -> tuple:
     best16 = max((r for r in figures["configs"]["rows"] if r["acc"] == "float16"), key=lambda r: r["tflops"])
     figures["kernels"] = kernel_table(config=best["name"], config16=best16["name"])
     runtime.cupy().get_default_memory_pool().free_all_blocks()
+    figures["wgmma"] = wgmma_table()
+    runtime.cupy().get_default_memory_pool().free_all_blocks()
     figures["sizes"] = size_sweep(config=best["name"])
     figures["errors"] = error_table(config=best["name"])
     figures["accumulation"] = accumulation_on_gpu()
@@ -293,6 +347,22 @@ def plot_configs(configs: dict, source: str):
               for r in configs["rows"]}
     return plots.bars(values, unit="TFLOP/s", source=source, title=f"Tiled WMMA configurations, n = {configs['n']}",
                       ceiling=("cuBLAS FP16", configs["cublas_fp16_tflops"]))
+
+
+def wgmma_text(table: dict) -> str:
+    if not table["rows"]:
+        return f"not measured: {table['skipped']}"
+    lines = [f"C = A B, {table['n']}^3, FP16 inputs, FP32 accumulation",
+             f"{'':52} {'TFLOP/s':>8} {'ms':>8}  {'of cuBLAS':>9}"]
+    for r in table["rows"]:
+        lines.append(f"{r['name'][:52]:52} {r['tflops']:8.1f} {r['median_ms']:8.3f}  {r['of_cublas']:8.2f}x")
+    return "\n".join(lines)
+
+
+def plot_wgmma(table: dict, source: str):
+    values = {r["name"]: r["tflops"] for r in table["rows"] if r["kind"] == "kernel"}
+    return plots.bars(values, unit="TFLOP/s", source=source, title=f"Hopper's wgmma + TMA, n = {table['n']}",
+                      ceiling=("cuBLAS FP16", table["cublas_fp16_tflops"]))
 
 
 def plot_sizes(sizes: dict, source: str):

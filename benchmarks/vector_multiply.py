@@ -16,7 +16,10 @@ from kernels import vector_multiply as vm
 LESSON = "01_vector_multiply"
 FLOP_PER_ELEMENT = 1
 BYTES_PER_ELEMENT = 3 * 4  # float32: read a, read b, write out
-FIGURES = ("kernels", "grids", "transfers", "launch", "utilisation", "sweep")  # what run() records
+# The kernel table and the numba sweep queue each launch behind a 1 ms hold kernel (bench.hold), so that the
+# events time the kernel and not the host's launch work (a numba launch with six arrays takes tens of µs).
+HOLD_MS = 1.0
+FIGURES = ("kernels", "grids", "numba", "transfers", "launch", "utilisation", "sweep")  # what run() records
 
 
 def _inputs(n: int):
@@ -38,6 +41,10 @@ def _operands(n: int) -> tuple:
 LAUNCHERS = {
     "numba, one thread per element": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(na, nb, no, kernel="one_per_thread")),
     "numba, grid-stride": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(na, nb, no, kernel="grid_stride")),
+    "numba, grid-stride, 4 in flight": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(na, nb, no,
+                                                                                         kernel="grid_stride_x4")),
+    "numba, grid-stride, pairs (two adjacent elements a thread)": ("kernel", lambda a, b, o, na, nb, no: vm.multiply(
+        na, nb, no, kernel="pairs")),
     "CUDA C, grid-stride": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_grid_stride")),
     "CUDA C, float4": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_vec4")),
     "CUDA C, float4 x4 unrolled": ("kernel", lambda a, b, o, *_: vm.multiply_cuda_c(a, b, o, variant="vmul_vec4_unroll4")),
@@ -56,12 +63,12 @@ def kernel_table(n: int | None = None, repeats: int = 20) -> dict:
     rows = []
     for name, (kind, launch) in bench.progress(LAUNCHERS.items(), desc="kernels"):
         out.fill(cp.nan)
-        t = bench.time_gpu(lambda: launch(*operands), repeats=repeats)
+        t = bench.time_gpu(lambda: launch(*operands), repeats=repeats, hold_ms=HOLD_MS)
         if not bool(cp.array_equal(out, expected)):
             raise runtime.CourseError(f"{name} gave a wrong result; not timing it")
         rows.append({"name": name, "kind": kind, **t.summary(), "gbps": t.gbps(BYTES_PER_ELEMENT * n)})
     del expected
-    t = bench.time_gpu(lambda: out.data.copy_from_device_async(a.data, a.nbytes), repeats=repeats)
+    t = bench.time_gpu(lambda: out.data.copy_from_device_async(a.data, a.nbytes), repeats=repeats, hold_ms=HOLD_MS)
     copy = t.gbps(2 * a.nbytes)
     rows.append({"name": "device-to-device copy", "kind": "ceiling", **t.summary(), "gbps": copy})
     library = next(r["gbps"] for r in rows if r["kind"] == "library")
@@ -86,6 +93,24 @@ def grid_sweep(n: int | None = None, repeats: int = 20) -> dict:
             bench.time_gpu(lambda: vm.multiply_cuda_c(a, b, out, variant=variant, blocks=g), repeats=repeats)
             .gbps(BYTES_PER_ELEMENT * n) for g in blocks]}
     return {"n": n, "sms": sms, "threads": 256, "series": series}
+
+
+def numba_sweep(n: int | None = None, repeats: int = 20) -> dict:
+    """What holds the numba grid-stride kernel below the copy: GB/s of the three numba grid-stride kernels
+    (one element a trip; four elements a grid apart in flight; two adjacent elements) against blocks per
+    SM, for 256 and 1024 threads a block."""
+    cuda = runtime.cuda()
+    n = n or runtime.size("vector_multiply.n")
+    na, nb, nout = (cuda.as_cuda_array(x) for x in _inputs(n))
+    sms = runtime.get().device["sms"]
+    per_sm = [1, 2, 4, 8, 32]
+    series = {}
+    for kernel in bench.progress(("grid_stride", "grid_stride_x4", "pairs"), desc="numba grids"):
+        for threads in (256, 1024):
+            series[f"{kernel}, {threads} threads"] = {"per_sm": per_sm, "gbps": [
+                bench.time_gpu(lambda: vm.multiply(na, nb, nout, kernel=kernel, threads=threads, blocks=k * sms),
+                               repeats=repeats, hold_ms=HOLD_MS).gbps(BYTES_PER_ELEMENT * n) for k in per_sm]}
+    return {"n": n, "sms": sms, "series": series}
 
 
 def transfer_table(n: int | None = None) -> dict:
@@ -187,7 +212,8 @@ def size_sweep(repeats: int = 20) -> dict:
 def run() -> tuple:
     """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
     ceilings = bench.measure_ceilings().as_dict()
-    measure = {"kernels": kernel_table, "grids": grid_sweep, "transfers": transfer_table, "launch": launch_timing,
+    measure = {"kernels": kernel_table, "grids": grid_sweep, "numba": numba_sweep, "transfers": transfer_table,
+               "launch": launch_timing,
                "utilisation": utilisation, "sweep": size_sweep}
     return {key: measure[key]() for key in FIGURES}, ceilings
 
@@ -205,6 +231,13 @@ def plot_grids(grids: dict, source: str, copy_gbps: float):
     return plots.lines(series, levels={"device-to-device copy, GB/s": copy_gbps}, logy=False, source=source,
                        xlabel=f"blocks per SM ({grids['threads']} threads each); the last point covers every element once",
                        ylabel="GB/s", title="Choosing the grid")
+
+
+def plot_numba(sweep: dict, source: str, copy_gbps: float):
+    series = {name: (v["per_sm"], v["gbps"]) for name, v in sweep["series"].items()}
+    return plots.lines(series, levels={"device-to-device copy, GB/s": copy_gbps}, logy=False, source=source,
+                       xlabel="blocks per SM", ylabel="GB/s",
+                       title="The numba grid-stride kernel: grid size, loads in flight, access width")
 
 
 def plot_transfers(table: dict, source: str):

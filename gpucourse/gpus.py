@@ -85,12 +85,15 @@ STEPS = {s.key: s for s in (
          prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     Step("05.wmma", "lesson 5's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
+    # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
+    Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
 )}
 
 LESSONS = {
     "01": "vector multiply", "02": "warp divergence", "03": "tensor cores", "04": "convolution",
     "05": "inference engine", "06": "collectives",
     "07": "feeding the GPU",
+    "08": "training on GPUs",
 }
 
 

@@ -93,3 +93,87 @@ def lines(series: dict, *, xlabel: str, ylabel: str, source: str, title: str, mo
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     return _finish(ax, title, source)
+
+
+class LiveCurves:
+    """Training curves drawn while training runs (the DIGITS view): one panel per metric, redrawn in place
+    through an IPython display handle (one output, not one figure per update), at most every ``every`` steps.
+    Run headless (no IPython kernel, e.g. a script), nothing is drawn until ``close()``, which saves the figure
+    to ``save_to`` (default ``training_curves.png``). In a notebook ``close(save_to=...)`` saves it too.
+
+        curves = plots.LiveCurves(("loss", "accuracy"), title="MLP on the GPU", source=source)
+        for step in range(n):
+            ...
+            curves.update(step, loss=loss, accuracy=acc)
+        curves.close()
+    """
+
+    def __init__(self, metrics=("loss", "accuracy"), *, title: str = "Training", source: str = "",
+                 every: int = 10, save_to: str | None = None):
+        if every < 1 or not metrics:
+            raise ValueError("LiveCurves needs at least one metric and every >= 1")
+        self.metrics, self.title, self.source, self.every, self.save_to = tuple(metrics), title, source, every, save_to
+        self.data = {m: ([], []) for m in self.metrics}
+        self.calls = 0
+        self.handle = None
+        self.interactive = _in_kernel()
+        plt = _plt()
+        self.fig, axes = plt.subplots(1, len(self.metrics), figsize=(4 * len(self.metrics) + 1, 3.4), squeeze=False)
+        self.axes = dict(zip(self.metrics, axes[0]))
+        self.fig.suptitle(f"{title}\n{source}" if source else title, fontsize=10)
+        self.lines = {}
+        for m, ax in self.axes.items():
+            (self.lines[m],) = ax.plot([], [], "-", lw=1.5)
+            ax.set_xlabel("step")
+            ax.set_ylabel(m)
+            ax.grid(True, alpha=0.3)
+        self.fig.tight_layout()
+        if self.interactive:
+            plt.close(self.fig)  # shown only through the handle, not again at the end of the cell
+
+    def update(self, step: float, **values) -> None:
+        unknown = set(values) - set(self.metrics)
+        if unknown:
+            raise ValueError(f"unknown metrics {sorted(unknown)}; this figure draws {list(self.metrics)}")
+        for m, v in values.items():
+            xs, ys = self.data[m]
+            xs.append(float(step))
+            ys.append(float(v))
+        self.calls += 1
+        if self.calls % self.every == 0:
+            self._draw()
+
+    def _draw(self) -> None:
+        for m, (xs, ys) in self.data.items():
+            self.lines[m].set_data(xs, ys)
+            ax = self.axes[m]
+            ax.relim()
+            ax.autoscale_view()
+            if ys:
+                ax.set_title(f"{m}: {ys[-1]:.4g}", fontsize=9)
+        if self.interactive:
+            from IPython.display import display
+
+            if self.handle is None:
+                self.handle = display(self.fig, display_id=True)
+            else:
+                self.handle.update(self.fig)
+
+    def close(self, save_to: str | None = None):
+        """Draw the last state; save it (always when headless). Returns the figure."""
+        self._draw()
+        path = save_to or self.save_to or (None if self.interactive else "training_curves.png")
+        if path:
+            self.fig.savefig(path, dpi=100)
+            self.saved = path
+        return self.fig
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+
+        ip = get_ipython()
+    except ImportError:
+        return False
+    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})

@@ -44,6 +44,8 @@ SIZES = {
     "feeding.streams": ((1, 2, 3, 4, 8), (1, 2)),  # stream counts of the overlap sweep
     "feeding.chunks": (32, 8),  # chunks of the pipeline
     "feeding.batches": ((1, 4, 16, 64, 256, 1024, 4096), (1, 16, 64)),  # lesson 5 engine's batch sweep
+    "training.demo_batch": (8192, 512),  # examples in lesson 8's live-curves training demo
+    "training.demo_steps": (300, 60),  # its SGD steps
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),
     "ceilings.gemm_n": (8192, 0),

@@ -99,3 +99,32 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
             f"NVRTC could not compile {filename} for {arch}:\n{nvrtc.getProgramLog(prog)}") from exc
     ptx = nvrtc.getPTX(prog)
     return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
+@functools.cache
+def module_arch(name: str, arch: str):
+    """The compiled CuPy module of kernels/cuda/<name>.cu for one named architecture (GPU mode): what the
+    sources that declare an arch-specific target ("// gpucourse-arch: sm_90a") need, since CuPy's own
+    compile picks the plain architecture (sm_90), which lacks wgmma. NVRTC compiles the source to machine
+    code (cubin) in this process; CuPy loads it."""
+    import hashlib
+
+    from cupy.cuda import nvrtc
+
+    cp = runtime.cupy()
+    code = source(name)
+    options = ["-std=c++17", f"-arch={arch}", *(f"-I{d}" for d in include_dirs())]
+    prog = nvrtc.createProgram(code, f"{name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, options)
+    except nvrtc.NVRTCError as exc:
+        raise runtime.CourseError(
+            f"NVRTC could not compile {name}.cu for {arch}:\n{nvrtc.getProgramLog(prog)}") from exc
+    cubin = nvrtc.getCUBIN(prog)
+    digest = hashlib.sha1(code.encode() + arch.encode()).hexdigest()[:12]
+    folder = Path(tempfile.gettempdir()) / "gpucourse-cubin"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.{arch}.{digest}.{os.getpid()}.cubin"
+    path.write_bytes(cubin if isinstance(cubin, bytes) else bytes(cubin))
+    mod = cp.RawModule(path=str(path))
+    return mod

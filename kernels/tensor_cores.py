@@ -13,6 +13,7 @@ Used by notebooks/03_tensor_cores.ipynb, benchmarks/tensor_cores.py and the test
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -92,7 +93,7 @@ def gemm_tiled(A, B, C):
         C[row, col] = acc
 
 
-NUMBA_KERNELS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}
+NUMBA_GEMMS = {"numba_naive": gemm_naive, "numba_tiled": gemm_tiled}  # gemm_numba(kernel=...)
 NUMBA_SIGNATURE = "void(float32[:, ::1], float32[:, ::1], float32[:, ::1])"
 NUMBA_KERNELS = {"gemm_naive": NUMBA_SIGNATURE, "gemm_tiled": NUMBA_SIGNATURE}  # for tests/test_gpu_archs.py
 
@@ -390,8 +391,8 @@ def _require_multiple(M, N, K, bm, bn, bk, what):
 def gemm_numba(A, B, C, *, kernel: str = "numba_tiled", threads: tuple = (16, 16)):
     """C = A B with a numba kernel (either mode): A (M x K), B (K x N), C (M x N), float32 device arrays.
     kernel: "numba_naive" or "numba_tiled" (which needs 16 x 16 threads). Asynchronous on a GPU."""
-    if kernel not in NUMBA_KERNELS:
-        raise runtime.CourseInputError(f"kernel must be one of {tuple(NUMBA_KERNELS)}, not {kernel!r}")
+    if kernel not in NUMBA_GEMMS:
+        raise runtime.CourseInputError(f"kernel must be one of {tuple(NUMBA_GEMMS)}, not {kernel!r}")
     M, N, K = _check_operands(A, B, C, np.float32, np.float32)
     tx, ty = threads
     if kernel == "numba_tiled" and (tx, ty) != (TILE, TILE):
@@ -399,7 +400,7 @@ def gemm_numba(A, B, C, *, kernel: str = "numba_tiled", threads: tuple = (16, 16
     if not (1 <= tx * ty <= 1024):
         raise runtime.CourseInputError(f"a block has 1 to 1024 threads, got {tx} x {ty}")
     grid = (math.ceil(N / tx), math.ceil(M / ty))
-    NUMBA_KERNELS[kernel][grid, (tx, ty)](A, B, C)
+    NUMBA_GEMMS[kernel][grid, (tx, ty)](A, B, C)
     return C
 
 
@@ -410,7 +411,9 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     names one of TILED_CONFIGS): A, B float16; C float32 for FP32 accumulation or float16 for FP16.
     kernel "simt_tiled16" / "simt_128x128": FP32 on the ordinary cores; A, B, C float32.
     Shapes: naive needs multiples of 16; tiled and simt_128x128 multiples of their tiles (the error says
-    which); simt_tiled16 takes any."""
+    which); simt_tiled16 takes any.
+    kernel "wgmma": Hopper's warpgroup MMA fed by the TMA (compute capability 9.0; ``config`` names one of
+    WGMMA_CONFIGS): A, B float16, C float32; see gemm_wgmma."""
     runtime.require_gpu("a CUDA C kernel")
     for name, x in (("A", A), ("B", B), ("C", C)):
         if runtime.is_device_array(x) and not _is_cupy(x):
@@ -427,8 +430,11 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
         grid = (math.ceil(N / bn), math.ceil(M / bm))
         cuda_c.function(SOURCE, fn)(grid, block, (A, B, C, np.int32(M), np.int32(N), np.int32(K)))
         return C
+    if kernel == "wgmma":
+        return gemm_wgmma(A, B, C, config=config)
     if kernel not in ("naive", "tiled"):
-        raise runtime.CourseInputError(f"kernel must be one of {KINDS[:2] + tuple(SGEMM)}, not {kernel!r}")
+        raise runtime.CourseInputError(f"kernel must be one of {KINDS[:2] + tuple(SGEMM) + ('wgmma',)}, "
+                                       f"not {kernel!r}")
     out_dtype = np.dtype(C.dtype) if runtime.is_device_array(C) else None
     if out_dtype not in (np.dtype(np.float32), np.dtype(np.float16)):
         raise runtime.CourseInputError("C must be a float32 (FP32 accumulation) or float16 (FP16 accumulation) "
@@ -472,6 +478,164 @@ def _tiled_function(name: str, smem: int):
             fn.max_dynamic_shared_size_bytes = smem
         _raised.add(name)
     return fn
+
+
+# ============================================================= Hopper: wgmma fed by the TMA (sm_90a)
+
+WGMMA_SOURCE = "wgmma_gemm"  # kernels/cuda/wgmma_gemm.cu, compiled for sm_90a only
+# The wgmma kernels of wgmma_gemm.cu: block tile BM x BN x 64, shared-memory stages, B's layout ("kn": K x N
+# as everywhere in the lesson; "nk": B transposed, N x K, the layout the MMA reads without transposing).
+WGMMA_CONFIGS = (
+    "wgmma_128x256x64_s4_kn",
+    "wgmma_128x256x64_s4_nk",
+    "wgmma_128x256x64_s3_kn",
+    "wgmma_128x256x64_s2_kn",
+    "wgmma_128x256x64_s1_kn",
+    "wgmma_64x256x64_s4_kn",
+    "wgmma_128x128x64_s4_kn",
+    "wgmma_128x128x64_s6_kn",
+)
+DEFAULT_WGMMA = "wgmma_128x256x64_s4_kn"
+WGMMA_GROUP_M = 8  # tile-rows per group in the block order (L2 reuse); see gemm_wgmma
+
+
+def wgmma_config(name: str) -> dict:
+    """Block tile, stages, warpgroups, shared memory and B layout of a wgmma kernel, from its name."""
+    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)", name)
+    if not m or name not in WGMMA_CONFIGS:
+        raise runtime.CourseInputError(f"no wgmma kernel {name!r}; known: {', '.join(WGMMA_CONFIGS)}")
+    bm, bn, bk, stages = map(int, m.groups()[:4])
+    consumers = bm // 64
+    smem = 1024 + stages * (bm + bn) * bk * 2 + 2 * stages * 8  # 1 KiB for alignment, tiles, mbarriers
+    return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "b_layout": m.group(5),
+            "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "acc": "float32"}
+
+
+# cuTensorMapEncodeTiled's enums (cuda.h)
+_TMA_FLOAT16, _TMA_SWIZZLE_128B, _TMA_L2_256B = 6, 3, 3
+
+
+@functools.cache
+def _libcuda():
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise runtime.CourseError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {exc}") from None
+    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuLaunchKernel.restype = ctypes.c_int
+    lib.cuGetErrorString.restype = ctypes.c_int
+    return lib
+
+
+def _driver_check(status: int, what: str) -> None:
+    if status != 0:
+        import ctypes
+
+        msg = ctypes.c_char_p()
+        _libcuda().cuGetErrorString(status, ctypes.byref(msg))
+        raise runtime.CourseError(f"{what} failed: CUDA driver error {status} "
+                                  f"({msg.value.decode() if msg.value else 'unknown'})")
+
+
+_tensor_maps: dict = {}
+
+
+def tensor_map(x, box: tuple) -> "object":
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a row-major FP16 CuPy matrix ``x``: boxes of
+    box = (rows, columns) elements, written into shared memory in the 128-byte swizzle, with reads outside
+    the matrix filled with zeros. Made once per (address, shape, box) by cuTensorMapEncodeTiled."""
+    import ctypes
+
+    rows, cols = x.shape
+    key = (x.data.ptr, rows, cols, box)
+    if key not in _tensor_maps:
+        if x.data.ptr % 16 or (cols * 2) % 16:
+            raise runtime.CourseInputError(
+                f"the TMA needs a 16-byte aligned matrix whose rows are a multiple of 16 bytes; this one is "
+                f"{rows} x {cols} FP16 ({cols * 2} bytes a row): pad its columns to a multiple of 8")
+        tmap = (ctypes.c_ubyte * 128)()
+        dims = (ctypes.c_uint64 * 2)(cols, rows)  # fastest-varying dimension first
+        strides = (ctypes.c_uint64 * 1)(cols * 2)  # bytes from one row to the next
+        boxdim = (ctypes.c_uint32 * 2)(box[1], box[0])
+        elem = (ctypes.c_uint32 * 2)(1, 1)
+        _driver_check(_libcuda().cuTensorMapEncodeTiled(
+            tmap, _TMA_FLOAT16, 2, ctypes.c_void_p(x.data.ptr), dims, strides, boxdim, elem, 0,
+            _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
+        if len(_tensor_maps) > 64:
+            _tensor_maps.clear()
+        _tensor_maps[key] = tmap
+    return _tensor_maps[key]
+
+
+_wgmma_ready: set = set()
+
+
+def _wgmma_function(c: dict):
+    fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a").get_function(c["name"])
+    if c["name"] not in _wgmma_ready:
+        cp = runtime.cupy()
+        optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
+        if c["smem_bytes"] > optin:
+            raise runtime.CourseInputError(f"{c['name']} needs {c['smem_bytes']} bytes of shared memory; this "
+                                           f"GPU allows {optin} per block")
+        fn.max_dynamic_shared_size_bytes = c["smem_bytes"]
+        _wgmma_ready.add(c["name"])
+    return fn
+
+
+def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP_M):
+    """C = A B on Hopper's warpgroup MMA fed by the TMA (GPU mode, compute capability 9.0; CuPy arrays).
+    Asynchronous.
+
+    A: M x K FP16; B: K x N FP16 for the "kn" configurations, or B transposed (N x K) for "nk"; C: M x N
+    float32. Any M, N, K (the TMA fills with zeros past the edges and the stores are guarded), as long as
+    rows are whole 16-byte units: K a multiple of 8, and N too for "kn". ``group_m``: how many tile-rows
+    the block order walks before moving right (L2 reuse)."""
+    import ctypes
+
+    runtime.require_gpu("the wgmma GEMM")
+    c = wgmma_config(config or DEFAULT_WGMMA)
+    for name, x in (("A", A), ("B", B), ("C", C)):
+        if runtime.is_device_array(x) and not _is_cupy(x):
+            raise runtime.CourseInputError(f"the CUDA C kernels take CuPy arrays; {name} is not one "
+                                           "(cupy.asarray(...) wraps a numba device array without a copy)")
+    if c["b_layout"] == "kn":
+        M, N, K = _check_operands(A, B, C, np.float16, np.float32)
+    else:
+        runtime.check_device_array(A, "A", dtype=np.float16, ndim=2)
+        runtime.check_device_array(B, "B", dtype=np.float16, ndim=2)
+        M, K = A.shape
+        if B.shape[1] != K:
+            raise runtime.CourseInputError(f"{c['name']} takes B transposed (N x K): A is {M} x {K}, so B "
+                                           f"needs {K} columns, not {B.shape[1]}")
+        N = B.shape[0]
+        runtime.check_device_array(C, "C", dtype=np.float32, shape=(M, N))
+        for name, x in (("A", A), ("B", B), ("C", C)):
+            if not _c_contiguous(x):
+                raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major)")
+    if K % 8 or (c["b_layout"] == "kn" and N % 8):
+        raise runtime.CourseInputError(
+            f"the TMA reads rows that are whole 16-byte units: K{' and N' if c['b_layout'] == 'kn' else ''} "
+            f"must be multiples of 8 (got M, N, K = {M}, {N}, {K}); pad with zeros")
+    if max(M, N, K) >= 2**31 // 2:
+        raise runtime.CourseInputError("dimensions must stay below 2**30")
+    if not 1 <= group_m <= 64:
+        raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
+    gpus.step("03.wgmma")  # compute capability 9.0 exactly, else one line saying so
+    fn = _wgmma_function(c)
+    map_a = tensor_map(A, (c["bm"], c["bk"]))
+    map_b = tensor_map(B, (c["bk"], 64) if c["b_layout"] == "kn" else (c["bn"], c["bk"]))
+    blocks = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
+    args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K),
+            ctypes.c_int32(group_m)]
+    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+    stream = runtime.cupy().cuda.get_current_stream().ptr
+    _driver_check(_libcuda().cuLaunchKernel(
+        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), blocks, 1, 1, c["threads"], 1, 1, c["smem_bytes"], ctypes.c_void_p(stream),
+        params, None), f"launching {c['name']}")
+    return C
 
 
 def gemm_library(A, B, C=None, *, tf32: bool = False):

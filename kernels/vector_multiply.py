@@ -1,7 +1,8 @@
 """Lesson 1 — vector multiply: out[i] = a[i] * b[i].
 
-Two numba.cuda kernels (one thread per element; a grid-stride loop), their NumPy spec, and launchers that
-check their input. The CUDA C versions are in kernels/cuda/vector_multiply.cu; ``multiply_cuda_c`` launches
+numba.cuda kernels (one thread per element; a grid-stride loop; and the next steps that bring the
+grid-stride loop to the copy's bandwidth: four elements in flight a thread, and pairs of adjacent elements
+a thread), their NumPy spec, and launchers that check their input. The CUDA C versions are in kernels/cuda/vector_multiply.cu; ``multiply_cuda_c`` launches
 them through CuPy on a GPU.
 """
 from __future__ import annotations
@@ -43,11 +44,74 @@ def multiply_grid_stride(a, b, out):
         out[i] = a[i] * b[i]
 
 
-KERNELS = {"one_per_thread": multiply_one_per_thread, "grid_stride": multiply_grid_stride}
+@cuda.jit
+def multiply_grid_stride_x4(a, b, out):
+    """The grid-stride loop with four independent elements per trip: the thread issues all eight loads
+    before the first multiply needs one, so four times as many bytes are in flight from each thread. The
+    four elements are a grid apart, so every load instruction of the warp stays coalesced."""
+    stride = cuda.gridsize(1)
+    n = out.size
+    i = cuda.grid(1)
+    while i + 3 * stride < n:
+        x0, x1, x2, x3 = a[i], a[i + stride], a[i + 2 * stride], a[i + 3 * stride]
+        y0, y1, y2, y3 = b[i], b[i + stride], b[i + 2 * stride], b[i + 3 * stride]
+        out[i] = x0 * y0
+        out[i + stride] = x1 * y1
+        out[i + 2 * stride] = x2 * y2
+        out[i + 3 * stride] = x3 * y3
+        i += 4 * stride
+    while i < n:  # the last, partial round
+        out[i] = a[i] * b[i]
+        i += stride
+
+
+@cuda.jit
+def multiply_pairs(a2, b2, out2, a, b, out):
+    """Grid-stride over PAIRS of adjacent elements: a2, b2, out2 are the same arrays viewed as complex
+    numbers (complex64 for float32: real part = even element, imaginary part = odd element), so each thread
+    takes elements 2i and 2i + 1 in one trip and a warp covers 256 contiguous bytes of each array per trip
+    instead of 128. (Numba still issues two 4-byte loads per pair: the H100's SASS shows LDG.E, not
+    LDG.E.64; the gain is fewer trips, each touching whole 32-byte sectors twice as densely.) The multiply
+    stays elementwise: (re * re, im * im). a, b, out are the plain arrays, for the last element of an odd
+    length."""
+    start = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    for i in range(start, out2.size, stride):
+        x = a2[i]
+        y = b2[i]
+        out2[i] = complex(x.real * y.real, x.imag * y.imag)
+    if start == 0 and out.size % 2 == 1:  # an odd length leaves one element without a partner
+        last = out.size - 1
+        out[last] = a[last] * b[last]
+
+
+KERNELS = {"one_per_thread": multiply_one_per_thread, "grid_stride": multiply_grid_stride,
+           "grid_stride_x4": multiply_grid_stride_x4, "pairs": multiply_pairs}
 # Every numba kernel of this module with a signature: tests/test_gpu_archs.py compiles each to PTX and machine
 # code for every GPU the course supports (gpucourse/gpus.py).
 NUMBA_KERNELS = {name: "void(float32[::1], float32[::1], float32[::1])"
-                 for name in ("multiply_one_per_thread", "multiply_grid_stride")}
+                 for name in ("multiply_one_per_thread", "multiply_grid_stride", "multiply_grid_stride_x4")}
+NUMBA_KERNELS["multiply_pairs"] = ("void(complex64[::1], complex64[::1], complex64[::1], float32[::1], float32[::1], "
+                                   "float32[::1])")
+PAIR_DTYPES = {np.dtype(np.float32): np.complex64, np.dtype(np.float64): np.complex128}
+
+
+def as_pairs(x):
+    """The even-length front of a 1-D float device array viewed as complex numbers (no copy): element
+    pairs (x[0], x[1]), (x[2], x[3]), ... that one thread handles together."""
+    n = x.shape[0] - x.shape[0] % 2
+    if _address(x) % (2 * np.dtype(x.dtype).itemsize):
+        raise runtime.CourseInputError(
+            f"the pairs kernel needs arrays aligned to {2 * np.dtype(x.dtype).itemsize} bytes (a fresh "
+            "allocation is; a slice starting at an odd element is not)")
+    return x[:n].view(PAIR_DTYPES[np.dtype(x.dtype)])
+
+
+def _address(x) -> int:
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return cai["data"][0]
+    return x.__array_interface__["data"][0]  # the simulator's arrays are NumPy underneath
 
 
 def check_operands(a, b, out) -> None:
@@ -90,7 +154,10 @@ def multiply(a, b, out, *, kernel: str = "grid_stride", threads: int = 256, bloc
         raise runtime.CourseInputError(
             f"{blocks} blocks x {threads} threads = {blocks * threads} threads cannot cover {n} elements "
             "one per thread; use more blocks or the grid-stride kernel")
-    KERNELS[kernel][blocks, threads](a, b, out)
+    if kernel == "pairs":
+        KERNELS[kernel][blocks, threads](as_pairs(a), as_pairs(b), as_pairs(out), a, b, out)
+    else:
+        KERNELS[kernel][blocks, threads](a, b, out)
     return out
 
 

@@ -56,6 +56,23 @@ def numpy_scalars(nb):
              'fp32.append(np.float64(rel_error(tc.gemm_emulated(A, B, acc="float32"), ref)))')
 
 
+def no_swizzle(nb):
+    """Task 3.4 (a): the swizzle bits left out, so wgmma would read the tiles as unswizzled: every descriptor,
+    and so (b)'s too, is wrong."""
+    replace_in_cell(nb, "task-3-4-descriptor", "    return fields | 1 << 62\n", "    return fields\n")
+
+
+def no_upper_bound(nb):
+    """Task 3.4 (a): an offset of 2**18 accepted, which spills into the next field; only the hidden test sees it."""
+    replace_in_cell(nb, "task-3-4-descriptor", "if value < 0 or value % 16 or value >= 2**18:",
+                    "if value < 0 or value % 16:")
+
+
+def step_in_bytes(nb):
+    """Task 3.4 (b): the step given in bytes, not in the address field's 16-byte units."""
+    replace_in_cell(nb, "task-3-4-steps", "step = k_descriptors[1] - k_descriptors[0]", "step = 32")
+
+
 # variant -> the tests it fails (all others pass)
 
 
@@ -66,7 +83,7 @@ class TestExercises(LessonExercises):
     POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
               "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
               "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
-              "test_3_3_why": 1}
+              "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1}
     VARIANTS = {
         no_second_barrier: ["test_3_1_results"],
         products_from_global: ["test_3_1_loads"],
@@ -75,11 +92,15 @@ class TestExercises(LessonExercises):
         endpoint_slope: ["test_3_3_exponent"],
         linear_explanation: ["test_3_3_why"],
         numpy_scalars: ["test_3_3_errors"],
+        no_swizzle: ["test_3_4_descriptor", "test_3_4_steps"],
+        no_upper_bound: ["test_3_4_descriptor"],
+        step_in_bytes: ["test_3_4_steps"],
     }
     UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
                   "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
-                  "test_3_2_compiles": "NameError"}
-    ANSWERS = ["wmma::col_major> b", "np.polyfit", 'why = "B"']
+                  "test_3_2_compiles": "NameError", "test_3_4_descriptor": "NotImplementedError",
+                  "test_3_4_steps": "NameError"}
+    ANSWERS = ["wmma::col_major> b", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -91,3 +112,6 @@ class TestExercises(LessonExercises):
         assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
         assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
         assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
+        assert "want 0x4000004000010040" in message("no_swizzle", "test_3_4_descriptor")
+        assert "must raise ValueError" in message("no_upper_bound", "test_3_4_descriptor")  # a hidden test
+        assert "16-byte units" in message("step_in_bytes", "test_3_4_steps")

@@ -385,3 +385,120 @@ def test_tiled_wmma_against_cublas_live():
     ratio = t["cublas"].median_ms / t["ours"].median_ms
     assert ratio >= 0.35, f"tiled WMMA at {ratio:.2f}x of cuBLAS FP16"
     assert math.isfinite(ratio)
+
+
+# ------------------------------------------------------------ Hopper: wgmma fed by the TMA (sm_90a)
+
+def test_wgmma_configs_parse_and_fit():
+    for name in tc.WGMMA_CONFIGS:
+        c = tc.wgmma_config(name)
+        assert c["bk"] == 64 and c["bm"] % 64 == 0 and c["threads"] == 128 * (1 + c["bm"] // 64)
+        assert c["smem_bytes"] <= 227 * 1024  # Hopper's shared memory per block
+    assert tc.DEFAULT_WGMMA in tc.WGMMA_CONFIGS
+    with pytest.raises(runtime.CourseInputError, match="no wgmma kernel"):
+        tc.wgmma_config("wgmma_128x256x64_s9_kn")
+
+
+def test_wgmma_needs_a_gpu_or_says_which(monkeypatch):
+    from gpucourse import gpus
+
+    if not runtime.is_gpu():
+        with pytest.raises(runtime.NeedsGPU):
+            tc.gemm_wgmma(None, None, None)
+    st = gpus.status("03.wgmma", cc=(8, 0))
+    assert not st.runs and st.lacking == ["wgmma"]
+    assert st.line().startswith("lesson 3's Hopper GEMM (wgmma fed by the TMA) needs wgmma")
+    assert "sm_90a (compute capability 9.0 exactly)" in st.line()
+    assert gpus.status("03.wgmma", cc=(9, 0)).runs
+
+
+@needs_compiler
+def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
+    ptx = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90a")
+    for name in tc.WGMMA_CONFIGS:
+        body = _entry(ptx, name)
+        c = tc.wgmma_config(name)
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
+        assert body.count("wgmma.mma_async") == 4, name  # k = 64 per stage, 16 per instruction
+        assert "cp.async.bulk.tensor.2d" in body and "mbarrier.try_wait.parity" in body, name
+        assert "wgmma.commit_group" in body and "wgmma.wait_group" in body, name
+        assert ("setmaxnreg" in body) is (c["consumers"] > 1), name  # registers move to two consumers only
+        trans_b = re.search(r"wgmma\.mma_async[^;]*,\s*(\d+);", body).group(1)
+        assert trans_b == ("1" if c["b_layout"] == "kn" else "0"), name
+    plain = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90")  # without the a: stubs that trap
+    assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", tc.WGMMA_CONFIGS)
+def test_wgmma_gemm_on_gpu(rng, config):
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        with pytest.raises(runtime.CourseError, match="needs wgmma"):
+            gpus.step("03.wgmma")
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    c = tc.wgmma_config(config)
+    shapes = [(c["bm"], c["bn"], 64), (2 * c["bm"], 3 * c["bn"], 5 * 64 * 3)]
+    if config == tc.DEFAULT_WGMMA or c["b_layout"] == "nk":
+        shapes += [(300, 264, 200), (1, 8, 8), (1000, 1032, 2056)]  # ragged: zero-filled reads, guarded stores
+    for M, N, K in shapes:
+        A = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+        B = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+        Bop = B if c["b_layout"] == "kn" else np.ascontiguousarray(B.T)
+        C = cp.full((M, N), cp.nan, cp.float32)
+        tc.gemm(cp.asarray(A), cp.asarray(Bop), C, kernel="wgmma", config=config)
+        got, want = C.get(), tc.gemm_spec(A, B)
+        scale = np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)
+        assert np.all(np.abs(got - want) <= K * 2.0**-24 * scale + 1e-30), (config, M, N, K)
+
+
+@pytest.mark.gpu
+def test_wgmma_refuses_what_the_tma_cannot_read(rng):
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    A = cp.zeros((64, 100), cp.float16)
+    B = cp.zeros((100, 64), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="multiples of 8"):
+        tc.gemm_wgmma(A, B, cp.zeros((64, 64), cp.float32))
+    with pytest.raises(runtime.CourseInputError, match="float32"):
+        tc.gemm_wgmma(cp.zeros((64, 64), cp.float16), cp.zeros((64, 64), cp.float16), cp.zeros((64, 64), cp.float16))
+    with pytest.raises(runtime.CourseInputError, match="B transposed"):
+        tc.gemm_wgmma(cp.zeros((64, 64), cp.float16), cp.zeros((64, 128), cp.float16), cp.zeros((64, 64), cp.float32),
+                      config="wgmma_128x256x64_s4_nk")
+
+
+@pytest.mark.gpu
+def test_wgmma_against_cublas_live():
+    """A regression floor, measured now: the wgmma GEMM well above the tiled WMMA's 0.4x of cuBLAS FP16 at
+    8192^3 (Hopper only). The goal (>= 0.8x) is judged on the record (test_recorded_wgmma_meets_the_goal)."""
+    from gpucourse import bench, gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    n = 8192
+    A = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+    B = cp.random.random((n, n), dtype=cp.float32).astype(cp.float16)
+    C = cp.empty((n, n), cp.float32)
+    t = bench.interleaved({"ours": lambda: tc.gemm_wgmma(A, B, C), "cublas": lambda: cp.matmul(A, B)},
+                          rounds=2, repeats=2, batch=4)
+    ratio = t["cublas"].median_ms / t["ours"].median_ms
+    assert ratio >= 0.6, f"wgmma GEMM at {ratio:.2f}x of cuBLAS FP16"
+
+
+def test_recorded_wgmma_meets_the_goal(record):
+    """Issue goal at 8192^3 on Hopper: the wgmma GEMM >= 0.8x cuBLAS FP16; the pipeline stages pay."""
+    if "wgmma" not in record or not record["wgmma"]["rows"]:
+        pytest.skip("the newest lesson-3 record has no wgmma table (recorded before it, or not on Hopper)")
+    t = record["wgmma"]
+    rows = {r["config"]: r for r in t["rows"] if r["config"] and r.get("group_m") == tc.WGMMA_GROUP_M}
+    assert all(r["check_error"] <= 1e-3 for r in t["rows"] if r["kind"] == "kernel")
+    assert rows[t["default"]]["of_cublas"] >= 0.8
+    assert rows["wgmma_128x256x64_s2_kn"]["tflops"] > 1.3 * rows["wgmma_128x256x64_s1_kn"]["tflops"]
+    wmma = next(r for r in t["rows"] if r["name"].startswith("WMMA, tiled"))
+    assert rows[t["default"]]["tflops"] > 1.5 * wmma["tflops"]

@@ -16,12 +16,8 @@ from gpucourse import gpus, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA_SOURCES = sorted((ROOT / "kernels" / "cuda").rglob("*.cu"))
-NUMBA_MODULES = sorted(f"kernels.{p.stem}" for p in (ROOT / "kernels").glob("*.py") if p.stem != "__init__")
-# numba kernels of modules that do not declare NUMBA_KERNELS yet (they move there with the engine's own package)
-PENDING_SIGNATURES = {
-    "kernels.engine": {"cbr_direct": "void(float32[:, :, :, ::1], float32[:, :, :, ::1], float32[::1], "
-                                     "float32[:, :, :, ::1])"},
-}
+NUMBA_MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "kernels").rglob("*.py")
+                       if p.stem != "__init__")
 
 
 @pytest.fixture
@@ -103,9 +99,14 @@ def test_every_step_names_known_features_and_lessons():
     for f in gpus.FEATURES.values():
         assert f.what and "\n" not in f.what
     assert [gpus.runtime.parse_cc(a) for a in gpus.ARCHS] == sorted(gpus.GPUS)
-    # every supported GPU runs every step of the course, some with a fallback
+    # every supported GPU runs every step of the course, some with a fallback, except the steps built on one
+    # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere
+    specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
+    assert specific == {"03.wgmma"}
     for cc in gpus.GPUS:
-        assert all(st.runs for steps in gpus.plan(cc).values() for st in steps)
+        for steps in gpus.plan(cc).values():
+            for st in steps:
+                assert st.runs or (st.step.key in specific and cc != (9, 0)), (cc, st.step.key)
 
 
 def test_source_archs_reads_declarations():
@@ -136,8 +137,13 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
         assert synchronous is (cc == "7.5" and n in (3, 4)), line
-    if cc != "7.5":
+        no_wgmma = ("all steps but 1;" in line and "; lesson 3's Hopper GEMM (wgmma fed by the TMA) needs wgmma (" in line
+                    and line.endswith("does not have it"))
+        assert no_wgmma is (cc != "9.0" and n == 3), line
+    if cc == "9.0":
         assert all(line.endswith("all steps") for line in by_lesson.values())
+    elif cc != "7.5":
+        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n != 3)
 
 
 def test_probe_without_a_gpu_points_at_cc(capsys, monkeypatch):
@@ -221,7 +227,7 @@ def test_every_numba_kernel_assembles_for_every_architecture(tmp_path):
 
     t0 = time.perf_counter()
     try:  # PTX for the oldest GPU the course supports, which ptxas then assembles for every newer one too
-        found = module_kernels(NUMBA_MODULES, cc=runtime.parse_cc(gpus.ARCHS[0]), extra=PENDING_SIGNATURES)
+        found = module_kernels(NUMBA_MODULES, cc=runtime.parse_cc(gpus.ARCHS[0]))
     except runtime.CourseError as exc:
         if "libnvvm" in str(exc).lower() or "nvvm" in str(exc).lower():
             pytest.skip(f"numba-cuda's NVVM is not installed: {str(exc)[-200:]}")

@@ -158,7 +158,7 @@ def test_deleted_locked_cells_go_back_in_source_order():
                         cell("test_b"), cell("task_2", locked=False, solution=True), cell("test_c")]}
     learner = {"cells": [{"cell_type": "code", "id": "mine", "metadata": {}, "source": "", "outputs": []},
                          cell("test_a")]}
-    nb, restored = grading._restore_locked_cells(learner, source)
+    nb, restored = grading.submissions._restore_locked_cells(learner, source)
     assert restored == ["intro", "setup", "test_b", "test_c"]  # never the solution cells
     assert [c["id"] for c in nb["cells"]] == ["intro", "setup", "mine", "test_a", "test_b", "test_c"]
 
@@ -174,7 +174,7 @@ def test_check_exercises_notices_a_hand_edit(tmp_path, monkeypatch):
     nb = json.loads(nb_path.read_text())
     nb["cells"][0]["source"] = ["edited by hand"]
     nb_path.write_text(json.dumps(nb))
-    monkeypatch.setattr(grading, "EXERCISES", copy)
+    monkeypatch.setattr(grading.exercises, "EXERCISES", copy)
     diffs = grading.check_exercises()
     assert len(diffs) == 1 and "cell 0" in diffs[0]
 

@@ -13,7 +13,7 @@ The cases are in two groups:
     LESSON_CASES    what a lesson's own code can get wrong (a kernel writing out of bounds, a hang, ...),
                     keyed by lesson; a new lesson adds its list.
 
-The performance harness is tested here too: without a GPU through ``grading._measure`` with a host clock
+The performance harness is tested here too: without a GPU through ``grading.performance._measure`` with a host clock
 (fresh inputs, poisoned outputs, checks after every run, caches and deferred work caught, a clock replaced
 by the candidate ignored), and on a GPU (``gpu`` marker) with known-wrong, known-slow, cached, deferred,
 other-stream and clock-patching candidates against the real reference kernel.
@@ -55,7 +55,7 @@ def source_nb(lesson: str) -> dict:
 
 
 def gid(cell) -> str | None:
-    return grading._gid(cell)
+    return grading.submissions._gid(cell)
 
 
 def filled_exercise(lesson: str) -> dict:
@@ -675,7 +675,7 @@ def test_huge_output_is_capped(corpus):
     report, _, _ = corpus[L1]
     for student in ("huge_stdout_in_a_test", "huge_output_added_cell", "huge_stderr_in_a_test"):
         graded = Path(report.course_dir) / "autograded" / student / L1 / "vector_multiply.ipynb"
-        assert graded.stat().st_size < 2 * grading.CELL_OUTPUT_CHARS + 200_000, student
+        assert graded.stat().st_size < 2 * grading.settings.CELL_OUTPUT_CHARS + 200_000, student
         assert "[... output truncated: the grader keeps at most" in graded.read_text(), student
 
 
@@ -693,7 +693,7 @@ def test_gradebook_csv_and_feedback_agree_with_the_reports(corpus):
         [html] = report.feedback(student)
         page = html.read_text()
         for t in r.tests:
-            assert f"grader: {'-' if not t.gradable else grading._num(t.points)} / {grading._num(t.max_points)}" in page
+            assert f"grader: {'-' if not t.gradable else grading.reports._num(t.points)} / {grading.reports._num(t.max_points)}" in page
     page = report.feedback("kernel_exits")[0].read_text()
     assert "the kernel died while this cell ran (exit code 3)" in page
 
@@ -702,7 +702,7 @@ def test_a_grading_process_that_overruns_is_stopped_and_the_class_goes_on(tmp_pa
     """The last line of defence: a notebook whose grading process does not come back within its limit (here
     1 s, with no time to start) is stopped by process id, scored as not graded, and the next one is graded by a
     fresh process; nothing is left running."""
-    monkeypatch.setattr(grading, "STARTUP_SLACK", 0)
+    monkeypatch.setattr(grading.pool, "STARTUP_SLACK", 0)
     folder = tmp_path / "submitted"
     for student in ("ann", "bob"):
         sub = folder / student / L1
@@ -742,7 +742,7 @@ SAME = {"np": "numpy", "math": "math", "cuda": "numba.cuda"}
     "import time\ntime.sleep(0)",
 ])
 def test_integrity_allows_ordinary_code(code):
-    assert grading._integrity_findings(code, protected=PROTECTED, same=SAME) == []
+    assert grading.integrity._integrity_findings(code, protected=PROTECTED, same=SAME) == []
 
 
 @pytest.mark.parametrize("code, finding", [
@@ -775,11 +775,11 @@ def test_integrity_allows_ordinary_code(code):
      "may not)"),
 ])
 def test_integrity_refuses_the_routes_to_patching(code, finding):
-    assert finding in grading._integrity_findings(code, protected=PROTECTED, same=SAME)
+    assert finding in grading.integrity._integrity_findings(code, protected=PROTECTED, same=SAME)
 
 
 def test_protected_names_of_lesson_1():
-    protected, same = grading._protected_names(source_nb(L1)["cells"])
+    protected, same = grading.integrity._protected_names(source_nb(L1)["cells"])
     assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",
             "check_product", "run_kernel", "grading", "multiply", "perf_inputs", "perf_check"} <= protected
     assert {"isinstance", "globals", "bool", "float"} <= protected
@@ -812,27 +812,45 @@ def _value(text):
     ("check()", [{"output_type": "stream", "name": "stderr", "text": ""}], (0.0, "failed")),
 ])
 def test_verdicts_are_deterministic_and_never_credit_forgeries(source, outputs, verdict):
-    got_points, got_status, _ = grading._verdict(_graded_cell(source, outputs), 3.0, "cpu")
+    got_points, got_status, _ = grading.verdicts._verdict(_graded_cell(source, outputs), 3.0, "cpu")
     assert (got_points, got_status) == verdict
 
 
 def test_performance_tests_score_nothing_in_cpu_mode_whatever_they_show():
     cell = _graded_cell("performance_points()", [_value("3.0")], grade_id="perf_x")
-    assert grading._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
-    assert grading._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
+    assert grading.verdicts._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert grading.verdicts._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
+
+
+def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
+    """gpucourse.gpus says which GPU each lesson step needs; a performance test of a step the GPU lacks a
+    feature for says so in one line and is left out of the gradable total (tested with a stated compute
+    capability, as a GPU of it would answer)."""
+    assert grading.step_missing("03.wmma", 3.0, cc="9.0") is False and capsys.readouterr().out == ""
+    assert grading.step_missing(None, 3.0) is False
+    assert grading.step_missing("03.wmma", 3.0, cc="6.1") is True
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("performance: not gradable on this GPU (") and "fp16-wmma" in line, line
+    assert line.endswith("0 of 3 points given here"), line
+    said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
+    cell = _graded_cell("grading.performance_points(...)", [said, _value("0.0")], grade_id="perf_x")
+    assert grading.verdicts._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_ARCH, line)
+    assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_ARCH, line).gradable
+    with pytest.raises(runtime.CourseInputError, match="no lesson step"):
+        grading.step_missing("03.no_such_step", 3.0, cc="9.0")
 
 
 def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
     line = grading.GPUS_PERF_MESSAGE.format(needed=2, have=1, points=3)
     said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
     cell = _graded_cell("check_on_gpus()", [said], grade_id="perf_x")
-    assert grading._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_GPUS, line)
-    assert grading._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert grading.verdicts._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_GPUS, line)
+    assert grading.verdicts._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
     assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_GPUS, line).gradable
     # an ordinary test that prints the line is graded as usual, and an error is still a failure
-    assert grading._verdict(_graded_cell("check()", [said]), 3.0, "gpu")[:2] == (3.0, "passed")
+    assert grading.verdicts._verdict(_graded_cell("check()", [said]), 3.0, "gpu")[:2] == (3.0, "passed")
     error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
-    assert grading._verdict(_graded_cell("check()", [said, error], grade_id="perf_x"), 3.0, "gpu")[:2] \
+    assert grading.verdicts._verdict(_graded_cell("check()", [said, error], grade_id="perf_x"), 3.0, "gpu")[:2] \
         == (0.0, "failed")
 
 
@@ -855,7 +873,7 @@ trusted = [p.rstrip("/") + "/" for p in {{sys.prefix, sys.base_prefix, os.path.r
            os.path.realpath(sys.base_prefix), {str(REPO / "gpucourse")!r}}}]
 os.chdir({str(own)!r})
 code = compile(open({str(cell)!r}).read(), {str(cell)!r}, "exec")
-grading._install_audit_hook(allow=[sys.prefix, sys.base_prefix, "/usr", "/proc", "/dev"],
+grading.kernel._install_audit_hook(allow=[sys.prefix, sys.base_prefix, "/usr", "/proc", "/dev"],
                             deny=[{str(tmp_path)!r}], writable=[{str(own)!r}], trusted=trusted + ["<string>"],
                             ctypes_dir=os.path.dirname(ctypes.__file__) + "/")
 ns = {{"SECRET": {str(secret)!r}}}
@@ -929,8 +947,9 @@ def _reference(a, b, out):
 
 
 def _measure(candidate, make_inputs=_inputs, **kw):
-    return grading._measure(candidate, _reference, make_inputs=make_inputs, check=_check,
-                            clock=grading._HostClock(), repeats=kw.pop("repeats", 5), warmup=kw.pop("warmup", 1), **kw)
+    return grading.performance._measure(candidate, _reference, make_inputs=make_inputs, check=_check,
+                                        clock=grading.performance._HostClock(), repeats=kw.pop("repeats", 5),
+                                        warmup=kw.pop("warmup", 1), **kw)
 
 
 def test_harness_makes_fresh_inputs_and_poisons_every_run():
@@ -964,7 +983,7 @@ def test_performance_catches_a_cache():
         _reference(a, b, out)
         cache[a.shape] = out.copy()
 
-    with pytest.raises(grading._WrongOutput, match="your code gave a wrong result on run 4"):
+    with pytest.raises(grading.performance._WrongOutput, match="your code gave a wrong result on run 4"):
         _measure(cached)
 
 
@@ -977,7 +996,7 @@ def test_performance_catches_deferred_work():
             _reference(pa, pb, pout)
         pending.append((a, b, out))
 
-    with pytest.raises(grading._WrongOutput, match="your code gave a wrong result on run 2"):
+    with pytest.raises(grading.performance._WrongOutput, match="your code gave a wrong result on run 2"):
         _measure(deferred)
 
 
@@ -990,7 +1009,7 @@ def test_performance_catches_a_wrong_result_on_any_run():
         if len(calls) == 5:
             out[-1] = 0
 
-    with pytest.raises(grading._WrongOutput, match="wrong result on run 10"):
+    with pytest.raises(grading.performance._WrongOutput, match="wrong result on run 10"):
         _measure(sometimes)
 
 
@@ -1013,13 +1032,13 @@ def test_performance_clock_cannot_be_patched_by_the_candidate(monkeypatch):
 
 def test_cuda_clock_refuses_replaced_timing_functions(monkeypatch):
     cp = pytest.importorskip("cupy")
-    grading._CudaClock(cp).verify()  # CuPy's own functions pass, GPU or not
-    clock = grading._CudaClock(cp)
+    grading.performance._CudaClock(cp).verify()  # CuPy's own functions pass, GPU or not
+    clock = grading.performance._CudaClock(cp)
     monkeypatch.setattr(cp.cuda.runtime, "eventElapsedTime", lambda start, end: 1e-6)
-    with pytest.raises(grading._Tampered, match="replaced cupy.cuda.runtime.eventElapsedTime while it was being timed"):
+    with pytest.raises(grading.performance._Tampered, match="replaced cupy.cuda.runtime.eventElapsedTime while it was being timed"):
         clock.verify()
-    with pytest.raises(grading._Tampered, match="cupy.cuda.runtime.eventElapsedTime is not CuPy's own function"):
-        grading._CudaClock(cp)
+    with pytest.raises(grading.performance._Tampered, match="cupy.cuda.runtime.eventElapsedTime is not CuPy's own function"):
+        grading.performance._CudaClock(cp)
 
 
 # ------------------------------------------------------------------ performance harness, on a GPU

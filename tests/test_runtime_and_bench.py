@@ -40,30 +40,54 @@ def test_probe_text(capsys):
     assert capsys.readouterr().out == text + "\n"
 
 
-def _gpucourse_imports() -> dict:
-    """{module: {gpucourse modules it imports}} for every gpucourse/*.py, function-level imports included."""
+def _import_graph(root) -> dict:
+    """{dotted module: {modules of the same package tree it imports}} for every .py file under the package
+    folder ``root``, function-level imports included, relative imports resolved."""
     import ast
     from pathlib import Path
 
-    package = Path(runtime.__file__).parent
-    names = {p.stem for p in package.glob("*.py")}
+    root = Path(root)
+    def dotted(path):
+        parts = [root.name, *path.relative_to(root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    files = {dotted(p): p for p in root.rglob("*.py")}
     graph = {}
-    for path in package.glob("*.py"):
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level == 1 and node.module is None:  # from . import a, b
-                    deps |= {a.name for a in node.names}
-                elif node.level == 1:  # from .a import b
-                    deps.add(node.module.split(".")[0])
-                elif node.module == "gpucourse":  # from gpucourse import a
-                    deps |= {a.name for a in node.names if a.name in names}
-                elif node.module and node.module.startswith("gpucourse."):
-                    deps.add(node.module.split(".")[1])
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                for a in node.names:
+                    deps.add(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base)
             elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("gpucourse.")}
-        graph[path.stem] = (deps & names) - {path.stem}
+                deps |= {a.name for a in node.names}
+        graph[mod] = {d for d in deps if d in files} - {mod}
     return graph
+
+
+def _floors(graph: dict, package: str) -> dict:
+    """The import graph between the rooms of ``package`` (its modules and subpackages, by short name);
+    imports inside a subpackage are not edges here."""
+    def room(mod):
+        rest = mod[len(package) + 1:]
+        return rest.split(".")[0] if mod.startswith(package + ".") else None
+    out = {}
+    for mod, deps in graph.items():
+        if room(mod) is None:
+            continue
+        out.setdefault(room(mod), set()).update(r for r in map(room, deps) if r and r != room(mod))
+    return out
+
+
+def _gpucourse_imports() -> dict:
+    """{room of gpucourse: {gpucourse rooms it imports}}; a subpackage (gpucourse.grading) is one room."""
+    from pathlib import Path
+
+    return _floors(_import_graph(Path(runtime.__file__).parent), "gpucourse")
 
 
 def _find_cycle(graph: dict) -> list | None:
@@ -100,9 +124,44 @@ def test_tooling_imports_stand_in_floors():
     assert "records" in graph["cli"] and "bench" in graph["records"]  # the imports inside functions are seen
     # importing any submodule runs the package's __init__ first: it may import runtime only at its top
     assert _find_cycle({k: v for k, v in graph.items() if k != "__init__"}) is None
+    # inside the grading package, its rooms stand in floors too (its __init__ imports them all)
+    from pathlib import Path
+
+    grading = _floors(_import_graph(Path(runtime.__file__).parent), "gpucourse.grading")
+    assert {"settings", "worker", "kernel", "autograde", "exercises", "cli"} <= set(grading)
+    assert _find_cycle({k: v for k, v in grading.items() if k != "__init__"}) is None, grading
+    assert "grading" in graph["cli"]
     # the loop this replaced: runtime.describe imported records, records bench, bench records.slug
     cycle = _find_cycle({**graph, "runtime": {"records"}, "bench": {"runtime", "records"}})
     assert cycle and cycle[0] == cycle[-1] and {"bench", "records"} <= set(cycle)
+
+
+def test_kernels_use_only_the_tooling_below_them():
+    """kernels import runtime, gpus and bench of the tooling, nothing above; the engine's rooms stand in floors."""
+    import ast
+    from pathlib import Path
+
+    kernels = Path(runtime.__file__).parents[1] / "kernels"
+    allowed = {"gpucourse.runtime", "gpucourse.gpus", "gpucourse.bench"}
+    used = {}
+    for path in kernels.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "gpucourse":
+                names = {f"gpucourse.{a.name}" for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("gpucourse.", "benchmarks")):
+                names = {node.module}
+            elif isinstance(node, ast.Import):
+                names = {a.name for a in node.names if a.name.startswith(("gpucourse", "benchmarks"))}
+            else:
+                continue
+            used.setdefault(str(path.relative_to(kernels)), set()).update(names)
+    wrong = {p: sorted(n - allowed) for p, n in used.items() if n - allowed}
+    assert not wrong, f"kernels reach above runtime, gpus and bench: {wrong}"
+    assert "gpucourse.bench" in used["engine/tuning.py"]  # the scan sees the auto-tuner's timer
+    engine = _floors(_import_graph(kernels), "kernels.engine")
+    assert {"graph", "plan", "executor", "build", "fused"} <= set(engine)
+    assert _find_cycle(engine) is None, engine
+    assert "executor" in engine["tuning"] and "tuning" in engine["build"]
 
 
 def test_cpu_mode_refuses_to_time():

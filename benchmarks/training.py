@@ -1,0 +1,248 @@
+"""Lesson 8's GPU measurements, and the figures drawn from them (measured or recorded).
+
+    python -m benchmarks.training            # on a GPU: writes results/<gpu>/08_training.json
+
+* mixed precision: one SGD step of a 16-layer MLP of width 4096 at batch 1024, strict FP32 (CuPy does not use
+  TF32 unless CUPY_TF32=1) against FP16 tensor-core GEMMs with FP32 master weights and dynamic loss scaling;
+* recomputation: a 64-layer MLP, checkpoint spacing s = 1 .. 64, peak memory above the weights and gradients
+  (the CuPy memory pool's high-water mark) against step time;
+* data parallelism: the same 16-layer step through ``DataParallel`` with NCCL all-reduces in buckets,
+  against the same step with no communication, for every k this machine has (k = 1: the cost of the calls).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+
+from gpucourse import bench, plots, records, runtime
+from kernels import training as tr
+
+LESSON = "08_training"
+FIGURES = ("mixed_precision", "scaler_run", "recompute", "data_parallel")
+GOALS = {"mixed_speedup": 2.0, "recompute_memory": 4.0, "recompute_time": 1.4, "scaling_efficiency_k8": 0.9}
+
+
+def _batch(cp, n, d, classes, seed):
+    rng = np.random.default_rng(seed)
+    return (cp.asarray(rng.standard_normal((n, d), dtype=np.float32)),
+            cp.asarray(rng.integers(0, classes, n).astype(np.int32)))
+
+
+def _flops(widths, batch):
+    return 3 * 2 * batch * sum(d * h for d, h in zip(widths[:-1], widths[1:]))
+
+
+def mixed_precision(layers: int = 16, width: int = 4096, batch: int = 1024, repeats: int = 10) -> dict:
+    cp = runtime.cupy()
+    widths = [width] * (layers + 1)
+    X, y = _batch(cp, batch, width, width, 1)
+    master = tr.mlp_init(widths, xp=cp)
+    half = tr.cast(master, cp.float16)
+    scaler = tr.LossScaler(2.0**12, interval=10**9)
+
+    def fp32_step():
+        loss, g = tr.loss_and_grads(master, X, y)
+        tr.sgd(master, g, 1e-3)
+        float(loss)  # the mixed step reads its loss and overflow flag on the host: so does this one
+
+    def mixed():
+        tr.mixed_step(master, X, y, scaler, 1e-3, half=half)
+
+    t32 = bench.time_gpu(fp32_step, repeats=repeats, warmup=2)
+    t16 = bench.time_gpu(mixed, repeats=repeats, warmup=2)
+    flops = _flops(widths, batch)
+    return {"layers": layers, "width": width, "batch": batch,
+            "fp32": t32.summary(), "mixed": t16.summary(),
+            "fp32_tflops": t32.tflops(flops), "mixed_tflops": t16.tflops(flops),
+            "speedup": t32.median_ms / t16.median_ms, "skipped_steps": scaler.skipped}
+
+
+def scaler_run(steps: int = 150, seed: int = 3) -> dict:
+    """A small network trained in mixed precision from a loss scale that is too large: the scale backs off,
+    then grows every ``interval`` good steps until the next overflow. Also the share of FP16 gradients that
+    underflow to zero with scale 1 and with scale 2^14."""
+    cp = runtime.cupy()
+    widths = [256, 512, 512, 512, 10]
+    X, y = _batch(cp, 1024, 256, 10, seed)
+    master = tr.mlp_init(widths, xp=cp, seed=seed)
+    scaler = tr.LossScaler(2.0**24, interval=20)
+    losses, applied = [], []
+    for _ in range(steps):
+        loss, ok = tr.mixed_step(master, X, y, scaler, 0.05)
+        losses.append(loss)
+        applied.append(bool(ok))
+    small = tr.mlp_init([16, 32, 32, 32, 32, 4], xp=cp, seed=2)
+    for W, _ in small:
+        W *= 0.05
+    Xs, ys = _batch(cp, 64, 16, 4, seed)
+    under = {}
+    for scale in (1.0, 2.0**14):
+        _, g = tr.loss_and_grads(tr.cast(small, cp.float16), Xs, ys, loss_scale=scale)
+        under[str(int(scale))] = tr.underflow_fraction(g)
+    _, g32 = tr.loss_and_grads(small, Xs, ys)
+    under["fp32"] = tr.underflow_fraction(g32)
+    return {"loss": losses, "scale": scaler.history, "applied": applied, "zero_fraction": under}
+
+
+def recompute(layers: int = 64, width: int = 2048, batch: int = 4096, spacings=None, repeats: int = 5) -> dict:
+    cp = runtime.cupy()
+    pool = cp.get_default_memory_pool()
+    widths = [width] * (layers + 1)
+    n = layers
+    spacings = list(spacings or sorted({1, 2, 4, 8, 16, 32, 64, int(round(math.sqrt(n)))} & set(range(1, n + 1))))
+    X, y = _batch(cp, batch, width, width, 2)
+    params = tr.mlp_init(widths, xp=cp)
+    grads = [(cp.empty_like(W), cp.empty_like(b)) for W, b in params]
+    out = {"layers": layers, "width": width, "batch": batch, "runs": {}}
+    for s in spacings:
+        def step():
+            tr.loss_and_grads(params, X, y, checkpoint_every=s, out=grads)
+            tr.sgd(params, grads, 1e-4)
+
+        cp.cuda.Device().synchronize()
+        pool.free_all_blocks()
+        base = pool.used_bytes()
+        step()
+        cp.cuda.Device().synchronize()
+        peak = pool.total_bytes() - base  # the pool keeps every block it handed out: its size is the high-water mark
+        t = bench.time_gpu(step, repeats=repeats, warmup=1)
+        out["runs"][str(s)] = {"peak_bytes": int(peak), "model_bytes": tr.activation_bytes(batch, widths, checkpoint_every=s),
+                               "time": t.summary()}
+    full = out["runs"]["1"]
+    free = cp.cuda.runtime.memGetInfo()[0] + pool.total_bytes() - pool.used_bytes()
+    for s, r in out["runs"].items():
+        r["memory_saving"] = full["peak_bytes"] / r["peak_bytes"]
+        r["time_ratio"] = r["time"]["median_ms"] / full["time"]["median_ms"]
+        r["max_batch_estimate"] = int(0.9 * free / (r["peak_bytes"] / batch))
+    out["sqrt_n"] = str(int(round(math.sqrt(n))))
+    return out
+
+
+def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024, ks=None, repeats: int = 10) -> dict:
+    from benchmarks import collectives as bcol
+
+    cp = runtime.cupy()
+    n_gpus = cp.cuda.runtime.getDeviceCount()
+    ks = [k for k in (ks or (1, 2, 4, 8)) if k <= n_gpus]
+    widths = [width] * (layers + 1)
+    host = tr.mlp_init(widths)
+    out = {"gpus": n_gpus, "layers": layers, "width": width, "batch_per_gpu": batch_per_gpu, "runs": {},
+           "not_measured": [k for k in (1, 2, 4, 8) if k > n_gpus]}
+    try:
+        out["topology"] = bcol.topology()
+    except Exception as exc:  # nvidia-smi missing
+        out["topology"] = f"unavailable: {exc}"
+    for k in ks:
+        shards = []
+        for r in range(k):
+            with cp.cuda.Device(r):
+                shards.append(_batch(cp, batch_per_gpu, width, width, 10 + r))
+        entry = {}
+        for reduce in ("none", "nccl"):
+            try:
+                dp = tr.DataParallel(host, list(range(k)), reduce=reduce)
+
+                def step():
+                    dp.step(shards, 1e-4)
+                    dp.synchronize()
+
+                entry[reduce] = bench.time_gpu(step, repeats=repeats, warmup=2).summary()
+                entry["buckets"] = len(dp.plan)
+                del dp
+            except Exception as exc:
+                entry[reduce + "_error"] = f"{type(exc).__name__}: {exc}"
+        if "none" in entry and "nccl" in entry:
+            entry["efficiency"] = entry["none"]["median_ms"] / entry["nccl"]["median_ms"]
+        out["runs"][str(k)] = entry
+    return out
+
+
+def run() -> tuple:
+    ceilings = bench.measure_ceilings().as_dict()
+    figures = {}
+    for name, fn in (("mixed_precision", mixed_precision), ("scaler_run", scaler_run), ("recompute", recompute),
+                     ("data_parallel", data_parallel)):
+        figures[name] = fn()
+        runtime.cupy().get_default_memory_pool().free_all_blocks()
+    figures["goals"] = GOALS
+    return figures, ceilings
+
+
+# -------------------------------------------------------------------------------- text and plots
+
+def summary_text(figures: dict) -> str:
+    m, r, d = figures["mixed_precision"], figures["recompute"], figures["data_parallel"]
+    s = r["runs"][r["sqrt_n"]]
+    lines = [
+        f"mixed precision, {m['layers']} layers of {m['width']}, batch {m['batch']}: FP32 "
+        f"{bench.format_ms(m['fp32']['median_ms'])} ({m['fp32_tflops']:.1f} TFLOP/s), mixed "
+        f"{bench.format_ms(m['mixed']['median_ms'])} ({m['mixed_tflops']:.1f} TFLOP/s): {m['speedup']:.2f}x "
+        f"(goal >= {GOALS['mixed_speedup']}x)",
+        f"recomputation, {r['layers']} layers of {r['width']}, batch {r['batch']}, s = {r['sqrt_n']}: "
+        f"{s['memory_saving']:.2f}x less activation memory (goal >= {GOALS['recompute_memory']}x) for "
+        f"{s['time_ratio']:.2f}x the step time (goal <= {GOALS['recompute_time']}x)",
+    ]
+    for k, e in d["runs"].items():
+        if "efficiency" in e:
+            lines.append(f"data parallel k = {k}: step {bench.format_ms(e['none']['median_ms'])} without "
+                         f"communication, {bench.format_ms(e['nccl']['median_ms'])} with NCCL all-reduces in "
+                         f"{e['buckets']} buckets: efficiency {100 * e['efficiency']:.1f}%")
+        else:
+            lines.append(f"data parallel k = {k}: {e}")
+    if d["not_measured"]:
+        lines.append(f"k = {', '.join(map(str, d['not_measured']))} not measured: this machine has {d['gpus']} GPU(s)")
+    return "\n".join(lines)
+
+
+def plot_mixed(figures: dict, source: str):
+    m = figures["mixed_precision"]
+    return plots.bars({"FP32 (CUDA cores)": m["fp32"]["median_ms"], "mixed FP16/FP32 (tensor cores)": m["mixed"]["median_ms"]},
+                      unit="ms", source=source,
+                      title=f"One SGD step, {m['layers']} layers of width {m['width']}, batch {m['batch']}: "
+                            f"{m['speedup']:.2f}x")
+
+
+def plot_scaler(run: dict, source: str):
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(run["loss"], label="loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax2 = ax.twinx()
+    ax2.semilogy(run["scale"][1:], color="tab:red", label="loss scale")
+    skipped = [i for i, ok in enumerate(run["applied"]) if not ok]
+    ax2.semilogy(skipped, [run["scale"][i + 1] for i in skipped], "x", color="black", label="skipped (overflow)")
+    ax2.set_ylabel("loss scale")
+    ax2.legend(fontsize=8, loc="upper right")
+    return plots._finish(ax, "Dynamic loss scaling: back off on overflow, grow after good steps", source)
+
+
+def plot_recompute(figures: dict, source: str):
+    r = figures["recompute"]
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s, e in r["runs"].items():
+        ax.plot(e["time"]["median_ms"], e["peak_bytes"] / 2**30, "o")
+        ax.annotate(f"s = {s}", (e["time"]["median_ms"], e["peak_bytes"] / 2**30), fontsize=8,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("step time (ms)")
+    ax.set_ylabel("peak memory above weights and gradients (GiB)")
+    return plots._finish(ax, f"Recomputation, {r['layers']} layers of {r['width']}, batch {r['batch']}: memory against time",
+                         source)
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m benchmarks.training", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)
+    runtime.setup("gpu")
+    figures, ceilings = run()
+    path = records.write(LESSON, figures, ceilings=ceilings)
+    print(summary_text(figures))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

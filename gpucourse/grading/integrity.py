@@ -1,0 +1,394 @@
+"""Integrity rules for the cells a learner writes (``_integrity_findings``; checked on the text, so they cannot
+be tampered with at run time). A cell may not:
+    * run code built at run time or reach the interpreter's machinery: exec, eval, compile, __import__,
+      globals, vars, locals, setattr, delattr, breakpoint, get_ipython, getattr with a computed or special
+      name, special ``__names__`` (other than __name__, __doc__, __qualname__, __init__ and a few more),
+      frame and traceback internals (f_globals, tb_frame, ...), sys.modules, sys._getframe, sys.settrace,
+      displayhook and excepthook, IPython magics other than %time and %timeit, shell commands (``!cmd``);
+    * import ctypes, cffi, gc, inspect, importlib, builtins, pickle, marshal, subprocess, multiprocessing,
+      signal, socket, resource, llvmlite, numba's internals, IPython, or the grader (``BLOCKED_MODULES``);
+    * set attributes other than on ``self`` in a method of its own class, use a module as a value, or
+      assign into a module's mapping (os.environ[...]); that is how tests, timers and clocks get patched;
+    * rebind a name a read-only cell defines (the helpers the tests call, the setup's imports) or a builtin
+      a read-only cell uses (``_protected_names``); importing the same thing again is fine.
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+
+
+def _source_text(cell) -> str:
+    src = cell.get("source", "") if isinstance(cell, dict) else ""
+    if isinstance(src, list):
+        return "".join(s for s in src if isinstance(s, str))
+    return src if isinstance(src, str) else ""
+
+
+
+BLOCKED_MODULES = {
+    "ctypes": "reaches memory and C functions directly", "_ctypes": "reaches memory and C functions directly",
+    "cffi": "calls C functions directly", "gc": "reaches every object in the kernel",
+    "inspect": "reaches the frames and globals of the tests", "importlib": "loads code by name",
+    "imp": "loads code by name", "builtins": "replaces Python's builtins", "runpy": "runs code by name",
+    "code": "runs code built at run time", "codeop": "compiles code at run time",
+    "pickle": "can call any function while loading", "_pickle": "can call any function while loading",
+    "marshal": "builds code objects", "dill": "can call any function while loading",
+    "cloudpickle": "can call any function while loading", "subprocess": "starts processes",
+    "multiprocessing": "starts processes", "pty": "starts processes", "signal": "changes signal handling",
+    "socket": "opens network connections", "resource": "changes the kernel's resource limits",
+    "llvmlite": "compiles machine code", "numba.core": "reaches numba's compiler internals",
+    "numba.extending": "adds machine-level intrinsics", "IPython": "drives the notebook kernel",
+    "ipykernel": "drives the notebook kernel", "jupyter_client": "drives notebook kernels",
+    "zmq": "talks to notebook kernels", "sys.monitoring": "traces the tests", "trace": "traces the tests",
+    "pdb": "traces the tests", "bdb": "traces the tests", "gpucourse.grading": "is the grader itself",
+}
+_DYNAMIC_NAMES = {
+    "exec": "runs code built at run time", "eval": "runs code built at run time",
+    "compile": "compiles code at run time", "__import__": "loads code by name",
+    "globals": "reaches the notebook's global names", "vars": "reaches an object's or the notebook's names",
+    "locals": "reaches the notebook's names", "setattr": "sets attributes by name",
+    "delattr": "deletes attributes by name", "breakpoint": "starts a debugger",
+    "get_ipython": "drives the notebook kernel itself",
+}
+# Attribute names that lead to frames, the import system, tracing or process control.
+_BLOCKED_ATTRS = {
+    "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next", "gi_frame",
+    "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "_getframe", "settrace",
+    "setprofile", "_current_frames", "displayhook", "excepthook", "meta_path", "path_hooks",
+    "path_importer_cache", "addaudithook", "system", "popen", "fork", "forkpty", "kill", "killpg",
+    "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle",
+    "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp",
+    "setrlimit", "prlimit", "__builtins__",
+}
+_SYS_ATTRS = {"modules"}  # on sys: the modules the tests import
+_ALLOWED_DUNDERS = {
+    "__name__", "__doc__", "__qualname__", "__init__", "__main__", "__version__", "__cuda_array_interface__",
+    "__array_interface__", "__array__", "__len__", "__getitem__", "__setitem__", "__iter__", "__next__",
+    "__enter__", "__exit__", "__repr__", "__str__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__",
+    "__ge__", "__hash__", "__bool__", "__call__", "__contains__", "__add__", "__sub__", "__mul__",
+    "__truediv__", "__floordiv__", "__mod__", "__pow__", "__neg__", "__abs__", "__matmul__", "__post_init__",
+}
+_ALLOWED_MAGICS = {"time", "timeit"}
+# What a read-only cell binds by calling a course function, said as the import that gives the same object.
+_EQUIVALENT_IMPORTS = {"runtime.cuda()": "numba.cuda", "runtime.cupy()": "cupy"}
+_DUNDER = re.compile(r"^__\w+__$")
+
+
+def _module_exists(dotted: str) -> bool:
+    """Whether ``dotted`` names a module on sys.path (found on disk, nothing imported)."""
+    parts = dotted.split(".")
+    for entry in sys.path:
+        base = Path(entry or ".").joinpath(*parts)
+        if (base / "__init__.py").is_file() or base.with_suffix(".py").is_file() or base.is_dir():
+            return True
+    return False
+
+
+def _protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
+    """The names the learner's cells may not rebind, and for those bound by an import (or an equivalent
+    course call), what that import gives: importing the same thing again is allowed.
+
+    Protected: every name a locked cell that is not a test binds at module level; every function, class
+    and import a test cell binds; every builtin a locked cell uses. (Plain variables of test cells, like
+    ``a`` or ``got``, are the learner's to reuse.)"""
+    import builtins
+
+    protected: set[str] = set()
+    same: dict[str, str] = {}
+    bound_anywhere: set[str] = set()
+    loaded: set[str] = set()
+    for cell in source_cells:
+        meta = (cell.get("metadata") or {}).get("nbgrader") or {}
+        if cell.get("cell_type") != "code" or not meta.get("locked"):
+            continue
+        try:
+            tree = ast.parse(_source_text(cell))
+        except SyntaxError:
+            continue
+        for node in tree.body:
+            names: list[str] = []
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for a in node.names:
+                    name = a.asname or a.name.split(".")[0]
+                    if a.name == "*":
+                        continue
+                    names.append(name)
+                    if isinstance(node, ast.Import):
+                        same[name] = a.name if a.asname else a.name.split(".")[0]
+                    else:
+                        same[name] = f"{'.' * node.level}{node.module or ''}.{a.name}"
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif not meta.get("grade"):
+                names += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    equivalent = _EQUIVALENT_IMPORTS.get(ast.unparse(node.value))
+                    if equivalent:
+                        same[node.targets[0].id] = equivalent
+            protected.update(names)
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Name):
+                (loaded if isinstance(n.ctx, ast.Load) else bound_anywhere).add(n.id)
+            elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                bound_anywhere.add(n.name)
+            elif isinstance(n, ast.arg):
+                bound_anywhere.add(n.arg)
+    protected |= {n for n in loaded - bound_anywhere if hasattr(builtins, n) and not _DUNDER.match(n)}
+    return protected, same
+
+
+def _transform_ipython(code: str) -> str:
+    """IPython's own translation of a cell (magics and shell escapes become get_ipython() calls)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        return code
+    try:
+        return TransformerManager().transform_cell(code)
+    except Exception:  # noqa: BLE001 - IPython gives up: check the text as it is
+        return code
+
+
+def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozenset(),
+                        same: dict[str, str] | None = None) -> list[str]:
+    """Why a cell a learner wrote may not run (empty when it may): see this module's docstring.
+    Each finding reads "line N: what it does (why that is refused)"."""
+    python = _transform_ipython(code)
+    try:
+        tree = compile(python, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except SyntaxError as exc:
+        return [f"line {exc.lineno or 1}: {exc.msg} (the grader checks a cell before running it, and cannot "
+                "read this one)"]
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return [f"line 1: the cell cannot be checked ({type(exc).__name__})"]
+    checker = _Integrity(protected, same or {})
+    try:
+        checker.run(tree)
+    except RecursionError:
+        return ["line 1: the cell is nested too deeply to be checked"]
+    return list(dict.fromkeys(checker.findings))
+
+
+class _Integrity(ast.NodeVisitor):
+    """The integrity rules as an AST walk (see ``_integrity_findings``)."""
+
+    def __init__(self, protected, same):
+        self.protected, self.same = set(protected), dict(same)
+        self.findings: list[str] = []
+        self.modules: dict[str, str] = {n: m for n, m in self.same.items() if "." not in m or _module_exists(m)}
+        self.parents: dict[ast.AST, ast.AST] = {}
+        self.scopes: list[dict] = [{"kind": "module", "globals": set(), "self": None}]
+        self.skip: set[int] = set()  # ids of get_ipython() calls that are allowed magics
+
+    def run(self, tree):
+        for parent in ast.walk(tree):
+            for child in ast.iter_child_nodes(parent):
+                self.parents[child] = parent
+        self.visit(tree)
+
+    def flag(self, node, what: str, why: str):
+        self.findings.append(f"line {getattr(node, 'lineno', 1)}: {what} ({why})" if why else
+                             f"line {getattr(node, 'lineno', 1)}: {what}")
+
+    # -- scopes and bindings
+    def at_module_scope(self, name: str) -> bool:
+        scope = self.scopes[-1]
+        return scope["kind"] == "module" or (scope["kind"] == "function" and name in scope["globals"])
+
+    def bind(self, node, name: str, imported: str | None = None):
+        if not self.at_module_scope(name):
+            return
+        if name in self.protected and not (imported is not None and self.same.get(name) == imported):
+            import builtins
+
+            what = (f"replaces the builtin {name}" if hasattr(builtins, name) and name not in self.same
+                    else f"replaces {name}")
+            self.flag(node, what, "a read-only cell defines it and the tests use it")
+
+    def visit_Import(self, node):
+        for a in node.names:
+            self.check_module(node, a.name)
+            name = a.asname or a.name.split(".")[0]
+            target = a.name if a.asname else a.name.split(".")[0]
+            self.bind(node, name, target)
+            if self.at_module_scope(name):
+                self.modules[name] = target
+
+    def visit_ImportFrom(self, node):
+        module = "." * node.level + (node.module or "")
+        self.check_module(node, module)
+        for a in node.names:
+            if a.name == "*":
+                self.flag(node, f"imports * from {module}", "it could replace names the tests use")
+                continue
+            self.check_module(node, f"{module}.{a.name}")
+            name = a.asname or a.name
+            self.bind(node, name, f"{module}.{a.name}")
+            if self.at_module_scope(name) and _module_exists(f"{module}.{a.name}"):
+                self.modules[name] = f"{module}.{a.name}"
+
+    def check_module(self, node, dotted: str):
+        for blocked, why in BLOCKED_MODULES.items():
+            if dotted == blocked or dotted.startswith(blocked + "."):
+                self.flag(node, f"imports {dotted}", f"{why}; graded notebooks may not")
+                return
+
+    def visit_FunctionDef(self, node):
+        self.bind(node, node.name)
+        for d in node.decorator_list:
+            self.visit(d)
+        self.visit(node.args)
+        if node.returns:
+            self.visit(node.returns)
+        in_class = self.scopes[-1]["kind"] == "class"
+        args = node.args.posonlyargs + node.args.args
+        first = args[0].arg if in_class and args else None
+        self.scopes.append({"kind": "function", "globals": set(), "self": first})
+        for stmt in node.body:
+            self.visit(stmt)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self.visit(node.args)
+        self.scopes.append({"kind": "lambda", "globals": set(), "self": None})
+        self.visit(node.body)
+        self.scopes.pop()
+
+    def visit_ClassDef(self, node):
+        self.bind(node, node.name)
+        for n in [*node.decorator_list, *node.bases, *node.keywords]:
+            self.visit(n)
+        self.scopes.append({"kind": "class", "globals": set(), "self": None})
+        for stmt in node.body:
+            self.visit(stmt)
+        self.scopes.pop()
+
+    def visit_Global(self, node):
+        self.scopes[-1]["globals"].update(node.names)
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.bind(node, node.name)
+        self.generic_visit(node)
+
+    def visit_MatchAs(self, node):
+        if node.name:
+            self.bind(node, node.name)
+        self.generic_visit(node)
+
+    def visit_MatchStar(self, node):
+        if node.name:
+            self.bind(node, node.name)
+
+    def visit_MatchMapping(self, node):
+        if node.rest:
+            self.bind(node, node.rest)
+        self.generic_visit(node)
+
+    # -- names, attributes, assignments
+    def visit_Name(self, node):
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            self.bind(node, node.id)
+            return
+        if node.id in _DYNAMIC_NAMES and id(node) not in self.skip:
+            self.flag(node, f"uses {node.id}", f"it {_DYNAMIC_NAMES[node.id]}")
+        elif _DUNDER.match(node.id) and node.id not in _ALLOWED_DUNDERS:
+            self.flag(node, f"uses {node.id}", "special names reach the interpreter's machinery")
+        elif node.id in ("getattr", "attrgetter", "methodcaller") and not (
+                isinstance(self.parents.get(node), ast.Call) and self.parents[node].func is node):
+            self.flag(node, f"passes {node.id} around", "it reaches any attribute by name")
+        elif node.id in self.modules:
+            parent = self.parents.get(node)
+            used_plainly = (isinstance(parent, ast.Attribute) and parent.value is node) or \
+                           (isinstance(parent, ast.Call) and (parent.func is node or (
+                               isinstance(parent.func, ast.Name) and parent.func.id in ("getattr", "hasattr")
+                               and parent.args and parent.args[0] is node)))
+            if not used_plainly:
+                self.flag(node, f"uses module {node.id} as a value", "a module passed around can be patched")
+
+    def visit_Attribute(self, node):
+        attr = node.attr
+        if _DUNDER.match(attr) and attr not in _ALLOWED_DUNDERS:
+            self.flag(node, f"uses .{attr}", "special attributes reach the interpreter's machinery")
+        elif attr in _BLOCKED_ATTRS:
+            self.flag(node, f"uses .{attr}", "it reaches frames, tracing, the import system or processes")
+        elif attr in _SYS_ATTRS and isinstance(node.value, ast.Name) and self.modules.get(node.value.id) == "sys":
+            self.flag(node, f"uses sys.{attr}", "it changes what the tests import or see")
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            root = _root_name(node)
+            if root is None or root != self.scopes[-1]["self"]:
+                self.flag(node, f"sets attribute {_short_source(node)}",
+                          "a notebook may set attributes only on self in its own classes; setting them on "
+                          "modules or shared objects patches what the tests use")
+        self.visit(node.value)
+
+    def visit_Subscript(self, node):
+        if isinstance(node.ctx, (ast.Store, ast.Del)):
+            root = _root_name(node)
+            if root is not None and (root in self.modules or root in self.protected) and \
+                    not (isinstance(node.value, ast.Name) and node.value.id not in self.modules):
+                self.flag(node, f"assigns into {_short_source(node.value)}",
+                          "it changes a module's state, which the tests share")
+        self.generic_visit(node)
+
+    def visit_Constant(self, node):
+        if isinstance(node.value, str) and id(node) not in self.skip and \
+                ((_DUNDER.match(node.value) and node.value not in _ALLOWED_DUNDERS) or node.value in _BLOCKED_ATTRS):
+            self.flag(node, f"names {node.value!r}", "special names reach the interpreter's machinery")
+
+    def visit_Call(self, node):
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+        # IPython magics and shell escapes, as IPython's transformer writes them.
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Call) and \
+                isinstance(func.value.func, ast.Name) and func.value.func.id == "get_ipython":
+            self.magic(node, func.attr)
+            return
+        if name == "getattr" and len(node.args) >= 2:
+            key = node.args[1]
+            if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+                self.flag(node, "uses getattr with a computed name", "it reaches any attribute")
+        if name in ("attrgetter", "methodcaller") and not all(
+                isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:1]):
+            self.flag(node, f"uses {name} with a computed name", "it reaches any attribute")
+        self.generic_visit(node)
+
+    def magic(self, node, method: str):
+        args = node.args
+        magic = args[0].value if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str) else None
+        if method in ("run_line_magic", "run_cell_magic") and magic in _ALLOWED_MAGICS:
+            self.skip.add(id(node.func.value.func))
+            for arg in args[1:]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    self.skip.add(id(arg))
+                    for finding in _integrity_findings(arg.value, protected=self.protected, same=self.same):
+                        self.findings.append(f"in %{magic}, {finding}")
+                else:
+                    self.visit(arg)
+            return
+        if method in ("system", "getoutput"):
+            self.flag(node, "runs a shell command", "graded notebooks may not start processes")
+        else:
+            shown = f"%{magic}" if magic else f"get_ipython().{method}"
+            self.flag(node, f"uses {shown}", "graded notebooks may use only the %time and %timeit magics")
+        self.skip.add(id(node.func.value.func))
+        for arg in args[1:]:
+            self.visit(arg)
+
+
+def _root_name(node) -> str | None:
+    """The name an attribute or subscript chain starts from (``a`` in ``a.b[0].c``), if it starts from one."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _short_source(node) -> str:
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,147 @@
+"""What grading returns: one test's result, one notebook's report, a class's report; and how they print.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .settings import NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, PERF_PREFIX
+
+
+@dataclass
+class TestResult:
+    """The outcome of one graded cell."""
+
+    __test__ = False  # not a pytest test class
+
+    grade_id: str
+    points: float
+    max_points: float
+    # passed | partial | failed | timed out | kernel died | not run | not gradable here (needs a GPU)
+    # | not gradable here (needs more GPUs) | needs manual grading
+    status: str
+    message: str
+
+    @property
+    def performance(self) -> bool:
+        return self.grade_id.startswith(PERF_PREFIX)
+
+    @property
+    def gradable(self) -> bool:
+        return self.status not in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH)
+
+
+@dataclass
+class GradeReport:
+    notebook: str
+    assignment: str
+    mode: str | None  # "gpu" or "cpu": the mode the notebook ran in
+    tests: list[TestResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what was repaired or refused before grading
+    seconds: float = 0.0  # wall-clock time nbgrader's autograde took for this notebook
+
+    @property
+    def score(self) -> float:
+        return sum(t.points for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_points for t in self.tests)
+
+    @property
+    def gradable_max_score(self) -> float:
+        return sum(t.max_points for t in self.tests if t.gradable)
+
+    @property
+    def not_gradable(self) -> list[TestResult]:
+        return [t for t in self.tests if not t.gradable]
+
+    def test(self, grade_id: str) -> TestResult:
+        for t in self.tests:
+            if t.grade_id == grade_id:
+                return t
+        raise KeyError(f"no test {grade_id!r} in this report; tests: {', '.join(t.grade_id for t in self.tests)}")
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "score": self.score, "max_score": self.max_score,
+                "gradable_max_score": self.gradable_max_score}
+
+    def summary(self) -> str:
+        """One line: the score, out of what this mode can grade too."""
+        line = f"{_num(self.score)} / {_num(self.max_score)}"
+        if self.not_gradable:
+            line += f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here)"
+        return line
+
+    def format(self) -> str:
+        mode = {"gpu": "GPU mode", "cpu": "CPU mode"}.get(self.mode or "", "mode unknown")
+        lines = [f"{self.notebook}", f"assignment {self.assignment}, graded in {mode}", ""]
+        width = max([len(t.grade_id) for t in self.tests] + [4])
+        for t in self.tests:
+            got = "-" if not t.gradable else _num(t.points)
+            detail = t.status if t.message in ("", t.status) or not t.gradable else f"{t.status}: {t.message}"
+            lines.append(f"  {t.grade_id:<{width}}  {got:>5} / {_num(t.max_points):<3}  {detail}")
+        lines.append("")
+        total = f"Score: {_num(self.score)} / {_num(self.max_score)}"
+        skipped = self.not_gradable
+        if skipped:
+            held = sum(t.max_points for t in skipped)
+            kinds = {t.status for t in skipped}
+            need = ("more GPUs" if kinds == {NOT_GRADABLE_GPUS} else "a newer GPU" if kinds == {NOT_GRADABLE_ARCH}
+                    else "a GPU")
+            total += (f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here; "
+                      f"{_num(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
+        lines.append(total)
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+@dataclass
+class ClassReport:
+    """A class graded by ``grade_class``: per student, a report or the reason there is none."""
+
+    assignment: str
+    course_dir: str  # the nbgrader course directory: gradebook.db, autograded/, feedback/, grades.csv
+    mode: str
+    reports: dict[str, GradeReport] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # student -> why nothing could be graded
+    seconds: float = 0.0
+
+    @property
+    def gradebook(self) -> Path:
+        return Path(self.course_dir) / "gradebook.db"
+
+    @property
+    def csv(self) -> Path:
+        return Path(self.course_dir) / "grades.csv"
+
+    def feedback(self, student: str) -> list[Path]:
+        return sorted((Path(self.course_dir) / "feedback" / student / self.assignment).glob("*.html"))
+
+    @property
+    def students(self) -> list[str]:
+        return sorted({*self.reports, *self.errors})
+
+    def format(self) -> str:
+        lines = [f"assignment {self.assignment}: {len(self.students)} submissions, {len(self.reports)} graded in "
+                 f"{self.mode.upper()} mode in {self.seconds:.0f} s, {len(self.errors)} not graded", ""]
+        width = max([len(s) for s in self.students] + [7])
+        for s in self.students:
+            if s in self.reports:
+                r = self.reports[s]
+                lines.append(f"  {s:<{width}}  {r.summary()}")
+            else:
+                lines.append(f"  {s:<{width}}  not graded: {self.errors[s]}")
+        lines += ["", f"gradebook  {self.gradebook}", f"grades     {self.csv}",
+                  f"feedback   {Path(self.course_dir) / 'feedback'}/<student>/{self.assignment}/"]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _num(x: float) -> str:
+    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))

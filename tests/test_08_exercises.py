@@ -1,0 +1,86 @@
+"""Lesson 8's graded exercises through the real grader: the solution earns every point, the released exercise none,
+and known-wrong answers exactly the points their mistakes leave them. Everything runs in CPU mode on NumPy; Task
+8.2's speed (perf_8_2_speed) is timed on a GPU only and is "not gradable here"."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import LessonExercises, replace_in_cell
+
+
+pytestmark = [pytest.mark.lesson08, pytest.mark.slow]
+
+
+def no_reset(nb):
+    """Task 8.1: an overflow halves the scale but keeps counting good steps: the scale grows back too soon."""
+    replace_in_cell(nb, "task-8-1-rule", "return scale * backoff, 0", "return scale * backoff, good_steps")
+
+
+def store_everything(nb):
+    """Task 8.2: every layer's input kept: right gradients, no memory saved."""
+    replace_in_cell(nb, "task-8-2-ckpt", "        if i % s == 0:\n            saved[i] = z\n",
+                    "        saved[i] = z\n")
+    replace_in_cell(nb, "task-8-2-ckpt", """        for i in range(start, stop - 1):
+            inputs.append(layer_forward(*params[i], inputs[-1], i == 0))
+""", """        for i in range(start + 1, stop):
+            inputs.append(saved.pop(i))
+""")
+
+
+def no_spacing_check(nb):
+    """Task 8.2: a spacing outside 1..n is not refused."""
+    replace_in_cell(nb, "task-8-2-ckpt", """    if not 1 <= s <= n:
+        raise ValueError(f"checkpoint spacing must lie in 1..{n}, got {s}")
+""", "")
+
+
+def sum_not_mean(nb):
+    """Task 8.3: the towers' gradients summed, not averaged."""
+    replace_in_cell(nb, "task-8-3-towers", "sum(t[1][i][j] for t in towers) / k", "sum(t[1][i][j] for t in towers)")
+
+
+def uneven_allowed(nb):
+    """Task 8.3: a batch that does not split evenly is not refused (the last rows are dropped)."""
+    replace_in_cell(nb, "task-8-3-towers", """    if X.shape[0] % k:
+        raise ValueError(f"a batch of {X.shape[0]} does not split into {k} equal shards")
+""", "")
+
+
+def no_unscale(nb):
+    """Task 8.4: the scaled gradients applied as they are: steps loss-scale times too large."""
+    replace_in_cell(nb, "task-8-4-mixed", "scale=1.0 / scaler.scale", "scale=1.0")
+
+
+def apply_on_overflow(nb):
+    """Task 8.4: the step applied even when the gradients overflowed: inf and NaN in the master weights."""
+    replace_in_cell(nb, "task-8-4-mixed", "    if finite:\n", "    if True:\n")
+
+
+class TestExercises(LessonExercises):
+    LESSON = "08_training"
+    NOTEBOOK = "training.ipynb"
+    TIMEOUT = 60
+    POINTS = {"test_8_1_rule": 2, "test_8_2_grads": 2, "test_8_2_memory": 2, "perf_8_2_speed": 2,
+              "test_8_3_average": 2, "test_8_3_uneven": 1, "test_8_4_step": 2, "test_8_4_overflow": 1}
+    VARIANTS = {
+        no_reset: ["test_8_1_rule"],
+        store_everything: ["test_8_2_memory"],
+        no_spacing_check: ["test_8_2_grads"],
+        sum_not_mean: ["test_8_3_average"],
+        uneven_allowed: ["test_8_3_uneven"],
+        no_unscale: ["test_8_4_step", "test_8_4_overflow"],
+        apply_on_overflow: ["test_8_4_overflow"],
+    }
+    UNANSWERED = {g: "NotImplementedError" for g in POINTS if not g.startswith("perf_")}
+    ANSWERS = ["return scale * backoff, 0", "saved[i] = z", "X.shape[0] % k", "scale=1.0 / scaler.scale"]
+
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
+
+        assert "want" in message("no_reset", "test_8_1_rule")
+        assert "held at once" in message("store_everything", "test_8_2_memory")
+        assert "must raise ValueError" in message("no_spacing_check", "test_8_2_grads")
+        assert "one device on the whole batch" in message("sum_not_mean", "test_8_3_average")
+        assert "does not split evenly" in message("uneven_allowed", "test_8_3_uneven")
+        assert "master weights differ" in message("no_unscale", "test_8_4_step")
+        assert "master weights differ" in message("apply_on_overflow", "test_8_4_overflow")

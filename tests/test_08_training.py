@@ -1,0 +1,232 @@
+"""Lesson 8: the course's training step against finite differences and TensorFlow, recomputation, mixed
+precision's loss scaling, data parallelism against one device on the whole batch; GPU-marked tests run the
+same step with CuPy."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gpucourse import runtime
+from kernels import training as tr
+
+pytestmark = pytest.mark.lesson08
+
+
+def _batch(rng, n, d, classes, dtype=np.float32):
+    return rng.standard_normal((n, d)).astype(dtype), rng.integers(0, classes, n).astype(np.int32)
+
+
+def _maxdiff(ga, gb):
+    return max(float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())
+               for pa, pb in zip(ga, gb) for a, b in zip(pa, pb))
+
+
+def test_gradients_match_finite_differences(rng):
+    p = tr.mlp_init([5, 7, 7, 3], xp=np, dtype="float64", seed=1)
+    X, y = _batch(rng, 6, 5, 3, np.float64)
+    _, g = tr.loss_and_grads(p, X, y)
+    for layer, which, idx in [(0, 0, (1, 2)), (1, 0, (3, 4)), (2, 0, (6, 1)), (1, 1, (2,)), (2, 1, (0,))]:
+        a = p[layer][which]
+        a[idx] += 1e-6
+        lp, _ = tr.loss_and_grads(p, X, y)
+        a[idx] -= 2e-6
+        lm, _ = tr.loss_and_grads(p, X, y)
+        a[idx] += 1e-6
+        assert math.isclose((lp - lm) / 2e-6, g[layer][which][idx], rel_tol=1e-5, abs_tol=1e-9)
+
+
+def test_step_matches_tensorflow(rng):
+    ttf = pytest.importorskip("kernels.training_tf")
+    p = tr.mlp_init([12, 32, 32, 32, 10], seed=3)
+    X, y = _batch(rng, 64, 12, 10)
+    loss, g = tr.loss_and_grads(p, X, y)
+    tf_loss, tf_g = ttf.loss_and_grads(p, X, y)
+    assert math.isclose(float(loss), tf_loss, rel_tol=1e-5)
+    scale = max(float(np.abs(b).max()) for pair in tf_g for b in pair)
+    assert _maxdiff(g, tf_g) <= 1e-5 * scale
+
+
+@pytest.mark.parametrize("n, s", [(6, 1), (6, 2), (6, 3), (7, 3), (6, 6), (64, 8), (64, 64)])
+def test_recomputation_gives_the_same_gradients_with_fewer_stored(rng, n, s):
+    p = tr.mlp_init([4] + [6] * n + [3], xp=np, dtype="float64")
+    X, y = _batch(rng, 5, 4, 3, np.float64)
+    full = {}
+    loss, g = tr.loss_and_grads(p, X, y, stats=full)
+    st = {}
+    loss2, g2 = tr.loss_and_grads(p, X, y, checkpoint_every=s, stats=st)
+    assert loss2 == loss and _maxdiff(g, g2) == 0
+    layers = n + 1
+    assert full == {"forward_layers": layers, "peak_stored": layers}
+    starts = range(0, layers, s)
+    assert st["peak_stored"] == max(len(starts), max(a // s + min(s, layers - a) for a in starts))
+    assert st["forward_layers"] == layers + sum(min(s, layers - a) - 1 for a in range(0, layers, s))
+    if n == 64 and s == 8:
+        assert layers / st["peak_stored"] >= 4  # the sqrt(n) case: 65 inputs held, against 16
+
+
+@pytest.mark.parametrize("bad", [0, -1, 5, 2.0, True, None])
+def test_bad_checkpoint_spacing_is_refused(rng, bad):
+    p = tr.mlp_init([4, 6, 6, 6, 3], xp=np)
+    X, y = _batch(rng, 5, 4, 3)
+    with pytest.raises(runtime.CourseInputError, match="checkpoint spacing"):
+        tr.loss_and_grads(p, X, y, checkpoint_every=bad)
+
+
+def test_update_scale_rule():
+    assert tr.update_scale(1024.0, 5, False) == (512.0, 0)
+    assert tr.update_scale(1024.0, 5, True, interval=10) == (1024.0, 6)
+    assert tr.update_scale(1024.0, 9, True, interval=10) == (2048.0, 0)
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(runtime.CourseInputError, match="positive"):
+            tr.update_scale(bad, 0, True)
+    for bad in (0, -2.0, float("inf"), "8"):
+        with pytest.raises(runtime.CourseInputError, match="positive"):
+            tr.LossScaler(bad)
+
+
+def test_loss_scaling_saves_gradients_from_underflow(rng):
+    """Small gradients flush to zero in FP16 without scaling, and survive with it."""
+    p = tr.mlp_init([16, 32, 32, 32, 32, 4], seed=2)
+    for W, b in p:
+        W *= 0.05  # a network whose gradients are tiny
+    X, y = _batch(rng, 64, 16, 4)
+    half = tr.cast(p, np.float16)
+    _, g1 = tr.loss_and_grads(half, X, y, loss_scale=1.0)
+    _, g2 = tr.loss_and_grads(half, X, y, loss_scale=2.0**14)
+    _, g32 = tr.loss_and_grads(p, X, y)
+    dead = tr.underflow_fraction(g32)  # entries that are zero in FP32 too (ReLUs that never fire)
+    assert tr.underflow_fraction(g1) > dead + 0.3
+    assert tr.underflow_fraction(g2) < dead + 0.01
+    unscaled = [(a.astype(np.float32) / 2**14, b.astype(np.float32) / 2**14) for a, b in g2]
+    ref = max(float(np.abs(a).max()) for pair in g32 for a in pair)
+    assert _maxdiff(unscaled, g32) <= 0.02 * ref
+
+
+def test_mixed_step_backs_off_on_overflow_and_trains(rng):
+    p = tr.mlp_init([16, 32, 32, 4], seed=4)
+    X, y = _batch(rng, 64, 16, 4)
+    scaler = tr.LossScaler(2.0**24, interval=4)  # too large: the scaled gradients overflow FP16
+    losses, applied = [], []
+    for _ in range(30):
+        loss, ok = tr.mixed_step(p, X, y, scaler, 0.05)
+        losses.append(loss)
+        applied.append(ok)
+    assert not applied[0] and scaler.skipped >= 1 and scaler.history[1] == 2.0**23
+    assert sum(applied[-10:]) >= 7  # the scale grows every 4 good steps until the next overflow halves it
+    assert any(b > a for a, b in zip(scaler.history, scaler.history[1:]))
+    assert losses[-1] < 0.8 * losses[0]
+    assert all(W.dtype == np.float32 for W, _ in p)
+
+
+def test_fp16_forward_overflow_is_reported(rng):
+    p = tr.mlp_init([16, 32, 4], seed=5)
+    X, y = _batch(rng, 8, 16, 4)
+    X *= 3e4
+    with pytest.raises(tr.FP16Overflow, match="overflowed"):
+        tr.mixed_step(p, X, y, tr.LossScaler(), 0.1)
+
+
+@pytest.mark.parametrize("k, reduce, bucket", [(1, "mean", 1), (2, "mean", 2**20), (4, "ring", 500), (8, "ring", 1)])
+def test_data_parallel_equals_one_device(rng, k, reduce, bucket):
+    p = tr.mlp_init([6, 10, 10, 10, 3], xp=np, dtype="float64")
+    X, y = _batch(rng, 24, 6, 3, np.float64)
+    loss, g = tr.loss_and_grads(p, X, y)
+    trace = []
+    loss_k, g_k = tr.data_parallel_grads(p, X, y, k, reduce=reduce, bucket_bytes=bucket, trace=trace)
+    assert math.isclose(loss_k, float(loss), rel_tol=1e-12) and _maxdiff(g, g_k) <= 1e-14
+    plan = tr.buckets(p, bucket)
+    assert [e for e in trace if e[0] == "all-reduce"] == [("all-reduce", b) for b in range(len(plan))]
+    if len(plan) > 1:  # the first bucket's all-reduce starts before the backward pass has finished
+        assert trace.index(("all-reduce", 0)) < trace.index(("backward", 0))
+
+
+def test_batch_that_does_not_split_is_refused(rng):
+    p = tr.mlp_init([6, 10, 3], xp=np)
+    X, y = _batch(rng, 10, 6, 3)
+    with pytest.raises(runtime.CourseInputError, match="does not split into 4"):
+        tr.data_parallel_grads(p, X, y, 4)
+    with pytest.raises(runtime.CourseInputError, match="replicas"):
+        tr.split_batch(X, y, 0)
+
+
+def test_buckets_cover_every_layer_last_first():
+    p = tr.mlp_init([4, 8, 8, 8, 8, 2], xp=np)
+    plan = tr.buckets(p, 300)
+    assert sum(plan, []) == list(reversed(range(len(p))))
+    assert tr.buckets(p, 10**9) == [list(reversed(range(len(p))))]
+
+
+def test_tensorflow_towers_and_recompute(rng):
+    ttf = pytest.importorskip("kernels.training_tf")
+    p = tr.mlp_init([8, 16, 16, 4], seed=6)
+    X, y = _batch(rng, 32, 8, 4)
+    _, g = ttf.loss_and_grads(p, X, y)
+    assert _maxdiff(g, ttf.tower_grads(p, X, y, 4)) <= 1e-6
+    demo = ttf.recompute_demo()
+    assert demo["block_calls_plain"] == 1 and demo["block_calls_recompute"] == 2 and demo["max_abs_diff"] <= 1e-6
+
+
+def test_mirrored_strategy_equals_one_device():
+    pytest.importorskip("tensorflow")
+    from kernels import training_tf as ttf
+
+    out = ttf.mirrored_check(2)
+    assert out["replicas"] == 2 and len(out["devices"]) == 2
+    assert out["max_abs_diff"] <= 1e-6 * max(1.0, out["max_abs_grad"])
+
+
+def test_sine_regression_learning_rate_decides():
+    ttf = pytest.importorskip("kernels.training_tf")
+    stuck = ttf.sine_regression(1e-6, steps=150)
+    moves = ttf.sine_regression(0.05, steps=150)
+    assert abs(stuck[-1] - stuck[0]) < 0.01 * stuck[0]
+    assert moves[-1] < 0.5 * moves[0]
+
+
+# ------------------------------------------------------------------------------------------- on a GPU
+
+@pytest.mark.gpu
+def test_cupy_step_matches_numpy(rng):
+    cp = runtime.cupy()
+    p = tr.mlp_init([64, 128, 128, 10], seed=7)
+    X, y = _batch(rng, 256, 64, 10)
+    loss, g = tr.loss_and_grads(p, X, y)
+    pg = [(cp.asarray(W), cp.asarray(b)) for W, b in p]
+    for s in (1, 2, 3):
+        loss_g, g_g = tr.loss_and_grads(pg, cp.asarray(X), cp.asarray(y), checkpoint_every=s)
+        assert math.isclose(float(loss_g), float(loss), rel_tol=1e-5)
+        assert _maxdiff([(cp.asnumpy(a), cp.asnumpy(b)) for a, b in g_g], g) <= 1e-5
+
+
+@pytest.mark.gpu
+def test_cupy_mixed_step_trains(rng):
+    cp = runtime.cupy()
+    p = [(cp.asarray(W), cp.asarray(b)) for W, b in tr.mlp_init([64, 256, 256, 10], seed=8)]
+    X, y = _batch(rng, 512, 64, 10)
+    X, y = cp.asarray(X), cp.asarray(y)
+    scaler = tr.LossScaler(2.0**16, interval=5)
+    losses = [tr.mixed_step(p, X, y, scaler, 0.05)[0] for _ in range(40)]
+    assert losses[-1] < 0.7 * losses[0] and scaler.skipped >= 1
+
+
+@pytest.mark.gpu
+def test_data_parallel_on_gpus_equals_one_device(rng):
+    cp = runtime.cupy()
+    k = cp.cuda.runtime.getDeviceCount()
+    p = tr.mlp_init([32, 64, 64, 64, 8], seed=9)
+    X, y = _batch(rng, 64 * k, 32, 8)
+    ref = [(W.copy(), b.copy()) for W, b in p]
+    _, g = tr.loss_and_grads(ref, X, y)
+    tr.sgd(ref, g, 0.1)
+    dp = tr.DataParallel(p, list(range(k)), bucket_bytes=20_000)
+    shards = []
+    for r, (Xs, ys) in enumerate(tr.split_batch(X, y, k)):
+        with cp.cuda.Device(r):
+            shards.append((cp.asarray(Xs), cp.asarray(ys)))
+    dp.step(shards, 0.1)
+    dp.synchronize()
+    for r in range(k):
+        got = [(cp.asnumpy(W), cp.asnumpy(b)) for W, b in dp.params[r]]
+        assert _maxdiff(got, ref) <= 1e-5
