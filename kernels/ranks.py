@@ -149,8 +149,11 @@ def launch(k: int, program, *args, timeout: float = DEFAULT_TIMEOUT, start_timeo
     try:
         for rank in range(k):
             here, there = ctx.Pipe()
-            p = ctx.Process(target=_rank_main, args=(rank, k, there, timeout, program, args), daemon=True,
-                            name=f"rank-{rank}")
+            # The launcher judges who is late; a rank's own time-out is the backstop for a launcher that is
+            # stuck, so it waits STOP_GRACE longer (else a busy machine can let a waiting rank time out first
+            # and the job would blame the rank that waited, not the one that hung).
+            p = ctx.Process(target=_rank_main, args=(rank, k, there, timeout + STOP_GRACE, program, args),
+                            daemon=True, name=f"rank-{rank}")
             p.start()
             there.close()
             conns.append(here)

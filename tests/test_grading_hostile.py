@@ -840,6 +840,15 @@ def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
         grading.step_missing("03.no_such_step", 3.0, cc="9.0")
 
 
+def test_asking_about_a_step_without_a_gpu_is_quiet(monkeypatch, capsys):
+    """With no GPU (and no stated compute capability) there is nothing to ask: performance_points says "CPU
+    mode" itself, so step_missing neither raises nor prints."""
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE, raising=False)
+    if runtime.compute_capability() is not None:
+        pytest.skip("this machine has a GPU: its steps are asked about for real")
+    assert grading.step_missing("03.wmma", 3.0) is False and capsys.readouterr().out == ""
+
+
 def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
     line = grading.GPUS_PERF_MESSAGE.format(needed=2, have=1, points=3)
     said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}

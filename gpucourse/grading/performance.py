@@ -209,8 +209,8 @@ def step_missing(step: str | None, max_points: float, cc=None) -> bool:
     gpucourse.gpus.STEPS), print the line that makes a ``perf_`` test "not gradable here (needs a newer GPU)"
     (0 points, left out of the gradable total) and return True; otherwise False. ``performance_points(...,
     step=...)`` asks this before it times anything."""
-    if step is None:
-        return False
+    if step is None or (cc is None and runtime.compute_capability() is None):
+        return False  # no GPU to ask about: performance_points says so itself (CPU mode)
     st = gpus.status(step, cc)
     if st.runs:
         return False
