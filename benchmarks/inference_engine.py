@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import pytorch_reference
 from gpucourse import bench, plots, runtime
 from kernels import engine as E
 
 LESSON = "05_inference_engine"
 FIGURES = ("model", "engines", "calibration", "tuning", "plan", "cudnn")  # what run() records
+# run() records "pytorch" too (PyTorch beside the engine, or why not: pytorch_table); records made before it have none
 ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
     "layer by layer, FP32": (False, "fp32", False),
     "layer by layer + graph, FP32": (False, "fp32", True),
@@ -289,7 +291,18 @@ def run() -> tuple:
     plan, _, build_s = engines["fused + graph, FP16"]
     figures["plan"] = plan_round_trip(plan, d, build_s)
     figures["cudnn"] = cudnn_table(engines)
+    figures["pytorch"] = pytorch_table(g, engines, d)
     return figures, ceilings
+
+
+def pytorch_table(g: E.Graph, engines: dict, d: dict, **kwargs) -> dict:
+    """PyTorch beside the fused + graph engines, on the same weights and images, with the same timer
+    (``pytorch_reference.table``), or why not. It never raises: PyTorch is a comparison, not a course
+    dependency, so a missing or failing PyTorch costs the record this entry and nothing else."""
+    try:
+        return pytorch_reference.table(g, engines, d, **kwargs)
+    except Exception as exc:
+        return {"available": False, "why": f"failed: {pytorch_reference._one_line(exc)}"}
 
 
 # ------------------------------------------------------------------------------------ text and plots
