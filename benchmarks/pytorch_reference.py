@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import itertools
 import time
 
@@ -372,8 +373,11 @@ def table(g: E.Graph, engines: dict, d: dict, *, repeats: int = 30, compile_mode
                             compiled["fn"] = torch.compile(models["channels_last"], mode=compile_mode, dynamic=False,
                                                            fullgraph=True)
                         fn = compiled["fn"]
-                        fn(x)
-                        torch.cuda.synchronize()
+                        # max-autotune writes a table of every candidate it timed to stderr (hundreds of lines
+                        # in a notebook); its choice is what is timed here, so the tables are not shown
+                        with contextlib.redirect_stderr(io.StringIO()):
+                            fn(x)
+                            torch.cuda.synchronize()
                         compiled[n] = (fn, None)
                     except _NotRun as exc:
                         compiled[n] = (None, str(exc))
