@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .runtime import CourseInputError
+
 
 def _plt():
     import matplotlib.pyplot as plt
@@ -111,7 +113,7 @@ class LiveCurves:
     def __init__(self, metrics=("loss", "accuracy"), *, title: str = "Training", source: str = "",
                  every: int = 10, save_to: str | None = None):
         if every < 1 or not metrics:
-            raise ValueError("LiveCurves needs at least one metric and every >= 1")
+            raise CourseInputError("LiveCurves needs at least one metric and every >= 1")
         self.metrics, self.title, self.source, self.every, self.save_to = tuple(metrics), title, source, every, save_to
         self.data = {m: ([], []) for m in self.metrics}
         self.calls = 0
@@ -134,7 +136,7 @@ class LiveCurves:
     def update(self, step: float, **values) -> None:
         unknown = set(values) - set(self.metrics)
         if unknown:
-            raise ValueError(f"unknown metrics {sorted(unknown)}; this figure draws {list(self.metrics)}")
+            raise CourseInputError(f"unknown metrics {sorted(unknown)}; this figure draws {list(self.metrics)}")
         for m, v in values.items():
             xs, ys = self.data[m]
             xs.append(float(step))

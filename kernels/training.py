@@ -290,7 +290,6 @@ def mixed_step(master, X, y, scaler: LossScaler, lr: float, *, half=None, checkp
 
 def underflow_fraction(grads) -> float:
     """The fraction of gradient entries that are exactly zero."""
-    xp = xp_of(grads[0][0])
     zeros = sum(int((g == 0).sum()) for pair in grads for g in pair)
     return zeros / sum(g.size for pair in grads for g in pair)
 

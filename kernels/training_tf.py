@@ -15,6 +15,8 @@ import time
 
 import numpy as np
 
+from gpucourse.runtime import CourseInputError
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -58,7 +60,7 @@ def tower_grads(params, X, y, k: int):
     """k towers, each the gradient of its shard; averaged with reduce_mean over the stacked gradients."""
     t = tf()
     if X.shape[0] % k:
-        raise ValueError(f"a batch of {X.shape[0]} does not split into {k} equal towers")
+        raise CourseInputError(f"a batch of {X.shape[0]} does not split into {k} equal towers")
     vs = variables(params)
     per = []
     for Xs, ys in zip(np.split(X, k), np.split(y, k)):

@@ -164,6 +164,8 @@ def test_tensorflow_towers_and_recompute(rng):
     X, y = _batch(rng, 32, 8, 4)
     _, g = ttf.loss_and_grads(p, X, y)
     assert _maxdiff(g, ttf.tower_grads(p, X, y, 4)) <= 1e-6
+    with pytest.raises(runtime.CourseInputError, match="does not split into 5 equal towers"):
+        ttf.tower_grads(p, X, y, 5)
     demo = ttf.recompute_demo()
     assert demo["block_calls_plain"] == 1 and demo["block_calls_recompute"] == 2 and demo["max_abs_diff"] <= 1e-6
 
@@ -230,3 +232,18 @@ def test_data_parallel_on_gpus_equals_one_device(rng):
     for r in range(k):
         got = [(cp.asnumpy(W), cp.asnumpy(b)) for W, b in dp.params[r]]
         assert _maxdiff(got, ref) <= 1e-5
+
+
+def test_live_curves_refuse_bad_input(tmp_path):
+    from gpucourse import plots
+
+    with pytest.raises(runtime.CourseInputError, match="at least one metric"):
+        plots.LiveCurves(())
+    with pytest.raises(runtime.CourseInputError, match="every >= 1"):
+        plots.LiveCurves(("loss",), every=0)
+    curves = plots.LiveCurves(("loss",), every=1, save_to=str(tmp_path / "curves.png"))
+    with pytest.raises(runtime.CourseInputError, match=r"unknown metrics \['acc'\]"):
+        curves.update(0, acc=0.5)
+    curves.update(0, loss=1.0)
+    curves.close()
+    assert (tmp_path / "curves.png").stat().st_size > 0
