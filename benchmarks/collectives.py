@@ -257,7 +257,7 @@ def fit_broadcast(sweep: dict, k: int, *, startup: bool = False) -> dict:
     for n in sweep["N"]:
         errs = [abs(e) for e, nn in zip(fit["rel_error"], N) if nn == n]
         per_n[str(n)] = max(errs) if errs else None
-    out = {"k": k, "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"],
+    out = {"k": k, "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"], "pinned": fit["pinned"],
            "max_abs_rel_error": fit["max_abs_rel_error"], "max_abs_rel_error_by_N": per_n}
     if startup:
         out["startup_s"] = fit["startup_s"]
@@ -303,6 +303,8 @@ def summary_text(entry: dict) -> str:
              f"message, B = {fit['bandwidth'] / 1e9:.0f} GB/s",
              f"the same plus a fixed cost t0 a broadcast: t0 = {fit0['startup_s'] * 1e6:.1f} µs, "
              f"alpha = {fit0['alpha_s'] * 1e6:.1f} µs, B = {fit0['bandwidth'] / 1e9:.0f} GB/s",
+             *[f"    ({name} held at 0 in the fit {which}: the best fit wanted it negative, which no time can be)"
+               for which, f in (("without t0", fit), ("with t0", fit0)) for name in f.get("pinned", [])],
              "    largest distance of a measured time (any S) from the model, without t0 / with t0:"]
     for n, e in fit["max_abs_rel_error_by_N"].items():
         lines.append(f"    N = {int(n) / 2**20:6.0f} MiB: {100 * e:5.1f}% / {100 * fit0['max_abs_rel_error_by_N'][n]:5.1f}%")

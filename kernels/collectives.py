@@ -82,22 +82,47 @@ def fit_ring_model(k, S, N, seconds, *, startup: bool = False) -> dict:
     The model is linear in alpha and 1/B: t = (S + k - 2) alpha + (S + k - 2) / S * N * (1/B). With
     ``startup=True`` it also fits a fixed cost t0 per broadcast (starting the operation and waiting for its
     end, whatever S and N): t = t0 + (S + k - 2)(alpha + N / (S B)). Each point is weighted by 1/t, so the
-    fit minimises relative errors (a 2 ms point counts as much as a 20 µs one). Returns alpha, bandwidth,
-    startup_s, the model's times and each point's relative error."""
+    fit minimises relative errors (a 2 ms point counts as much as a 20 µs one).
+
+    Every parameter is a time, so none may be negative: where the best unconstrained fit wants a negative
+    alpha or t0 (the times do not grow with S as the model says, or a term of the model is missing), the fit
+    is the best one with that parameter at 0, named in ``pinned``; a model that only fits with a negative time
+    is a model that does not describe the measurements, and the errors then show by how much.
+    Returns alpha, bandwidth, startup_s, pinned, the model's times and each point's relative error."""
     k, S, N, t = (np.broadcast_to(np.asarray(v, float), np.shape(seconds)) for v in (k, S, N, seconds))
     if t.size < 2 + startup or np.any(t <= 0):
         raise runtime.CourseInputError("fit_ring_model needs at least two (three with startup) positive times")
     steps = S + k - 2
-    columns = [steps, steps / S * N] + ([np.ones_like(t)] if startup else [])
-    X = np.stack(columns, axis=1)
-    coef, *_ = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)
+    names = ["alpha_s", "inverse_bandwidth"] + (["startup_s"] if startup else [])
+    X = np.stack([steps, steps / S * N] + ([np.ones_like(t)] if startup else []), axis=1)
+    coef = _nonnegative_lstsq(X / t[:, None], np.ones_like(t))
     if coef[1] <= 0:
         raise runtime.CourseError("the fit gave a bandwidth <= 0: the times do not follow the model")
     model = X @ coef
     rel = (t - model) / model
     return {"alpha_s": float(coef[0]), "bandwidth": float(1 / coef[1]),
-            "startup_s": float(coef[2]) if startup else 0.0, "model_s": model.tolist(), "rel_error": rel.tolist(),
-            "max_abs_rel_error": float(np.abs(rel).max())}
+            "startup_s": float(coef[2]) if startup else 0.0,
+            "pinned": [n for n, c in zip(names, coef) if c == 0.0 and n != "inverse_bandwidth"],
+            "model_s": model.tolist(), "rel_error": rel.tolist(), "max_abs_rel_error": float(np.abs(rel).max())}
+
+
+def _nonnegative_lstsq(A: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """min |A x - b| over x >= 0, for the two or three columns of a ring model: the best of the least-squares
+    fits on every subset of the columns (the others held at 0) whose coefficients are all >= 0. With so few
+    columns trying every subset is exact and simple (the active-set method of Lawson and Hanson finds the
+    same answer for many columns)."""
+    n = A.shape[1]
+    best, best_res = np.zeros(n), float(np.sum(b * b))
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        x, *_ = np.linalg.lstsq(A[:, cols], b, rcond=None)
+        if np.all(x >= 0):
+            full = np.zeros(n)
+            full[cols] = x
+            res = float(np.sum((A @ full - b) ** 2))
+            if res < best_res - 1e-15 * max(best_res, 1.0):
+                best, best_res = full, res
+    return best
 
 
 # ============================================================================ NumPy specifications

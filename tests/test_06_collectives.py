@@ -57,6 +57,33 @@ def test_fit_recovers_alpha_and_bandwidth(rng):
     assert fit["alpha_s"] == pytest.approx(alpha, rel=1e-6) and fit["bandwidth"] == pytest.approx(B, rel=1e-6)
     noisy = col.fit_ring_model(k, S, N, t * rng.uniform(0.97, 1.03, t.size))
     assert noisy["bandwidth"] == pytest.approx(B, rel=0.05) and noisy["max_abs_rel_error"] < 0.07
+    assert fit["pinned"] == [] and col.fit_ring_model(k, S, N, t + 5e-6, startup=True)["startup_s"] == \
+        pytest.approx(5e-6, rel=1e-6)
+
+
+def test_fitted_times_are_never_negative():
+    """Times that grow with S more slowly than the model's (S + k - 2) alpha (as a ring of many GPUs gives,
+    whose hops overlap more than the model says) pull an unconstrained fit's t0 below zero; the fit holds it at 0
+    and says so, and is then the best fit with every time >= 0."""
+    k, alpha, B = 8, 20e-6, 3.0e11
+    S = np.repeat([1, 2, 4, 8, 16, 32], 3)
+    N = np.tile([2**20, 2**24, 2**28], 6)
+    t = np.array([2 * (s + k - 2) * alpha + (s + k - 2) / s * n / B - 150e-6 * (s < 4) for s, n in zip(S, N)])
+    t = np.maximum(t, 1e-6)
+    X = np.stack([S + k - 2, (S + k - 2) / S * N, np.ones_like(t)], axis=1)
+    free, *_ = np.linalg.lstsq(X / t[:, None], np.ones_like(t), rcond=None)
+    assert min(free[0], free[2]) < 0  # the data really do ask for a negative time
+    fit = col.fit_ring_model(k, S, N, t, startup=True)
+    assert fit["alpha_s"] >= 0 and fit["startup_s"] >= 0 and fit["bandwidth"] > 0 and fit["pinned"]
+    for name in fit["pinned"]:
+        assert fit[name] == 0.0
+    # no non-negative (alpha, 1/B, t0) fits better: a grid around the answer finds none
+    best = np.sum(((X @ [fit["alpha_s"], 1 / fit["bandwidth"], fit["startup_s"]]) / t - 1) ** 2)
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        c = np.maximum([fit["alpha_s"], 1 / fit["bandwidth"], fit["startup_s"]] * rng.uniform(0.5, 1.5, 3)
+                       + rng.uniform(0, 5e-6, 3) * [1, 0, 1], 0)
+        assert np.sum(((X @ c) / t - 1) ** 2) >= best * (1 - 1e-9)
 
 
 # ------------------------------------------------------------------------------------ the specs
