@@ -21,9 +21,22 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def tf():
+    """TensorFlow, imported on first use. Where it sees GPUs it takes their memory as it needs it (memory growth),
+    not nearly all of it at start-up as it otherwise does: CuPy shares the GPU with it in lesson 8."""
     import tensorflow
 
+    global _configured
+    if not _configured:
+        _configured = True
+        try:
+            for gpu in tensorflow.config.list_physical_devices("GPU"):
+                tensorflow.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # TensorFlow had started its GPUs already (the notebook used it first): leave them
+            pass
     return tensorflow
+
+
+_configured = False
 
 
 def variables(params) -> list:
@@ -126,6 +139,17 @@ def _mirrored_main(k: int, batch: int, seed: int, widths) -> dict:
     return {"replicas": n, "devices": devices, "max_abs_diff": diff, "max_abs_grad": big}
 
 
+def eager_step(vs, X, y, lr: float):
+    """One SGD step on the tf.Variables ``vs``, run eagerly: the loss under a GradientTape, then every variable
+    updated in place (``assign_sub``). Returns the loss (a scalar tensor)."""
+    t = tf()
+    with t.GradientTape() as tape:
+        loss = loss_fn(vs, X, y)
+    for v, g in zip(vs, tape.gradient(loss, vs)):
+        v.assign_sub(lr * g)
+    return loss
+
+
 def eager_vs_function(params, X, y, *, lr: float = 0.01, steps: int = 20) -> dict:
     """Median seconds of one SGD step run eagerly and as a tf.function (graph), same weights and batch."""
     t = tf()
@@ -135,11 +159,7 @@ def eager_vs_function(params, X, y, *, lr: float = 0.01, steps: int = 20) -> dic
         vs = variables(params)
 
         def step():
-            with t.GradientTape() as tape:
-                loss = loss_fn(vs, Xt, yt)
-            for v, g in zip(vs, tape.gradient(loss, vs)):
-                v.assign_sub(lr * g)
-            return loss
+            return eager_step(vs, Xt, yt, lr)
         return vs, step
 
     out = {}

@@ -55,12 +55,27 @@ def apply_on_overflow(nb):
     replace_in_cell(nb, "task-8-4-mixed", "    if finite:\n", "    if True:\n")
 
 
+def still_eager(nb):
+    """Task 8.5: the step left eager (no tf.function): right results, but no graph to reuse."""
+    replace_in_cell(nb, "task-8-5-graph", "    @tf.function\n", "")
+
+
+def rebinds(nb):
+    """Task 8.5: new tensors bound to the list's slots instead of assign_sub: the graph's variables never move."""
+    replace_in_cell(nb, "task-8-5-graph", """        for v, g in zip(vs, tape.gradient(loss, vs)):
+            v.assign_sub(lr * g)
+""", """        for i, g in enumerate(tape.gradient(loss, vs)):
+            vs[i] = vs[i] - lr * g
+""")
+
+
 class TestExercises(LessonExercises):
     LESSON = "08_training"
     NOTEBOOK = "training.ipynb"
     TIMEOUT = 60
     POINTS = {"test_8_1_rule": 2, "test_8_2_grads": 2, "test_8_2_memory": 2, "perf_8_2_speed": 2,
-              "test_8_3_average": 2, "test_8_3_uneven": 1, "test_8_4_step": 2, "test_8_4_overflow": 1}
+              "test_8_3_average": 2, "test_8_3_uneven": 1, "test_8_4_step": 2, "test_8_4_overflow": 1,
+              "test_8_5_same": 2, "test_8_5_once": 1}
     VARIANTS = {
         no_reset: ["test_8_1_rule"],
         store_everything: ["test_8_2_memory"],
@@ -69,9 +84,12 @@ class TestExercises(LessonExercises):
         uneven_allowed: ["test_8_3_uneven"],
         no_unscale: ["test_8_4_step", "test_8_4_overflow"],
         apply_on_overflow: ["test_8_4_overflow"],
+        still_eager: ["test_8_5_same", "test_8_5_once"],
+        rebinds: ["test_8_5_same", "test_8_5_once"],
     }
     UNANSWERED = {g: "NotImplementedError" for g in POINTS if not g.startswith("perf_")}
-    ANSWERS = ["return scale * backoff, 0", "saved[i] = z", "X.shape[0] % k", "scale=1.0 / scaler.scale"]
+    ANSWERS = ["return scale * backoff, 0", "saved[i] = z", "X.shape[0] % k", "scale=1.0 / scaler.scale",
+               "    @tf.function\n    def step(X, y):"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -84,3 +102,5 @@ class TestExercises(LessonExercises):
         assert "does not split evenly" in message("uneven_allowed", "test_8_3_uneven")
         assert "master weights differ" in message("no_unscale", "test_8_4_step")
         assert "master weights differ" in message("apply_on_overflow", "test_8_4_overflow")
+        assert "not a tf.function" in message("still_eager", "test_8_5_same")
+        assert "not a tf.function" in message("still_eager", "test_8_5_once")
