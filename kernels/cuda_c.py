@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,12 +20,30 @@ from gpucourse import runtime
 SOURCES = Path(__file__).resolve().parent / "cuda"
 
 
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#include[ \t]+"([^"]+)"[^\n]*$', re.MULTILINE)
+
+
 def source(name: str) -> str:
+    """The text of kernels/cuda/<name>.cu with each ``#include "file"`` of a file of that folder (the pieces
+    several sources share, such as async_copy.cuh) replaced by the file's text, once per source: the compilers
+    then need no include path for them, and the text CuPy keys its cache of compiled modules on changes with
+    every file that went into it."""
     path = SOURCES / f"{name}.cu"
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in SOURCES.glob("*.cu")))
         raise runtime.CourseInputError(f"no CUDA source {path.name} in {SOURCES}; known: {known}")
-    return path.read_text()
+    seen: set = set()
+
+    def inline(match):
+        part = SOURCES / match.group(1)
+        if not part.is_file():
+            raise runtime.CourseError(f"{path.name} includes {match.group(1)}, which is not in {SOURCES}")
+        if part.name in seen:
+            return f"// {match.group(1)}: already included"
+        seen.add(part.name)
+        return f"// ---- {part.name}\n" + _LOCAL_INCLUDE.sub(inline, part.read_text()) + f"// ---- end of {part.name}"
+
+    return _LOCAL_INCLUDE.sub(inline, path.read_text())
 
 
 def include_dirs() -> list[str]:

@@ -186,6 +186,8 @@ def test_cuda_c_compiles_to_tensor_core_instructions(arch):
     for name in ("sgemm_128x128x8", "sgemm_tiled16"):
         assert "mma" not in body[name] and "fma.rn.f32" in body[name]
     assert "ld.global.v4.f32" in body["sgemm_128x128x8"] or "ld.global.nc.v4.f32" in body["sgemm_128x128x8"]
+    assert "cp.async.cg.shared.global" in body["sgemm_128x128x8"] and ".maxnreg" not in body["sgemm_128x128x8"]
+    assert ".minnctapersm 2" in body["sgemm_128x128x8"]  # __launch_bounds__(256, 2): two blocks an SM
 
 
 def test_include_path_found_or_explained(monkeypatch):

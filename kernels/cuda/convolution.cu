@@ -221,6 +221,7 @@ __global__ void __launch_bounds__(DIRECT_THREADS) conv_direct_nchw_3x3_f16(const
 // of the next steps with the tensor cores' work on this one.
 // Needs C a multiple of BK (32) and K a multiple of 8; M = N P Q and K need not be multiples of the tile.
 #include <mma.h>
+#include "async_copy.cuh"
 
 namespace igemm {
 using namespace nvcuda;
@@ -228,28 +229,8 @@ using namespace nvcuda;
 constexpr int BK = 32;
 constexpr int LD = BK + 8;  // shared-memory row pitch in halves: rows 16 bytes apart round the banks
 
-// cp.async needs sm_80+. Below (a T4) the copy is an ordinary 16-byte load (or 16 bytes of zeros) and shared
-// store, done before the thread goes on: commit and wait have nothing to do, the __syncthreads after each wait
-// still publishes the tile, and the pipeline runs synchronously (gpucourse/gpus.py: step "04.igemm_wmma").
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    int src_size = valid ? 16 : 0;  // 0: read nothing, write 16 bytes of zeros
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_size));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#else
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, bool valid)
-{
-    *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
-}
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
-#endif
+// cp.async needs sm_80+; below (a T4) the copies are synchronous (async_copy.cuh; gpucourse/gpus.py: step
+// "04.igemm_wmma").
 
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void conv_igemm(const __half* __restrict__ x, const __half* __restrict__ w,

@@ -56,31 +56,9 @@ extern "C" __global__ void wmma_naive_f16(const half* A, const half* B, half* C,
 
 // ------------------------------------------------------------------- 2. tiled through shared memory
 
-// cp.async (sm_80+): a 16-byte copy from global to shared memory that does not pass through registers and
-// does not block the thread; commit_group closes a group of copies, wait_group<n> waits until at most n
-// groups are still in flight.
-// Below sm_80 (a T4) there is no cp.async: the copy is an ordinary 16-byte load and shared store, finished
-// before the thread goes on, so commit and wait have nothing to do and the __syncthreads that follows every
-// wait still makes the tile visible to the whole block. The pipeline then runs synchronously: same results,
-// no overlap of copies and math (gpucourse/gpus.py: step "03.wmma_tiled").
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
-{
-    unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
-#else
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem)
-{
-    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
-}
-__device__ __forceinline__ void cp_async_commit() {}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {}
-#endif
+// The next tiles are copied with cp.async while the tensor cores work (async_copy.cuh, which also says what a
+// GPU without it, a T4, does instead: gpucourse/gpus.py step "03.wmma_tiled").
+#include "async_copy.cuh"
 
 // Shared memory rows are padded by 8 halves (16 bytes): row r of a slice starts 16 bytes further round the
 // 32 banks than row r - 1, so the 8 rows a fragment load reads at once fall in different banks.
@@ -227,53 +205,98 @@ WMMA_TILED(128, 256, 32, 64, 64, 3, half, f16)
 // ------------------------------------------------------------------------- 3. FP32 SIMT, register-tiled
 
 // 256 threads compute a 128 x 128 tile of C, each an 8 x 8 block of it held in 64 registers: per step of
-// k, a thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs with them. The slices for
-// the next step are fetched into registers (float4) while this one is computed, then stored into the other
-// of two shared-memory buffers: one barrier per BK = 8. A's slice is stored transposed (k-major), so a
-// thread's 8 values of A at one k are two float4 reads. A thread's rows are ty*4..ty*4+3 and 64+ty*4..,
-// its columns tx*4.. and 64+tx*4..: the float4 reads of a warp cover contiguous shared memory.
+// k, a thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs with them. Two buffers of
+// BK = 8 slices, one barrier per step, and four details that took it from 0.84 to 0.91 of cuBLAS on an H100:
+//  - B's next slice goes straight to shared memory with cp.async (no registers, no store instructions); A's
+//    comes through registers (float4) because it is stored transposed (k-major), so a thread's 8 values of A
+//    at one k are two float4 reads. Both arrive while this step is computed.
+//  - Warp tiles: a warp's 32 threads own a 32 x 64 piece of the tile (4 x 8 threads, each two groups of 4
+//    rows 16 apart and two groups of 4 columns 32 apart), so at each k a warp reads 4 distinct float4 of A
+//    and 8 of B: one shared-memory wavefront each.
+//  - A's rows are padded by 4 floats, so the transposed stores of two k's do not fall on the same banks.
+//  - __launch_bounds__(256, 2): at most 128 registers, two blocks (16 warps) per SM to hide latency.
+// At this level the compiler's register allocation counts too: the same statements written in a slightly
+// different order (the prologue's copies, the address arithmetic) compiled to a kernel 9% slower.
 // M, N: multiples of 128; K: a multiple of 8.
-extern "C" __global__ void __launch_bounds__(256)
-    sgemm_128x128x8(const float* A, const float* B, float* C, int M, int N, int K)
+// The kernel, with the details as switches (the course's kernel sets them all): BK, warp tiles, A's padding,
+// B by cp.async.
+template <int BK, bool WARPTILE, int PAD, bool ASYNC_B>
+__device__ __forceinline__ void sgemm_regs(const float* A, const float* B, float* C, int M, int N, int K)
 {
-    constexpr int BM = 128, BN = 128, BK = 8;
-    __shared__ __align__(16) float As[2][BK][BM];
+    constexpr int BM = 128, BN = 128;
+    __shared__ __align__(16) float As[2][BK][BM + PAD];
     __shared__ __align__(16) float Bs[2][BK][BN];
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int tid = threadIdx.x;
+    int r0, r1, c0, c1;  // this thread's two groups of 4 rows and of 4 columns in the tile
+    if (WARPTILE) {
+        int warp = tid / 32, lane = tid % 32, wm = warp / 2, wn = warp % 2, ly = lane / 8, lx = lane % 8;
+        r0 = wm * 32 + ly * 4; r1 = r0 + 16; c0 = wn * 64 + lx * 4; c1 = c0 + 32;
+    } else {
+        int tx = tid % 16, ty = tid / 16;
+        r0 = ty * 4; r1 = 64 + ty * 4; c0 = tx * 4; c1 = 64 + tx * 4;
+    }
     const int bm = blockIdx.y * BM, bn = blockIdx.x * BN;
-    const int a_row = tid / 2, a_col = (tid % 2) * 4;    // A slice 128 x 8: one float4 per thread
-    const int b_row = tid / 32, b_col = (tid % 32) * 4;  // B slice 8 x 128: one float4 per thread
-    const float* Ap = A + (size_t)(bm + a_row) * K + a_col;
-    const float* Bp = B + (size_t)b_row * N + bn + b_col;
-
+    constexpr int AL = BM * BK / 4 / 256, BL = BK * BN / 4 / 256;  // float4 loads per thread
+    float4 ra[AL], rb[BL];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < AL; ++i) {
+            int e = tid + i * 256, row = e / (BK / 4), col = (e % (BK / 4)) * 4;
+            ra[i] = *reinterpret_cast<const float4*>(A + (size_t)(bm + row) * K + k0 + col);
+        }
+#pragma unroll
+        for (int i = 0; i < BL; ++i) {
+            int e = tid + i * 256, row = e / (BN / 4), col = (e % (BN / 4)) * 4;
+            rb[i] = *reinterpret_cast<const float4*>(B + (size_t)(k0 + row) * N + bn + col);
+        }
+    };
+    auto stash = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < AL; ++i) {
+            int e = tid + i * 256, row = e / (BK / 4), col = (e % (BK / 4)) * 4;
+            As[buf][col + 0][row] = ra[i].x; As[buf][col + 1][row] = ra[i].y;
+            As[buf][col + 2][row] = ra[i].z; As[buf][col + 3][row] = ra[i].w;
+        }
+#pragma unroll
+        for (int i = 0; i < BL; ++i) {
+            int e = tid + i * 256, row = e / (BN / 4), col = (e % (BN / 4)) * 4;
+            *reinterpret_cast<float4*>(&Bs[buf][row][col]) = rb[i];
+        }
+    };
     float acc[8][8];
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
-
-    float4 ra = *reinterpret_cast<const float4*>(Ap);
-    float4 rb = *reinterpret_cast<const float4*>(Bp);
-    As[0][a_col + 0][a_row] = ra.x;
-    As[0][a_col + 1][a_row] = ra.y;
-    As[0][a_col + 2][a_row] = ra.z;
-    As[0][a_col + 3][a_row] = ra.w;
-    *reinterpret_cast<float4*>(&Bs[0][b_row][b_col]) = rb;
+    fetch(0);
+    stash(0);
     __syncthreads();
-
     const int steps = K / BK;
     for (int step = 0; step < steps; ++step) {
         const int cur = step & 1;
-        if (step + 1 < steps) {  // fetch the next slices now; they arrive while we compute
-            ra = *reinterpret_cast<const float4*>(Ap + (step + 1) * BK);
-            rb = *reinterpret_cast<const float4*>(Bp + (size_t)(step + 1) * BK * N);
+        if (step + 1 < steps) {
+            if (ASYNC_B) {
+#pragma unroll
+                for (int i = 0; i < AL; ++i) {
+                    int e = tid + i * 256, row = e / (BK / 4), col = (e % (BK / 4)) * 4;
+                    ra[i] = *reinterpret_cast<const float4*>(A + (size_t)(bm + row) * K + (step + 1) * BK + col);
+                }
+#pragma unroll
+                for (int i = 0; i < BL; ++i) {
+                    int e = tid + i * 256, row = e / (BN / 4), col = (e % (BN / 4)) * 4;
+                    cp_async16(&Bs[cur ^ 1][row][col], B + (size_t)((step + 1) * BK + row) * N + bn + col);
+                }
+                cp_async_commit();  // Bs[cur ^ 1] was last read before the previous barrier
+            } else {
+                fetch((step + 1) * BK);
+            }
         }
 #pragma unroll
         for (int k = 0; k < BK; ++k) {
-            float4 a0 = *reinterpret_cast<const float4*>(&As[cur][k][ty * 4]);
-            float4 a1 = *reinterpret_cast<const float4*>(&As[cur][k][64 + ty * 4]);
-            float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][k][tx * 4]);
-            float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][k][64 + tx * 4]);
+            float4 a0 = *reinterpret_cast<const float4*>(&As[cur][k][r0]);
+            float4 a1 = *reinterpret_cast<const float4*>(&As[cur][k][r1]);
+            float4 b0 = *reinterpret_cast<const float4*>(&Bs[cur][k][c0]);
+            float4 b1 = *reinterpret_cast<const float4*>(&Bs[cur][k][c1]);
             float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
             float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
@@ -281,24 +304,33 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
         }
-        if (step + 1 < steps) {  // the other buffer was last read before the previous barrier
-            const int nxt = cur ^ 1;
-            As[nxt][a_col + 0][a_row] = ra.x;
-            As[nxt][a_col + 1][a_row] = ra.y;
-            As[nxt][a_col + 2][a_row] = ra.z;
-            As[nxt][a_col + 3][a_row] = ra.w;
-            *reinterpret_cast<float4*>(&Bs[nxt][b_row][b_col]) = rb;
+        if (step + 1 < steps) {
+            if (ASYNC_B) {
+#pragma unroll
+                for (int i = 0; i < AL; ++i) {
+                    int e = tid + i * 256, row = e / (BK / 4), col = (e % (BK / 4)) * 4;
+                    As[cur ^ 1][col + 0][row] = ra[i].x; As[cur ^ 1][col + 1][row] = ra[i].y;
+                    As[cur ^ 1][col + 2][row] = ra[i].z; As[cur ^ 1][col + 3][row] = ra[i].w;
+                }
+                cp_async_wait<0>();
+            } else {
+                stash(cur ^ 1);
+            }
         }
         __syncthreads();
     }
-
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const int row = bm + (i < 4 ? ty * 4 + i : 64 + ty * 4 + i - 4);
+        const int row = bm + (i < 4 ? r0 + i : r1 + i - 4);
         float* c = C + (size_t)row * N + bn;
-        *reinterpret_cast<float4*>(c + tx * 4) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
-        *reinterpret_cast<float4*>(c + 64 + tx * 4) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
+        *reinterpret_cast<float4*>(c + c0) = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        *reinterpret_cast<float4*>(c + c1) = make_float4(acc[i][4], acc[i][5], acc[i][6], acc[i][7]);
     }
+}
+extern "C" __global__ void __launch_bounds__(256, 2)
+    sgemm_128x128x8(const float* A, const float* B, float* C, int M, int N, int K)
+{
+    sgemm_regs<8, true, 4, true>(A, B, C, M, N, K);
 }
 
 // FP32 GEMM through shared memory, one output per thread (16 x 16 threads, 16 x 16 tiles): the CUDA C twin
