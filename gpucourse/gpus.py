@@ -85,6 +85,9 @@ STEPS = {s.key: s for s in (
          prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     Step("05.wmma", "lesson 5's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
+    Step("05.tc", "lesson 5's pipelined tensor-core convolutions, FP16 and INT8 (integer tensor cores)",
+         needs=("fp16-wmma", "int8-wmma"), prefers=("cp.async",),
+         fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
     Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
 )}

@@ -154,8 +154,33 @@ def test_kernel_fits_needs_channels_in_eights(plans):
     assert all("wmmav" not in k for k in E.candidates(stem, "fp16"))
     big = [s for s in convs if s["kh"] > 1 and s["src"]["C"] > 1]
     assert big and all(E.kernel_fits(s, "wmmav_64x32") for s in big)
-    own = [k for k in E.CANDIDATES["fp32"] if k not in E.DIRECT or E.DIRECT[k][0] == big[0]["kh"]]
+    own = [k for k in E.CANDIDATES["fp32"]
+           if (k not in E.DIRECT or E.DIRECT[k][0] == big[0]["kh"]) and not k.startswith("pix")]
     assert E.candidates(big[0], "fp32") == own and len(own) < len(E.CANDIDATES["fp32"])
+
+
+def test_pipelined_and_one_pixel_kernels_fit_where_their_loads_do(plans):
+    """tc kernels load 16 bytes at once: 8 halves or 16 int8 of input channels and of output channels; a pix
+    kernel keeps the whole reduction (KH KW C <= 64) in shared memory: the stem's, not a 3x3 over 32 channels."""
+    convs = {s["name"]: s for s in plans["fp16"].steps if s["kind"] == "conv"}
+    stem, b3 = convs["stem"], convs["branch3x3"]
+    for p in ("fp32", "fp16", "int8"):
+        assert E.kernel_fits(stem, "pix_32", p) and not E.kernel_fits(b3, "pix_32", p)
+        assert not any(k.startswith("tc") for k in E.candidates(stem, p))
+    assert E.kernel_fits(b3, "tc_64x32", "fp16") and E.kernel_fits(b3, "tc_64x32", "int8")
+    odd = {**b3, "K": 24}  # 24 channels: 3 loads of 8 halves, not a whole number of 16 int8
+    assert E.kernel_fits(odd, "tc_64x32", "fp16") and not E.kernel_fits(odd, "tc_64x32", "int8")
+    shifted = {**b3, "src": {**b3["src"], "off": 8}}  # starts 8 values into a pixel: 16 bytes of half only
+    assert E.kernel_fits(shifted, "tc_64x32", "fp16") and not E.kernel_fits(shifted, "tc_64x32", "int8")
+    assert not any(k.startswith("tc") for k in E.CANDIDATES["fp32"])
+    # the direct tensor-core kernels: their kernel size, images at most 16 wide, whole fragments of 16 channels
+    b5 = convs["branch5x5"]
+    for p in ("fp16", "int8"):
+        assert E.kernel_fits(b3, "tcd3_8x32_c32", p) and not E.kernel_fits(b5, "tcd3_8x32_c32", p)
+        assert E.kernel_fits(b5, "tcd5_8x16_c16", p) and not E.kernel_fits(b3, "tcd5_8x16_c16", p)  # 32 > CMAX 16
+        assert not E.kernel_fits({**b3, "src": {**b3["src"], "W": 17}}, "tcd3_8x32_c32", p)
+        assert not E.kernel_fits({**b3, "src": {**b3["src"], "C": 24}}, "tcd3_8x32_c32", p)
+    assert E.CONV_KERNELS["tcd3_8x32_c32"] == (128, 32, 128)
 
 
 def test_direct_kernels_run_only_their_kernel_size(plans):
@@ -167,7 +192,7 @@ def test_direct_kernels_run_only_their_kernel_size(plans):
     for s in convs:
         direct = [k for k in E.candidates(s, "fp32") if k in E.DIRECT]
         assert direct == [k for k, v in E.DIRECT.items() if v[0] == s["kh"]], s["name"]
-        assert E.candidates(s, "int8") == E.candidates(s, "fp32")
+        assert [k for k in E.candidates(s, "int8") if not k.startswith("tc")] == E.candidates(s, "fp32")
     for k, (ks, th, tw, bn, tm, tn) in E.DIRECT.items():
         assert tw % tm == 0 and bn % tn == 0 and k in E.SIMT
         assert E.CONV_KERNELS[k] == (th * tw, bn, th * (tw // tm) * (bn // tn)) and E.CONV_KERNELS[k][2] <= 256
@@ -352,6 +377,13 @@ def test_cuda_c_compiles(arch):
             if k in E.CANDIDATES[p]:
                 assert f".entry conv_{k}_{E.SUFFIX[p]}(" in ptx
     assert "wmma.mma.sync" in ptx and ".entry head_i8(" in ptx and ".entry concat_copy_f16(" in ptx
+    # INT8 on the integer tensor cores, in the row.col form their mma has; FP16 tiles fed by cp.async
+    tc_i8 = ptx.split(".entry conv_tc_64x32_i8(")[1].split(".entry ")[0]
+    assert "wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32" in tc_i8 and "cp.async.cg.shared.global" in tc_i8
+    tcd_i8 = ptx.split(".entry conv_tcd3_8x32_c32_i8(")[1].split(".entry ")[0]
+    assert "wmma.mma.sync.aligned.row.col.m16n16k16.s32.s8.s8.s32" in tcd_i8
+    tc_f16 = ptx.split(".entry conv_tc_64x32_f16(")[1].split(".entry ")[0]
+    assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32" in tc_f16 and "cp.async.wait_group 1" in tc_f16
     direct = {line.split("conv_", 1)[1].split("(")[0] for line in ptx.splitlines() if ".entry conv_direct" in line}
     assert direct == {f"{k}_{sfx}" for k in E.DIRECT for sfx in E.SUFFIX.values()}  # the table is the source's
 
@@ -420,7 +452,10 @@ def test_recorded_speedups(record):
             assert r["kernel"] == min(r["tuning_ms"], key=r["tuning_ms"].get)
             assert not r["rejected"], r  # every candidate computed the right logits
     fp16 = {r["layer"]: r["kernel"] for r in tuning["fused, FP16"]}
-    assert fp16["branch3x3"].startswith("wmma") and fp16["branch5x5"].startswith("wmma")
+    assert fp16["branch3x3"].startswith(("wmma", "tc")) and fp16["branch5x5"].startswith(("wmma", "tc"))
+    if any(r["kernel"].startswith("tc") for rows in tuning.values() for r in rows):  # recorded with them
+        int8 = {r["layer"]: r["kernel"] for r in tuning["fused, INT8"]}  # on the integer tensor cores
+        assert int8["branch3x3"].startswith("tc") and int8["branch5x5"].startswith("tc"), int8
     for name in ("fused, FP32", "layer by layer, FP32"):  # the direct kernels win the FP32 3x3 and 5x5 layers
         fp32 = {r["layer"]: r["kernel"] for r in tuning[name]}
         assert fp32["branch3x3"].startswith("direct3") and fp32["branch5x5"].startswith("direct5"), name
@@ -469,7 +504,7 @@ def test_every_conv_kernel_matches_the_numpy_runtime(model, precision):
     for kernel in E.CANDIDATES[precision]:
         for s in plan.steps:
             if s["kind"] == "conv":
-                s["kernel"] = kernel if E.kernel_fits(s, kernel) else E.DEFAULT_KERNEL[precision]
+                s["kernel"] = kernel if E.kernel_fits(s, kernel, precision) else E.DEFAULT_KERNEL[precision]
         got = E.predict(E.Engine(plan), x)
         ref = E.run_graph(stages[-1][1], x)
         if precision == "fp32":

@@ -136,7 +136,7 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
     for n, line in by_lesson.items():
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
-        assert synchronous is (cc == "7.5" and n in (3, 4)), line
+        assert synchronous is (cc == "7.5" and n in (3, 4, 5)), line
         no_wgmma = ("all steps but 1;" in line and "; lesson 3's Hopper GEMM (wgmma fed by the TMA) needs wgmma (" in line
                     and line.endswith("does not have it"))
         assert no_wgmma is (cc != "9.0" and n == 3), line
@@ -323,3 +323,25 @@ def test_sm75_fallback_gemm_and_conv_match_spec(as_if_sm75, rng, capsys):
         "synchronously (no overlap) (cp.async needs sm_80+).",
         "note: lesson 4's tensor-core convolution (implicit GEMM, NHWC) copies tiles to shared memory with "
         "ordinary loads, synchronously (no overlap) (cp.async needs sm_80+)."]
+
+
+def test_sources_carry_the_pieces_they_include(tmp_path, monkeypatch):
+    """A source's #include "file" of its own folder is replaced by the file's text, once: the compilers need no
+    include path, and CuPy's cache key (the text) changes when a shared piece does."""
+    import re
+
+    from kernels import cuda_c
+
+    for src in sorted(cuda_c.SOURCES.glob("*.cu")):
+        text = cuda_c.source(src.stem)
+        assert not re.search(r'#include\s+"', text), src.name
+    assert cuda_c.source("engine").count("cp.async.commit_group") == 1  # async_copy.cuh, once
+    (tmp_path / "a.cuh").write_text('#pragma once\n#include "b.cuh"\nint a;\n')
+    (tmp_path / "b.cuh").write_text("int b;\n")
+    (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include "b.cuh"\n#include <mma.h>\nint k;\n')
+    (tmp_path / "bad.cu").write_text('#include "missing.cuh"\n')
+    monkeypatch.setattr(cuda_c, "SOURCES", tmp_path)
+    text = cuda_c.source("k")
+    assert text.count("int b;") == 1 and "int a;" in text and "#include <mma.h>" in text
+    with pytest.raises(runtime.CourseError, match="missing.cuh"):
+        cuda_c.source("bad")

@@ -1,6 +1,6 @@
 // Lesson 5: the kernels of a small inference engine, in CUDA C. Loaded from Python by kernels/cuda_c.py
 // (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA include path). The plan that says which
-// kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/engine.py.
+// kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/engine/.
 //
 // Every activation lives in one "arena" (one allocation, like TensorRT's workspace), NHWC: pixel m of a
 // tensor starts at base + m * ld, so a tensor can be a slice of channels of a wider buffer. That is what
@@ -9,15 +9,18 @@
 // 1. conv_*: a convolution as an implicit GEMM (rows: output pixels, columns: output channels, reduction:
 //    kernel height x width x input channels), with the CBR epilogue: + bias, ReLU, conversion to the
 //    activation type, and a destination per output channel (y_off[k], y_ld[k]). With no bias and no ReLU it
-//    is the plain convolution of the layer-by-layer engine.
-//    SIMT versions for float, half and int8 (int32 accumulation), two ways of tiling them, and WMMA (tensor core) versions for half:
-//    one that loads 2 bytes at a time (any layer) and one that loads 16 (channels in multiples of 8).
+//    is the plain convolution of the layer-by-layer engine. Here: SIMT versions for float, half and int8
+//    (int32 accumulation), two ways of tiling them (1a), direct SIMT convolutions (1a''), and one output pixel
+//    a thread for a short reduction (1e). In engine_tensor_cores.cuh: WMMA versions for half, loading 2 bytes
+//    at a time (1b) or 16 (1c), pipelined ones for half and int8 (1d), and direct convolutions on the tensor
+//    cores for images at most 16 wide (1f).
 // 2. maxpool_*, head_* (average pool + flatten + dense), convert_in_* (the network's input into the arena).
 // 3. The layer-by-layer engine's separate kernels: bias_add_*, batchnorm_*, relu_*, concat_copy_*,
 //    avgpool_*, dense_*.
 
 #include <mma.h>
 #include <cuda_fp16.h>
+#include "async_copy.cuh"  // cp.async, and what a T4 does instead (gpus.py: "05.tc")
 
 using namespace nvcuda;
 
@@ -341,223 +344,227 @@ CONV_DIRECT_ALL(f32, float)
 CONV_DIRECT_ALL(f16, half)
 CONV_DIRECT_ALL(i8, int8)
 
-// ------------------------------------------------------------------- 1b. tensor cores (WMMA), half only
-// A block of 4 warps (WARPS_M x WARPS_N) computes BM pixels x BN channels; each warp FM x FN fragments of
-// 16 x 16 with FP32 accumulators. Per step of 16 along the reduction the block stages BM x 16 of the im2col
-// matrix and 16 x BN of the weights in shared memory (zeros past the edges); thread t loads reduction index
-// t % 16 for BM / 8 pixels. The accumulators then go through shared memory to the same epilogue as the SIMT
-// kernels.
-template <int WARPS_M, int WARPS_N, int FM, int FN>
-__device__ void conv_wmma(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,
-                          const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
-                          int C, int K, int KH, int KW, int relu)
+// ------------------------------------------------------------ epilogue of 8 channels at once (1d, 1e, 1f)
+// 8 consecutive channels k .. k + 7 of output pixel m from their accumulators: one 16-byte (half) or 8-byte
+// (int8) store when they are contiguous and aligned in the destination, else one at a time.
+__device__ __forceinline__ void store8(half* p, const float (&v)[8], const float*, int)
 {
-    const int BM = WARPS_M * FM * 16, BN = WARPS_N * FN * 16, THREADS = 128, PIX = BM * 16 / THREADS;
-    __shared__ __align__(32) half xs[BM][24];       // [pixel][r]: row-major matrix_a, ldm 24 (a multiple of 8)
-    __shared__ __align__(32) half ws[16][BN + 8];   // [r][channel]: row-major matrix_b
-    __shared__ __align__(32) float cs[BM][BN + 4];
-    int tid = threadIdx.x, warp = tid / 32;
-    int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    int M = N * H * W, R = KH * KW * C;
-    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
-    int rr = tid % 16;
-    Pixel px[PIX];
+    __align__(16) half h[8];
 #pragma unroll
-    for (int j = 0; j < PIX; ++j) px[j] = pixel(m0 + tid / 16 + j * (THREADS / 16), M, H, W);
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+    for (int j = 0; j < 8; ++j) h[j] = __float2half_rn(v[j]);
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(h);
+}
+__device__ __forceinline__ void store8(int8* p, const float (&v)[8], const float* inv, int k)
+{
+    __align__(8) int8 q[8];
 #pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[FN];
-    for (int r0 = 0; r0 < R; r0 += 16) {
-        Tap t = tap(r0 + rr, R, C, KH, KW);
-#pragma unroll
-        for (int j = 0; j < PIX; ++j) xs[tid / 16 + j * (THREADS / 16)][rr] = im2col(x, ldx, px[j], t, H, W);
-        for (int e = tid; e < 16 * BN; e += THREADS) {
-            int r = r0 + e / BN, k = k0 + e % BN;
-            ws[e / BN][e % BN] = (r < R && k < K) ? w[(long long)r * K + k] : __float2half(0.0f);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &xs[(wm * FM + i) * 16][0], 24);
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &ws[0][(wn * FN + j) * 16], BN + 8);
-#pragma unroll
-        for (int i = 0; i < FM; ++i)
-#pragma unroll
-            for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j)
-            wmma::store_matrix_sync(&cs[(wm * FM + i) * 16][(wn * FN + j) * 16], acc[i][j], BN + 4,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int e = tid; e < BM * BN; e += THREADS) {
-        int mm = e / BN, kk = e % BN;
-        int m = m0 + mm, k = k0 + kk;
-        if (m < M && k < K) epilogue(cs[mm][kk], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
-    }
+    for (int j = 0; j < 8; ++j) q[j] = (int8)max(-127, min(127, __float2int_rn(v[j] * inv[k + j])));
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(q);
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[8], const float*, int)
+{
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
-#define CONV_WMMA(NAME, WARPS_M, WARPS_N, FM, FN)                                                              \
-    extern "C" __global__ void __launch_bounds__(128)                                                          \
-    NAME(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,               \
-         const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K,  \
-         int KH, int KW, int relu)                                                                             \
-    {                                                                                                          \
-        conv_wmma<WARPS_M, WARPS_N, FM, FN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, \
-                                            KH, KW, relu);                                                     \
-    }
-
-CONV_WMMA(conv_wmma_64x64_f16, 2, 2, 2, 2)
-CONV_WMMA(conv_wmma_64x32_f16, 4, 1, 1, 2)
-CONV_WMMA(conv_wmma_128x32_f16, 4, 1, 2, 2)
-
-// ------------------------------------------------------- 1c. tensor cores, fed 16 bytes at a time (half only)
-// The same tiles as 1b, with the loads that starve it fixed. When C, the input's pixel stride and its first
-// channel are multiples of 8 (the engine checks, see kernel_fits in engine.py), 8 consecutive reduction
-// indices are 8 consecutive channels of one input pixel: one 16-byte load (uint4) instead of eight 2-byte
-// ones, and the edge test is made once for the 8. A step covers 32 of the reduction (two mma per fragment
-// pair between barriers, half as many barriers), and the weights come in 16 bytes at a time too.
-template <int WARPS_M, int WARPS_N, int FM, int FN>
-__device__ void conv_wmma_vec(const half* x, int ldx, const half* w, const float* bias, const float* scale,
-                              half* y, const long long* y_off, const int* y_ld, const float* y_inv_scale, int N,
-                              int H, int W, int C, int K, int KH, int KW, int relu)
+template <typename T, typename A>
+__device__ __forceinline__ void epilogue8(const A* acc, long long m, int k, int K, const float* bias,
+                                          const float* scale, T* y, const long long* y_off, const int* y_ld,
+                                          const float* y_inv_scale, int relu)
 {
-    const int BM = WARPS_M * FM * 16, BN = WARPS_N * FN * 16, BK = 32, THREADS = 128;
-    __shared__ __align__(32) half xs[BM][BK + 8];   // [pixel][r], ldm 40
-    __shared__ __align__(32) half ws[BK][BN + 8];   // [r][channel], ldm BN + 8
-    __shared__ __align__(32) float cs[BM][BN + 4];
-    int tid = threadIdx.x, warp = tid / 32;
-    int wm = warp / WARPS_N, wn = warp % WARPS_N;
-    int M = N * H * W, R = KH * KW * C;
-    int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
-    bool k_vec = (K % 8) == 0;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
-#pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a[FM];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b[FN];
-    for (int r0 = 0; r0 < R; r0 += BK) {
-        for (int e = tid; e < BM * (BK / 8); e += THREADS) {  // im2col tile: BM pixels x 4 chunks of 8
-            int mm = e / (BK / 8), q = e % (BK / 8);
-            Pixel p = pixel(m0 + mm, M, H, W);
-            Tap t = tap(r0 + q * 8, R, C, KH, KW);
-            int hh = p.h + t.dy, ww = p.w + t.dx;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (p.valid && t.valid && hh >= 0 && hh < H && ww >= 0 && ww < W)
-                v = *reinterpret_cast<const uint4*>(x + (long long)(p.base + t.dy * W + t.dx) * ldx + t.c);
-            *reinterpret_cast<uint4*>(&xs[mm][q * 8]) = v;
-        }
-        for (int e = tid; e < BK * (BN / 8); e += THREADS) {  // weights: BK rows x BN / 8 chunks of 8
-            int rr = e / (BN / 8), kk = (e % (BN / 8)) * 8;
-            int r = r0 + rr, k = k0 + kk;
-            if (k_vec && r < R && k + 8 <= K) {
-                *reinterpret_cast<uint4*>(&ws[rr][kk]) = *reinterpret_cast<const uint4*>(w + (long long)r * K + k);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    ws[rr][kk + j] = (r < R && k + j < K) ? w[(long long)r * K + k + j] : __float2half(0.0f);
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int s = 0; s < BK; s += 16) {
-#pragma unroll
-            for (int i = 0; i < FM; ++i) wmma::load_matrix_sync(a[i], &xs[(wm * FM + i) * 16][s], BK + 8);
-#pragma unroll
-            for (int j = 0; j < FN; ++j) wmma::load_matrix_sync(b[j], &ws[s][(wn * FN + j) * 16], BN + 8);
-#pragma unroll
-            for (int i = 0; i < FM; ++i)
-#pragma unroll
-                for (int j = 0; j < FN; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-        }
-        __syncthreads();
+    long long at = y_off[k] + m * (long long)y_ld[k];
+    bool vec = k + 8 <= K && y_ld[k + 7] == y_ld[k] && y_off[k + 7] == y_off[k] + 7 && at % 8 == 0 &&
+               (sizeof(T) != 1 || y_inv_scale);
+    if (!vec) {
+        for (int j = 0; j < 8 && k + j < K; ++j)
+            epilogue(acc[j], m, k + j, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+        return;
     }
+    float v[8];
 #pragma unroll
-    for (int i = 0; i < FM; ++i)
-#pragma unroll
-        for (int j = 0; j < FN; ++j)
-            wmma::store_matrix_sync(&cs[(wm * FM + i) * 16][(wn * FN + j) * 16], acc[i][j], BN + 4,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int e = tid; e < BM * BN; e += THREADS) {
-        int mm = e / BN, kk = e % BN;
-        int m = m0 + mm, k = k0 + kk;
-        if (m < M && k < K) epilogue(cs[mm][kk], (long long)m, k, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+    for (int j = 0; j < 8; ++j) {
+        v[j] = (float)acc[j];
+        if (scale) v[j] *= scale[k + j];
+        if (bias) v[j] += bias[k + j];
+        if (relu) v[j] = fmaxf(v[j], 0.0f);
     }
+    store8(y + at, v, y_inv_scale, k);
 }
 
-#define CONV_WMMA_VEC(NAME, WARPS_M, WARPS_N, FM, FN)                                                          \
-    extern "C" __global__ void __launch_bounds__(128)                                                          \
-    NAME(const half* x, int ldx, const half* w, const float* bias, const float* scale, half* y,               \
-         const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K,  \
-         int KH, int KW, int relu)                                                                             \
-    {                                                                                                          \
-        conv_wmma_vec<WARPS_M, WARPS_N, FM, FN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, \
-                                                C, K, KH, KW, relu);                                           \
-    }
+// ------------------------------------------------- 1b, 1c, 1d, 1f: the convolutions on the tensor cores
+#include "engine_tensor_cores.cuh"
 
-CONV_WMMA_VEC(conv_wmmav_64x32_f16, 4, 1, 1, 2)
-CONV_WMMA_VEC(conv_wmmav_128x32_f16, 4, 1, 2, 2)
-CONV_WMMA_VEC(conv_wmmav_64x16_f16, 4, 1, 1, 1)
-CONV_WMMA_VEC(conv_wmmav_128x16_f16, 4, 1, 2, 1)
+// ------------------------------------- 1e. one output pixel a thread, for a short reduction (the stem: C = 1)
+// With R = KH KW C of 9, an implicit GEMM wastes most of each 16- or 32-deep step. Here a thread computes BN
+// channels of one pixel: R input values (its im2col row) times the R x BN weights, which the block keeps in
+// shared memory (every thread reads the same weight at once: a broadcast). Needs R <= PIX_R.
+#define PIX_R 64
+template <typename T, int BN>
+__device__ void conv_pix(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
+                         const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H, int W,
+                         int C, int K, int KH, int KW, int relu)
+{
+    typedef typename Acc<T>::type A;
+    __shared__ A ws[PIX_R][BN];
+    int M = N * H * W, R = KH * KW * C, k0 = blockIdx.y * BN;
+    for (int e = threadIdx.x; e < R * BN; e += blockDim.x) {
+        int r = e / BN, k = k0 + e % BN;
+        ws[r][e % BN] = k < K ? to_acc(w[(long long)r * K + k], (A)0) : (A)0;
+    }
+    __syncthreads();
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    Pixel p = pixel(m, M, H, W);
+    A acc[BN];
+#pragma unroll
+    for (int j = 0; j < BN; ++j) acc[j] = (A)0;
+    for (int r = 0; r < R; ++r) {
+        A v = to_acc(im2col(x, ldx, p, tap(r, R, C, KH, KW), H, W), (A)0);
+#pragma unroll
+        for (int j = 0; j < BN; ++j) acc[j] += v * ws[r][j];
+    }
+#pragma unroll
+    for (int j = 0; j < BN; j += 8)
+        if (k0 + j < K) epilogue8(acc + j, (long long)m, k0 + j, K, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+}
+
+#define CONV_PIX(SUFFIX, T, BN)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128)                                                          \
+    conv_pix_##BN##_##SUFFIX(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,    \
+                             const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H,  \
+                             int W, int C, int K, int KH, int KW, int relu)                                    \
+    {                                                                                                          \
+        conv_pix<T, BN>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, W, C, K, KH, KW, relu);     \
+    }
+CONV_PIX(f32, float, 32)
+CONV_PIX(f16, half, 32)
+CONV_PIX(i8, int8, 32)
+CONV_PIX(f32, float, 16)
+CONV_PIX(f16, half, 16)
+CONV_PIX(i8, int8, 16)
 
 // ------------------------------------------------------------------------------ 2. the other fused kernels
 
-// Max over a P x P window, stride 1, "same" padding (the window clipped at the edges). One thread per
-// output element; the INT8 scale of the output is the input's, so max works on the stored integers.
+// Max over a P x P window, stride 1, "same" padding (the window clipped at the edges); the INT8 scale of the
+// output is the input's, so max works on the stored integers. One thread per pixel and V channels, V = 16 bytes'
+// worth of T when the channels and pixel strides allow it (vector_width in kernels/engine/executor.py says
+// the same), else 1. 32-bit indices (the plan refuses tensors of 2^31 elements): 64-bit division is slow.
+template <typename T, int V>
+__device__ __forceinline__ void maxpool_v(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C, int P)
+{
+    int groups = C / V, work = N * H * W * groups;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < work; e += gridDim.x * blockDim.x) {
+        int c = (e % groups) * V, m = e / groups;
+        int w = m % W, h = (m / W) % H;
+        float best[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) best[j] = -3.0e38f;
+        for (int dy = -(P / 2); dy <= P / 2; ++dy) {
+            int hh = h + dy;
+            if (hh < 0 || hh >= H) continue;
+            for (int dx = -(P / 2); dx <= P / 2; ++dx) {
+                int ww = w + dx;
+                if (ww < 0 || ww >= W) continue;
+                const T* src = x + (m + dy * W + dx) * ldx + c;
+                __align__(16) T v[V];
+                if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src);
+                else v[0] = *src;
+#pragma unroll
+                for (int j = 0; j < V; ++j) best[j] = fmaxf(best[j], to_f(v[j]));
+            }
+        }
+        __align__(16) T out[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) store(out + j, best[j], 1.0f);  // exact: each best is a stored value
+        if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(y + m * ldy + c) = *reinterpret_cast<uint4*>(out);
+        else y[m * ldy + c] = out[0];
+    }
+}
+
 template <typename T>
 __device__ void maxpool(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C, int P)
 {
-    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (long long)N * H * W * C) return;
-    int c = (int)(e % C);
-    long long m = e / C;
-    int w = (int)(m % W), h = (int)((m / W) % H);
-    long long n = m / ((long long)H * W);
-    float best = -3.0e38f;
-    T bestv = x[m * ldx + c];
-    for (int dy = -(P / 2); dy <= P / 2; ++dy)
-        for (int dx = -(P / 2); dx <= P / 2; ++dx) {
-            int hh = h + dy, ww = w + dx;
-            if (hh < 0 || hh >= H || ww < 0 || ww >= W) continue;
-            T v = x[((n * H + hh) * W + ww) * ldx + c];
-            if (to_f(v) > best) { best = to_f(v); bestv = v; }
-        }
-    y[m * ldy + c] = bestv;
+    constexpr int V = 16 / sizeof(T);
+    if (C % V == 0 && ldx % V == 0 && ldy % V == 0 && (size_t)x % 16 == 0 && (size_t)y % 16 == 0)
+        maxpool_v<T, V>(x, ldx, y, ldy, N, H, W, C, P);
+    else
+        maxpool_v<T, 1>(x, ldx, y, ldy, N, H, W, C, P);
 }
 
 // Average pool P x P (stride P) + flatten (h, w, c) + dense D -> O, one block per image: the pooled vector
-// goes to shared memory, then each thread computes outputs. x_scale dequantises INT8 (1 otherwise).
+// goes to shared memory (V channels of a pixel per load where the strides allow, as maxpool), then each
+// thread multiplies its share of it by the rows of the dense weights it needs (D x O: row d is O contiguous
+// floats) into O partial sums, which the block adds up. x_scale dequantises INT8 (1 otherwise).
+#define HEAD_O 16  // outputs kept in registers; a wider layer takes one warp per output instead
+template <typename T, int V>
+__device__ __forceinline__ void head_pool(const T* img, int ldx, int H, int W, int C, int P, float x_scale,
+                                          float* pooled)
+{
+    int Hp = H / P, Wp = W / P, groups = C / V;
+    for (int d = threadIdx.x; d < Hp * Wp * groups; d += blockDim.x) {
+        int c = (d % groups) * V, t = d / groups, wp = t % Wp, hp = t / Wp;
+        float s[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[j] = 0.0f;
+        for (int i = 0; i < P; ++i)
+            for (int j = 0; j < P; ++j) {
+                const T* src = img + ((hp * P + i) * W + wp * P + j) * ldx + c;
+                __align__(16) T v[V];
+                if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src);
+                else v[0] = *src;
+#pragma unroll
+                for (int q = 0; q < V; ++q) s[q] += to_f(v[q]);
+            }
+#pragma unroll
+        for (int q = 0; q < V; ++q) pooled[t * C + c + q] = s[q] * x_scale / (P * P);
+    }
+}
+
 template <typename T>
 __device__ void head(const T* x, int ldx, int H, int W, int C, int P, float x_scale, const float* wd,
                      const float* bd, float* out, int O)
 {
     extern __shared__ float pooled[];
-    int n = blockIdx.x, Hp = H / P, Wp = W / P, D = Hp * Wp * C;
+    __shared__ float red[HEAD_O][32];
+    constexpr int V = 16 / sizeof(T);
+    int n = blockIdx.x, D = (H / P) * (W / P) * C;
+    const T* img = x + (long long)n * H * W * ldx;
+    if (C % V == 0 && ldx % V == 0 && (size_t)img % 16 == 0)
+        head_pool<T, V>(img, ldx, H, W, C, P, x_scale, pooled);
+    else
+        head_pool<T, 1>(img, ldx, H, W, C, P, x_scale, pooled);
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    if (O > HEAD_O) {
+        for (int o = warp; o < O; o += warps) {  // one warp per output: a dot product of length D
+            float s = 0.0f;
+            for (int d = lane; d < D; d += 32) s += pooled[d] * wd[(long long)d * O + o];
+            for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+            if (lane == 0) out[(long long)n * O + o] = s + bd[o];
+        }
+        return;
+    }
+    float part[HEAD_O];
+#pragma unroll
+    for (int o = 0; o < HEAD_O; ++o) part[o] = 0.0f;
     for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        int c = d % C, t = d / C, wp = t % Wp, hp = t / Wp;
-        float s = 0.0f;
-        for (int i = 0; i < P; ++i)
-            for (int j = 0; j < P; ++j)
-                s += to_f(x[(((long long)n * H + hp * P + i) * W + wp * P + j) * ldx + c]);
-        pooled[d] = s * x_scale / (P * P);
+        float p = pooled[d];
+        const float* row = wd + (long long)d * O;
+#pragma unroll
+        for (int o = 0; o < HEAD_O; ++o)
+            if (o < O) part[o] += p * row[o];
+    }
+#pragma unroll
+    for (int o = 0; o < HEAD_O; ++o) {
+        float s = part[o];
+        for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0) red[o][warp] = s;
     }
     __syncthreads();
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int o = warp; o < O; o += blockDim.x / 32) {  // one warp per output: a dot product of length D
+    if (threadIdx.x < O) {
         float s = 0.0f;
-        for (int d = lane; d < D; d += 32) s += pooled[d] * wd[(long long)d * O + o];
-        for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
-        if (lane == 0) out[(long long)n * O + o] = s + bd[o];
+        for (int w = 0; w < warps; ++w) s += red[threadIdx.x][w];
+        out[(long long)n * O + threadIdx.x] = s + bd[threadIdx.x];
     }
 }
 

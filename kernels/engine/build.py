@@ -34,6 +34,8 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
                                        "32-bit integers")
     if precision == "fp16" and runtime.is_gpu():
         gpus.step("05.wmma")  # its convolutions run on the tensor cores: which GPU that needs is said in gpus.py
+    if precision in ("fp16", "int8") and runtime.is_gpu():
+        gpus.step("05.tc")
     scales = None
     if precision == "int8":
         if x_calib is None:

@@ -19,12 +19,26 @@ DIRECT = {f"direct{ks}_{th}x{tw}x{bn}_{tm}x{tn}": (ks, th, tw, bn, tm, tn)
                                          (3, 4, 16, 32, 4, 4), (3, 16, 16, 16, 4, 4), (5, 16, 16, 16, 8, 4),
                                          (5, 16, 16, 16, 4, 4), (5, 8, 16, 16, 4, 4), (5, 8, 16, 32, 8, 4)]}
 CONV_KERNELS.update({k: (th * tw, bn, th * (tw // tm) * (bn // tn)) for k, (_, th, tw, bn, tm, tn) in DIRECT.items()})
+# The pipelined tensor-core kernels (engine.cu 1d), FP16 and INT8 (integer tensor cores): copies of the next
+# tiles in flight while the tensor cores work (cp.async), 16 bytes per load; and the one-pixel-a-thread
+# kernels for a short reduction (1e: the stem, R = 9), any precision: 128 pixels a block, BN channels.
+TC = ("tc_64x32", "tc_128x32", "tc_64x16", "tc_128x16", "tc_64x64", "tc_32x32")
+CONV_KERNELS.update({k: (int(k[3:].split("x")[0]), int(k.split("x")[1]), 128) for k in TC})
+# The direct convolutions on the tensor cores (1f), FP16 and INT8, for images at most 16 pixels wide: name ->
+# (kernel size, rows of output per block TH, channels per block BN, most input channels CMAX); one block per
+# TH rows of an image (16 columns) x BN channels, 128 threads.
+TCD = {f"tcd{ks}_{th}x{bn}_c{cmax}": (ks, th, bn, cmax)
+       for ks, th, bn, cmax in [(3, 8, 32, 32), (3, 4, 32, 32), (3, 8, 16, 32), (5, 8, 16, 16), (5, 4, 16, 16)]}
+CONV_KERNELS.update({k: (th * 16, bn, 128) for k, (_, th, bn, _) in TCD.items()})
+PIX = {"pix_32": 32, "pix_16": 16}  # name -> channels per thread
+PIX_R = 64  # the longest reduction (KH KW C) they take: their weights tile in shared memory
+CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
         "simtv_64x16") + tuple(DIRECT)
-CANDIDATES = {"fp32": SIMT,
+CANDIDATES = {"fp32": SIMT + tuple(PIX),
               "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
-                       "wmmav_128x16") + SIMT,
-              "int8": SIMT}
+                       "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX),
+              "int8": TC + tuple(TCD) + SIMT + tuple(PIX)}
 DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64"}
 THREADS = 256  # elementwise kernels
 VECTOR = 8  # the wmmav kernels load 8 halves (16 bytes) at a time

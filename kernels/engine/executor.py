@@ -10,7 +10,7 @@ import numpy as np
 from gpucourse import runtime
 
 from .. import cuda_c
-from .catalog import CONV_KERNELS, DIRECT, SOURCE, THREADS
+from .catalog import CONV_KERNELS, DIRECT, SOURCE, TC, TCD, THREADS
 from .plan import check_target, Plan
 from .precision import DTYPES, Q, SUFFIX
 from .specs import avgpool_spec, im2col, maxpool_spec
@@ -226,8 +226,15 @@ class Engine:
             if s["kernel"] in DIRECT:  # one block per TH x TW tile of an image
                 _, th, tw = DIRECT[s["kernel"]][:3]
                 blocks = n * math.ceil(src["H"] / th) * math.ceil(src["W"] / tw)
+            if s["kernel"] in TCD:  # one block per TH rows of an image (16 columns)
+                blocks = n * math.ceil(src["H"] / TCD[s["kernel"]][1])
+            w = a[f"{i}/w"]
+            if s["kernel"] in TC or s["kernel"] in TCD:  # weights transposed: K x R, a channel's reduction contiguous
+                if f"{i}/wt" not in a:
+                    a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(w.reshape(-1, s["K"]).T)
+                w = a[f"{i}/wt"]
             return (fn, (blocks, math.ceil(s["K"] / bn)), (threads,),
-                    (self._ptr(src), i32(src["ld"]), a[f"{i}/w"], a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
+                    (self._ptr(src), i32(src["ld"]), w, a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
                      self.arena, a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n), i32(src["H"]),
                      i32(src["W"]), i32(src["C"]), i32(s["K"]), i32(s["kh"]), i32(s["kw"]), i32(s["relu"])), 0)
         if kind == "input":
@@ -249,7 +256,9 @@ class Engine:
             return (self._kernel(f"{name}_{sfx}"), grid(M * d["C"]), block, args, 0)
         if kind == "maxpool":
             src, d = s["src"], s["dst"]
-            return (self._kernel(f"maxpool_{sfx}"), grid(n * src["H"] * src["W"] * src["C"]), block,
+            v = vector_width(self.arena.itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
+                             d["base"] + d["off"])
+            return (self._kernel(f"maxpool_{sfx}"), grid(n * src["H"] * src["W"] * src["C"] // v), block,
                     (self._ptr(src), i32(src["ld"]), self._ptr(d), i32(d["ld"]), i32(n), i32(src["H"]), i32(src["W"]),
                      i32(src["C"]), i32(s["size"])), 0)
         if kind == "concat_copy":
@@ -274,6 +283,14 @@ class Engine:
                     (self._ptr(src), i32(src["ld"]), i32(src["H"]), i32(src["W"]), i32(src["C"]), i32(p),
                      np.float32(s["x_scale"]), a[f"{i}/w"], a[f"{i}/b"], self.out, i32(s["O"])), 4 * D)
         raise runtime.CourseError(f"step {i}: no kernel for {kind!r}")
+
+
+def vector_width(itemsize: int, channels: int, *strides_and_offsets: int) -> int:
+    """Channels an elementwise kernel (maxpool) handles per thread: 16 bytes' worth when the channel count and
+    every pixel stride and first element (in elements of the arena) are multiples of that, else 1; the kernel
+    makes the same test."""
+    v = 16 // itemsize
+    return v if all(n % v == 0 for n in (channels, *strides_and_offsets)) else 1
 
 
 def _store(v, dtype, inv_scale):

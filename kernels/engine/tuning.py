@@ -7,26 +7,41 @@ import numpy as np
 
 from gpucourse import bench, runtime
 
-from .catalog import CANDIDATES, DIRECT, VECTOR
-from .executor import Engine
+from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR
+from .executor import Engine, vector_width
 from .plan import Plan
+from .precision import DTYPES
 
 
-def kernel_fits(step: dict, kernel: str) -> bool:
-    """Whether a convolution kernel can run a conv step: a direct kernel only the kernel size it is compiled for;
-    the wmmav kernels load 8 channels of a pixel at once (16 bytes), so the input's channels, pixel stride and
-    first channel must be multiples of 8."""
+def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
+    """Whether a convolution kernel can run a conv step of a plan in ``precision``: a direct kernel only the
+    kernel size it is compiled for; the wmmav kernels load 8 channels of a pixel at once (16 bytes), so the
+    input's channels, pixel stride and first channel must be multiples of 8; the tc kernels load 16 bytes of
+    input (8 halves, 16 int8) and of weights at once, so those and the output channels K must be multiples of
+    16 / itemsize; a tcd kernel (a direct convolution on the tensor cores) only its kernel size, images at most
+    16 pixels wide, and input channels in whole fragments of 16 up to its CMAX; a pix kernel keeps the whole
+    reduction KH x KW x C (at most PIX_R) in shared memory."""
     if kernel in DIRECT:
         return step["kh"] == step["kw"] == DIRECT[kernel][0]
-    if not kernel.startswith("wmmav"):
-        return True
+    if kernel in PIX:
+        return step["kh"] * step["kw"] * step["src"]["C"] <= PIX_R
     src = step["src"]
-    return src["C"] % VECTOR == 0 and src["ld"] % VECTOR == 0 and (src["base"] + src["off"]) % VECTOR == 0
+    itemsize = np.dtype(DTYPES[precision]).itemsize
+    loads16 = vector_width(itemsize, src["C"], src["ld"], src["base"] + src["off"]) > 1  # 16 bytes of a pixel
+    if kernel in TC:
+        return loads16 and step["K"] % (16 // itemsize) == 0
+    if kernel in TCD:
+        ks, _, _, cmax = TCD[kernel]
+        return (step["kh"] == step["kw"] == ks and src["W"] <= 16 and src["C"] % 16 == 0 and src["C"] <= cmax
+                and loads16)
+    if kernel.startswith("wmmav"):  # FP16 only: VECTOR halves a load
+        return vector_width(16 // VECTOR, src["C"], src["ld"], src["base"] + src["off"]) == VECTOR
+    return True
 
 
 def candidates(step: dict, precision: str) -> list:
     """The kernels of CANDIDATES[precision] that can run this conv step."""
-    return [k for k in CANDIDATES[precision] if kernel_fits(step, k)]
+    return [k for k in CANDIDATES[precision] if kernel_fits(step, k, precision)]
 
 
 def autotune(plan: Plan, repeats: int = 10) -> dict:
