@@ -171,37 +171,76 @@ def headline(devices, nbytes: int, S: int, *, nccl: col.Nccl, ring: col.GpuRing)
     return {"N": nbytes, "S": S, **res, "ring_over_nccl": res["ring"]["gbps"] / res["nccl"]["gbps"]}
 
 
-def allreduce_sweep(devices, sizes, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
-    """The course's ring all-reduce against NCCL's, checked against the sum first (float32, relative 1e-5)."""
+# The course's ring all-reduce in each of its versions: record key -> (label, GpuRing.allreduce's options).
+ALLREDUCE_VARIANTS = {
+    "copy_add": ("copy + add, step by step", {"method": "copy-add"}),
+    "pull": ("pull kernels, step by step", {"method": "pull", "graph": False}),
+    "pull_graph": ("pull kernels, one CUDA graph", {"method": "pull"}),
+    "pull_graph_copy_kernel": ("pull kernels, copy kernels, one CUDA graph", {"method": "pull", "gather": "kernel"}),
+}
+
+
+def allreduce_sweep(devices, sizes, *, nccl: col.Nccl, ring: col.GpuRing, variants=tuple(ALLREDUCE_VARIANTS)) -> dict:
+    """Each version of the course's ring all-reduce (ALLREDUCE_VARIANTS) and NCCL's, at every size: medians in
+    ``ms[variant]`` and ``nccl_ms``, and each version's time over NCCL's in ``over_nccl[variant]``. Every version
+    is checked against the sum first (float32, relative 1e-5), twice on fresh data, so that a graph's replay is
+    checked as well as the call that records it."""
     cp = runtime.cupy()
     k = len(devices)
-    out = {"N": list(sizes), "ring_ms": [], "nccl_ms": [], "max_rel_error": []}
+    out = {"N": list(sizes), "variants": list(variants), "ms": {v: [] for v in variants}, "nccl_ms": [],
+           "over_nccl": {v: [] for v in variants}, "max_rel_error": []}
     with cp.cuda.Device(devices[0]):
         for nbytes in bench.progress(sizes, desc=f"all-reduce sizes, k={k}"):
             n = nbytes // 4
             host = [np.random.default_rng(r).random(min(n, 2**22), dtype=np.float32) for r in range(k)]
-            bufs = []
+            inputs, bufs = [], []
             for d, h in zip(devices, host):
                 with cp.cuda.Device(d):
-                    bufs.append(cp.tile(cp.asarray(h), -(-n // h.size))[:n].copy())
+                    runtime.check_fits(4 * n * 4, f"four {nbytes / 2**20:.0f} MiB buffers on GPU {d}")
+                    inputs.append(cp.tile(cp.asarray(h), -(-n // h.size))[:n].copy())
+                    bufs.append(cp.empty_like(inputs[-1]))
             want = np.sum(host, axis=0, dtype=np.float64).astype(np.float32)  # one period of the tiling
-            ring.allreduce(bufs)
-            ring.synchronize()
+
+            def fresh():
+                for d, b, x in zip(devices, bufs, inputs):
+                    with cp.cuda.Device(d):
+                        b[...] = x
+                        cp.cuda.Device(d).synchronize()
+
             err = 0.0
-            for d, b in zip(devices, bufs):
-                with cp.cuda.Device(d):
-                    w = cp.tile(cp.asarray(want), -(-n // want.size))[:n]
-                    err = max(err, float(cp.abs(b - w).max() / cp.abs(w).max()))
-                    del w
-            if not err <= 1e-5:
-                raise runtime.CourseError(f"ring all-reduce of {nbytes} bytes is wrong (error {err:.2e})")
+            for v in variants:
+                for _ in range(2):
+                    fresh()
+                    ring.allreduce(bufs, **ALLREDUCE_VARIANTS[v][1])
+                    ring.synchronize()
+                    for d, b in zip(devices, bufs):
+                        with cp.cuda.Device(d):
+                            w = cp.tile(cp.asarray(want), -(-n // want.size))[:n]
+                            err = max(err, float(cp.abs(b - w).max() / cp.abs(w).max()))
+                            del w
+                if not err <= 1e-5:
+                    raise runtime.CourseError(f"ring all-reduce ({ALLREDUCE_VARIANTS[v][0]}) of {nbytes} bytes is "
+                                              f"wrong (error {err:.2e})")
             reps = _repeats(nbytes)
-            out["ring_ms"].append(bench.time_gpu(lambda: ring.allreduce(bufs), repeats=reps).median_ms)
+            for v in variants:
+                options = ALLREDUCE_VARIANTS[v][1]
+                out["ms"][v].append(bench.time_gpu(lambda: ring.allreduce(bufs, **options), repeats=reps).median_ms)
             out["nccl_ms"].append(bench.time_gpu(lambda: nccl.allreduce(bufs), repeats=reps).median_ms)
+            for v in variants:
+                out["over_nccl"][v].append(out["ms"][v][-1] / out["nccl_ms"][-1])
             out["max_rel_error"].append(err)
-            bufs = None
+            bufs = inputs = None
             cp.get_default_memory_pool().free_all_blocks()
     return out
+
+
+def allreduce_times(entry: dict) -> dict:
+    """{variant: (label, ms at every N, time / NCCL's at every N)} of a record's all-reduce sweep. A record
+    made before the ring had more than one version holds the first one only ("ring_ms": copy + add)."""
+    a = entry["allreduce"]
+    ms = a["ms"] if "ms" in a else {"copy_add": a["ring_ms"]}
+    return {v: (ALLREDUCE_VARIANTS[v][0] if v in ALLREDUCE_VARIANTS else v, t,
+                [x / c for x, c in zip(t, a["nccl_ms"])]) for v, t in ms.items()}
 
 
 def gradient_check(devices, *, ring: col.GpuRing, batch: int = 512, seed: int = 0) -> dict:
@@ -220,6 +259,7 @@ def gradient_check(devices, *, ring: col.GpuRing, batch: int = 512, seed: int = 
         with cp.cuda.Device(d):
             p = {name: cp.asarray(v.get()) for name, v in params.items()}  # a copy of the weights on GPU d
             flats.append(col.flatten(col.mlp_gradients(p, cp.asarray(X[lo:hi]), cp.asarray(Y[lo:hi]))))
+            cp.cuda.Device(d).synchronize()  # the all-reduce waits for GPU devices[0]'s stream, not GPU d's
     with cp.cuda.Device(devices[0]):
         ring.allreduce(flats)
         ring.synchronize()
@@ -308,10 +348,15 @@ def summary_text(entry: dict) -> str:
              "    largest distance of a measured time (any S) from the model, without t0 / with t0:"]
     for n, e in fit["max_abs_rel_error_by_N"].items():
         lines.append(f"    N = {int(n) / 2**20:6.0f} MiB: {100 * e:5.1f}% / {100 * fit0['max_abs_rel_error_by_N'][n]:5.1f}%")
-    ar = entry["allreduce"]
-    for n, r, c in zip(ar["N"], ar["ring_ms"], ar["nccl_ms"]):
-        lines.append(f"all-reduce {n / 2**20:6.0f} MiB: ring {bench.format_ms(r):>9}, NCCL {bench.format_ms(c):>9} "
-                     f"(ring / NCCL time {r / c:.2f})")
+    ar, versions = entry["allreduce"], allreduce_times(entry)
+    lines.append("all-reduce (sum, float32): time, and in brackets ring / NCCL time, of each version of the ring:")
+    for v, (label, _, _) in versions.items():
+        lines.append(f"    {v}: {label}")
+    width = [max(16, len(v)) for v in versions]
+    lines.append(f"    {'N':>8} {'NCCL':>9}  " + " ".join(f"{v:>{w}}" for v, w in zip(versions, width)))
+    for i, (n, c) in enumerate(zip(ar["N"], ar["nccl_ms"])):
+        cells = [f"{bench.format_ms(t[i])} ({r[i]:.2f})" for _, t, r in versions.values()]
+        lines.append(f"    {n / 2**20:4.0f} MiB {bench.format_ms(c):>9}  " + " ".join(f"{x:>{w}}" for x, w in zip(cells, width)))
     g = entry["gradients"]
     lines.append(f"gradients of {g['parameters']} parameters averaged over {len(sysinfo['devices'])} GPUs against "
                  f"one GPU's whole batch: max relative error {g['max_rel_error']:.1e}")
@@ -384,10 +429,28 @@ def plot_headline(entry: dict, source: str):
 
 
 def plot_allreduce(entry: dict, source: str):
+    """Time against N: each version of the course's ring all-reduce, and NCCL's."""
     a, k = entry["allreduce"], len(entry["system"]["devices"])
-    series = {"course ring all-reduce": (a["N"], a["ring_ms"]), "NCCL all-reduce": (a["N"], a["nccl_ms"])}
+    series = {f"ring: {label}": (a["N"], t) for label, t, _ in allreduce_times(entry).values()}
+    series["NCCL all-reduce"] = (a["N"], a["nccl_ms"])
     return plots.lines(series, xlabel="N (bytes)", ylabel="ms", source=source,
                        title=f"All-reduce (sum, float32) over k = {k} GPUs")
+
+
+def plot_allreduce_ratio(entry: dict, source: str):
+    """Each version's time over NCCL's against N: 1 is NCCL's speed, 2 half of it."""
+    a, k = entry["allreduce"], len(entry["system"]["devices"])
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    series = {f"ring: {label}": (a["N"], r) for label, _, r in allreduce_times(entry).values()}
+    fig = plots.lines(series, xlabel="N (bytes)", ylabel="time / NCCL's time", source=source, levels={"NCCL": 1.0},
+                      title=f"All-reduce over k = {k} GPUs: the ring's time over NCCL's")
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    ax.set_yticks([t for t in (0.25, 0.5, 0.75, 1, 1.25, 1.5, 2, 3, 5, 10, 20, 50, 100) if low <= t <= high])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    return fig
 
 
 def plot_simulation(k_runs: dict, source: str):

@@ -11,8 +11,10 @@ Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py and the tests:
 * The rank program of the chunked ring broadcast, for the simulated ring of kernels/ring_sim.py.
 * On real GPUs: ``GpuRing``, the course's ring (peer-to-peer copies on one CUDA stream per link, the buffer
   split into S chunks, CUDA events so that a link forwards chunk i only once it has received it) for any
-  k >= 2 GPUs, with a ring all-reduce; ``Nccl``, the same collectives from NVIDIA's library through
-  ``cupy.cuda.nccl``.
+  k >= 2 GPUs, with a ring all-reduce in two versions: the first, a peer copy into scratch memory and an add
+  per step, issued step by step; and the default, one kernel per step that reads the previous GPU's chunk
+  over NVLink and adds it in (kernels/cuda/collectives.cu), recorded once as a CUDA graph and replayed.
+  ``Nccl``, the same collectives from NVIDIA's library through ``cupy.cuda.nccl``.
 * A small two-layer network in NumPy or CuPy whose gradients the lesson averages across ranks.
 """
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 import numpy as np
 
 from gpucourse import runtime
+
+from . import cuda_c
 
 # NVLink multicast (NVLS) stays off, so NCCL broadcasts with the rings and trees this lesson compares against (and
 # shared multi-GPU servers often require it off). Set before any NCCL communicator is created in this process;
@@ -74,6 +78,21 @@ def allreduce_time(N: float, B: float, k: int, alpha: float = 0.0) -> float:
     each moving a chunk of N / k bytes over every link at once."""
     _check_model_args(N, B, k, 1, alpha)
     return 2 * (k - 1) * (alpha + N / (k * B))
+
+
+def allreduce_pass_times(N: float, B: float, M: float, k: int) -> dict:
+    """Seconds that moving the bytes of a ring all-reduce of N bytes takes in each of GpuRing's versions, with
+    links of B bytes/s and memory of M bytes/s (bytes read plus written); no latency, no host. Both send
+    2 (k - 1) chunks of c = N / k over every link, c / B a step. "copy-add" then adds after each of the k - 1
+    reduce-scatter copies, reading the scratch chunk and its own and writing the sum (3 c bytes, 3 c / M), once
+    the copy has ended. "pull" reads and writes its own chunk (2 c bytes) in the kernel that brings the peer's
+    chunk over the link, while the link works: max(c / B, 2 c / M) a step."""
+    _check_model_args(N, B, k)
+    if not M > 0:
+        raise runtime.CourseInputError(f"need a memory bandwidth M > 0, got {M}")
+    c = N / k
+    return {"copy-add": 2 * (k - 1) * c / B + (k - 1) * 3 * c / M,
+            "pull": (k - 1) * max(c / B, 2 * c / M) + (k - 1) * c / B}
 
 
 def fit_ring_model(k, S, N, seconds, *, startup: bool = False) -> dict:
@@ -301,6 +320,71 @@ def _array_module(x):
     return np
 
 
+# ====================================================== the ring all-reduce as GPUs run it (no GPU needed)
+
+ALLREDUCE_METHODS = ("pull", "copy-add")
+ALLREDUCE_GATHERS = ("copy-engine", "kernel")
+SOURCE = "collectives"  # kernels/cuda/collectives.cu: the kernels of method="pull"
+REDUCE_KERNELS = {"float16": "ring_reduce_f16", "float32": "ring_reduce_f32", "float64": "ring_reduce_f64"}
+STEP_THREADS = 256  # threads a block of a step's kernel
+STEP_BLOCKS_PER_SM = 4  # at most this many blocks on every SM
+STEP_UNROLL = 4  # 16-byte loads in flight per thread (UNROLL in collectives.cu)
+
+
+def allreduce_schedule(k: int) -> list:
+    """The ring all-reduce as GpuRing.allreduce runs it: 2 (k - 1) steps, each a list of (receiver, sender,
+    chunk, phase), one entry for every GPU. In step t GPU r *pulls* chunk c from GPU r - 1: it adds it to its
+    own chunk c (reduce-scatter, the first k - 1 steps) or keeps it (all-gather, the last k - 1). The same
+    chunks as ring_allreduce_numpy, whose rank r sends what rank r + 1 receives here.
+
+    GPU r's step t waits for one thing besides its own step t - 1: GPU r - 1's step t - 1, which made the chunk
+    it pulls final. That is enough: no step writes a chunk that another GPU has still to read (a chain of those
+    waits runs from every read to the later write of the same chunk); tests/test_06_collectives.py checks it."""
+    if int(k) != k or k < 2:
+        raise runtime.CourseInputError(f"a ring needs k >= 2 GPUs, got k = {k}")
+    k = int(k)
+    steps = []
+    for phase in ("reduce-scatter", "all-gather"):
+        for s in range(k - 1):
+            steps.append([(r, (r - 1) % k, (r - 1 - s if phase == "reduce-scatter" else r - s) % k, phase)
+                          for r in range(k)])
+    return steps
+
+
+def allreduce_options(dtype, method: str = "pull", graph: bool | None = None, gather: str = "copy-engine") -> tuple:
+    """GpuRing.allreduce's options checked (no GPU needed): returns (method, graph, gather), graph's default
+    filled in (True for "pull"; "copy-add" has no graph). Raises CourseInputError for anything else."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    if name not in REDUCE_KERNELS:
+        raise runtime.CourseInputError(f"allreduce sums {', '.join(REDUCE_KERNELS)} buffers, not {name}; convert "
+                                       "them first (buf.astype(cupy.float32))")
+    if method not in ALLREDUCE_METHODS:
+        raise runtime.CourseInputError(f"method must be one of {ALLREDUCE_METHODS}, not {method!r}")
+    if gather not in ALLREDUCE_GATHERS:
+        raise runtime.CourseInputError(f"gather must be one of {ALLREDUCE_GATHERS}, not {gather!r}")
+    if graph is None:
+        graph = method == "pull"
+    if graph not in (True, False):
+        raise runtime.CourseInputError(f"graph is True or False, not {graph!r}")
+    if graph and method != "pull":
+        raise runtime.CourseInputError("only method='pull' runs as a CUDA graph: 'copy-add' is issued step by step")
+    return method, bool(graph), gather
+
+
+def step_grid(n: int, itemsize: int, sms: int, *, threads: int = STEP_THREADS,
+              blocks_per_sm: int = STEP_BLOCKS_PER_SM) -> int:
+    """Blocks for one step's kernel over n elements of itemsize bytes: enough for every thread to have
+    STEP_UNROLL 16-byte loads to make, at most blocks_per_sm on each of the GPU's sms SMs (the kernel's
+    grid-stride loop covers the rest), and at least one."""
+    if n < 0 or itemsize < 1 or sms < 1 or threads < 1 or blocks_per_sm < 1:
+        raise runtime.CourseInputError("step_grid needs n >= 0 and itemsize, sms, threads, blocks_per_sm >= 1")
+    packs = -(-int(n) * int(itemsize) // 16)
+    return max(1, min(int(sms) * int(blocks_per_sm), -(-packs // (int(threads) * STEP_UNROLL))))
+
+
 # ============================================================================== on real GPUs
 
 PEER_ALREADY_ENABLED = 704  # cudaErrorPeerAccessAlreadyEnabled
@@ -408,8 +492,12 @@ class GpuRing:
     has its own stream on GPU j; for each chunk i it waits for the event that link j - 1 recorded after
     delivering chunk i to GPU j, copies chunk i with cudaMemcpyPeerAsync, and records its own event. A
     stream runs its copies in order, so while link j forwards chunk i, link j - 1 already delivers chunk
-    i + 1: the pipeline of the cost model. ``allreduce(bufs)``: the ring all-reduce (sum, in place).
+    i + 1: the pipeline of the cost model. ``allreduce(bufs)``: the ring all-reduce (sum, in place), by
+    default one kernel per step that reads the previous GPU's chunk over the link, replayed as a CUDA graph;
+    ``allreduce(bufs, method="copy-add")``: the first version, a peer copy and an add per step.
     Both return at once; the caller's current stream (on devices[0]) waits for the whole operation."""
+
+    GRAPHS_KEPT = 64  # CUDA graphs of allreduce kept, one per set of buffers (the oldest goes first)
 
     def __init__(self, devices=None):
         self.devices = _devices(devices)
@@ -418,6 +506,11 @@ class GpuRing:
         self.s = _Streams(self.devices)
         self.streams = self.s.streams  # streams[r]: a non-blocking stream on GPU devices[r]
         self._scratch: dict = {}
+        self.sms = [self.s.cp.cuda.Device(d).attributes["MultiProcessorCount"] for d in self.devices]
+        self._kernels: dict = {}  # (rank, kernel name) -> the kernel, loaded on that GPU
+        self._graphs: dict = {}  # (buffer addresses, size, dtype, gather) -> cupy.cuda.Graph
+        self._capture_streams = None  # a _Streams of its own for capturing graphs
+        self.graph_launches = 0  # how many allreduce calls replayed a graph
 
     # The pieces a ring schedule is written with (SimRing has the same, on a CPU model of streams):
     def event(self, rank: int, i: int):
@@ -455,40 +548,151 @@ class GpuRing:
                 self._scratch[key] = self.s.cp.empty(n, dtype=dtype)
         return self._scratch[key]
 
-    def allreduce(self, bufs) -> None:
-        """Sum in place: reduce-scatter (k - 1 steps: GPU r pulls a chunk from GPU r - 1 into scratch memory
-        and adds it to its own), then all-gather (k - 1 steps: GPU r pulls a finished chunk). Each step of a
-        GPU waits for the event of the previous GPU's last step, which made the chunk it pulls final."""
-        cp, s, k = self.s.cp, self.s, self.k
+    def allreduce(self, bufs, method: str = "pull", *, graph: bool | None = None,
+                  gather: str = "copy-engine") -> None:
+        """Sum in place: afterwards every GPU's buffer holds the sum of all k (float16, float32 or float64).
+        Reduce-scatter, then all-gather, in the steps of allreduce_schedule: in each, GPU r pulls one chunk from
+        GPU r - 1, after waiting for the event of GPU r - 1's previous step, which made that chunk final.
+
+        method="pull" (the default): a reduce-scatter step is one kernel on GPU r that reads GPU r - 1's chunk
+        through its address (peer access: the loads cross NVLink) and adds it into GPU r's own; an all-gather
+        step copies the finished chunk: with gather="copy-engine" a cudaMemcpyAsync (a copy engine, as
+        cudaMemcpyPeerAsync, but one a CUDA graph can hold), with gather="kernel" a copy kernel.
+        graph=True (the default of "pull"): the first call with these buffers queues the steps from Python and
+        records them as one CUDA graph (``_capture``); later calls on the same buffers (same addresses, size,
+        dtype) replay it with one launch, with no work for the host per step.
+        method="copy-add": the first version, step by step from Python: a cudaMemcpyPeerAsync of the chunk
+        into scratch memory on GPU r, then an add (cp.add) on the same stream.
+
+        Like every collective here it starts after the work queued on the caller's current stream of devices[0];
+        data written on the other GPUs must be there already (synchronise those GPUs, or their streams, first)."""
+        cp = self.s.cp
         _check_buffers(bufs, self.devices, "allreduce")
-        n, item = bufs[0].size, bufs[0].itemsize
-        flat = [b.reshape(-1) for b in bufs]
-        chunk = chunk_bounds(n, k, 0)[1]
-        scratch = [self._scratch_for(r, bufs[0].dtype, chunk) for r in range(k)]
+        method, graph, gather = allreduce_options(bufs[0].dtype, method, graph, gather)
+        if bufs[0].size == 0:
+            return
+        if method == "copy-add":
+            self._allreduce_copy_add(bufs)
+            return
+        self._need_peer_reads()
+        if not graph:
+            self._allreduce_pull(bufs, self.s, gather)
+            return
+        key = (tuple(b.data.ptr for b in bufs), bufs[0].size, bufs[0].dtype.str, gather)
+        recorded = self._graphs.get(key)
+        if recorded is None:
+            self._allreduce_pull(bufs, self.s, gather)  # this call's sum; it also loads the kernels on every GPU
+            self._graphs[key] = self._capture(bufs, gather)
+            while len(self._graphs) > self.GRAPHS_KEPT:
+                self._graphs.pop(next(iter(self._graphs)))
+            return
+        with cp.cuda.Device(self.devices[0]):
+            recorded.launch(cp.cuda.get_current_stream())  # ordered after earlier work on the caller's stream
+        self.graph_launches += 1
+
+    def _queue_schedule(self, s: "_Streams", n: int, work) -> None:
+        """Queue the steps of allreduce_schedule on the streams of ``s``, for both versions: for each step and
+        GPU r, wait for the event of GPU r - 1's previous step (which made the chunk GPU r pulls final), then
+        ``work(r, src, lo, hi, phase, stream)`` queues that step's copy or kernel on GPU r's stream, with GPU r
+        current, and an event marks its end. The whole runs after the caller's stream (fork) and the caller's
+        stream waits for it (join)."""
+        cp, k = s.cp, self.k
         s.fork()
         last = [None] * k
-        for phase in ("reduce-scatter", "all-gather"):
-            for step in range(k - 1):
-                done = []
-                for r in range(k):
-                    src = (r - 1) % k
-                    c = (src - step) % k if phase == "reduce-scatter" else (src + 1 - step) % k
-                    lo, hi = chunk_bounds(n, k, c)
-                    stream = s.streams[r]
-                    with cp.cuda.Device(self.devices[r]):
-                        if last[src] is not None:
-                            stream.wait_event(last[src])
-                        into = scratch[r] if phase == "reduce-scatter" else flat[r][lo:hi]
-                        cp.cuda.runtime.memcpyPeerAsync(into.data.ptr, self.devices[r], flat[src].data.ptr + lo * item,
-                                                        self.devices[src], (hi - lo) * item, stream.ptr)
-                        if phase == "reduce-scatter" and hi > lo:
-                            with stream:
-                                cp.add(flat[r][lo:hi], scratch[r][:hi - lo], out=flat[r][lo:hi])
-                        ev = s.event(r, (0 if phase == "reduce-scatter" else k) + step)
-                        ev.record(stream)
-                    done.append(ev)
-                last = done
+        for t, step in enumerate(allreduce_schedule(k)):
+            done = []
+            for r, src, c, phase in step:
+                lo, hi = chunk_bounds(n, k, c)
+                stream = s.streams[r]
+                with cp.cuda.Device(self.devices[r]):
+                    if last[src] is not None:
+                        stream.wait_event(last[src])
+                    work(r, src, lo, hi, phase, stream)
+                    ev = s.event(r, t)
+                    ev.record(stream)
+                done.append(ev)
+            last = done
         s.join(last)
+
+    def _allreduce_copy_add(self, bufs) -> None:
+        """The first version: each step a peer copy into scratch memory, then an add, issued step by step."""
+        cp, k = self.s.cp, self.k
+        n, item = bufs[0].size, bufs[0].itemsize
+        flat = [b.reshape(-1) for b in bufs]
+        scratch = [self._scratch_for(r, bufs[0].dtype, chunk_bounds(n, k, 0)[1]) for r in range(k)]
+
+        def step(r, src, lo, hi, phase, stream):
+            into = scratch[r] if phase == "reduce-scatter" else flat[r][lo:hi]
+            cp.cuda.runtime.memcpyPeerAsync(into.data.ptr, self.devices[r], flat[src].data.ptr + lo * item,
+                                            self.devices[src], (hi - lo) * item, stream.ptr)
+            if phase == "reduce-scatter" and hi > lo:
+                with stream:
+                    cp.add(flat[r][lo:hi], scratch[r][:hi - lo], out=flat[r][lo:hi])
+
+        self._queue_schedule(self.s, n, step)
+
+    def _allreduce_pull(self, bufs, s: "_Streams", gather: str) -> None:
+        """Queue the pull all-reduce on the streams of ``s``: per step and GPU one kernel (or one copy) that reads
+        the chunk straight from GPU r - 1's buffer. Nothing here waits for the GPU, so a CUDA graph can record it."""
+        cp, k = s.cp, self.k
+        n, item = bufs[0].size, bufs[0].itemsize
+        ptr = [b.data.ptr for b in bufs]
+        add = [self._kernel(r, REDUCE_KERNELS[bufs[0].dtype.name]) for r in range(k)]
+        copy = [self._kernel(r, "ring_copy") for r in range(k)] if gather == "kernel" else None
+
+        def step(r, src, lo, hi, phase, stream):
+            mine, peer, count = ptr[r] + lo * item, ptr[src] + lo * item, hi - lo
+            if count and phase == "reduce-scatter":  # mine += peer, the peer's chunk read over the link
+                add[r]((step_grid(count, item, self.sms[r]),), (STEP_THREADS,),
+                       (np.uint64(mine), np.uint64(peer), np.int64(count)), stream=stream)
+            elif count and gather == "kernel":  # mine = peer, bytes, by the SMs
+                copy[r]((step_grid(count * item, 1, self.sms[r]),), (STEP_THREADS,),
+                        (np.uint64(mine), np.uint64(peer), np.int64(count * item)), stream=stream)
+            elif count:  # mine = peer, by a copy engine
+                cp.cuda.runtime.memcpyAsync(mine, peer, count * item, cp.cuda.runtime.memcpyDefault, stream.ptr)
+
+        self._queue_schedule(s, n, step)
+
+    def _capture(self, bufs, gather: str):
+        """The pull all-reduce of these buffers recorded as one CUDA graph (cupy.cuda.Graph), nothing run.
+
+        Stream capture records what is queued on a capturing stream instead of running it. Here the capturing
+        stream is a new one on devices[0]; ``fork`` records an event on it that every GPU's stream waits for,
+        which draws those streams (on their own GPUs) into the same capture, and ``join`` brings them back. So
+        the graph holds every GPU's kernels and copies, with the events' waits as its edges, and one
+        ``graph.launch(stream)`` replays all of them after the work already on that stream."""
+        cp = self.s.cp
+        if self._capture_streams is None:
+            self._capture_streams = _Streams(self.devices)
+        with cp.cuda.Device(self.devices[0]):
+            origin = cp.cuda.Stream(non_blocking=True)
+            with origin:
+                origin.begin_capture()
+                try:
+                    self._allreduce_pull(bufs, self._capture_streams, gather)
+                except Exception as exc:
+                    try:
+                        origin.end_capture()  # leave the stream usable; the first error is the one to report
+                    except Exception:
+                        pass
+                    raise runtime.CourseError(f"the all-reduce could not be recorded as a CUDA graph ({exc}); "
+                                              "graph=False runs the same steps without one") from exc
+                return origin.end_capture()
+
+    def _kernel(self, rank: int, name: str):
+        """The kernel ``name`` of kernels/cuda/collectives.cu, loaded on GPU devices[rank]."""
+        key = (rank, name)
+        if key not in self._kernels:
+            with self.s.cp.cuda.Device(self.devices[rank]):
+                self._kernels[key] = cuda_c.function(SOURCE, name)
+        return self._kernels[key]
+
+    def _need_peer_reads(self) -> None:
+        for r in range(self.k):
+            a, b = self.devices[r], self.devices[(r - 1) % self.k]
+            if not self.peer.get((a, b)):
+                raise runtime.CourseError(f"GPU {a} cannot read GPU {b}'s memory directly (no peer access between "
+                                          "them), which method='pull' needs; use method='copy-add' on this machine")
 
     def synchronize(self) -> None:
         self.s.synchronize()

@@ -391,8 +391,9 @@ class DataParallel:
     its layers, so the all-reduce of the last layers runs while the first layers' backward still computes.
 
     reduce="nccl": NCCL's all-reduce (cupy.cuda.nccl, one communicator per GPU; k = 1 works too and measures
-    the cost of the calls); reduce="ring": lesson 6's ring all-reduce of peer copies (col.GpuRing, k >= 2),
-    run after the backward pass (no overlap). The gradients are summed; the step divides by k."""
+    the cost of the calls); reduce="ring": lesson 6's ring all-reduce (col.GpuRing, k >= 2: a kernel per step
+    that reads the previous GPU's chunk over NVLink, replayed as one CUDA graph per bucket), run after the
+    backward pass (no overlap). The gradients are summed; the step divides by k."""
 
     def __init__(self, params, devices, *, bucket_bytes: int = 32 * 2**20, reduce: str = "nccl",
                  checkpoint_every: int = 1):

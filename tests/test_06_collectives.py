@@ -2,17 +2,22 @@
 step, the simulated ring (data, timing, deadlocks), gradient averaging, the recorded figures, and on a machine
 with two or more GPUs the course's ring and NCCL against the specs."""
 import math
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import benchmarks.collectives as lesson
+from conftest import needs_compiler
 from gpucourse import records, runtime
 from kernels import collectives as col
-from kernels import ring_sim
+from kernels import cuda_c, ring_sim
 
 pytestmark = pytest.mark.lesson06
 LESSON = "06_collectives"
+DATA = Path(__file__).resolve().parent / "data"
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -36,6 +41,20 @@ def test_best_chunks_is_the_minimum(k, N, alpha):
     assert col.broadcast_time(N, B, k, best, alpha) == pytest.approx(col.broadcast_time(N, B, k, brute, alpha))
     assert abs(best - math.sqrt((k - 2) * N / (alpha * B))) <= 1
     assert col.best_chunks(N, B, 2, alpha) == 1
+
+
+def test_allreduce_pass_times():
+    N, B, M = 2**30, 4e11, 4e12
+    for k in (2, 4, 8):
+        t = col.allreduce_pass_times(N, B, M, k)
+        assert t["pull"] == pytest.approx(col.allreduce_time(N, B, k))  # the link alone: the add is hidden
+        assert t["copy-add"] == pytest.approx(t["pull"] + (k - 1) * 3 * N / (k * M))  # one more pass per step
+    slow_memory = col.allreduce_pass_times(N, B, B, 2)  # memory no faster than the link: it sets the pace
+    assert slow_memory["pull"] == pytest.approx(2 * N / 2 / B + N / 2 / B)
+    with pytest.raises(runtime.CourseInputError, match="memory"):
+        col.allreduce_pass_times(N, B, 0, 2)
+    with pytest.raises(runtime.CourseInputError, match="k >= 2"):
+        col.allreduce_pass_times(N, B, M, 1)
 
 
 def test_model_checks_its_input():
@@ -118,6 +137,132 @@ def test_ring_allreduce_numpy(rng, k, n):
         np.testing.assert_allclose(y, np.sum(xs, axis=0), rtol=1e-12, atol=1e-12)
     assert len(trace) == 2 * k * (k - 1)  # every rank sends 2 (k - 1) chunks
     assert all(dst == (src + 1) % k for *_, src, dst, _c in trace)
+
+
+# ------------------------------------------------------------- the ring all-reduce as the GPUs run it
+
+@pytest.mark.parametrize("k", [2, 3, 5, 8])
+def test_allreduce_schedule_moves_the_numpy_rings_chunks(k):
+    """GpuRing's schedule (GPU r pulls from r - 1) is ring_allreduce_numpy's (rank r sends to r + 1), step by step."""
+    trace = []
+    col.ring_allreduce_numpy([np.zeros(3 * k) for _ in range(k)], trace=trace)
+    steps = col.allreduce_schedule(k)
+    assert len(steps) == 2 * (k - 1) and all(len(step) == k for step in steps)
+    pulled = [(phase, t if phase == "reduce-scatter" else t - (k - 1), src, r, c)
+              for t, step in enumerate(steps) for r, src, c, phase in step]
+    assert sorted(pulled) == sorted(trace)
+    for step in steps:  # every GPU pulls a different chunk in every step
+        assert sorted(c for _, _, c, _ in step) == list(range(k))
+
+
+def run_pull_schedule(xs, rng, *, wait_for_sender: bool = True):
+    """allreduce_schedule run on NumPy buffers in one of the orders the GPUs may run it: each GPU runs its steps
+    in order; GPU r's step t starts only after GPU r - 1's step t - 1 has ended (the event it waits for, unless
+    wait_for_sender is False); a step reads both chunks when it starts and writes GPU r's when it ends; among the
+    steps that may start or end, a random one goes next. So a step that reads a chunk while another writes it
+    sees either version, as a kernel might."""
+    k, n = len(xs), xs[0].size
+    steps = col.allreduce_schedule(k)
+    bufs = [x.copy() for x in xs]
+    started, ended, running = [0] * k, [-1] * k, {}
+    while len(running) or min(started) < len(steps):
+        can = [("end", r) for r in running]
+        can += [("start", r) for r in range(k) if r not in running and started[r] < len(steps)
+                and (not wait_for_sender or started[r] == 0 or ended[(r - 1) % k] >= started[r] - 1)]
+        what, r = can[rng.integers(len(can))]
+        if what == "start":
+            t = started[r]
+            _, src, c, _ = steps[t][r]
+            lo, hi = col.chunk_bounds(n, k, c)
+            running[r] = (t, bufs[src][lo:hi].copy(), bufs[r][lo:hi].copy())
+            started[r] += 1
+        else:
+            t, peer, mine = running.pop(r)
+            _, _, c, phase = steps[t][r]
+            lo, hi = col.chunk_bounds(n, k, c)
+            bufs[r][lo:hi] = mine + peer if phase == "reduce-scatter" else peer
+            ended[r] = t
+    return bufs
+
+
+@pytest.mark.parametrize("k,n", [(2, 7), (3, 10), (4, 4), (5, 13), (8, 17)])
+def test_allreduce_schedule_is_right_in_any_order_the_events_allow(rng, k, n):
+    xs = [rng.integers(-50, 50, n).astype(np.float64) for _ in range(k)]  # whole numbers: sums exact in any order
+    want = np.sum(xs, axis=0)
+    for _ in range(60):
+        for got in run_pull_schedule(xs, rng):
+            assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("k", [3, 4])
+def test_allreduce_schedule_without_the_waits_goes_wrong(rng, k):
+    """The check above can fail: without the wait for GPU r - 1, some orders pull chunks that are not final."""
+    xs = [rng.integers(1, 50, 4 * k).astype(np.float64) for _ in range(k)]
+    want = np.sum(xs, axis=0)
+    wrong = sum(any(not np.array_equal(g, want) for g in run_pull_schedule(xs, rng, wait_for_sender=False))
+                for _ in range(60))
+    assert wrong > 0
+
+
+def test_allreduce_options():
+    assert col.allreduce_options(np.float32) == ("pull", True, "copy-engine")
+    assert col.allreduce_options("float64", "copy-add") == ("copy-add", False, "copy-engine")
+    assert col.allreduce_options(np.float16, graph=False, gather="kernel") == ("pull", False, "kernel")
+    for dtype in (np.int32, np.uint8, np.complex64, bool, "bfloat16", object):
+        with pytest.raises(runtime.CourseInputError, match="float16, float32, float64"):
+            col.allreduce_options(dtype)
+    with pytest.raises(runtime.CourseInputError, match="method"):
+        col.allreduce_options(np.float32, "fastest")
+    with pytest.raises(runtime.CourseInputError, match="gather"):
+        col.allreduce_options(np.float32, gather="dma")
+    with pytest.raises(runtime.CourseInputError, match="CUDA graph"):
+        col.allreduce_options(np.float32, "copy-add", graph=True)
+    with pytest.raises(runtime.CourseInputError, match="graph"):
+        col.allreduce_options(np.float32, graph="yes")
+    with pytest.raises(runtime.CourseInputError, match="k >= 2"):
+        col.allreduce_schedule(1)
+
+
+def test_step_grid():
+    sms = 132
+    assert col.step_grid(0, 4, sms) == 1 and col.step_grid(3, 4, sms) == 1
+    per_block = col.STEP_THREADS * col.STEP_UNROLL * 16  # bytes one block moves in one trip of its loop
+    assert col.step_grid(per_block // 4, 4, sms) == 1 and col.step_grid(per_block // 4 + 1, 4, sms) == 2
+    assert col.step_grid(2**28, 4, sms) == sms * col.STEP_BLOCKS_PER_SM  # a large chunk: every SM, no more
+    assert col.step_grid(2**28, 4, sms, blocks_per_sm=1) == sms
+    with pytest.raises(runtime.CourseInputError):
+        col.step_grid(-1, 4, sms)
+    with pytest.raises(runtime.CourseInputError):
+        col.step_grid(10, 4, 0)
+
+
+@needs_compiler
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_allreduce_kernels_compile(arch):
+    ptx = cuda_c.compile_ptx(col.SOURCE, arch=arch)
+    for kernel in (*col.REDUCE_KERNELS.values(), "ring_copy"):
+        assert f".entry {kernel}(" in ptx
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx  # 16 bytes a load and a store
+    assert "add.rn.f16x2" in ptx or "add.f16x2" in ptx  # float16 two at a time
+    assert "add.f64" in ptx or "add.rn.f64" in ptx
+
+
+def test_allreduce_kernels_on_the_cpu(tmp_path):
+    """The kernels' own arithmetic (the head before the first 16-byte boundary, the 16-byte body, the tail, the
+    grid-stride loops) compiled for the CPU by tests/data/collectives_on_host.cpp, which runs a grid's threads one
+    after another, under the sanitizer that stops at a misaligned 16-byte access: at every size from 0 to 4099,
+    offsets alike and unlike, and grids from 1 x 1 to 7 x 64, each element becomes mine + peer (or peer) once,
+    and nothing around it changes."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ is not installed")
+    exe = tmp_path / "collectives_on_host"
+    build = subprocess.run([gxx, "-std=c++17", "-O1", "-fsanitize=alignment,undefined", "-fno-sanitize-recover=all",
+                            "-w", f"-I{DATA / 'host_cuda'}", f"-I{cuda_c.SOURCES}", str(DATA / "collectives_on_host.cpp"),
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip().endswith("0 of 6400 launches wrong"), run.stdout[-3000:] + run.stderr[-3000:]
 
 
 @pytest.mark.parametrize("k,S", [(2, 1), (2, 5), (4, 1), (4, 6), (8, 3)])
@@ -288,6 +433,30 @@ def test_topology_parsing_and_plots():
         assert plot(entry, records.label(rec)).axes
 
 
+def test_allreduce_versions_in_records():
+    """A record holds each version's times and its ratio to NCCL at every N; one made before the ring had more
+    than one version (ring_ms) reads as the first version alone."""
+    rec = records.load(LESSON, "NVIDIA H200")
+    old = rec["figures"]["runs"]["2"]
+    a = old["allreduce"]
+    versions = lesson.allreduce_times(old)
+    if "ms" not in a:
+        assert list(versions) == ["copy_add"] and versions["copy_add"][1] == a["ring_ms"]
+    for _, ms, ratio in versions.values():
+        assert ratio == pytest.approx([t / c for t, c in zip(ms, a["nccl_ms"])])
+    new = {**old, "allreduce": {"N": [2**20, 2**30], "variants": list(lesson.ALLREDUCE_VARIANTS),
+                                "nccl_ms": [0.05, 3.3], "max_rel_error": [0.0, 0.0],
+                                "ms": {v: [0.05 * (i + 1), 3.3 + i] for i, v in enumerate(lesson.ALLREDUCE_VARIANTS)}}}
+    text = lesson.summary_text(new)
+    for i, (v, (label, _)) in enumerate(lesson.ALLREDUCE_VARIANTS.items()):
+        assert f"{v}: {label}" in text and f"({i + 1:.2f})" in text and f"({(3.3 + i) / 3.3:.2f})" in text
+    assert lesson.allreduce_times(new)["pull_graph"][2] == pytest.approx([3.0, 5.3 / 3.3])
+    for plot in (lesson.plot_allreduce, lesson.plot_allreduce_ratio):
+        for entry in (old, new):
+            fig = plot(entry, records.label(rec))
+            assert len(fig.axes[0].get_lines()) >= len(lesson.allreduce_times(entry))
+
+
 # ------------------------------------------------------------------------------- on real GPUs
 
 def _need_two_gpus():
@@ -326,6 +495,7 @@ def test_gpu_ring_allreduce_and_nccl(rng):
         for d, x in zip(ring.devices, xs):
             with cp.cuda.Device(d):
                 bufs.append(cp.asarray(x))
+                cp.cuda.Device(d).synchronize()  # the collective waits for GPU 0's stream only
         impl.allreduce(bufs)
         impl.synchronize()
         for b in bufs:
@@ -351,6 +521,150 @@ def test_gpu_ring_checks_its_input():
         ring.broadcast([a])
     with pytest.raises(runtime.CourseInputError, match="device"):
         col.GpuRing(devices=[0, 0])
+
+
+# the ring all-reduce's versions on real GPUs: every GPU of the machine (k = all of them)
+
+ALLREDUCE_WAYS = {"copy-add": {"method": "copy-add"}, "pull": {"graph": False},
+                  "pull, copy kernel": {"graph": False, "gather": "kernel"}, "pull, graph": {},
+                  "pull, graph, copy kernel": {"gather": "kernel"}}
+
+
+@pytest.fixture(scope="module")
+def gpu_ring():
+    _need_two_gpus()
+    return col.GpuRing()
+
+
+def _on_gpus(ring, arrays, dtype):
+    """The arrays on the ring's GPUs, copied before the call returns: an all-reduce waits for the work on GPU 0's
+    current stream, not for work on the other GPUs' streams."""
+    cp = runtime.cupy()
+    out = []
+    for d, x in zip(ring.devices, arrays):
+        with cp.cuda.Device(d):
+            out.append(cp.asarray(x, dtype=dtype))
+            cp.cuda.Device(d).synchronize()
+    return out
+
+
+def _write(ring, bufs, arrays):
+    """New values into the same buffers (same addresses), finished on every GPU before the all-reduce starts."""
+    cp = runtime.cupy()
+    for d, b, x in zip(ring.devices, bufs, arrays):
+        with cp.cuda.Device(d):
+            b[...] = cp.asarray(x, dtype=b.dtype)
+            cp.cuda.Device(d).synchronize()
+
+
+def _quarters(rng, k, n):
+    """Multiples of 1/4 in [-8, 8]: every sum of k of them is exact in float16, float32 and float64, in any order."""
+    return [rng.integers(-32, 33, n) / 4 for _ in range(k)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("n", [0, 1, 5, 1000, 12_345, 1_000_003])
+def test_gpu_allreduce_every_way_is_the_sum(gpu_ring, rng, dtype, n):
+    """Sizes not divisible by k, by 4 or by 8: chunks with a tail after the last whole 16 bytes, and chunks of
+    fewer elements than one 16-byte load (or none at all, n < k); n = 0 does nothing."""
+    ring = gpu_ring
+    for way, options in ALLREDUCE_WAYS.items():
+        xs = _quarters(rng, ring.k, n)
+        bufs = _on_gpus(ring, xs, dtype)
+        ring.allreduce(bufs, **options)
+        ring.synchronize()
+        want = np.sum(xs, axis=0).astype(dtype)
+        for r, b in enumerate(bufs):
+            assert np.array_equal(b.get(), want), f"{way}, {dtype}, n = {n}: GPU {ring.devices[r]} is wrong"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("gather", ["copy-engine", "kernel"])
+def test_gpu_allreduce_graph_replays_on_fresh_data(gpu_ring, rng, dtype, gather):
+    ring, n = gpu_ring, 300_007
+    xs = _quarters(rng, ring.k, n)
+    bufs = _on_gpus(ring, xs, dtype)
+    ring._graphs.clear()  # no graph recorded by an earlier test for buffers at these addresses
+    launches = ring.graph_launches
+    ring.allreduce(bufs, gather=gather)  # runs the steps from Python and records them
+    ring.synchronize()
+    assert all(np.array_equal(b.get(), np.sum(xs, axis=0)) for b in bufs)
+    assert len(ring._graphs) == 1 and ring.graph_launches == launches
+    for round_ in range(3):  # fresh data in the same buffers: the graph replays, one launch each
+        xs = _quarters(rng, ring.k, n)
+        _write(ring, bufs, xs)
+        ring.allreduce(bufs, gather=gather)
+        ring.synchronize()
+        assert ring.graph_launches == launches + round_ + 1
+        for r, b in enumerate(bufs):
+            assert np.array_equal(b.get(), np.sum(xs, axis=0)), f"replay {round_}: GPU {ring.devices[r]} is wrong"
+    other = _on_gpus(ring, xs, dtype)  # other buffers: a graph of their own, the first one untouched
+    ring.allreduce(other, gather=gather)
+    ring.synchronize()
+    assert ring.graph_launches == launches + 3 and len(ring._graphs) == 2
+    assert all(np.array_equal(b.get(), np.sum(xs, axis=0)) for b in other)
+    assert all(np.array_equal(b.get(), np.sum(xs, axis=0)) for b in bufs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offsets", ["same", "different"])
+def test_gpu_allreduce_of_views_off_16_byte_boundaries(gpu_ring, rng, offsets):
+    """Buffers that start 4 bytes past a boundary on every GPU (16-byte loads after a head of 3 floats), or at a
+    different offset on each (one element at a time throughout)."""
+    cp = runtime.cupy()
+    ring, n = gpu_ring, 100_003
+    for way, options in ALLREDUCE_WAYS.items():
+        xs = _quarters(rng, ring.k, n)
+        at = [1 if offsets == "same" else 1 + r % 3 for r in range(ring.k)]
+        bases = []
+        for d, x, a in zip(ring.devices, xs, at):
+            with cp.cuda.Device(d):
+                bases.append(cp.zeros(n + 4, cp.float32))
+                bases[-1][a:a + n] = cp.asarray(x, dtype=cp.float32)
+                cp.cuda.Device(d).synchronize()
+        ring.allreduce([b[a:a + n] for b, a in zip(bases, at)], **options)
+        ring.synchronize()
+        for r, (b, a) in enumerate(zip(bases, at)):
+            want = np.zeros(n + 4, np.float32)
+            want[a:a + n] = np.sum(xs, axis=0)
+            assert np.array_equal(b.get(), want), f"{way}: GPU {ring.devices[r]} (the elements around the view stay 0)"
+
+
+@pytest.mark.gpu
+def test_gpu_allreduce_random_floats_against_numpy(gpu_ring, rng):
+    ring, n = gpu_ring, 2**20 + 3
+    xs = [rng.standard_normal(n).astype(np.float32) for _ in range(ring.k)]
+    want = np.sum(np.array(xs, np.float64), axis=0)
+    for way, options in ALLREDUCE_WAYS.items():
+        bufs = _on_gpus(ring, xs, np.float32)
+        ring.allreduce(bufs, **options)
+        ring.synchronize()
+        for b in bufs:
+            np.testing.assert_allclose(b.get(), want, rtol=1e-5, atol=1e-5 * ring.k, err_msg=way)
+
+
+@pytest.mark.gpu
+def test_gpu_allreduce_checks_its_input(gpu_ring):
+    cp = runtime.cupy()
+    ring = gpu_ring
+    ints = _on_gpus(ring, [np.arange(10)] * ring.k, np.int32)
+    with pytest.raises(runtime.CourseInputError, match="float16, float32, float64"):
+        ring.allreduce(ints)
+    floats = _on_gpus(ring, [np.arange(10.0)] * ring.k, np.float32)
+    with pytest.raises(runtime.CourseInputError, match="method"):
+        ring.allreduce(floats, method="fastest")
+    with pytest.raises(runtime.CourseInputError, match="CUDA graph"):
+        ring.allreduce(floats, method="copy-add", graph=True)
+    mixed = _on_gpus(ring, [np.arange(10.0)] * ring.k, np.float64)
+    mixed[0] = floats[0]
+    with pytest.raises(runtime.CourseInputError, match="one dtype"):
+        ring.allreduce(mixed)
+    with pytest.raises(runtime.CourseInputError, match="on GPU"):
+        ring.allreduce([floats[0]] * ring.k)
+    with cp.cuda.Device(ring.devices[0]):
+        assert cp.array_equal(floats[0], cp.arange(10.0, dtype=cp.float32))  # refused calls changed nothing
 
 
 @pytest.mark.gpu
