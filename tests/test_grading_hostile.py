@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -701,8 +702,18 @@ def test_gradebook_csv_and_feedback_agree_with_the_reports(corpus):
 def test_a_grading_process_that_overruns_is_stopped_and_the_class_goes_on(tmp_path, monkeypatch):
     """The last line of defence: a notebook whose grading process does not come back within its limit (here
     1 s, with no time to start) is stopped by process id, scored as not graded, and the next one is graded by a
-    fresh process; nothing is left running."""
+    fresh process; nothing is left running. The grading process is frozen (SIGSTOP) as it is asked to grade, so
+    it overruns whatever the machine's speed: a worker left running would answer at its own 1 s limit, the
+    same moment as the grader's deadline."""
     monkeypatch.setattr(grading.pool, "STARTUP_SLACK", 0)
+    ask = grading.pool._Worker.ask
+
+    def frozen_when_grading(worker, request, timeout):
+        if request.get("op") == "grade":
+            os.killpg(worker.proc.pid, signal.SIGSTOP)
+        return ask(worker, request, timeout)
+
+    monkeypatch.setattr(grading.pool._Worker, "ask", frozen_when_grading)
     folder = tmp_path / "submitted"
     for student in ("ann", "bob"):
         sub = folder / student / L1
