@@ -41,8 +41,8 @@ from . import collectives as col
 
 DEFAULT_TIMEOUT = 120.0  # seconds a rank or the launcher waits for any one step of the others
 STOP_GRACE = 5.0  # seconds a stopped rank gets to exit before it is terminated, then killed
-# NCCL starts with NVLink multicast off in every rank (collectives.py sets it in this process; the ranks inherit
-# the environment of the launcher).
+# NCCL starts with NVLink multicast off in every rank (kernels/collectives/__init__.py sets it in this process;
+# the ranks inherit the environment of the launcher).
 CHILD_ENV = {"NCCL_NVLS_ENABLE": "0"}
 
 

@@ -137,7 +137,8 @@ def test_tooling_imports_stand_in_floors():
 
 
 def test_kernels_use_only_the_tooling_below_them():
-    """kernels import runtime, gpus and bench of the tooling, nothing above; the engine's rooms stand in floors."""
+    """kernels import runtime, gpus and bench of the tooling, nothing above; the rooms of the engine and of lesson 6's
+    collectives stand in floors."""
     import ast
     from pathlib import Path
 
@@ -162,6 +163,10 @@ def test_kernels_use_only_the_tooling_below_them():
     assert {"graph", "plan", "executor", "build", "fused"} <= set(engine)
     assert _find_cycle(engine) is None, engine
     assert "executor" in engine["tuning"] and "tuning" in engine["build"]
+    collectives = _floors(_import_graph(kernels), "kernels.collectives")  # lesson 6: gpu -> stream_model -> specs -> model
+    assert {"model", "specs", "stream_model", "gpu"} <= set(collectives)
+    assert _find_cycle({k: v for k, v in collectives.items() if k != "__init__"}) is None, collectives
+    assert collectives["model"] == set() and "specs" in collectives["gpu"] and "stream_model" in collectives["gpu"]
 
 
 def test_cpu_mode_refuses_to_time():

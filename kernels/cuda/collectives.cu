@@ -1,6 +1,6 @@
 // Lesson 6: the kernels of the ring all-reduce, in CUDA C.
 // Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use); launched by
-// kernels/collectives.py: GpuRing.allreduce, one launch per step of the ring on every GPU.
+// kernels/collectives/gpu.py: GpuRing.allreduce, one launch per step of the ring on every GPU.
 //
 // With peer access enabled (cudaDeviceEnablePeerAccess), a kernel on GPU r may dereference a pointer into
 // GPU r - 1's memory: each such load crosses NVLink (or PCIe). So one kernel does a whole step of the
