@@ -265,6 +265,65 @@ def targets(rows: list) -> dict:
     return out
 
 
+GEMM_LESSON = "03_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
+TC_GOAL = 1.5  # the FP16 NHWC direct convolution on the tensor cores within this factor of cuDNN's fastest
+
+
+def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> list:
+    """Why the WMMA convolution stays above ``goal`` x cuDNN, measured: for each layer, FP16 NHWC, the TFLOP/s of
+    cuDNN's fastest algorithm, of the course's direct convolution on the tensor cores (TC_DIRECT), of cuBLAS on the
+    layer's own GEMM (N P Q x R S C by R S C x K, the im2col + GEMM row's "GEMM alone") and what ``goal`` asks
+    of the course's kernel (cuDNN's TFLOP/s / goal). ``gemms``: lesson 3's figures["wgmma"] on the same GPU (8192^3
+    FP16 GEMMs: cuBLAS, the tiled WMMA GEMM this convolution is built like, the wgmma GEMM fed by the TMA), or None
+    where lesson 3 has no such record; then the "wmma_*" and "wgmma_*" keys are None."""
+    if not goal > 0:
+        raise runtime.CourseInputError(f"goal must be a positive factor, got {goal}")
+    wmma = wgmma = cublas = None
+    if gemms:
+        by_name = {r["name"]: r for r in gemms["rows"]}
+        cublas = next(r["tflops"] for r in gemms["rows"] if r["kind"] == "library")
+        wmma = next(r["tflops"] for name, r in by_name.items() if name.startswith("WMMA, tiled"))
+        wgmma = max(r["tflops"] for r in gemms["rows"] if r.get("config") == gemms["default"])
+    out = []
+    for lt in layers:
+        rows = [r for r in lt["rows"] if r["dtype"] == "float16" and r["layout"] == "NHWC"]
+        cudnn_best = min((r for r in rows if r["kind"] == "cudnn"), key=lambda r: r["median_ms"])
+        conv = min((r for r in rows if r["name"] == TC_DIRECT), key=lambda r: r["median_ms"], default=None)
+        gemm = next((r for r in rows if r["kind"] == "part" and r["name"].startswith("GEMM alone")), None)
+        if conv is None:
+            continue
+        needed = cudnn_best["tflops"] / goal
+        out.append({"layer": lt["name"], "cudnn_tflops": cudnn_best["tflops"], "conv_tflops": conv["tflops"],
+                    "of_cudnn": conv["of_cudnn_fastest"], "needed_tflops": needed,
+                    "layer_gemm_tflops": gemm["tflops"] if gemm else None,
+                    "gemm_cublas_tflops": cublas, "wmma_tflops": wmma, "wgmma_tflops": wgmma,
+                    "conv_of_wmma": conv["tflops"] / wmma if wmma else None,
+                    "needed_of_wmma": needed / wmma if wmma else None})
+    return out
+
+
+def tensor_core_gap_text(gap: list, gemm_source: str | None, goal: float = TC_GOAL) -> str:
+    """tensor_core_gap as lines: per layer what the goal asks against what each kind of kernel was measured at."""
+    lines = [f"FP16 NHWC, TFLOP/s: cuDNN's fastest, the WMMA convolution, what {goal:g}x of cuDNN asks of it, and cuBLAS "
+             "on the layer's own GEMM (im2col done beforehand, not counted)"]
+    for g in gap:
+        gemm = f"{g['layer_gemm_tflops']:4.0f}" if g["layer_gemm_tflops"] else "   —"
+        lines.append(f"  {g['layer']:24} cuDNN {g['cudnn_tflops']:4.0f}   WMMA conv {g['conv_tflops']:4.0f} "
+                     f"({g['of_cudnn']:.2f}x cuDNN's time)   {goal:g}x asks {g['needed_tflops']:4.0f}   layer GEMM {gemm}")
+    if not gap or gap[0]["wmma_tflops"] is None:
+        lines.append("lesson 3's GEMMs are not recorded on this GPU: run lesson 3's notebook or `python -m gpucourse "
+                     "record` for the figures to read these against")
+        return "\n".join(lines)
+    g0 = gap[0]
+    lines.append(f"lesson 3 at 8192^3 ({gemm_source}): cuBLAS FP16 {g0['gemm_cublas_tflops']:.0f}, the tiled WMMA "
+                 f"GEMM {g0['wmma_tflops']:.0f} ({g0['wmma_tflops'] / g0['gemm_cublas_tflops']:.2f}x cuBLAS), the wgmma "
+                 f"GEMM fed by the TMA {g0['wgmma_tflops']:.0f} ({g0['wgmma_tflops'] / g0['gemm_cublas_tflops']:.2f}x)")
+    for g in gap:
+        lines.append(f"  {g['layer']:24} the WMMA conv runs at {g['conv_of_wmma']:.2f} of the WMMA GEMM's rate; "
+                     f"{goal:g}x of cuDNN would need {g['needed_of_wmma']:.2f} of it")
+    return "\n".join(lines)
+
+
 def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> dict:
     """cudnnConvolutionBiasActivationForward (conv + bias + ReLU in one call) against cudnnConvolutionForward
     followed by bias + ReLU as one CuPy elementwise kernel, on one layer, FP32 NCHW and FP16 NHWC."""

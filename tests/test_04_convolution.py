@@ -680,3 +680,35 @@ def test_layer_benchmark_small():
     assert len(lt["targets"]) == 7
     for r in lt["rows"]:
         assert r["median_ms"] > 0 and r["of_cudnn_fastest"] > 0
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H200", "NVIDIA H100 80GB HBM3"])
+def test_tensor_core_gap_against_lesson_3(gpu):
+    """The 1.5x goal read against lesson 3's GEMMs on the same GPU: each figure is the record's own, and on the
+    recorded Hopper GPUs the goal asks of the WMMA convolution more than it reaches of the WMMA GEMM's rate."""
+    lesson = bench_lesson()
+    conv, gemm = records.latest(LESSON, gpu), records.latest(lesson.GEMM_LESSON, gpu)
+    if conv is None or gemm is None:
+        pytest.skip(f"lessons 3 and 4 are not both recorded on {gpu}")
+    gemms = gemm["figures"]["wgmma"]
+    gap = lesson.tensor_core_gap(conv["figures"]["layers"], gemms)
+    assert [g["layer"] for g in gap] == [lt["name"] for lt in conv["figures"]["layers"]]
+    wmma = next(r for r in gemms["rows"] if r["name"].startswith("WMMA, tiled"))["tflops"]
+    for g, lt in zip(gap, conv["figures"]["layers"]):
+        rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
+        tc = rows[lesson.TC_DIRECT, "float16", "NHWC"]
+        assert g["conv_tflops"] == tc["tflops"] and g["of_cudnn"] == tc["of_cudnn_fastest"]
+        assert g["needed_tflops"] == pytest.approx(g["cudnn_tflops"] / lesson.TC_GOAL)
+        assert g["cudnn_tflops"] == pytest.approx(tc["tflops"] * tc["of_cudnn_fastest"], rel=1e-6)
+        assert g["wmma_tflops"] == wmma and g["conv_of_wmma"] == pytest.approx(tc["tflops"] / wmma)
+        assert g["wgmma_tflops"] > 2 * wmma  # Hopper: wgmma + TMA more than twice WMMA's rate
+        assert (g["of_cudnn"] <= lesson.TC_GOAL) == (g["conv_tflops"] >= g["needed_tflops"] * (1 - 1e-9))
+        assert g["needed_of_wmma"] > g["conv_of_wmma"]  # the recorded miss, read against WMMA's own GEMM
+    text = lesson.tensor_core_gap_text(gap, records.label(gemm))
+    assert records.label(gemm) in text and all(g["layer"] in text for g in gap)
+    assert f"{gap[0]['needed_of_wmma']:.2f} of it" in text
+    alone = lesson.tensor_core_gap(conv["figures"]["layers"], None)  # lesson 3 not recorded on a learner's GPU
+    assert all(g["wmma_tflops"] is None and g["conv_tflops"] for g in alone)
+    assert "not recorded on this GPU" in lesson.tensor_core_gap_text(alone, None)
+    with pytest.raises(runtime.CourseInputError, match="positive"):
+        lesson.tensor_core_gap(conv["figures"]["layers"], gemms, goal=0)
