@@ -90,6 +90,7 @@ STEPS = {s.key: s for s in (
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
     Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
+    Step("04.wgmma", "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
 )}
 
 LESSONS = {

@@ -13,6 +13,8 @@ Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
   direct convolution on the CUDA cores (``conv_direct``), the same as an implicit GEMM with lesson 3's SGEMM
   tiling (``conv_direct_cores``: strict FP32, NCHW, 8 x 8 outputs a thread) and a direct convolution on the tensor cores
   (``conv_implicit_gemm``: WMMA, FP16 NHWC, im2col done in shared memory tile by tile, never written out);
+  on Hopper, the same convolution as lesson 3's wgmma GEMM, its image tiles gathered by the TMA
+  (``conv_wgmma``, kernels/cuda/wgmma_conv.cu, sm_90a);
   ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS (FP16 on tensor cores; FP32 as strict FP32
   or as TF32 on tensor cores).
 """
@@ -498,6 +500,125 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
     args = tuple(np.int32(v) for v in (n, c, h, wd, k, r, s, P, Q, ph, pw, sh, sw, dh, dw))
     fn(grid, (cfg["threads"],), (x, w, y, *args), shared_mem=cfg["smem_bytes"])
     return y
+
+
+# =============================================== Hopper: the convolution as lesson 3's wgmma GEMM (sm_90a)
+
+WGMMA_SOURCE = "wgmma_conv"  # kernels/cuda/wgmma_conv.cu, compiled for sm_90a only
+# BM output pixels x BN output channels a block, shared-memory stages (each BM x 64 of the image, BN x 64 of w)
+WGMMA_CONV_CONFIGS = ("conv_wgmma_128x128_s4_nhwc_f16", "conv_wgmma_128x64_s4_nhwc_f16",
+                      "conv_wgmma_128x256_s3_nhwc_f16", "conv_wgmma_64x128_s4_nhwc_f16",
+                      "conv_wgmma_64x64_s6_nhwc_f16")
+WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
+
+
+def wgmma_conv_config(name: str) -> dict:
+    """Tile, stages, warpgroups and shared memory of a wgmma convolution, from its name."""
+    import re
+
+    m = re.fullmatch(r"conv_wgmma_(\d+)x(\d+)_s(\d+)_nhwc_f16", name)
+    if not m or name not in WGMMA_CONV_CONFIGS:
+        raise runtime.CourseInputError(f"no wgmma convolution {name!r}; known: {', '.join(WGMMA_CONV_CONFIGS)}")
+    bm, bn, stages = map(int, m.groups())
+    consumers = bm // 64
+    smem = 1024 + stages * (bm + bn) * WGMMA_BK * 2 + 2 * stages * 8  # 1 KiB for alignment, tiles, mbarriers
+    return {"name": name, "bm": bm, "bn": bn, "stages": stages, "consumers": consumers,
+            "threads": 128 * (consumers + 1), "smem_bytes": smem}
+
+
+def wgmma_conv_tiles(n: int, P: int, Q: int, k: int, bm: int, bn: int) -> dict:
+    """How conv_wgmma covers y (n x P x Q x k): a block takes TH rows x TW columns of one image (TW the smallest
+    power of two >= Q, at most bm; TH = bm / TW) and bn output channels. Returns TW, TH, the tiles along Q, P and
+    the grid (blocks over the images' tiles, blocks over the channels)."""
+    if min(n, P, Q, k) < 1 or bm < 1 or bn < 1:
+        raise runtime.CourseInputError("wgmma_conv_tiles needs n, P, Q, k, bm and bn >= 1")
+    tw = min(bm, 1 << max(0, (Q - 1).bit_length()))
+    th = bm // tw
+    tiles_q, tiles_p = math.ceil(Q / tw), math.ceil(P / th)
+    return {"TW": tw, "TH": th, "tiles_q": tiles_q, "tiles_p": tiles_p,
+            "grid": (n * tiles_p * tiles_q, math.ceil(k / bn))}
+
+
+def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128) -> np.ndarray:
+    """What conv_wgmma computes, in NumPy, done its way: for every block's tile and every slice (tap, 64
+    channels) of the reduction, the 4-D box of x the TMA reads (zeros outside the image), times the slice of w,
+    summed; rows of a tile outside y are dropped. x: (N, H, W, C), w: (K, R, S, C), NHWC; float64 sums."""
+    n, h, wd, c = x.shape
+    k, r, s, _ = w.shape
+    ph, pw = _pair(pad, "pad")
+    P, Q = h + 2 * ph - r + 1, wd + 2 * pw - s + 1
+    t = wgmma_conv_tiles(n, P, Q, k, bm, bn)
+    y = np.zeros((n, P, Q, k))
+    wm = w.reshape(k, r * s * c).astype(np.float64)
+    for b in range(t["grid"][0]):
+        qt, pt, img = b % t["tiles_q"], (b // t["tiles_q"]) % t["tiles_p"], b // (t["tiles_q"] * t["tiles_p"])
+        p0, q0 = pt * t["TH"], qt * t["TW"]
+        acc = np.zeros((bm, k))
+        for kb in range(r * s * (c // WGMMA_BK)):
+            tap, c0 = divmod(kb, c // WGMMA_BK)
+            ry, sx = divmod(tap, s)
+            box = np.zeros((t["TH"], t["TW"], WGMMA_BK))  # the TMA's box, zero outside the image
+            h0, w0 = p0 + ry - ph, q0 + sx - pw
+            rows = range(max(h0, 0), min(h0 + t["TH"], h))
+            cols = range(max(w0, 0), min(w0 + t["TW"], wd))
+            if len(rows) and len(cols):
+                box[rows.start - h0:rows.stop - h0, cols.start - w0:cols.stop - w0] = \
+                    x[img, rows.start:rows.stop, cols.start:cols.stop, c0 * WGMMA_BK:(c0 + 1) * WGMMA_BK]
+            acc += box.reshape(bm, WGMMA_BK) @ wm[:, kb * WGMMA_BK:(kb + 1) * WGMMA_BK].T
+        for i in range(bm):
+            p, q = p0 + i // t["TW"], q0 + i % t["TW"]
+            if p < P and q < Q:
+                y[img, p, q] = acc[i]
+    return y
+
+
+def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None):
+    """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
+    x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 3's wgmma GEMM with A read from the image:
+    for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
+    padding). Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS.
+    Asynchronous."""
+    import ctypes
+
+    from . import tensor_cores as tc
+
+    _require_cupy(x=x, w=w, y=y)
+    (n, c, h, wd), (k, _, r, s), (_, _, P, Q) = _check_conv(x, w, y, np.float16, pad, stride, dilation, "NHWC")
+    if _pair(stride, "stride") != (1, 1) or _pair(dilation, "dilation") != (1, 1):
+        raise runtime.CourseInputError("the wgmma convolution reads its tiles as boxes of the image: stride 1 and "
+                                       "dilation 1 only")
+    if c % WGMMA_BK or k % 8:
+        raise runtime.CourseInputError(f"the wgmma convolution needs C a multiple of {WGMMA_BK} (a slice of the "
+                                       f"reduction within one tap) and K a multiple of 8; got C={c}, K={k}")
+    if n * P * Q >= 2**31 or x.size >= 2**31 or max(h, wd) > 2**15:
+        raise runtime.CourseInputError("the wgmma convolution indexes pixels with 32-bit integers")
+    cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
+    gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
+    fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a").get_function(cfg["name"])
+    if cfg["name"] not in _wgmma_ready:
+        cp = runtime.cupy()
+        optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
+        if cfg["smem_bytes"] > optin:
+            raise runtime.CourseInputError(f"{cfg['name']} needs {cfg['smem_bytes']} bytes of shared memory; this "
+                                           f"GPU allows {optin} per block")
+        fn.max_dynamic_shared_size_bytes = cfg["smem_bytes"]
+        _wgmma_ready.add(cfg["name"])
+    t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"])
+    ph, pw = _pair(pad, "pad")
+    map_x = tc.tensor_map(x, (1, t["TH"], t["TW"], WGMMA_BK))
+    map_w = tc.tensor_map(w.reshape(k, r * s * c), (cfg["bn"], WGMMA_BK))
+    args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),
+            *(ctypes.c_int32(v) for v in (P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]
+    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+    stream = runtime.cupy().cuda.get_current_stream().ptr
+    gx, gy = t["grid"]
+    tc._driver_check(tc._libcuda().cuLaunchKernel(
+        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), gx, gy, 1, cfg["threads"], 1, 1, cfg["smem_bytes"],
+        ctypes.c_void_p(stream), params, None), f"launching {cfg['name']}")
+    return y
+
+
+_wgmma_ready: set = set()
 
 
 # ==================================================== direct convolution on the CUDA cores as an implicit GEMM

@@ -542,27 +542,47 @@ def _driver_check(status: int, what: str) -> None:
 _tensor_maps: dict = {}
 
 
+def tensor_map_args(shape: tuple, box: tuple, itemsize: int = 2) -> tuple:
+    """cuTensorMapEncodeTiled's dimensions, byte strides and box for a C-contiguous array of ``shape`` read in
+    boxes of ``box`` elements (both in NumPy's order, slowest dimension first): the driver wants them fastest
+    first, and the strides of every dimension but the fastest. The TMA needs the fastest dimension to be a whole
+    number of 16-byte units, and at most 256 elements a box side."""
+    if len(box) != len(shape) or not 1 <= len(shape) <= 5:
+        raise runtime.CourseInputError(f"a tensor map has 1 to 5 dimensions and a box side for each; got shape "
+                                       f"{tuple(shape)} and box {tuple(box)}")
+    if (shape[-1] * itemsize) % 16:
+        raise runtime.CourseInputError(
+            f"the TMA needs a 16-byte aligned tensor whose rows are a multiple of 16 bytes; this one's rows are "
+            f"{shape[-1]} elements ({shape[-1] * itemsize} bytes): pad them to a multiple of {16 // itemsize}")
+    if not all(1 <= b <= 256 for b in box):
+        raise runtime.CourseInputError(f"every side of a TMA box is 1 to 256 elements, got {tuple(box)}")
+    dims = tuple(int(d) for d in reversed(shape))
+    strides, step = [], itemsize
+    for d in dims[:-1]:
+        step *= d
+        strides.append(step)
+    return dims, tuple(strides), tuple(int(b) for b in reversed(box))
+
+
 def tensor_map(x, box: tuple) -> "object":
-    """The TMA descriptor (CUtensorMap, 128 bytes) of a row-major FP16 CuPy matrix ``x``: boxes of
-    box = (rows, columns) elements, written into shared memory in the 128-byte swizzle, with reads outside
-    the matrix filled with zeros. Made once per (address, shape, box) by cuTensorMapEncodeTiled."""
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a C-contiguous FP16 CuPy array ``x`` of 2 to 5 dimensions
+    (a row-major matrix: box = (rows, columns)), read in boxes of ``box`` elements, written into shared memory in
+    the 128-byte swizzle, with reads outside the array filled with zeros. Made once per (address, shape, box) by
+    cuTensorMapEncodeTiled."""
     import ctypes
 
-    rows, cols = x.shape
-    key = (x.data.ptr, rows, cols, box)
+    key = (x.data.ptr, tuple(x.shape), tuple(box))
     if key not in _tensor_maps:
-        if x.data.ptr % 16 or (cols * 2) % 16:
-            raise runtime.CourseInputError(
-                f"the TMA needs a 16-byte aligned matrix whose rows are a multiple of 16 bytes; this one is "
-                f"{rows} x {cols} FP16 ({cols * 2} bytes a row): pad its columns to a multiple of 8")
+        if x.data.ptr % 16:
+            raise runtime.CourseInputError("the TMA needs a 16-byte aligned tensor; this one starts "
+                                           f"{x.data.ptr % 16} bytes past a boundary")
+        dims, strides, boxes = tensor_map_args(tuple(x.shape), tuple(box), 2)
+        rank = len(dims)
         tmap = (ctypes.c_ubyte * 128)()
-        dims = (ctypes.c_uint64 * 2)(cols, rows)  # fastest-varying dimension first
-        strides = (ctypes.c_uint64 * 1)(cols * 2)  # bytes from one row to the next
-        boxdim = (ctypes.c_uint32 * 2)(box[1], box[0])
-        elem = (ctypes.c_uint32 * 2)(1, 1)
         _driver_check(_libcuda().cuTensorMapEncodeTiled(
-            tmap, _TMA_FLOAT16, 2, ctypes.c_void_p(x.data.ptr), dims, strides, boxdim, elem, 0,
-            _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
+            tmap, _TMA_FLOAT16, rank, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * rank)(*dims),
+            (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*boxes),
+            (ctypes.c_uint32 * rank)(*([1] * rank)), 0, _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
         if len(_tensor_maps) > 64:
             _tensor_maps.clear()
         _tensor_maps[key] = tmap

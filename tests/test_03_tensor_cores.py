@@ -414,6 +414,20 @@ def test_wgmma_needs_a_gpu_or_says_which(monkeypatch):
     assert gpus.status("03.wgmma", cc=(9, 0)).runs
 
 
+def test_tensor_map_args():
+    """cuTensorMapEncodeTiled's view of a C-contiguous FP16 array: dimensions and box fastest first, byte strides
+    of all but the fastest; a matrix as lesson 3 reads it, an NHWC image as lesson 4's wgmma convolution does."""
+    assert tc.tensor_map_args((1000, 2056), (128, 64)) == ((2056, 1000), (4112,), (64, 128))
+    assert tc.tensor_map_args((32, 56, 56, 64), (1, 2, 64, 64)) == (
+        (64, 56, 56, 32), (128, 128 * 56, 128 * 56 * 56), (64, 64, 2, 1))
+    with pytest.raises(runtime.CourseInputError, match="multiple of 8"):
+        tc.tensor_map_args((64, 100), (64, 64))
+    with pytest.raises(runtime.CourseInputError, match="256"):
+        tc.tensor_map_args((64, 64), (512, 64))
+    with pytest.raises(runtime.CourseInputError, match="a box side for each"):
+        tc.tensor_map_args((64, 64), (64,))
+
+
 @needs_compiler
 def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
     ptx = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90a")

@@ -573,6 +573,98 @@ def test_tensor_core_direct_checks_inputs():
                               pad=1)
 
 
+# ------------------------------------------------- Hopper: the convolution as lesson 3's wgmma GEMM (sm_90a)
+
+# (x NCHW shape, w KCRS shape, pad): every configuration's tile meets the image's edges differently
+WGMMA_CASES = [((2, 64, 7, 9), (16, 64, 3, 3), 1),       # a tile bigger than the image: TW = 16 > Q = 9
+               ((1, 128, 14, 14), (72, 128, 3, 3), 1),   # K = 72: past a 64-wide tile, not a multiple of it
+               ((1, 64, 5, 3), (8, 64, 3, 3), 0),        # no padding, Q = 1: a tile one column wide
+               ((1, 64, 20, 150), (8, 64, 5, 5), 2),     # Q > 128: tiles side by side, 5 x 5 taps
+               ((1, 64, 3, 3), (8, 64, 3, 3), 3),        # padding wider than the filter: whole boxes of zeros
+               ((3, 192, 9, 10), (264, 192, 1, 1), 0)]   # 1 x 1, three slices of 64 channels, K past 256
+
+
+@pytest.mark.parametrize("xs, ws, pad", WGMMA_CASES)
+def test_wgmma_conv_tiles_and_boxes_compute_the_convolution(rng, xs, ws, pad):
+    """conv_wgmma's plan in NumPy (wgmma_conv_spec): the blocks' tiles, each slice's 4-D box of the image with zeros
+    outside it, and the stores kept inside y, add up to the convolution, for every tile shape."""
+    x = rng.uniform(-1, 1, xs)
+    w = rng.uniform(-1, 1, ws)
+    want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, pad))
+    for name in cv.WGMMA_CONV_CONFIGS:
+        c = cv.wgmma_conv_config(name)
+        got = cv.wgmma_conv_spec(cv.nchw_to_nhwc(x), cv.kcrs_to_krsc(w), pad, c["bm"], c["bn"])
+        assert got.shape == want.shape and np.abs(got - want).max() <= 1e-12 * math.prod(ws[1:]), name
+
+
+def test_wgmma_conv_tiles():
+    t = cv.wgmma_conv_tiles(32, 56, 56, 64, 128, 64)  # ResNet-50's conv2_x at batch 32
+    assert (t["TW"], t["TH"], t["tiles_q"], t["tiles_p"], t["grid"]) == (64, 2, 1, 28, (32 * 28, 1))
+    t = cv.wgmma_conv_tiles(32, 14, 14, 256, 128, 128)
+    assert (t["TW"], t["TH"], t["tiles_p"], t["grid"]) == (16, 8, 2, (64, 2))
+    assert cv.wgmma_conv_tiles(1, 3, 200, 8, 64, 64)["TW"] == 64  # at most the tile's rows
+    assert cv.wgmma_conv_tiles(1, 5, 1, 8, 128, 64)["TH"] == 128
+    with pytest.raises(runtime.CourseInputError):
+        cv.wgmma_conv_tiles(1, 0, 5, 8, 128, 64)
+    c = cv.wgmma_conv_config("conv_wgmma_128x256_s3_nhwc_f16")
+    assert (c["bm"], c["bn"], c["stages"], c["threads"]) == (128, 256, 3, 384)
+    assert c["smem_bytes"] == 1024 + 3 * (128 + 256) * 128 + 48 <= 227 * 1024
+    with pytest.raises(runtime.CourseInputError, match="known"):
+        cv.wgmma_conv_config("conv_wgmma_256x256_s4_nhwc_f16")
+
+
+@needs_compiler
+def test_wgmma_conv_compiles_to_wgmma_and_4d_tma_for_sm90a_only():
+    ptx = cuda_c.compile_ptx(cv.WGMMA_SOURCE, arch="sm_90a")
+    for name in cv.WGMMA_CONV_CONFIGS:
+        c = cv.wgmma_conv_config(name)
+        body = ptx[ptx.index(f".entry {name}("):]
+        body = body[:body.find(".entry ", 1)] if ".entry " in body[1:] else body
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
+        assert body.count("wgmma.mma_async") == 4, name  # 64 channels a slice, 16 an instruction
+        assert "cp.async.bulk.tensor.4d" in body and "cp.async.bulk.tensor.2d" in body, name  # the image, w
+        assert ("setmaxnreg" in body) is (c["consumers"] > 1), name
+        assert re.search(r"wgmma\.mma_async[^;]*,\s*0;", body), name  # B (w) read K-major, as stored
+    plain = cuda_c.compile_ptx(cv.WGMMA_SOURCE, arch="sm_90")  # without the a: stubs that trap
+    assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", cv.WGMMA_CONV_CONFIGS)
+def test_wgmma_conv_matches_spec(rng, config):
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        with pytest.raises(runtime.CourseError, match="needs wgmma"):
+            gpus.step("04.wgmma")
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    for xs, ws, pad in WGMMA_CASES:
+        x = rng.uniform(-1, 1, xs).astype(np.float16)
+        w = rng.uniform(-1, 1, ws).astype(np.float16)
+        want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, pad))
+        y = cp.full(want.shape, cp.nan, cp.float16)
+        cv.conv_wgmma(cp.asarray(cv.nchw_to_nhwc(x)), cp.asarray(cv.kcrs_to_krsc(w)), y, pad=pad, config=config)
+        assert cv.rel_error(y.get(), want) <= cv.tolerance("float16", math.prod(ws[1:])), (config, xs, ws, pad)
+
+
+@pytest.mark.gpu
+def test_wgmma_conv_checks_inputs():
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    x, w = cp.zeros((1, 8, 8, 32), cp.float16), cp.zeros((8, 3, 3, 32), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="multiple of 64"):
+        cv.conv_wgmma(x, w, cp.zeros((1, 8, 8, 8), cp.float16), pad=1)
+    x, w = cp.zeros((1, 8, 8, 64), cp.float16), cp.zeros((8, 3, 3, 64), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="stride 1"):
+        cv.conv_wgmma(x, w, cp.zeros((1, 4, 4, 8), cp.float16), pad=1, stride=2)
+    with pytest.raises(runtime.CourseInputError, match="known"):
+        cv.conv_wgmma(x, w, cp.zeros((1, 8, 8, 8), cp.float16), pad=1, config="conv_wgmma_256x64_s4_nhwc_f16")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_im2col_kernel_matches_spec(rng, layout):
