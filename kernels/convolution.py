@@ -594,31 +594,15 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
         raise runtime.CourseInputError("the wgmma convolution indexes pixels with 32-bit integers")
     cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
     gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
-    fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a").get_function(cfg["name"])
-    if cfg["name"] not in _wgmma_ready:
-        cp = runtime.cupy()
-        optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
-        if cfg["smem_bytes"] > optin:
-            raise runtime.CourseInputError(f"{cfg['name']} needs {cfg['smem_bytes']} bytes of shared memory; this "
-                                           f"GPU allows {optin} per block")
-        fn.max_dynamic_shared_size_bytes = cfg["smem_bytes"]
-        _wgmma_ready.add(cfg["name"])
+    fn = tc.hopper_kernel(WGMMA_SOURCE, cfg["name"], cfg["smem_bytes"])
     t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"])
     ph, pw = _pair(pad, "pad")
     map_x = tc.tensor_map(x, (1, t["TH"], t["TW"], WGMMA_BK))
     map_w = tc.tensor_map(w.reshape(k, r * s * c), (cfg["bn"], WGMMA_BK))
     args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),
             *(ctypes.c_int32(v) for v in (P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]
-    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-    stream = runtime.cupy().cuda.get_current_stream().ptr
-    gx, gy = t["grid"]
-    tc._driver_check(tc._libcuda().cuLaunchKernel(
-        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), gx, gy, 1, cfg["threads"], 1, 1, cfg["smem_bytes"],
-        ctypes.c_void_p(stream), params, None), f"launching {cfg['name']}")
+    tc.launch_hopper(fn, t["grid"], cfg["threads"], cfg["smem_bytes"], args, cfg["name"])
     return y
-
-
-_wgmma_ready: set = set()
 
 
 # ==================================================== direct convolution on the CUDA cores as an implicit GEMM

@@ -589,20 +589,36 @@ def tensor_map(x, box: tuple) -> "object":
     return _tensor_maps[key]
 
 
-_wgmma_ready: set = set()
+_hopper_ready: set = set()
 
 
-def _wgmma_function(c: dict):
-    fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a").get_function(c["name"])
-    if c["name"] not in _wgmma_ready:
+def hopper_kernel(source: str, name: str, smem_bytes: int):
+    """Kernel ``name`` of kernels/cuda/<source>.cu compiled for sm_90a (GPU mode), allowed ``smem_bytes`` of
+    dynamic shared memory once, after checking this GPU gives a block that much."""
+    fn = cuda_c.module_arch(source, "sm_90a").get_function(name)
+    if (source, name) not in _hopper_ready:
         cp = runtime.cupy()
         optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
-        if c["smem_bytes"] > optin:
-            raise runtime.CourseInputError(f"{c['name']} needs {c['smem_bytes']} bytes of shared memory; this "
+        if smem_bytes > optin:
+            raise runtime.CourseInputError(f"{name} needs {smem_bytes} bytes of shared memory; this "
                                            f"GPU allows {optin} per block")
-        fn.max_dynamic_shared_size_bytes = c["smem_bytes"]
-        _wgmma_ready.add(c["name"])
+        fn.max_dynamic_shared_size_bytes = smem_bytes
+        _hopper_ready.add((source, name))
     return fn
+
+
+def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, what: str) -> None:
+    """Launch ``fn`` on the current CuPy stream through the driver (cuLaunchKernel), since its first parameters are
+    128-byte tensor maps passed by value, which CuPy's launcher cannot pass. ``args``: ctypes values in the
+    kernel's order; ``grid``: up to three block counts."""
+    import ctypes
+
+    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
+    stream = runtime.cupy().cuda.get_current_stream().ptr
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    _driver_check(_libcuda().cuLaunchKernel(
+        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), gx, gy, gz, threads, 1, 1, smem_bytes, ctypes.c_void_p(stream),
+        params, None), f"launching {what}")
 
 
 def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP_M):
@@ -644,17 +660,13 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
     if not 1 <= group_m <= 64:
         raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
     gpus.step("03.wgmma")  # compute capability 9.0 exactly, else one line saying so
-    fn = _wgmma_function(c)
+    fn = hopper_kernel(WGMMA_SOURCE, c["name"], c["smem_bytes"])
     map_a = tensor_map(A, (c["bm"], c["bk"]))
     map_b = tensor_map(B, (c["bk"], 64) if c["b_layout"] == "kn" else (c["bn"], c["bk"]))
     blocks = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
     args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K),
             ctypes.c_int32(group_m)]
-    params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
-    stream = runtime.cupy().cuda.get_current_stream().ptr
-    _driver_check(_libcuda().cuLaunchKernel(
-        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), blocks, 1, 1, c["threads"], 1, 1, c["smem_bytes"], ctypes.c_void_p(stream),
-        params, None), f"launching {c['name']}")
+    launch_hopper(fn, (blocks,), c["threads"], c["smem_bytes"], args, c["name"])
     return C
 
 
