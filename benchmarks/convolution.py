@@ -135,6 +135,26 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                      **t.summary(), "tflops": t.tflops(flops), "check_error": err})
         return rows[-1]
 
+    def sweep(launches: dict, out, dtype, layout, precision, errors: dict | None = None) -> dict:
+        """Each configuration's launch checked against float64 and timed: {configuration: median ms}. A wrong
+        result raises, or, where ``errors`` is given, is recorded there with the reason (a failed launch too) and
+        left untimed."""
+        ms = {}
+        for key, launch in launches.items():
+            out.fill(cp.nan)
+            try:
+                launch()
+                err = cv.rel_error(out, o["ref", dtype, layout])
+                if not err <= cv.tolerance(precision, crs) * 2:
+                    raise runtime.CourseError(f"{key} gave a wrong result on {name}: error {err:.2e}")
+            except runtime.CourseError as exc:
+                if errors is None:
+                    raise
+                errors[key] = str(exc)
+                continue
+            ms[key] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+        return ms
+
     for layout in cv.LAYOUTS:
         for dtype, math_ in CONFIGS:
             x, wt = o[dtype, layout]
@@ -187,16 +207,8 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
             if layout == "NHWC" and dtype == "float16":
                 # every tile configuration, checked and timed; the fastest is the kernel's row (as Find does for
                 # cuDNN's algorithms)
-                configs_ms = {}
-                for cfg in cv.IGEMM_CONFIGS:
-                    launch = lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_implicit_gemm(x, wt, y, pad=pad, stride=stride,
-                                                                                  config=cfg)
-                    y.fill(cp.nan)
-                    launch()
-                    err = cv.rel_error(y, o["ref", dtype, layout])
-                    if not err <= cv.tolerance("float16", crs) * 2:
-                        raise runtime.CourseError(f"{cfg} gave a wrong result on {name}: error {err:.2e}")
-                    configs_ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+                configs_ms = sweep({cfg: lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_implicit_gemm(
+                    x, wt, y, pad=pad, stride=stride, config=cfg) for cfg in cv.IGEMM_CONFIGS}, y, dtype, layout, "float16")
                 best_cfg = min(configs_ms, key=configs_ms.get)
                 add(TC_DIRECT, dtype, layout, "direct", "float16",
                     lambda x=x, wt=wt, y=y: cv.conv_implicit_gemm(x, wt, y, pad=pad, stride=stride, config=best_cfg), y)
@@ -206,21 +218,9 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                 # Hopper: the same convolution as lesson 3's wgmma GEMM, every tile checked and timed, the fastest
                 # kept. A tile that fails (its check, or the launch) is recorded with the reason, not timed, so
                 # that the rest of the table stands.
-                configs_ms = {}
-                for cfg in cv.WGMMA_CONV_CONFIGS:
-                    launch = lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride,
-                                                                          config=cfg)
-                    y.fill(cp.nan)
-                    try:
-                        launch()
-                        err = cv.rel_error(y, o["ref", dtype, layout])
-                    except runtime.CourseError as exc:
-                        wgmma_errors[cfg] = str(exc)
-                        continue
-                    if not err <= cv.tolerance("float16", crs) * 2:
-                        wgmma_errors[cfg] = f"wrong result: error {err:.2e}"
-                        continue
-                    configs_ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+                configs_ms = sweep({cfg: lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_wgmma(
+                    x, wt, y, pad=pad, stride=stride, config=cfg) for cfg in cv.WGMMA_CONV_CONFIGS}, y, dtype, layout,
+                    "float16", errors=wgmma_errors)
                 if configs_ms:
                     best_w = min(configs_ms, key=configs_ms.get)
                     add(TC_WGMMA, dtype, layout, "direct", "float16",
@@ -231,19 +231,9 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                     else "float16", lambda x=x, wt=wt, y=y: cv.conv_direct(x, wt, y, pad=pad, stride=stride), y)
                 if dtype == "float32":
                     # the implicit GEMM on the CUDA cores: every tile and split checked and timed, the fastest kept
-                    configs_ms = {}
-                    for cfg in cv.CORES_CONFIGS:
-                        for splits in cv.CORES_SPLITS:
-                            launch = lambda x=x, wt=wt, y=y, cfg=cfg, sp=splits: cv.conv_direct_cores(
-                                x, wt, y, pad=pad, stride=stride, config=cfg, splits=sp)
-                            y.fill(cp.nan)
-                            launch()
-                            err = cv.rel_error(y, o["ref", dtype, layout])
-                            if not err <= cv.tolerance("float32", crs) * 2:
-                                raise runtime.CourseError(f"{cfg}, {splits} splits, gave a wrong result on {name}: "
-                                                          f"error {err:.2e}")
-                            configs_ms[f"{cfg}/{splits}"] = bench.time_per_call(launch, batch=batch,
-                                                                                repeats=repeats).median_ms
+                    configs_ms = sweep({f"{cfg}/{sp}": lambda x=x, wt=wt, y=y, cfg=cfg, sp=sp: cv.conv_direct_cores(
+                        x, wt, y, pad=pad, stride=stride, config=cfg, splits=sp)
+                        for cfg in cv.CORES_CONFIGS for sp in cv.CORES_SPLITS}, y, dtype, layout, "float32")
                     best = min(configs_ms, key=configs_ms.get)
                     best_cfg, best_splits = best.split("/")[0], int(best.split("/")[1])
                     add(CORES_IGEMM, dtype, layout, "direct", "float32",
@@ -311,9 +301,8 @@ def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> 
         raise runtime.CourseInputError(f"goal must be a positive factor, got {goal}")
     wmma = wgmma = cublas = None
     if gemms:
-        by_name = {r["name"]: r for r in gemms["rows"]}
         cublas = next(r["tflops"] for r in gemms["rows"] if r["kind"] == "library")
-        wmma = next(r["tflops"] for name, r in by_name.items() if name.startswith("WMMA, tiled"))
+        wmma = next(r["tflops"] for r in gemms["rows"] if r["name"].startswith("WMMA, tiled"))
         wgmma = max(r["tflops"] for r in gemms["rows"] if r.get("config") == gemms["default"])
     out = []
     for lt in layers:
