@@ -438,6 +438,7 @@ def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
         assert body.count("wgmma.mma_async") == 4, name  # k = 64 per stage, 16 per instruction
         assert "cp.async.bulk.tensor.2d" in body and "mbarrier.try_wait.parity" in body, name
         assert "wgmma.commit_group" in body and "wgmma.wait_group" in body, name
+        assert "%globaltimer" in body and "trap;" in body, name  # every mbarrier wait ends: a time-out traps
         assert ("setmaxnreg" in body) is (c["consumers"] > 1), name  # registers move to two consumers only
         trans_b = re.search(r"wgmma\.mma_async[^;]*,\s*(\d+);", body).group(1)
         assert trans_b == ("1" if c["b_layout"] == "kn" else "0"), name

@@ -623,6 +623,7 @@ def test_wgmma_conv_compiles_to_wgmma_and_4d_tma_for_sm90a_only():
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
         assert body.count("wgmma.mma_async") == 4, name  # 64 channels a slice, 16 an instruction
         assert "cp.async.bulk.tensor.4d" in body and "cp.async.bulk.tensor.2d" in body, name  # the image, w
+        assert "%globaltimer" in body and "trap;" in body, name  # every mbarrier wait ends: a time-out traps
         assert ("setmaxnreg" in body) is (c["consumers"] > 1), name
         assert re.search(r"wgmma\.mma_async[^;]*,\s*0;", body), name  # B (w) read K-major, as stored
     plain = cuda_c.compile_ptx(cv.WGMMA_SOURCE, arch="sm_90")  # without the a: stubs that trap

@@ -1,7 +1,8 @@
 // Hopper's tensor-core path (sm_90a), shared by lesson 3's GEMM (wgmma_gemm.cu) and lesson 4's convolution
 // (wgmma_conv.cu); kernels/cuda_c.py copies this file into each source that includes it:
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
-//   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity;
+//   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
+//     wait that would never end traps, so the launch fails instead of hanging);
 //   * TMA loads of a 2-D and a 4-D box, completing on an mbarrier;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256.
@@ -38,18 +39,33 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// Wait until the phase with this parity (0, 1, 0, ... for the 1st, 2nd, 3rd use) has completed.
+__device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
+  unsigned done;
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+// How long a wait may last on the GPU's own clock before the kernel gives up: far more than any stage takes,
+// even with other processes time-slicing the GPU, and far less than a test's time-out.
+constexpr unsigned long long MBAR_TIMEOUT_NS = 10000000000ull;  // 10 s
+
+// Wait until the phase with this parity (0, 1, 0, ... for the 1st, 2nd, 3rd use) has completed. A phase that
+// never completes (a TMA delivering fewer bytes than expect_tx announced, a load never issued) would spin
+// forever; instead the kernel traps after MBAR_TIMEOUT_NS and its launch fails with an error the host sees.
+// The clock is read only once the first try has found the data not yet there.
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
-  unsigned done = 0;
   const unsigned addr = smem_addr(bar);
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
+  if (mbar_try_wait(addr, parity)) return;
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (!mbar_try_wait(addr, parity)) {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > MBAR_TIMEOUT_NS) __trap();
   }
 }
 
