@@ -17,6 +17,7 @@ import os
 import platform
 import re
 import sys
+import warnings
 from dataclasses import dataclass, field
 
 MODE_VARIABLE = "GPUCOURSE_MODE"
@@ -226,6 +227,30 @@ def cupy():
     import cupy as cp
 
     return cp
+
+
+def tensorflow():
+    """TensorFlow (ImportError where it is not installed), set up once for the course: where it sees GPUs it takes
+    their memory as it needs it (memory growth), not nearly all of it at start-up, so CuPy can share the GPU with
+    it; and float32 means float32 (TF32 off; TensorFlow would otherwise run float32 matrix products and
+    convolutions in TF32 on Ampere and newer), so it can be the oracle of the course's FP32 kernels. Call this
+    before anything else uses TensorFlow: memory growth cannot be set once its GPUs are started."""
+    import tensorflow as tf
+
+    global _tf_configured
+    if not _tf_configured:
+        _tf_configured = True
+        tf.config.experimental.enable_tensor_float_32_execution(False)
+        try:
+            for gpu in tf.config.list_physical_devices("GPU"):
+                tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # TensorFlow had started its GPUs already: it keeps what it took
+            warnings.warn("TensorFlow was used before gpucourse.runtime.tensorflow(): it keeps the GPU memory it "
+                          "took at start-up, which CuPy may then lack", stacklevel=2)
+    return tf
+
+
+_tf_configured = False
 
 
 def require_gpu(what: str) -> None:

@@ -15,28 +15,16 @@ import time
 
 import numpy as np
 
+from gpucourse import runtime
 from gpucourse.runtime import CourseInputError
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def tf():
-    """TensorFlow, imported on first use. Where it sees GPUs it takes their memory as it needs it (memory growth),
-    not nearly all of it at start-up as it otherwise does: CuPy shares the GPU with it in lesson 8."""
-    import tensorflow
-
-    global _configured
-    if not _configured:
-        _configured = True
-        try:
-            for gpu in tensorflow.config.list_physical_devices("GPU"):
-                tensorflow.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # TensorFlow had started its GPUs already (the notebook used it first): leave them
-            pass
-    return tensorflow
-
-
-_configured = False
+    """TensorFlow, imported on first use and set up the course's way (gpucourse.runtime.tensorflow: memory growth,
+    so CuPy shares the GPU with it in lesson 8; strict FP32, so it is the oracle of the course's FP32 step)."""
+    return runtime.tensorflow()
 
 
 def variables(params) -> list:
