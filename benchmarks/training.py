@@ -7,7 +7,8 @@
 * recomputation: a 64-layer MLP, checkpoint spacing s = 1 .. 64, peak memory above the weights and gradients
   (the CuPy memory pool's high-water mark) against step time;
 * data parallelism: the same 16-layer step through ``DataParallel`` with NCCL all-reduces in buckets,
-  against the same step with no communication, for every k this machine has (k = 1: the cost of the calls).
+  against the same step with no communication, for every k this machine has (k = 1: the cost of the calls);
+  ``scaling`` reads the weak-scaling efficiency T(1) / T(k) from them.
 """
 from __future__ import annotations
 
@@ -153,9 +154,25 @@ def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024
                 del dp
             except Exception as exc:
                 entry[reduce + "_error"] = f"{type(exc).__name__}: {exc}"
-        if "none" in entry and "nccl" in entry:
-            entry["efficiency"] = entry["none"]["median_ms"] / entry["nccl"]["median_ms"]
         out["runs"][str(k)] = entry
+    return out
+
+
+def scaling(d: dict) -> dict:
+    """What the data-parallel runs say, per k measured with and without the all-reduces: the step times, the
+    weak-scaling efficiency T(1) / T(k) (the batch per GPU is fixed, so the ideal is the same step time at every
+    k; T(1) is the one-GPU step with its calls to NCCL), the communication the buckets left exposed
+    (T(k) - T(k) without communication), and the cost of driving k GPUs from one Python thread without any
+    communication (T(k) without / T(1) without)."""
+    runs = {int(k): e for k, e in d["runs"].items() if "none" in e and "nccl" in e}
+    t1 = runs[1]["nccl"]["median_ms"] if 1 in runs else None
+    base = runs[1]["none"]["median_ms"] if 1 in runs else None
+    out = {}
+    for k in sorted(runs):
+        step, compute = runs[k]["nccl"]["median_ms"], runs[k]["none"]["median_ms"]
+        out[k] = {"step_ms": step, "compute_ms": compute, "exposed_ms": step - compute,
+                  "weak_scaling": t1 / step if t1 else None, "driving_k": compute / base if base else None,
+                  "buckets": runs[k].get("buckets")}
     return out
 
 
@@ -184,16 +201,52 @@ def summary_text(figures: dict) -> str:
         f"{s['memory_saving']:.2f}x less activation memory (goal >= {GOALS['recompute_memory']}x) for "
         f"{s['time_ratio']:.2f}x the step time (goal <= {GOALS['recompute_time']}x)",
     ]
+    lines += scaling_lines(d)
+    return "\n".join(lines)
+
+
+# Scale-out: the nominal rate of one network link between machines, each direction, in GB/s.
+NETWORKS = {"InfiniBand NDR, 400 Gb/s (nominal)": 50.0, "Ethernet, 100 Gb/s (nominal)": 12.5}
+
+
+def gradient_bytes(d: dict) -> int:
+    """Bytes of FP32 gradients the data-parallel MLP all-reduces every step."""
+    return 4 * d["layers"] * (d["width"] * d["width"] + d["width"])
+
+
+def links() -> dict:
+    """GB/s of the links scale-up and scale-out compare: NVLink as lesson 6 measured it (the bus bandwidth
+    2 (k - 1) / k N / t of NCCL's all-reduce of its largest N, on the smallest ring recorded), where a lesson 6
+    record holds one, then NETWORKS."""
+    out = {}
+    rec = records.latest("06_collectives")
+    runs = (rec or {}).get("figures", {}).get("runs", {})
+    measured = sorted(int(k) for k, e in runs.items() if e.get("allreduce", {}).get("nccl_ms"))
+    if measured:
+        k = measured[0]
+        a = runs[str(k)]["allreduce"]
+        n, t = a["N"][-1], a["nccl_ms"][-1]
+        out[f"NVLink, {k} x {rec['gpu']['name']} (lesson 6, NCCL)"] = 2 * (k - 1) / k * n / (t * 1e-3) / 1e9
+    return {**out, **NETWORKS}
+
+
+def scaling_lines(d: dict) -> list:
+    """The data-parallel runs in words, a line per k (and per k that failed or was not measured)."""
+    lines = []
+    for k, s in scaling(d).items():
+        eff = (f"weak-scaling efficiency T(1)/T({k}) {100 * s['weak_scaling']:.1f}%"
+               + (f" (goal >= {100 * GOALS['scaling_efficiency_k8']:.0f}% at k = 8)" if k == 8 else "")
+               if s["weak_scaling"] else "no k = 1 run to compare with")
+        lines.append(f"data parallel k = {k}: step {bench.format_ms(s['step_ms'])} with NCCL all-reduces in "
+                     f"{s['buckets']} buckets, {bench.format_ms(s['compute_ms'])} without communication "
+                     f"(communication adds {bench.format_ms(s['exposed_ms'])}): {eff}")
     for k, e in d["runs"].items():
-        if "efficiency" in e:
-            lines.append(f"data parallel k = {k}: step {bench.format_ms(e['none']['median_ms'])} without "
-                         f"communication, {bench.format_ms(e['nccl']['median_ms'])} with NCCL all-reduces in "
-                         f"{e['buckets']} buckets: efficiency {100 * e['efficiency']:.1f}%")
-        else:
+        if "none" not in e or "nccl" not in e:
             lines.append(f"data parallel k = {k}: {e}")
     if d["not_measured"]:
-        lines.append(f"k = {', '.join(map(str, d['not_measured']))} not measured: this machine has {d['gpus']} GPU(s)")
-    return "\n".join(lines)
+        lines.append(f"k = {', '.join(map(str, d['not_measured']))} not measured: the machine that measured "
+                     f"these had {d['gpus']} GPU(s)")
+    return lines
 
 
 def plot_mixed(figures: dict, source: str):

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .plots import FIGURES_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -24,7 +26,8 @@ def lesson_notebooks() -> list[Path]:
 
 
 def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None = None) -> Outcome:
-    """Run every cell of ``path`` in a fresh kernel in ``mode`` ("cpu" or "gpu"); never writes ``path``."""
+    """Run every cell of ``path`` in a fresh kernel in ``mode`` ("cpu" or "gpu"); never writes ``path``. With
+    ``save_to``: the executed copy goes there, and so do the live figures its cells close."""
     import nbclient
     import nbformat
 
@@ -32,6 +35,9 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
     nb = nbformat.read(path, as_version=4)
     env = {"GPUCOURSE_MODE": mode,
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if save_to is not None:  # live figures (plots.LiveCurves) are saved beside the executed copies
+        save_to.mkdir(parents=True, exist_ok=True)
+        env[FIGURES_ENV] = str(Path(save_to).resolve())
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits this process's environment
     os.environ.pop("NUMBA_ENABLE_CUDASIM", None)

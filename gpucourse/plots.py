@@ -5,6 +5,9 @@ so recorded numbers are never mistaken for the learner's own.
 """
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
 
 from .runtime import CourseInputError
@@ -97,11 +100,16 @@ def lines(series: dict, *, xlabel: str, ylabel: str, source: str, title: str, mo
     return _finish(ax, title, source)
 
 
+FIGURES_ENV = "GPUCOURSE_FIGURES"  # a folder where notebooks run headless leave their live figures
+
+
 class LiveCurves:
     """Training curves drawn while training runs (the DIGITS view): one panel per metric, redrawn in place
     through an IPython display handle (one output, not one figure per update), at most every ``every`` steps.
     Run headless (no IPython kernel, e.g. a script), nothing is drawn until ``close()``, which saves the figure
-    to ``save_to`` (default ``training_curves.png``). In a notebook ``close(save_to=...)`` saves it too.
+    to ``save_to`` (default ``training_curves.png``). In a notebook ``close(save_to=...)`` saves it too, and so
+    does every ``close()`` of a notebook run headless with ``python -m gpucourse run --save DIR``: the figure
+    goes to DIR (FIGURES_ENV names the folder), named after its title.
 
         curves = plots.LiveCurves(("loss", "accuracy"), title="MLP on the GPU", source=source)
         for step in range(n):
@@ -164,7 +172,10 @@ class LiveCurves:
     def close(self, save_to: str | None = None):
         """Draw the last state; save it (always when headless). Returns the figure."""
         self._draw()
-        path = save_to or self.save_to or (None if self.interactive else "training_curves.png")
+        folder = os.environ.get(FIGURES_ENV)
+        default = (os.path.join(folder, re.sub(r"[^a-z0-9]+", "_", self.title.lower()).strip("_") + ".png")
+                   if folder else None if self.interactive else "training_curves.png")
+        path = save_to or self.save_to or default
         if path:
             self.fig.savefig(path, dpi=100)
             self.saved = path

@@ -384,6 +384,21 @@ def data_parallel_grads(params, X, y, k: int, *, reduce: str = "mean", bucket_by
     return float(np.mean([float(v) for v in losses])), [grads[0][i] for i in range(len(params))]
 
 
+def check_shards(shards, k: int) -> None:
+    """Refuse shards that data parallelism over k replicas would average into a wrong gradient: one (X, y) per
+    replica, every one the same number of examples, with as many labels as examples."""
+    if len(shards) != k:
+        raise runtime.CourseInputError(f"give one shard per replica: {k}, got {len(shards)}")
+    rows = [X.shape[0] for X, _ in shards]
+    if len(set(rows)) != 1:
+        raise runtime.CourseInputError(f"the shards hold {rows} examples: averaging their gradients gives the "
+                                       "whole batch's gradient only when every shard is the same size "
+                                       "(split_batch splits a batch that way)")
+    for r, (X, y) in enumerate(shards):
+        if y.shape[0] != X.shape[0]:
+            raise runtime.CourseInputError(f"shard {r} has {X.shape[0]} examples and {y.shape[0]} labels")
+
+
 class DataParallel:
     """Data parallelism on k GPUs of this machine, in one process: a replica of the weights on each GPU, the
     batch split into k shards, every replica's backward pass launched layer by layer in lockstep, and each
@@ -453,8 +468,7 @@ class DataParallel:
     def step(self, shards, lr: float):
         """One data-parallel SGD step on [(X_r, y_r) on GPU r]. Returns the replicas' losses (device arrays)."""
         cp = self.cp
-        if len(shards) != self.k:
-            raise runtime.CourseInputError(f"give one shard per GPU: {self.k}, got {len(shards)}")
+        check_shards(shards, self.k)
         gens, left = [], [len(layers) for layers in self.plan]
         for r, d in enumerate(self.devices):
             with cp.cuda.Device(d), self.compute[r]:
