@@ -1,31 +1,23 @@
-"""Lesson 7's measurements (streams and overlap, many small launches, MPS, batching, unified memory, NVML
-monitoring, Nsight Compute) and the figures drawn from them, measured or recorded.
+"""Lesson 7's measurements (streams and overlap, many small launches, unified memory, NVML monitoring, Nsight
+Compute; MPS and batching through benchmarks/serving.py) and the figures drawn from them, measured or recorded.
 
     python -m benchmarks.feeding            # everything, writes results/<gpu>/07_feeding_the_gpu.json
-    python -m benchmarks.feeding client ... # one MPS client process (started by mps_sweep, not by hand)
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks import serving
 from gpucourse import bench, monitor, plots, profile, records, runtime
-from kernels import batching as B
-from kernels import engine as E
-from kernels import mps
 from kernels import streams as S
 
 LESSON = "07_feeding_the_gpu"
 FIGURES = ("overlap", "small_kernels", "mps", "batching", "batcher", "unified_memory", "monitoring", "profile")
-SEED_MPS_GAIN, SEED_BATCHING_GAIN = 7.0, 1.6  # the seed's claims: MPS 7x inference throughput, batching +60%
 OVERLAP_GOAL = 1.15  # pipelined total <= 1.15 x the longer copy direction alone
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +62,8 @@ def overlap(n: int | None = None, streams=None, chunks: int | None = None, repea
             raise runtime.CourseError(f"the pipeline on {k} streams computed wrong values")
         figs["runs"][str(k)] = {"streams": k, "total_ms": t.median_ms, "spread": t.spread,
                                 "ratio_to_longer_copy": t.median_ms / longer,
-                                "overlap_fraction": S.overlap_fraction(run.timeline), "timeline": run.timeline}
+                                "overlap_fraction": S.overlap_fraction(S.engine_timeline(run.timeline)),
+                                "timeline": run.timeline}
         del p
     best = min(figs["runs"].values(), key=lambda r: r["total_ms"])
     figs["best"] = {"streams": best["streams"], "ratio_to_longer_copy": best["ratio_to_longer_copy"],
@@ -104,148 +97,21 @@ def small_kernels(launches: int = 2000, n: int = 1024, streams: int = 4, repeats
 
 # ---------------------------------------------------------------------------------------- 3. MPS
 
-def _plan(max_batch: int, precision: str = "fp32") -> E.Plan:
-    g, data = E.load_model_file()
-    stages = E.optimize(g)
-    return E.build_plan(stages[-1][1], precision=precision, max_batch=max_batch, name="lesson 7", graphs=True,
-                        x_calib=E.dataset(data)["x_calib"])
-
-
-def client(plan_path: str, batch: int, seconds: float) -> dict:
-    """One inference client (run in its own process): load the plan, warm up, say "ready", wait for "go" on
-    stdin, then run batch-``batch`` inferences back to back for ``seconds``, each waited for."""
-    runtime.setup("gpu", quiet=True)
-    cp = runtime.cupy()
-    eng = E.Engine(E.load_plan(plan_path), graphs=True)
-    x = eng.input_buffer(batch)
-    x[...] = cp.random.random(x.shape, dtype=cp.float32)
-    for _ in range(20):
-        eng.infer(x)
-    cp.cuda.Device().synchronize()
-    print("ready", flush=True)
-    sys.stdin.readline()
-    count, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        eng.infer(x)
-        cp.cuda.Device().synchronize()
-        count += 1
-    elapsed = time.perf_counter() - t0
-    return {"inferences": count, "images": count * batch, "seconds": elapsed, "images_per_s": count * batch / elapsed}
-
-
-def run_clients(k: int, plan_path: str, batch: int, seconds: float, env: dict, timeout: float = 120) -> dict:
-    """k client processes started together; images/s summed over them."""
-    cmd = [sys.executable, "-m", "benchmarks.feeding", "client", "--plan", plan_path, "--batch", str(batch),
-           "--seconds", str(seconds)]
-    env = dict(env, PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env, cwd=ROOT) for _ in range(k)]
-    try:
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            line = p.stdout.readline()
-            if line.strip() != "ready" or time.monotonic() > deadline:
-                raise runtime.CourseError(f"an MPS client did not start: {line.strip()} {p.stderr.read()[-800:]}")
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        results = []
-        for p in procs:
-            out, err = p.communicate(timeout=seconds + 60)
-            if p.returncode != 0:
-                raise runtime.CourseError(f"an MPS client failed: {err[-800:]}")
-            results.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    return {"clients": k, "batch": batch, "images_per_s": sum(r["images_per_s"] for r in results),
-            "per_client": [r["images_per_s"] for r in results]}
-
-
-def mps_sweep(ks=(1, 2, 4, 8, 16), seconds: float = 2.0, batched: int = 8, binary: str | None = None) -> dict:
-    """Lesson 5's engine at batch 1 in k processes, time-sliced (no MPS), through MPS, and through MPS with
-    batch ``batched`` per request. If MPS cannot start, ``why`` says so and only time-slicing is measured."""
-    runtime.require_gpu("the MPS experiment")
-    out = {"ks": list(ks), "seconds": seconds, "batched": batched, "configs": {}, "mps": True, "why": ""}
-    with tempfile.TemporaryDirectory(prefix="gpucourse-plan-") as tmp:
-        plan_path = str(_plan(max(batched, 1)).save(Path(tmp) / "plan.npz"))
-        rows = out["configs"]["time-slicing, batch 1"] = {}
-        for k in bench.progress(ks, desc="no MPS"):
-            rows[str(k)] = run_clients(k, plan_path, 1, seconds, dict(os.environ))
-        try:
-            with mps.Daemon(binary) as d:
-                for name, batch in (("MPS, batch 1", 1), (f"MPS, batch {batched}", batched)):
-                    rows = out["configs"][name] = {}
-                    for k in bench.progress(ks, desc=name):
-                        rows[str(k)] = run_clients(k, plan_path, batch, seconds, d.client_env())
-            out["mps_log"] = d.last_log[-2000:]
-        except mps.MPSUnavailable as exc:
-            out["mps"], out["why"] = False, str(exc)
-    out["ratios"] = mps_ratios(out)
-    return out
-
-
-def mps_ratios(table: dict) -> dict:
-    """Per k: MPS / time-slicing and MPS with batching / MPS alone (images/s), beside the seed's 7x and +60%."""
-    c = table["configs"]
-    base = c.get("time-slicing, batch 1", {})
-    m = c.get("MPS, batch 1", {})
-    mb = c.get(f"MPS, batch {table['batched']}", {})
-    out = {}
-    for k in map(str, table["ks"]):
-        row = {}
-        if k in m and k in base:
-            row["mps_gain"] = m[k]["images_per_s"] / base[k]["images_per_s"]
-        if k in mb and k in m:
-            row["batching_gain"] = mb[k]["images_per_s"] / m[k]["images_per_s"]
-        if k in base and "1" in base:
-            row["time_slicing_scaling"] = base[k]["images_per_s"] / base["1"]["images_per_s"]
-        out[k] = row
-    return out
+def recorded_mps(batched: int = 8) -> tuple:
+    """(table, label) of the newest record of the lesson whose MPS experiment ran every configuration, with
+    requests of ``batched`` images for the batched one (Task 7.3 reads it); records where MPS could not start,
+    or a configuration failed, are passed over."""
+    want = {"time-slicing, batch 1", "MPS, batch 1", f"MPS, batch {batched}"}
+    for rec in reversed(records.all_records(LESSON)):
+        m = rec["figures"].get("mps") or {}
+        configs = m.get("configs") or {}
+        if m.get("batched") == batched and want <= set(configs) and all(configs[c] for c in want):
+            return m, records.label(rec)
+    raise runtime.CourseError(f"no record of {LESSON} holds a complete MPS table (MPS ran, batches of {batched}); "
+                              "record one on a GPU where MPS starts: python -m benchmarks.feeding")
 
 
 # ------------------------------------------------------------------------ 4. throughput vs latency
-
-def batch_sweep(batches=None, repeats: int = 50) -> dict:
-    """Lesson 5's engine (fused, FP32, CUDA graphs): GPU latency of one inference (p50, p99) and images/s
-    at every batch size."""
-    batches = list(batches or runtime.size("feeding.batches"))
-    eng = E.Engine(_plan(max(batches)), graphs=True)
-    cp = runtime.cupy()
-    rows = []
-    for b in bench.progress(batches, desc="batch sizes"):
-        x = eng.input_buffer(b)
-        x[...] = cp.random.random(x.shape, dtype=cp.float32)
-        t = bench.time_gpu(lambda: eng.infer(x), repeats=repeats, warmup=3)
-        rows.append(B.latency_summary(t.samples_ms, b))
-    return {"rows": rows, "engine": "fused + graph, FP32"}
-
-
-def batcher(rates=None, waits_ms=(0.0, 0.25, 1.0, 4.0), max_batch: int = 256, count: int = 4000) -> dict:
-    """The dynamic batcher with lesson 5's engine as the server: every batch really runs on the GPU and
-    takes the time it took (CUDA events). Per arrival rate and maximum wait: p50/p99 latency, images/s."""
-    cp = runtime.cupy()
-    eng = E.Engine(_plan(max_batch), graphs=True)
-    x = eng.input_buffer(max_batch)
-    x[...] = cp.random.random(x.shape, dtype=cp.float32)
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-
-    def service(n: int) -> float:
-        start.record()
-        eng.infer(x[:n])
-        end.record()
-        end.synchronize()
-        return cp.cuda.get_elapsed_time(start, end) / 1e3
-
-    for n in range(1, max_batch + 1):  # capture every batch size's graph before timing
-        service(n)
-    batch1 = float(np.median([service(1) for _ in range(50)]))
-    rates = rates or [round(f / batch1) for f in (0.5, 2.0, 8.0)]
-    rows = batcher_table(service, rates, waits_ms, max_batch, count)
-    return {"rows": rows, "batch1_service_ms": batch1 * 1e3, "max_batch": max_batch, "requests": count}
-
 
 # ------------------------------------------------------------------------------- 5. unified memory
 
@@ -303,43 +169,70 @@ def unified_memory(n: int = 2**27, repeats: int = 5) -> dict:
 
 # ----------------------------------------------------------------------------------- 6. monitoring
 
-def monitoring(interval_s: float = 0.01) -> dict:
-    """NVML samples while the GPU idles, runs one spinning thread (100% "utilisation" from one thread on one
-    SM), runs a memory-bound kernel at full speed, and idles again."""
+MONITOR_PHASE_S = 2.5  # seconds a phase lasts: NVML averages over a sample period of 1/6 s to 1 s
+MONITOR_SETTLE_S = 1.0  # what phase_medians leaves out at the start of each phase
+
+
+def monitoring(interval_s: float = 0.02, phase_s: float = MONITOR_PHASE_S) -> dict:
+    """NVML samples while the GPU idles, holds 3 GiB it does not use, runs one spinning thread (100%
+    "utilisation" from one thread on one SM), runs a memory-bound kernel on every SM, and idles again; each
+    phase ``phase_s`` long, so that NVML's averages settle inside it."""
     cp = runtime.cupy()
     n = 2**28
-    a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
     blocks = 8 * runtime.get().device["sms"]
     with monitor.Sampler(interval_s=interval_s) as s:
         s.mark("idle")
-        time.sleep(0.4)
+        time.sleep(phase_s)
+        s.mark("3 GiB allocated, idle")
+        a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
+        cp.cuda.Device().synchronize()
+        time.sleep(phase_s)
         s.mark("one thread spinning")
-        bench.hold(600)
+        bench.hold(1e3 * phase_s)
         cp.cuda.Device().synchronize()
         s.mark("vector multiply, all SMs")
         t0 = time.perf_counter()
-        while time.perf_counter() - t0 < 0.8:
+        while time.perf_counter() - t0 < phase_s:
             for _ in range(20):
                 S.multiply_kernel[blocks, S.THREADS](a, b, c)
             cp.cuda.Device().synchronize()
         s.mark("idle again")
-        time.sleep(0.4)
+        del a, b, c
+        time.sleep(phase_s)
         s.mark("end")
     return {"interval_s": interval_s, "samples": s.samples, "marks": s.marks}
 
 
+def phase_medians(m: dict, settle_s: float = MONITOR_SETTLE_S) -> list:
+    """Per phase of a monitoring run: the median of each counter over the phase, leaving out its first
+    ``settle_s`` (NVML's readings trail the work by up to their sample period) where the phase is long enough
+    to keep at least as much again. Returns [{"label", "samples", "settled", counter: median, ...}]."""
+    out = []
+    for m0, m1 in zip(m["marks"], m["marks"][1:]):
+        settled = m1["t"] - m0["t"] >= 2 * settle_s
+        t0 = m0["t"] + (settle_s if settled else 0.0)
+        part = [x for x in m["samples"] if t0 <= x["t"] < m1["t"]]
+        if part:
+            row = {"label": m0["label"], "samples": len(part), "settled": settled}
+            for key in ("util_gpu", "power_w", "sm_clock_mhz", "mem_used_mib"):
+                row[key] = float(np.median([x[key] for x in part]))
+            out.append(row)
+    return out
+
+
 # ------------------------------------------------------------------------------------ 7. profiling
 
-PROFILE_SNIPPET = """
+PROFILE_N, PROFILE_GEMM = 2**26, 4096  # the profiled multiply's elements; the profiled GEMMs' M = N = K
+PROFILE_SNIPPET = f"""
 import gpucourse
 from gpucourse import runtime
 gpucourse.setup("gpu", quiet=True)
 import cupy as cp
 from kernels import streams as S
-n = 2**26
+n = {PROFILE_N}
 a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
 S.multiply_kernel[8 * runtime.get().device["sms"], S.THREADS](a, b, c)
-x = cp.ones((4096, 4096), cp.float32)
+x = cp.random.random(({PROFILE_GEMM}, {PROFILE_GEMM}), dtype=cp.float32)  # random: constant inputs draw less power
 x @ x
 h = x.astype(cp.float16)
 h @ h
@@ -370,42 +263,14 @@ def recall(key: str, measure=None) -> tuple:
     return rec["figures"][key], records.label(rec)
 
 
-def service_model(rows: list):
-    """service(n) -> seconds, interpolated (log-log) through a batch sweep's p50 latencies: the recorded GPU's
-    batch times, for running the dynamic batcher where there is no GPU."""
-    bs = np.log([r["batch"] for r in rows])
-    ms = np.log([r["p50_ms"] for r in rows])
-    if len(rows) < 2 or np.any(np.diff(bs) <= 0):
-        raise runtime.CourseInputError("the batch sweep needs at least two batch sizes, in increasing order")
-
-    def service(n: int) -> float:
-        return float(np.exp(np.interp(np.log(n), bs, ms))) / 1e3
-
-    return service
-
-
-def batcher_table(service, rates, waits_ms=(0.0, 0.25, 1.0, 4.0), max_batch: int = 256, count: int = 4000) -> list:
-    """p50/p99 latency, throughput and mean batch of the dynamic batcher for every rate and maximum wait."""
-    rows = []
-    for rate in rates:
-        t = B.poisson_arrivals(rate, count, seed=int(rate))
-        for w in waits_ms:
-            r = B.dynamic_batching(t, service, max_batch=max_batch, max_wait=w / 1e3)
-            lat = r["latency_s"] * 1e3
-            rows.append({"rate_per_s": rate, "max_wait_ms": w, "p50_ms": float(np.percentile(lat, 50)),
-                         "p99_ms": float(np.percentile(lat, 99)), "throughput_per_s": r["throughput_per_s"],
-                         "mean_batch": float(np.mean(r["batch_sizes"]))})
-    return rows
-
-
 # ------------------------------------------------------------------------------------------- run
 
 def steps(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> dict:
     """{figure name: the function that measures it}, in the order ``run`` measures them (MPS last: it
     starts processes and a daemon)."""
     return {"overlap": overlap, "small_kernels": small_kernels, "unified_memory": unified_memory,
-            "monitoring": monitoring, "batching": batch_sweep, "batcher": batcher, "profile": profile_kernels,
-            "mps": lambda: mps_sweep(mps_ks, mps_seconds)}
+            "monitoring": monitoring, "batching": serving.batch_sweep, "batcher": serving.batcher,
+            "profile": profile_kernels, "mps": lambda: serving.mps_sweep(mps_ks, mps_seconds)}
 
 
 def run(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> tuple:
@@ -427,34 +292,57 @@ def run(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> tuple:
 
 
 def summary(f: dict) -> str:
-    o, s, m, u = f["overlap"], f["small_kernels"], f["mps"], f["unified_memory"]
-    lines = [f"overlap: best {o['best']['streams']} streams, total / longer copy = "
-             f"{o['best']['ratio_to_longer_copy']:.3f} (goal <= {OVERLAP_GOAL}); serial / pipelined = "
-             f"{o['best']['speedup_over_serial']:.2f}x",
-             "small kernels (µs per launch): " + ", ".join(f"{k} {v:.2f}" for k, v in s["us_per_launch"].items()),
-             f"MPS: {'ran' if m['mps'] else 'unavailable: ' + m['why']}"]
-    for k, r in m["ratios"].items():
-        lines.append(f"  k={k}: " + ", ".join(f"{a} {b:.2f}x" for a, b in r.items()))
-    lines.append("unified memory GB/s: " + ", ".join(f"{k[:-5]} {v:.0f}" for k, v in u.items() if k.endswith("_gbps")))
-    p = f["profile"]
-    lines.append("ncu: " + ("; ".join(f"{profile.short_name(r['kernel'], 30)}: " + ", ".join(
-        f"{profile.DEFAULT_METRICS.get(k, k)[:16]} {v:.1f}" for k, v in r.items() if k in profile.DEFAULT_METRICS
-        and isinstance(v, float)) for r in p["rows"]) if p["ok"] else p["why"]))
+    """The record in a few lines; a figure whose measurement failed says so, with its error."""
+    def overlap(o):
+        return [f"overlap: best {o['best']['streams']} streams, total / longer copy = "
+                f"{o['best']['ratio_to_longer_copy']:.3f} (goal <= {OVERLAP_GOAL}); serial / pipelined = "
+                f"{o['best']['speedup_over_serial']:.2f}x"]
+
+    def small(s):
+        return ["small kernels (µs per launch): " + ", ".join(f"{k} {v:.2f}" for k, v in s["us_per_launch"].items())]
+
+    def mps_lines(m):
+        return [f"MPS: {'ran' if m['mps'] else 'unavailable: ' + m['why']}"] + [
+            f"  k={k}: " + ", ".join(f"{a} {b:.2f}x" for a, b in r.items()) for k, r in m["ratios"].items()]
+
+    def unified(u):
+        return ["unified memory GB/s: " + ", ".join(f"{k[:-5]} {v:.0f}" for k, v in u.items() if k.endswith("_gbps"))]
+
+    def ncu(p):
+        return ["ncu: " + ("; ".join(f"{profile.short_name(r['kernel'], 30)}: " + ", ".join(
+            f"{profile.DEFAULT_METRICS.get(k, k)[:16]} {v:.1f}" for k, v in r.items() if k in profile.DEFAULT_METRICS
+            and isinstance(v, float)) for r in p["rows"]) if p["ok"] else p["why"])]
+
+    lines = []
+    for name, part in (("overlap", overlap), ("small_kernels", small), ("mps", mps_lines),
+                       ("unified_memory", unified), ("profile", ncu)):
+        fig = f.get(name)
+        if fig is None or "error" in fig:
+            lines.append(f"{name}: " + (f"failed: {fig['error']}" if fig else "not measured"))
+        else:
+            lines += part(fig)
     return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------ plots
 
 def plot_gantt(run: dict, source: str, title: str | None = None):
-    """One row per stream, a bar per stage of each chunk: copies in, kernel, copy out."""
+    """One row per stream, a bar per stage of each chunk: copies in, kernel, copy out, as the engines ran them
+    (S.engine_timeline); pale, the time a copy waited for its copy engine after its stream reached it."""
     import matplotlib.pyplot as plt
 
     colours = {"h2d": "tab:blue", "kernel": "tab:green", "d2h": "tab:orange"}
     names = {"h2d": "host → device", "kernel": "kernel", "d2h": "device → host"}
     k = run["streams"]
     fig, ax = plt.subplots(figsize=(8, 0.45 * k + 1.8))
-    for r in run["timeline"]:
+    waited = False
+    for r in S.engine_timeline(run["timeline"]):
         for stage in S.STAGES:
+            if stage + "_queued" in r:
+                q0, q1 = r[stage + "_queued"]
+                ax.barh(r["stream"], q1 - q0, left=q0, color=colours[stage], alpha=0.18, lw=0,
+                        label=None if waited else "waiting for a copy engine")
+                waited = True
             t0, t1 = r[stage]
             ax.barh(r["stream"], t1 - t0, left=t0, color=colours[stage], edgecolor="white", lw=0.3,
                     label=names[stage] if r["chunk"] == 0 else None)
@@ -462,7 +350,7 @@ def plot_gantt(run: dict, source: str, title: str | None = None):
     ax.set_yticklabels([f"stream {i}" for i in range(min(k, len(run["timeline"])))])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the start")
-    ax.legend(fontsize=8, loc="lower right", ncol=3)
+    ax.legend(fontsize=8, loc="lower right", ncol=2)
     return plots._finish(ax, title or f"{k} stream(s): {run['total_ms']:.0f} ms, "
                          f"{run['ratio_to_longer_copy']:.2f}x the longer copy alone", source)
 
@@ -480,52 +368,6 @@ def plot_overlap(o: dict, source: str):
 def plot_small_kernels(s: dict, source: str):
     return plots.bars(s["us_per_launch"], unit="µs", source=source,
                       title=f"{s['launches']} launches of a tiny kernel: µs per launch (host timer)")
-
-
-def plot_mps(m: dict, source: str):
-    series = {name: ([int(k) for k in rows], [rows[k]["images_per_s"] for k in rows])
-              for name, rows in m["configs"].items()}
-    fig = plots.lines(series, xlabel="client processes k", ylabel="images / s (all clients)", source=source,
-                      title="Lesson 5's engine in k processes on one GPU")
-    return fig
-
-
-def plot_batching(t: dict, source: str):
-    import matplotlib.pyplot as plt
-
-    rows = t["rows"]
-    bs = [r["batch"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(bs, [r["p50_ms"] for r in rows], "o-", label="p50 latency")
-    ax.plot(bs, [r["p99_ms"] for r in rows], "s--", label="p99 latency")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("ms per inference (GPU)")
-    ax2 = ax.twinx()
-    ax2.plot(bs, [r["images_per_s"] for r in rows], "^-", color="tab:red", label="images / s")
-    ax2.set_yscale("log")
-    ax2.set_ylabel("images / s", color="tab:red")
-    ax.legend(loc="upper left", fontsize=8)
-    ax2.legend(loc="lower right", fontsize=8)
-    return plots._finish(ax, f"Throughput against latency: {t['engine']}", source)
-
-
-def plot_batcher(t: dict, source: str):
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for rate in sorted({r["rate_per_s"] for r in t["rows"]}):
-        rows = [r for r in t["rows"] if r["rate_per_s"] == rate]
-        ax.plot([r["max_wait_ms"] for r in rows], [r["p99_ms"] for r in rows], "o-",
-                label=f"{rate:,} requests/s: mean batch " + "/".join(f"{r['mean_batch']:.0f}" for r in rows))
-    ax.set_xscale("symlog", linthresh=0.25)
-    ax.set_yscale("log")
-    ax.set_xlabel("maximum wait (ms)")
-    ax.set_ylabel("p99 latency (ms)")
-    ax.legend(fontsize=8)
-    return plots._finish(ax, f"Dynamic batching (max batch {t['max_batch']}), served by the engine on the GPU",
-                         source)
 
 
 def plot_unified(u: dict, source: str):
@@ -570,21 +412,46 @@ def profile_table(p: dict) -> str:
     return "\n".join(lines)
 
 
+def profile_reading(p: dict, ceilings: dict) -> list:
+    """ncu's counters beside the course's own measurements on the same GPU: the multiply's bytes over ncu's
+    duration against the device-to-device copy lesson 1 measures (and the DRAM peak that ncu's percentage
+    implies), each GEMM's FLOPs over its duration against the cuBLAS ceiling lesson 3 measures, with the pipe
+    that kept busy. ``ceilings``: bench's ceilings recorded with ``p``."""
+    if not p.get("ok"):
+        return [f"ncu: {p.get('why', 'no profile')}"]
+    dram, dur = "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"
+    fma, tensor = ("sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+                   "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active")
+    lines = []
+    for r in p["rows"]:
+        if not isinstance(r.get(dur), float) or r[dur] <= 0:
+            continue
+        seconds = r[dur] * 1e-9
+        if "multiply" in r["kernel"]:
+            gbps = 3 * 4 * PROFILE_N / seconds / 1e9
+            peak = f", so a DRAM peak of about {gbps / (r[dram] / 100):,.0f} GB/s" if r.get(dram) else ""
+            lines.append(f"vector multiply: {gbps:,.0f} GB/s = {gbps / ceilings['copy_gbps']:.2f} x the copy lesson 1 "
+                         f"measures ({ceilings['copy_gbps']:,.0f} GB/s); ncu: DRAM at {r.get(dram, float('nan')):.1f}% "
+                         f"of its peak{peak}; FMA pipes {r.get(fma, float('nan')):.1f}% busy")
+        else:
+            on_tensor = r.get(tensor, 0.0) >= r.get(fma, 0.0)
+            name, ceiling = ("FP16 GEMM", "fp16_tflops") if on_tensor else ("FP32 GEMM", "fp32_tflops")
+            tflops = 2 * PROFILE_GEMM**3 / seconds / 1e12
+            pipe = f"tensor pipes {r.get(tensor, float('nan')):.1f}%" if on_tensor else f"FMA pipes {r.get(fma, float('nan')):.1f}%"
+            lines.append(f"{name} {PROFILE_GEMM}^3 ({profile.short_name(r['kernel'], 28)}): {tflops:,.1f} TFLOP/s = "
+                         f"{tflops / ceilings[ceiling]:.2f} x the cuBLAS ceiling lesson 3 measures at 8192^3 "
+                         f"({ceilings[ceiling]:,.1f}); ncu: {pipe} busy")
+    return lines
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.feeding", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what")
-    c = sub.add_parser("client")
-    c.add_argument("--plan", required=True)
-    c.add_argument("--batch", type=int, default=1)
-    c.add_argument("--seconds", type=float, default=2.0)
     r = sub.add_parser("record")
     r.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     r.add_argument("--seconds", type=float, default=2.0)
     args = p.parse_args(argv)
-    if args.what == "client":
-        print(json.dumps(client(args.plan, args.batch, args.seconds)), flush=True)
-        return 0
     runtime.setup("gpu")
     ks, seconds = (args.k, args.seconds) if args.what == "record" else ((1, 2, 4, 8, 16), 2.0)
     figures, ceilings = run(ks, seconds)

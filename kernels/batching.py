@@ -42,25 +42,30 @@ def dynamic_batching(arrivals, service, *, max_batch: int, max_wait: float) -> d
 
     A batch starts when the server is free and either ``max_batch`` requests wait or the oldest waiting
     request has waited ``max_wait``; it takes every waiting request, up to ``max_batch``. Returns each
-    request's latency (end of its batch minus its arrival), the batch sizes, and the throughput."""
+    request's latency (end of its batch minus its arrival), the batch sizes, the throughput, and how long
+    the server was busy (``busy_s``, of ``span_s`` from the first arrival to the last batch's end)."""
     t = np.asarray(arrivals, np.float64)
-    if t.ndim != 1 or t.size == 0 or np.any(np.diff(t) < 0):
-        raise runtime.CourseInputError("arrivals must be a non-empty, non-decreasing list of times")
+    if t.ndim != 1 or t.size == 0 or not np.all(np.isfinite(t)) or np.any(np.diff(t) < 0):
+        raise runtime.CourseInputError("arrivals must be a non-empty, non-decreasing list of finite times")
     if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
         raise runtime.CourseInputError(f"max_batch must be a positive int, got {max_batch!r}")
-    if max_wait < 0:
-        raise runtime.CourseInputError(f"max_wait cannot be negative, got {max_wait}")
+    if not np.isfinite(max_wait) or max_wait < 0:
+        raise runtime.CourseInputError(f"max_wait must be a finite time >= 0, got {max_wait}")
     latency = np.empty_like(t)
-    sizes, free, i = [], 0.0, 0
+    sizes, free, busy, i = [], 0.0, 0.0, 0
     while i < t.size:
         full = t[i + max_batch - 1] if i + max_batch - 1 < t.size else np.inf
         start = max(free, min(t[i] + max_wait, full))
         j = i
         while j < t.size and j - i < max_batch and t[j] <= start:
             j += 1
-        end = start + float(service(j - i))
+        took = float(service(j - i))
+        if not np.isfinite(took) or took <= 0:
+            raise runtime.CourseInputError(f"service({j - i}) returned {took!r}: a batch takes a positive time")
+        end = start + took
         latency[i:j] = end - t[i:j]
         sizes.append(j - i)
-        free, i = end, j
-    return {"latency_s": latency, "batch_sizes": np.array(sizes), "span_s": free - t[0],
-            "throughput_per_s": t.size / (free - t[0]) if free > t[0] else float("inf")}
+        free, busy, i = end, busy + took, j
+    span = free - t[0]
+    return {"latency_s": latency, "batch_sizes": np.array(sizes), "span_s": span, "busy_s": busy,
+            "throughput_per_s": t.size / span if span > 0 else float("inf")}

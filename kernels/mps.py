@@ -10,7 +10,9 @@ and stops it with ``quit`` in a ``finally``, checking that no process of it rema
         subprocess.run([...], env=d.client_env())   # clients must see the same two folders
 
 If the daemon cannot start, ``MPSUnavailable`` says why (the daemon's own log line when it wrote one) and
-nothing is left running.
+nothing is left running. While a daemon runs (started in the main thread), SIGTERM and SIGHUP raise
+``SystemExit`` instead of ending the process on the spot, so the ``with`` block (or a ``finally``) still stops
+the daemon when the benchmark is killed that way; ``stop()`` puts the previous handlers back.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -26,6 +30,8 @@ from gpucourse import runtime
 
 BINARY = "nvidia-cuda-mps-control"
 PIPE, LOG = "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"
+LOGS = ("control.log", "server.log")  # the control daemon's log, and the MPS server's (where it says why it failed)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
 class MPSUnavailable(runtime.CourseError, RuntimeError):
@@ -65,6 +71,10 @@ class Daemon:
         self.timeout = timeout
         self.pipe_dir = self.log_dir = None
         self.started = False
+        self.last_log = ""  # the log's last lines, kept by stop() after the folders are removed
+        self._previous_handlers: dict = {}
+        self._stopping = False
+        self._pending_signal = None
 
     def client_env(self, base: dict | None = None) -> dict:
         env = dict(os.environ if base is None else base)
@@ -76,23 +86,58 @@ class Daemon:
                               env=self.client_env(), timeout=timeout)
 
     def log_tail(self, lines: int = 3) -> str:
-        """The last lines of the daemon's control.log (where it says why it failed)."""
+        """The last ``lines`` lines of the control daemon's control.log and of the MPS server's server.log (where
+        each says why it failed), labelled: "control.log: ... | ...; server.log: ...". "" while neither has a line."""
         if self.log_dir is None:
             return ""
-        path = Path(self.log_dir) / "control.log"
-        try:
-            text = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return ""
-        return " | ".join(text[-lines:])
+        parts = []
+        for name in LOGS:
+            try:
+                text = [ln.strip() for ln in (Path(self.log_dir) / name).read_text(errors="replace").splitlines()
+                        if ln.strip()]
+            except OSError:
+                continue
+            if text:
+                parts.append(f"{name}: " + " | ".join(text[-lines:]))
+        return "; ".join(parts)
+
+    # A SIGTERM or SIGHUP would end the process at once and leave the daemonised control process running. While
+    # the daemon runs, they raise SystemExit instead, so ``finally`` / ``__exit__`` stop it; one that arrives
+    # while stop() cleans up waits until the clean-up is done. Python can set handlers in the main thread only.
+    def _on_signal(self, signum, frame) -> None:
+        if self._stopping:
+            self._pending_signal = signum
+            return
+        print(f"{signal.Signals(signum).name} received: stopping the MPS daemon, then exiting", file=sys.stderr,
+              flush=True)
+        raise SystemExit(128 + signum)
+
+    def _catch_signals(self) -> None:
+        if self._previous_handlers or threading.current_thread() is not threading.main_thread():
+            return
+        for sig in STOP_SIGNALS:
+            previous = signal.getsignal(sig)
+            if previous is signal.SIG_IGN:  # ignored on purpose (nohup): leave it so
+                continue
+            self._previous_handlers[sig] = previous
+            signal.signal(sig, self._on_signal)
+
+    def _restore_signals(self) -> None:
+        for sig, previous in self._previous_handlers.items():
+            signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self._previous_handlers = {}
+        pending, self._pending_signal = self._pending_signal, None
+        if pending is not None:
+            raise SystemExit(128 + pending)
 
     def start(self) -> "Daemon":
         if self.binary is None:
             raise MPSUnavailable(f"MPS is unavailable: {self.asked} was not found (it comes with the NVIDIA "
                                  "driver on Linux; it is absent on Windows, WSL and most containers)")
-        self.pipe_dir = tempfile.mkdtemp(prefix="gpucourse-mps-pipe-")
-        self.log_dir = tempfile.mkdtemp(prefix="gpucourse-mps-log-")
+        self._catch_signals()  # before anything is started: a SIGTERM from here on stops what was started
         try:
+            self.pipe_dir = tempfile.mkdtemp(prefix="gpucourse-mps-pipe-")
+            self.log_dir = tempfile.mkdtemp(prefix="gpucourse-mps-log-")
             try:
                 r = subprocess.run([self.binary, "-d"], env=self.client_env(), capture_output=True, text=True,
                                    timeout=self.timeout)
@@ -121,9 +166,12 @@ class Daemon:
 
     def stop(self) -> None:
         """``quit``, wait for every process of the daemon to end (killing any that outlive the time-out), and
-        remove the folders. Safe to call more than once, and after a failed start."""
+        remove the folders, keeping the log's last lines in ``last_log``; then put back the signal handlers that
+        start() replaced. Safe to call more than once, and after a failed start."""
         if self.pipe_dir is None:
+            self._restore_signals()
             return
+        self._stopping = True
         try:
             if self.started:
                 try:
@@ -149,9 +197,12 @@ class Daemon:
         finally:
             self.last_log = self.log_tail(20)
             shutil.rmtree(self.pipe_dir, ignore_errors=True)
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+            if self.log_dir is not None:
+                shutil.rmtree(self.log_dir, ignore_errors=True)
             self.pipe_dir = self.log_dir = None
             self.started = False
+            self._stopping = False
+            self._restore_signals()  # raises SystemExit if a SIGTERM / SIGHUP came during the clean-up
 
     def __enter__(self) -> "Daemon":
         return self.start()

@@ -183,6 +183,26 @@ def overlap_fraction(timeline: list) -> float:
     return busy2 / total
 
 
+def engine_timeline(timeline: list) -> list:
+    """The timeline as the copy engines ran it. The event before a copy fires when its stream reaches the copy,
+    not when a copy engine takes it up, so with several streams a copy's bar from the events includes the time
+    it waited behind other streams' copies in the same direction. Copies in one direction share one engine (and
+    one link), so the work of each starts no earlier than the end of the one that finished before it: this
+    returns a copy of the timeline with each copy stage starting there, and the time it waited under
+    ``"<stage>_queued": [start, end]``. Kernels keep their events."""
+    out = [dict(r) for r in timeline]
+    for stage in ("h2d", "d2h"):
+        done = float("-inf")
+        for r in sorted(out, key=lambda r: r[stage][1]):
+            t0, t1 = r[stage]
+            begin = min(max(t0, done), t1)
+            if begin > t0:
+                r[stage + "_queued"] = [t0, begin]
+            r[stage] = [begin, t1]
+            done = max(done, t1)
+    return out
+
+
 # ------------------------------------------------------------------------------- many small kernels
 
 def small_launches(x, *, launches: int, streams: int = 1) -> None:
