@@ -57,6 +57,12 @@ def roofline(*, bandwidth_gbps: float, peaks_tflops: dict, points: dict, source:
     return _finish(ax, title, source)
 
 
+def number(v: float) -> str:
+    """A figure's value as a label: whole numbers from 100 up (with thousands separators), three significant
+    digits below, so 1.17 µs does not read "1 µs"."""
+    return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+
 def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | None = None):
     """Horizontal bars (one per kernel or library call), with an optional (label, value) ceiling."""
     plt = _plt()
@@ -65,10 +71,10 @@ def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | N
     vals = [values[k] for k in names]
     ax.barh(names, vals, color="tab:blue")
     for i, v in enumerate(vals):
-        text = f"{v:,.0f} {unit}" + (f"  ({v / ceiling[1]:.2f}x)" if ceiling else "")
+        text = f"{number(v)} {unit}" + (f"  ({v / ceiling[1]:.2f}x)" if ceiling else "")
         ax.text(v, i, " " + text, va="center", fontsize=8)
     if ceiling:
-        ax.axvline(ceiling[1], color="tab:red", ls="--", label=f"{ceiling[0]}: {ceiling[1]:,.0f} {unit}")
+        ax.axvline(ceiling[1], color="tab:red", ls="--", label=f"{ceiling[0]}: {number(ceiling[1])} {unit}")
         ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
     ax.set_xlabel(unit)
@@ -89,7 +95,7 @@ def lines(series: dict, *, xlabel: str, ylabel: str, source: str, title: str, mo
     for name, (xs, ys) in (models or {}).items():
         ax.plot(xs, ys, "--", label=name)
     for name, y in (levels or {}).items():
-        ax.axhline(y, color="tab:red", ls="--", lw=1, label=f"{name}: {y:,.0f}")
+        ax.axhline(y, color="tab:red", ls="--", lw=1, label=f"{name}: {number(y)}")
     if logx:
         ax.set_xscale("log", base=2)
     if logy:

@@ -193,6 +193,18 @@ def _fake_record(tmp_path, gpu, date, figures):
     path.write_text(json.dumps(doc))
 
 
+def test_bar_labels_keep_small_values_readable():
+    """A bar of 1.17 µs is labelled 1.17, not 1; large values stay whole numbers with separators."""
+    from gpucourse import plots
+
+    assert [plots.number(v) for v in (1.1716, 8.67, 28.61, 236.0, 4239.4, 0.0123)] == \
+        ["1.17", "8.67", "28.6", "236", "4,239", "0.0123"]
+    fig = plots.bars({"graph": 1.1716, "one stream": 8.67}, unit="µs", source="test", title="t",
+                     ceiling=("floor", 0.5))
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    assert labels[0].startswith(" 1.17 µs") and "(2.34x)" in labels[0]
+
+
 def test_records_latest_and_label(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
     assert records.latest("99_test") is None
