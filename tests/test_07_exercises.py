@@ -1,6 +1,6 @@
 """Lesson 7's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
 released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
-(Task 7.1's kernel in the simulator, where streams run one after another), where the speed test (perf_7_1_speed)
+(Task 7.1's kernel in the simulator, its streams' work interleaved by kernels/stream_sim.py), where the speed test (perf_7_1_speed)
 is "not gradable here"; its GPU side is checked by running the solution notebook on a GPU
 (python -m gpucourse run ... --mode gpu). Tasks 7.3 and 7.4 read the lesson's GPU record in results/."""
 from __future__ import annotations
@@ -28,6 +28,18 @@ def wrong_slot(nb):
     """Task 7.1: every chunk's result copied from stream 0's output buffer: right with one stream only."""
     replace_in_cell(nb, "task-7-1-pipeline", "dout.copy_to_host(out[lo:hi], stream=s)",
                     "buffers[0][2].copy_to_host(out[lo:hi], stream=s)")
+
+
+def shared_buffers(nb):
+    """Task 7.1: one set of device buffers for every stream: right when the streams run one after another (as
+    the simulator alone runs them), wrong when they run together."""
+    replace_in_cell(nb, "task-7-1-pipeline", "da, db, dout = buffers[i % streams]", "da, db, dout = buffers[0]")
+
+
+def first_stream_synchronised(nb):
+    """Task 7.1: only the first stream waited for: the others may still be copying results back."""
+    replace_in_cell(nb, "task-7-1-pipeline", "for s in stream_list:\n        s.synchronize()",
+                    "stream_list[0].synchronize()")
 
 
 def full_batches_only(nb):
@@ -65,6 +77,8 @@ class TestExercises(LessonExercises):
         last_chunk_skipped: ["test_7_1_results"],
         no_split_check: ["test_7_1_errors"],
         wrong_slot: ["test_7_1_results"],
+        shared_buffers: ["test_7_1_results"],
+        first_stream_synchronised: ["test_7_1_results"],
         full_batches_only: ["test_7_2_batcher"],
         server_never_busy: ["test_7_2_batcher"],
         inverted_gain: ["test_7_3_table"],
@@ -80,5 +94,7 @@ class TestExercises(LessonExercises):
             return graded[variant].test(grade_id).message
 
         assert "wrong elements" in message("last_chunk_skipped", "test_7_1_results")
+        assert "wrong elements" in message("shared_buffers", "test_7_1_results")
+        assert "still queued on its streams" in message("first_stream_synchronised", "test_7_1_results")
         assert "batch sizes" in message("full_batches_only", "test_7_2_batcher")
         assert "mps_gain" in message("inverted_gain", "test_7_3_table")

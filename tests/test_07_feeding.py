@@ -77,6 +77,86 @@ def test_overlap_fraction():
     assert S.overlap_fraction(overlapped) == pytest.approx(2 / 6)  # [2, 4): two stages at once
 
 
+def _pipeline(a, b, out, chunks, streams, *, shared=False, wait="every stream"):
+    """A learner's pipeline, right by default; ``shared``: one set of buffers for all streams; ``wait``: which
+    streams it waits for before returning."""
+    cuda = runtime.cuda()
+    size = S.check_pipeline(a.size, chunks, streams)
+    made = [cuda.stream() for _ in range(streams)]
+    buffers = [[cuda.device_array(size, np.float32) for _ in range(3)] for _ in range(streams)]
+    for i in range(chunks):
+        s = made[i % streams]
+        da, db, dout = buffers[0 if shared else i % streams]
+        lo, hi = i * size, (i + 1) * size
+        da.copy_to_device(a[lo:hi], stream=s)
+        db.copy_to_device(b[lo:hi], stream=s)
+        S.multiply_kernel[4, 128, s](da, db, dout)
+        dout.copy_to_host(out[lo:hi], stream=s)
+    for s in {"every stream": made, "the first": made[:1], "none": [], "the device": []}[wait]:
+        s.synchronize()
+    if wait == "the device":
+        cuda.synchronize()
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the simulator's streams; on a GPU the block changes nothing")
+@pytest.mark.parametrize("how, wrong, pending", [
+    ({}, 0, 0), ({"wait": "the device"}, 0, 0), ({"shared": True}, 512, 0),
+    ({"wait": "none"}, 1024, 16), ({"wait": "the first"}, 256, 1)])
+def test_streams_run_together_in_the_simulator(how, wrong, pending):
+    """Streams that share buffers, or are not all waited for, go wrong in CPU mode too, as on a GPU."""
+    from kernels.stream_sim import streams_run_together
+
+    n = 1024
+    a, b, out = S.pinned(n), S.pinned(n), S.pinned(n)
+    a[:], b[:], out[:] = np.arange(n), 2.0, np.nan
+    _pipeline(a, b, out, 4, 2, **how)  # outside the block: the simulator runs everything at once
+    assert np.array_equal(out, a * b)
+    out[:] = np.nan
+    with streams_run_together() as sim:
+        _pipeline(a, b, out, 4, 2, **how)
+    assert int(np.sum(~(out == a * b))) == wrong and sim.pending == pending
+    with streams_run_together() as sim:  # the lesson's own pipeline, on three streams
+        out[:] = np.nan
+        S.pipelined_multiply(a, b, out, chunks=4, streams=3)
+    assert np.array_equal(out, a * b) and sim.pending == 0
+
+
+@pytest.mark.skipif(runtime.is_gpu(), reason="the simulator's streams")
+def test_streams_run_together_keep_events_and_the_default_stream():
+    from kernels.stream_sim import streams_run_together
+
+    cuda = runtime.cuda()
+    h = np.arange(8, dtype=np.float32)
+    with streams_run_together() as sim:
+        s0, s1 = cuda.stream(), cuda.stream()
+        x = cuda.device_array(8, np.float32)
+        x.copy_to_device(h, stream=s0)
+        ev = cuda.event()
+        ev.record(s0)
+        ev.wait(s1)  # s1's kernel must not run before s0's copy
+        S.multiply_kernel[1, 32, s1](x, x, x)
+        got = x.copy_to_host(stream=s1)
+        assert sim.ran == 0 and sum(len(q) for q in sim.queues.values()) == 5  # queued, nothing run yet
+        s1.synchronize()
+        assert np.array_equal(got, h * h)
+        x.copy_to_device(h, stream=s0)
+        assert np.array_equal(x.copy_to_host(), h)  # the default stream waits for every stream first
+        again = cuda.event()
+        again.record(s0)
+        S.multiply_kernel[1, 32, s0](x, x, x)  # x = h^2, after the first record
+        again.record(s0)
+        S.multiply_kernel[1, 32, s0](x, x, x)  # x = h^4
+        again.wait(s1)  # binds to the second record: s1 reads h^2, not h or h^4
+        later = x.copy_to_host(stream=s1)
+        cuda.synchronize()
+        assert sim.ran > 0 and sim.pending == 0
+    assert not np.array_equal(later, h), "s1 copied x before s0 reached the record it waited for"
+    assert np.array_equal(later, h**2) or np.array_equal(later, h**4)  # after that, either is a GPU's choice
+    x = cuda.device_array(4, np.float32)  # after the block, the simulator's own streams again
+    x.copy_to_device(np.ones(4, np.float32), stream=cuda.stream())
+    assert np.array_equal(x.copy_to_host(), np.ones(4))
+
+
 def test_engine_timeline_queues_copies_of_one_direction():
     """Two streams reach their copies in at once; the engine takes the second when the first is done."""
     events = [{"chunk": 0, "stream": 0, "h2d": [0, 2], "kernel": [2, 3], "d2h": [3, 4]},
