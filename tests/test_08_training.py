@@ -221,6 +221,22 @@ def test_tensorflow_towers_and_recompute(rng):
     assert demo["block_calls_plain"] == 1 and demo["block_calls_recompute"] == 2 and demo["max_abs_diff"] <= 1e-6
 
 
+def test_eager_and_graph_steps_agree():
+    """The notebook's eager-against-tf.function timing runs the same steps both ways: same weights after them."""
+    pytest.importorskip("tensorflow")
+    from kernels import training_tf as ttf
+
+    p = tr.mlp_init([6, 12, 4], seed=2)
+    X, y = _batch(np.random.default_rng(3), 16, 6, 4)
+    r = ttf.eager_vs_function(p, X, y, steps=3)
+    assert r["eager"] > 0 and r["tf.function"] > 0
+    start = [x for W, b in p for x in (W, b)]
+    assert len(r["eager weights"]) == len(start) == len(r["tf.function weights"])
+    for e, g, s0 in zip(r["eager weights"], r["tf.function weights"], start):
+        np.testing.assert_allclose(e, g, rtol=1e-5, atol=1e-6)
+    assert any(not np.allclose(e, s0) for e, s0 in zip(r["eager weights"], start)), "the steps changed nothing"
+
+
 def test_mirrored_strategy_equals_one_device():
     pytest.importorskip("tensorflow")
     from kernels import training_tf as ttf
