@@ -299,3 +299,31 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def plot_data_parallel(d: dict, source: str):
+    """Per k measured: the step with NCCL's all-reduces and without any communication (bars), and the
+    weak-scaling efficiency T(1)/T(k) against the goal at k = 8 (line, right axis)."""
+    sc = scaling(d)
+    if not sc:
+        raise runtime.CourseError("no data-parallel run measured the step both with and without communication")
+    plt = plots._plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = list(sc)
+    x = np.arange(len(ks))
+    ax.bar(x - 0.2, [sc[k]["compute_ms"] for k in ks], 0.4, label="step, no communication")
+    ax.bar(x + 0.2, [sc[k]["step_ms"] for k in ks], 0.4, label="step with NCCL all-reduces in buckets")
+    ax.set_xticks(x, [f"k = {k}" for k in ks])
+    ax.set_ylabel("ms per step (batch per GPU fixed)")
+    ax.legend(fontsize=8, loc="lower left")
+    eff = [(i, 100 * sc[k]["weak_scaling"]) for i, k in enumerate(ks) if sc[k]["weak_scaling"]]
+    if eff:
+        ax2 = ax.twinx()
+        ax2.plot([i for i, _ in eff], [e for _, e in eff], "o-", color="black", label="weak-scaling efficiency")
+        ax2.axhline(100 * GOALS["scaling_efficiency_k8"], color="tab:red", ls="--", lw=1, label="goal at k = 8")
+        ax2.set_ylim(0, 110)
+        ax2.set_ylabel("T(1) / T(k) (%)")
+        ax2.legend(fontsize=8, loc="lower right")
+    missing = f"; k = {', '.join(map(str, d['not_measured']))} not measured" if d.get("not_measured") else ""
+    return plots._finish(ax, f"Data parallelism, {d['layers']} layers of {d['width']}, batch {d['batch_per_gpu']} "
+                             f"per GPU{missing}", source)

@@ -179,6 +179,10 @@ def test_weak_scaling_is_the_one_gpu_step_over_the_k_gpu_step():
     text = "\n".join(bt.scaling_lines(d))
     assert "T(1)/T(2) 84.2%" in text and "NcclError" in text and "k = 8 not measured" in text
     assert bt.scaling({"runs": {"2": d["runs"]["2"]}})[2]["weak_scaling"] is None
+    fig = bt.plot_data_parallel(dict(d, layers=16, width=4096, batch_per_gpu=1024), "test")
+    assert "k = 8 not measured" in fig.axes[0].get_title()
+    with pytest.raises(runtime.CourseError, match="no data-parallel run"):
+        bt.plot_data_parallel({"runs": {"4": d["runs"]["4"]}, "layers": 1, "width": 1, "batch_per_gpu": 1}, "test")
 
 
 def test_recorded_training_goals():
