@@ -180,6 +180,8 @@ def monitoring(interval_s: float = 0.02, phase_s: float = MONITOR_PHASE_S) -> di
     cp = runtime.cupy()
     n = 2**28
     blocks = 8 * runtime.get().device["sms"]
+    pool = cp.get_default_memory_pool()
+    pool.free_all_blocks()  # what earlier measurements left in CuPy's pool would hide the allocation from NVML
     with monitor.Sampler(interval_s=interval_s) as s:
         s.mark("idle")
         time.sleep(phase_s)
@@ -196,8 +198,9 @@ def monitoring(interval_s: float = 0.02, phase_s: float = MONITOR_PHASE_S) -> di
             for _ in range(20):
                 S.multiply_kernel[blocks, S.THREADS](a, b, c)
             cp.cuda.Device().synchronize()
-        s.mark("idle again")
+        s.mark("idle again, memory freed")
         del a, b, c
+        pool.free_all_blocks()
         time.sleep(phase_s)
         s.mark("end")
     return {"interval_s": interval_s, "samples": s.samples, "marks": s.marks}
