@@ -82,6 +82,13 @@ def function(name: str, kernel: str):
     return module(name).get_function(kernel)
 
 
+def ptx_entry(ptx: str, name: str) -> str:
+    """The PTX of kernel ``name`` alone: from its ``.entry`` to the next kernel's (or the end)."""
+    start = ptx.index(f".entry {name}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end > 0 else None]
+
+
 def compile_ptx(name: str, arch: str = "sm_80") -> str:
     """PTX of kernels/cuda/<name>.cu for ``arch``, compiled without a GPU. Raises on any compile error."""
     return ptx_from_source(source(name), arch, filename=f"{name}.cu")

@@ -243,7 +243,7 @@ def test_cuda_c_compiles_with_the_warp_instructions(arch):
     kernels += [f"read_probe_{u}" for u in wd.READ_PROBE_UNROLLS]
     for kernel in kernels:
         assert f".entry {kernel}(" in ptx
-    body = {k: _entry(ptx, k) for k in kernels}
+    body = {k: cuda_c.ptx_entry(ptx, k) for k in kernels}
     assert body["reduce_shuffle"].count("shfl.sync.down.b32") == 10  # two warp sums of five shuffles
     assert "shfl.sync" not in body["reduce_tree"] and "bar.sync" in body["reduce_tree"]
     assert "bar.warp.sync" in body["order_syncwarp"] and "activemask.b32" in body["order_syncwarp"]
@@ -251,12 +251,6 @@ def test_cuda_c_compiles_with_the_warp_instructions(arch):
     assert "vote.sync.ballot.b32" in body["value_branch_masks"]
     assert re.search(r"(atom|red)\.global\.add\.f32", body["reduce_atomic"])
     assert "ld.global.cs.v4.f32" in body["reduce_shuffle"]  # float4 loads, streaming (__ldcs)
-
-
-def _entry(ptx: str, name: str) -> str:
-    start = ptx.index(f".entry {name}(")
-    end = ptx.find(".entry ", start + 1)
-    return ptx[start:end if end > 0 else None]
 
 
 @pytest.fixture(scope="module")

@@ -165,17 +165,11 @@ def test_tiled_configs_and_intensity():
 CUDA_KERNELS = ["wmma_naive_f32", "wmma_naive_f16", "sgemm_128x128x8", "sgemm_tiled16", *tc.TILED_CONFIGS]
 
 
-def _entry(ptx: str, name: str) -> str:
-    start = ptx.index(f".entry {name}(")
-    end = ptx.find(".entry ", start + 1)
-    return ptx[start:end if end > 0 else None]
-
-
 @needs_compiler
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_c_compiles_to_tensor_core_instructions(arch):
     ptx = cuda_c.compile_ptx(tc.SOURCE, arch=arch)
-    body = {k: _entry(ptx, k) for k in CUDA_KERNELS}
+    body = {k: cuda_c.ptx_entry(ptx, k) for k in CUDA_KERNELS}
     for name in ("wmma_naive_f32", *tc.TILED_CONFIGS):
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.row\.m16n16k16\.f(32|16)\.f(32|16)", body[name]), name
     assert re.search(r"wmma\.mma\.sync.*\.f32\.f32", body["wmma_naive_f32"])
@@ -432,7 +426,7 @@ def test_tensor_map_args():
 def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
     ptx = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90a")
     for name in tc.WGMMA_CONFIGS:
-        body = _entry(ptx, name)
+        body = cuda_c.ptx_entry(ptx, name)
         c = tc.wgmma_config(name)
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
         assert body.count("wgmma.mma_async") == 4, name  # k = 64 per stage, 16 per instruction

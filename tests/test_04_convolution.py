@@ -280,23 +280,17 @@ def test_descriptor_arguments_are_checked():
 
 # ----------------------------------------------------------------------- PTX, compiled without a GPU
 
-def _entry(ptx: str, name: str) -> str:
-    start = ptx.index(f".entry {name}(")
-    end = ptx.find(".entry ", start + 1)
-    return ptx[start:end if end > 0 else None]
-
-
 @needs_compiler
 def test_cuda_c_compiles():
     ptx = cuda_c.compile_ptx(cv.SOURCE, arch="sm_80")
     for sfx in ("f32", "f16"):
         for name in (f"conv_direct_nchw_{sfx}", f"conv_direct_nchw_3x3_{sfx}"):
-            body = _entry(ptx, name)
+            body = cuda_c.ptx_entry(ptx, name)
             assert "ld.shared.v4.f32" in body and "bar.sync" in body and "fma.rn.f32" in body, name
             assert ".local" not in body, f"{name} spills its accumulators to local memory"
-        assert "ld.global.v4" in _entry(ptx, f"im2col_nhwc_vec_{sfx}") or "ld.global.nc.v4" in _entry(
+        assert "ld.global.v4" in cuda_c.ptx_entry(ptx, f"im2col_nhwc_vec_{sfx}") or "ld.global.nc.v4" in cuda_c.ptx_entry(
             ptx, f"im2col_nhwc_vec_{sfx}")
-    assert re.search(r"cvt\.rn\.f16\.f32", _entry(ptx, "conv_direct_nchw_f16"))
+    assert re.search(r"cvt\.rn\.f16\.f32", cuda_c.ptx_entry(ptx, "conv_direct_nchw_f16"))
 
 
 @pytest.mark.parametrize("compiler", ["nvrtc", "auto"])
@@ -313,7 +307,7 @@ def test_tensor_core_direct_kernel_compiles_to_wmma(compiler):
     except (ImportError, runtime.CourseError) as exc:  # no NVRTC or no CUDA headers on this machine
         pytest.skip(f"cannot compile here: {str(exc).splitlines()[0]}")
     for name in cv.IGEMM_CONFIGS:
-        body = _entry(ptx, name)
+        body = cuda_c.ptx_entry(ptx, name)
         assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", body), name
         assert re.search(r"cp\.async\.cg\.shared\.global \[%r\d+\], \[%rd\d+\], 16, %r\d+;", body), name
         assert "cp.async.wait_group" in body and "bar.sync" in body
@@ -354,7 +348,7 @@ def test_cuda_core_implicit_gemm_compiles(compiler):
     except (ImportError, runtime.CourseError) as exc:  # no NVRTC or no CUDA headers on this machine
         pytest.skip(f"cannot compile here: {str(exc).splitlines()[0]}")
     for name in cv.CORES_CONFIGS:
-        body = _entry(ptx, name)
+        body = cuda_c.ptx_entry(ptx, name)
         assert body.count("fma.rn.f32") == 8 * 8 * cv.CORES_BK, name
         assert body.count("ld.shared.v4.f32") == 4 * cv.CORES_BK, name
         assert "bar.sync" in body and "ld.global.nc.f32" in body, name
@@ -637,8 +631,7 @@ def test_wgmma_conv_compiles_to_wgmma_and_4d_tma_for_sm90a_only():
     ptx = cuda_c.compile_ptx(cv.WGMMA_SOURCE, arch="sm_90a")
     for name in cv.WGMMA_CONV_CONFIGS:
         c = cv.wgmma_conv_config(name)
-        body = ptx[ptx.index(f".entry {name}("):]
-        body = body[:body.find(".entry ", 1)] if ".entry " in body[1:] else body
+        body = cuda_c.ptx_entry(ptx, name)
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
         assert body.count("wgmma.mma_async") == 4, name  # 64 channels a slice, 16 an instruction
         assert "cp.async.bulk.tensor.4d" in body and "cp.async.bulk.tensor.2d" in body, name  # the image, w
