@@ -506,9 +506,10 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
 
 WGMMA_SOURCE = "wgmma_conv"  # kernels/cuda/wgmma_conv.cu, compiled for sm_90a only
 # BM output pixels x BN output channels a block, shared-memory stages (each BM x 64 of the image, BN x 64 of w)
-WGMMA_CONV_CONFIGS = ("conv_wgmma_128x128_s4_nhwc_f16", "conv_wgmma_128x64_s4_nhwc_f16",
-                      "conv_wgmma_128x256_s3_nhwc_f16", "conv_wgmma_64x128_s4_nhwc_f16",
-                      "conv_wgmma_64x64_s6_nhwc_f16")
+# (BM x BN, stages); each as a box of the image (TH x TW pixels) and as BM consecutive output pixels read by the
+# TMA's im2col mode ("i2c"), which computes no row for nothing
+_WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6")
+WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
 
 
@@ -516,40 +517,65 @@ def wgmma_conv_config(name: str) -> dict:
     """Tile, stages, warpgroups and shared memory of a wgmma convolution, from its name."""
     import re
 
-    m = re.fullmatch(r"conv_wgmma_(\d+)x(\d+)_s(\d+)_nhwc_f16", name)
+    m = re.fullmatch(r"conv_wgmma_(i2c_)?(\d+)x(\d+)_s(\d+)_nhwc_f16", name)
     if not m or name not in WGMMA_CONV_CONFIGS:
         raise runtime.CourseInputError(f"no wgmma convolution {name!r}; known: {', '.join(WGMMA_CONV_CONFIGS)}")
-    bm, bn, stages = map(int, m.groups())
+    bm, bn, stages = map(int, m.groups()[1:])
     consumers = bm // 64
     smem = 1024 + stages * (bm + bn) * WGMMA_BK * 2 + 2 * stages * 8  # 1 KiB for alignment, tiles, mbarriers
-    return {"name": name, "bm": bm, "bn": bn, "stages": stages, "consumers": consumers,
+    return {"name": name, "bm": bm, "bn": bn, "stages": stages, "consumers": consumers, "im2col": bool(m.group(1)),
             "threads": 128 * (consumers + 1), "smem_bytes": smem}
 
 
-def wgmma_conv_tiles(n: int, P: int, Q: int, k: int, bm: int, bn: int) -> dict:
+def wgmma_conv_tiles(n: int, P: int, Q: int, k: int, bm: int, bn: int, im2col: bool = False) -> dict:
     """How conv_wgmma covers y (n x P x Q x k): a block takes TH rows x TW columns of one image (TW the smallest
-    power of two >= Q, at most bm; TH = bm / TW) and bn output channels. Returns TW, TH, the tiles along Q, P and
-    the grid (blocks over the images' tiles, blocks over the channels)."""
+    power of two >= Q, at most bm; TH = bm / TW) and bn output channels. Returns TW, TH, the tiles along Q, P, the
+    grid (blocks over the images' tiles, blocks over the channels) and the share of the rows computed that are
+    stored (``useful``). With ``im2col`` a block takes bm consecutive rows of y read as an (n P Q) x k matrix, and
+    TW, TH and the tiles are 0."""
     if min(n, P, Q, k) < 1 or bm < 1 or bn < 1:
         raise runtime.CourseInputError("wgmma_conv_tiles needs n, P, Q, k, bm and bn >= 1")
+    if im2col:
+        blocks = math.ceil(n * P * Q / bm)
+        return {"TW": 0, "TH": 0, "tiles_q": 0, "tiles_p": 0, "grid": (blocks, math.ceil(k / bn)),
+                "useful": n * P * Q / (blocks * bm)}
     tw = min(bm, 1 << max(0, (Q - 1).bit_length()))
     th = bm // tw
     tiles_q, tiles_p = math.ceil(Q / tw), math.ceil(P / th)
     return {"TW": tw, "TH": th, "tiles_q": tiles_q, "tiles_p": tiles_p,
-            "grid": (n * tiles_p * tiles_q, math.ceil(k / bn))}
+            "grid": (n * tiles_p * tiles_q, math.ceil(k / bn)), "useful": P * Q / (tiles_p * th * tiles_q * tw)}
 
 
-def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128) -> np.ndarray:
+def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128, im2col: bool = False) -> np.ndarray:
     """What conv_wgmma computes, in NumPy, done its way: for every block's tile and every slice (tap, 64
     channels) of the reduction, the 4-D box of x the TMA reads (zeros outside the image), times the slice of w,
-    summed; rows of a tile outside y are dropped. x: (N, H, W, C), w: (K, R, S, C), NHWC; float64 sums."""
+    summed; rows of a tile outside y are dropped. With ``im2col``, the tile is bm consecutive output pixels and the
+    TMA's im2col load brings, for tap (r, s), input pixel (p - ph + r, q - pw + s) of each (zeros outside the image
+    and past the last one). x: (N, H, W, C), w: (K, R, S, C), NHWC; float64 sums."""
     n, h, wd, c = x.shape
     k, r, s, _ = w.shape
     ph, pw = _pair(pad, "pad")
     P, Q = h + 2 * ph - r + 1, wd + 2 * pw - s + 1
-    t = wgmma_conv_tiles(n, P, Q, k, bm, bn)
+    t = wgmma_conv_tiles(n, P, Q, k, bm, bn, im2col)
     y = np.zeros((n, P, Q, k))
     wm = w.reshape(k, r * s * c).astype(np.float64)
+    if im2col:
+        ym = y.reshape(n * P * Q, k)
+        for b in range(t["grid"][0]):
+            m = b * bm + np.arange(bm)  # the block's rows of y, in the order the TMA walks the pixels
+            img, p, q = m // (P * Q), m % (P * Q) // Q, m % Q
+            acc = np.zeros((bm, k))
+            for kb in range(r * s * (c // WGMMA_BK)):
+                tap, c0 = divmod(kb, c // WGMMA_BK)
+                ry, sx = divmod(tap, s)
+                hh, ww = p - ph + ry, q - pw + sx
+                inside = (img < n) & (hh >= 0) & (hh < h) & (ww >= 0) & (ww < wd)
+                col = np.zeros((bm, WGMMA_BK))  # the im2col load: one row per pixel, zeros outside
+                col[inside] = x[img[inside], hh[inside], ww[inside], c0 * WGMMA_BK:(c0 + 1) * WGMMA_BK]
+                acc += col @ wm[:, kb * WGMMA_BK:(kb + 1) * WGMMA_BK].T
+            keep = m < n * P * Q
+            ym[m[keep]] = acc[keep]
+        return y
     for b in range(t["grid"][0]):
         qt, pt, img = b % t["tiles_q"], (b // t["tiles_q"]) % t["tiles_p"], b // (t["tiles_q"] * t["tiles_p"])
         p0, q0 = pt * t["TH"], qt * t["TW"]
@@ -576,7 +602,8 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
     x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 3's wgmma GEMM with A read from the image:
     for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
-    padding). Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS.
+    padding), or, for the "i2c" configurations, bm consecutive output pixels' input pixels, which the TMA's im2col
+    mode gathers. Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS.
     Asynchronous."""
     import ctypes
 
@@ -595,12 +622,17 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
     gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = tc.hopper_kernel(WGMMA_SOURCE, cfg["name"], cfg["smem_bytes"])
-    t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"])
+    t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"], cfg["im2col"])
     ph, pw = _pair(pad, "pad")
-    map_x = tc.tensor_map(x, (1, t["TH"], t["TW"], WGMMA_BK))
+    if cfg["im2col"]:  # the window of tap (0, 0) around each image: P x Q pixels from (-ph, -pw)
+        if max(ph, r - 1 - ph, pw, s - 1 - pw) > 127:
+            raise runtime.CourseInputError("the TMA's im2col mode takes paddings and filters of at most 128 pixels")
+        map_x = tc.tensor_map_im2col(x, cfg["bm"], WGMMA_BK, (-ph, -pw), (ph - r + 1, pw - s + 1))
+    else:
+        map_x = tc.tensor_map(x, (1, t["TH"], t["TW"], WGMMA_BK))
     map_w = tc.tensor_map(w.reshape(k, r * s * c), (cfg["bn"], WGMMA_BK))
     args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),
-            *(ctypes.c_int32(v) for v in (P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]
+            *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]
     tc.launch_hopper(fn, t["grid"], cfg["threads"], cfg["smem_bytes"], args, cfg["name"])
     return y
 

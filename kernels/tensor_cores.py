@@ -524,6 +524,7 @@ def _libcuda():
     except OSError as exc:
         raise runtime.CourseError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {exc}") from None
     lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
+    lib.cuTensorMapEncodeIm2col.restype = ctypes.c_int
     lib.cuLaunchKernel.restype = ctypes.c_int
     lib.cuGetErrorString.restype = ctypes.c_int
     return lib
@@ -540,6 +541,15 @@ def _driver_check(status: int, what: str) -> None:
 
 
 _tensor_maps: dict = {}
+
+
+def _map_buffer():
+    """128 bytes for a CUtensorMap at an address the driver accepts (a multiple of 64), inside a larger buffer
+    that the returned array keeps alive."""
+    import ctypes
+
+    raw = (ctypes.c_ubyte * (128 + 64))()
+    return (ctypes.c_ubyte * 128).from_buffer(raw, -ctypes.addressof(raw) % 64)
 
 
 def tensor_map_args(shape: tuple, box: tuple, itemsize: int = 2) -> tuple:
@@ -578,11 +588,44 @@ def tensor_map(x, box: tuple) -> "object":
                                            f"{x.data.ptr % 16} bytes past a boundary")
         dims, strides, boxes = tensor_map_args(tuple(x.shape), tuple(box), 2)
         rank = len(dims)
-        tmap = (ctypes.c_ubyte * 128)()
+        tmap = _map_buffer()
         _driver_check(_libcuda().cuTensorMapEncodeTiled(
             tmap, _TMA_FLOAT16, rank, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * rank)(*dims),
             (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*boxes),
             (ctypes.c_uint32 * rank)(*([1] * rank)), 0, _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
+        if len(_tensor_maps) > 64:
+            _tensor_maps.clear()
+        _tensor_maps[key] = tmap
+    return _tensor_maps[key]
+
+
+def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple) -> "object":
+    """The TMA descriptor of an NHWC FP16 CuPy image ``x`` (N, H, W, C) read in the TMA's im2col mode: each load
+    brings ``pixels`` pixels of ``channels`` channels, as rows of ``channels * 2`` bytes in the 128-byte swizzle,
+    walking the pixels in order (W fastest, then H, then N) inside a window around every image that runs from
+    ``lower`` = (top, left) to (H - 1, W - 1) + ``upper`` (both (rows, columns), may be negative), shifted by the
+    load's offsets; zeros outside the image. Made once per (address, shape, parameters) by
+    cuTensorMapEncodeIm2col."""
+    import ctypes
+
+    key = (x.data.ptr, tuple(x.shape), "im2col", pixels, channels, tuple(lower), tuple(upper))
+    if key not in _tensor_maps:
+        if x.ndim != 4:
+            raise runtime.CourseInputError(f"the TMA's im2col mode here reads NHWC images (4 dimensions), got shape "
+                                           f"{tuple(x.shape)}")
+        if x.data.ptr % 16:
+            raise runtime.CourseInputError("the TMA needs a 16-byte aligned tensor; this one starts "
+                                           f"{x.data.ptr % 16} bytes past a boundary")
+        if not 1 <= pixels <= 256 or channels * 2 > 128 or channels < 8:
+            raise runtime.CourseInputError(f"an im2col load brings 1 to 256 pixels of 8 to 64 FP16 channels (one "
+                                           f"128-byte row of the swizzle), got {pixels} x {channels}")
+        dims, strides, _ = tensor_map_args(tuple(x.shape), (1, 1, 1, 1), 2)  # (C, W, H, N) and byte strides
+        tmap = _map_buffer()
+        _driver_check(_libcuda().cuTensorMapEncodeIm2col(
+            tmap, _TMA_FLOAT16, 4, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * 4)(*dims),
+            (ctypes.c_uint64 * 3)(*strides), (ctypes.c_int * 2)(lower[1], lower[0]),  # the driver wants W first
+            (ctypes.c_int * 2)(upper[1], upper[0]), channels, pixels, (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0,
+            _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeIm2col")
         if len(_tensor_maps) > 64:
             _tensor_maps.clear()
         _tensor_maps[key] = tmap

@@ -599,14 +599,15 @@ WGMMA_CASES = [((2, 64, 7, 9), (16, 64, 3, 3), 1),       # a tile bigger than th
 
 @pytest.mark.parametrize("xs, ws, pad", WGMMA_CASES)
 def test_wgmma_conv_tiles_and_boxes_compute_the_convolution(rng, xs, ws, pad):
-    """conv_wgmma's plan in NumPy (wgmma_conv_spec): the blocks' tiles, each slice's 4-D box of the image with zeros
-    outside it, and the stores kept inside y, add up to the convolution, for every tile shape."""
+    """conv_wgmma's plan in NumPy (wgmma_conv_spec): the blocks' tiles, each slice's 4-D box of the image (or the
+    im2col load's pixels, across rows and images) with zeros outside it, and the stores kept inside y, add up to the
+    convolution, for every tile shape."""
     x = rng.uniform(-1, 1, xs)
     w = rng.uniform(-1, 1, ws)
     want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, pad))
     for name in cv.WGMMA_CONV_CONFIGS:
         c = cv.wgmma_conv_config(name)
-        got = cv.wgmma_conv_spec(cv.nchw_to_nhwc(x), cv.kcrs_to_krsc(w), pad, c["bm"], c["bn"])
+        got = cv.wgmma_conv_spec(cv.nchw_to_nhwc(x), cv.kcrs_to_krsc(w), pad, c["bm"], c["bn"], c["im2col"])
         assert got.shape == want.shape and np.abs(got - want).max() <= 1e-12 * math.prod(ws[1:]), name
 
 
@@ -615,6 +616,12 @@ def test_wgmma_conv_tiles():
     assert (t["TW"], t["TH"], t["tiles_q"], t["tiles_p"], t["grid"]) == (64, 2, 1, 28, (32 * 28, 1))
     t = cv.wgmma_conv_tiles(32, 14, 14, 256, 128, 128)
     assert (t["TW"], t["TH"], t["tiles_p"], t["grid"]) == (16, 8, 2, (64, 2))
+    assert t["useful"] == 14 * 14 / (16 * 16)
+    # im2col: runs of 128 output pixels across rows and images, none computed for nothing at ResNet-50's sizes
+    t = cv.wgmma_conv_tiles(32, 56, 56, 64, 128, 64, im2col=True)
+    assert t["grid"] == (32 * 56 * 56 // 128, 1) and t["useful"] == 1.0
+    assert cv.wgmma_conv_tiles(2, 7, 9, 16, 128, 64, im2col=True)["useful"] == 126 / 128
+    assert cv.wgmma_conv_tiles(32, 56, 56, 64, 128, 64)["useful"] == 56 / 64
     assert cv.wgmma_conv_tiles(1, 3, 200, 8, 64, 64)["TW"] == 64  # at most the tile's rows
     assert cv.wgmma_conv_tiles(1, 5, 1, 8, 128, 64)["TH"] == 128
     with pytest.raises(runtime.CourseInputError):
@@ -624,6 +631,10 @@ def test_wgmma_conv_tiles():
     assert c["smem_bytes"] == 1024 + 3 * (128 + 256) * 128 + 48 <= 227 * 1024
     with pytest.raises(runtime.CourseInputError, match="known"):
         cv.wgmma_conv_config("conv_wgmma_256x256_s4_nhwc_f16")
+    assert cv.wgmma_conv_config("conv_wgmma_i2c_128x64_s4_nhwc_f16")["im2col"]
+    assert not cv.wgmma_conv_config("conv_wgmma_128x64_s4_nhwc_f16")["im2col"]
+    assert {n.replace("i2c_", "") for n in cv.WGMMA_CONV_CONFIGS if "i2c_" in n} == \
+        {n for n in cv.WGMMA_CONV_CONFIGS if "i2c_" not in n}  # every tile both ways
 
 
 @needs_compiler
@@ -635,6 +646,7 @@ def test_wgmma_conv_compiles_to_wgmma_and_4d_tma_for_sm90a_only():
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
         assert body.count("wgmma.mma_async") == 4, name  # 64 channels a slice, 16 an instruction
         assert "cp.async.bulk.tensor.4d" in body and "cp.async.bulk.tensor.2d" in body, name  # the image, w
+        assert (".global.im2col." in body) is c["im2col"], name  # the image as pixels in im2col mode, or a box
         assert "%globaltimer" in body and "trap;" in body, name  # every mbarrier wait ends: a time-out traps
         assert ("setmaxnreg" in body) is (c["consumers"] > 1), name
         assert re.search(r"wgmma\.mma_async[^;]*,\s*0;", body), name  # B (w) read K-major, as stored

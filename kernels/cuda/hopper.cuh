@@ -3,7 +3,7 @@
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
 //     wait that would never end traps, so the launch fails instead of hanging);
-//   * TMA loads of a 2-D and a 4-D box, completing on an mbarrier;
+//   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256.
 // GPUCOURSE_WGMMA is defined only when compiling for sm_90a; elsewhere none of the helpers exist and the kernels
@@ -90,6 +90,22 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TensorMap* map, uns
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
       "[%6];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The TMA's im2col mode: ``pixels`` (the tensor map's pixelsPerColumn) rows of the map's channelsPerPixel channels
+// each, into shared memory at dst in the same layout as a box. The first row is the pixel (w + ow, h + oh) of image
+// n, channels c ..; the next ones follow it in the image's order (W fastest, then H, then N), within the window
+// the map's corners draw around every image, moved by (ow, oh): for a convolution's tap (r, s), pixel after
+// pixel of the output, wrapping from one row to the next and one image to the next. Pixels outside the image
+// (the padding), or past its last image, are filled with zeros and still counted.
+__device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* map, unsigned long long* bar, int c,
+                                                   int w, int h, int n, unsigned short ow, unsigned short oh) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6], {%7, %8};" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c), "r"(w), "r"(h), "r"(n), "r"(smem_addr(bar)), "h"(ow),
+      "h"(oh)
       : "memory");
 }
 

@@ -23,6 +23,14 @@
 // column are computed from zeros and never stored. C must be a multiple of 64 (a slice never straddles two
 // taps), K of 8; kernels/convolution.py checks both and makes the two tensor maps.
 //
+// Those thrown-away rows cost: at Q = 56, 28 or 14 (ResNet-50's 3x3 layers) a tile 64, 32 or 16 wide computes
+// 1/8 of its rows for nothing. The "i2c" kernels remove them with the TMA's im2col mode: a block takes BM
+// consecutive output pixels of y read as an (N P Q) x K matrix, m0 .. m0 + BM - 1, whatever rows and images they
+// span, and for tap (r, s) one im2col load brings exactly their BM input pixels (zeros for the padding and past
+// the last image). The tensor map's corners (-ph, -pw) and (ph - R + 1, pw - S + 1) draw the window of tap (0, 0)
+// around each image, P x Q pixels; the load's offsets (s, r) move it to the tap. Row i of the tile is then row
+// m0 + i of y, and only the last block has rows to drop.
+//
 // Everything below needs sm_90a; for any other architecture the kernels are stubs that trap.
 
 #include <cuda_fp16.h>
@@ -31,10 +39,10 @@
 
 namespace hopper {
 
-template <int BM, int BN, int STAGES>
-__device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, __half* __restrict__ y, int P,
-                                          int Q, int K, int C, int R, int S, int ph, int pw, int TW, int tiles_q,
-                                          int tiles_p) {
+template <int BM, int BN, int STAGES, bool I2C>
+__device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, __half* __restrict__ y, int N,
+                                          int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
+                                          int tiles_q, int tiles_p) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
@@ -55,10 +63,20 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   }
   __syncthreads();
 
-  // Which tile: blockIdx.x walks the images' tiles (column tiles fastest), blockIdx.y the output channels.
-  const int TH = BM / TW;
-  const int qt = blockIdx.x % tiles_q, pt = (blockIdx.x / tiles_q) % tiles_p, n = blockIdx.x / (tiles_q * tiles_p);
-  const int p0 = pt * TH, q0 = qt * TW, k0 = blockIdx.y * BN;
+  // Which tile: blockIdx.x walks the images' tiles (column tiles fastest) or, im2col, the runs of BM output
+  // pixels; blockIdx.y the output channels. (n, p0, q0) is the tile's first output pixel.
+  int n, p0, q0;
+  const int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+  if constexpr (I2C) {
+    n = m0 / (P * Q);
+    p0 = (m0 % (P * Q)) / Q;
+    q0 = m0 % Q;
+  } else {
+    const int qt = blockIdx.x % tiles_q, pt = (blockIdx.x / tiles_q) % tiles_p;
+    n = blockIdx.x / (tiles_q * tiles_p);
+    p0 = pt * (BM / TW);
+    q0 = qt * TW;
+  }
   const int slices = C / BK;  // slices of 64 channels in one tap
   const int kblocks = R * S * slices;
 
@@ -71,7 +89,10 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         const int r = tap / S, sx = tap % S;
         if (kb >= STAGES) mbar_wait(&empty[s], ((kb / STAGES) + 1) & 1);
         mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
-        tma_load_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 + sx - pw, p0 + r - ph, n);  // im2col: a box
+        if constexpr (I2C)  // BM pixels from the tile's first one, moved by the tap
+          tma_load_im2col_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 - pw, p0 - ph, n, sx, r);
+        else  // im2col as a box: TH x TW pixels
+          tma_load_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 + sx - pw, p0 + r - ph, n);
         tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BK, k0);  // w's columns (r S + s) C + c0 ..
       }
     }
@@ -97,14 +118,22 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       if (tid == 0) mbar_arrive(&empty[s]);
     }
     // Store: the GEMM's fragment layout (rows l/4 and l/4 + 8 of the warp's 16, columns 8i + 2 (l % 4) and the
-    // next); row i of the tile is output pixel (p0 + i / TW, q0 + i % TW), stored only inside the image.
+    // next); row i of the tile is output pixel (p0 + i / TW, q0 + i % TW), stored only inside the image, or,
+    // im2col, row m0 + i of y, stored only inside y.
     const int warp = tid / 32, lane = tid % 32;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int i = c * 64 + warp * 16 + lane / 4 + 8 * h;
-      const int p = p0 + i / TW, q = q0 + i % TW;
-      if (p >= P || q >= Q) continue;
-      __half* out = y + ((static_cast<size_t>(n) * P + p) * Q + q) * K;
+      size_t m;
+      if constexpr (I2C) {
+        if (m0 + i >= N * P * Q) continue;
+        m = static_cast<size_t>(m0 + i);
+      } else {
+        const int p = p0 + i / TW, q = q0 + i % TW;
+        if (p >= P || q >= Q) continue;
+        m = (static_cast<size_t>(n) * P + p) * Q + q;
+      }
+      __half* out = y + m * K;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
         const int col = k0 + 8 * j + 2 * (lane % 4);
@@ -121,18 +150,23 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
 
 }  // namespace hopper
 
-// The kernels kernels/convolution.py launches (WGMMA_CONV_CONFIGS): BM output pixels x BN output channels, stages.
-#define WGMMA_CONV(BM, BN, S)                                                                                    \
+// The kernels kernels/convolution.py launches (WGMMA_CONV_CONFIGS): BM output pixels x BN output channels, stages;
+// the tile as a box of the image, or (i2c) as BM consecutive output pixels in the TMA's im2col mode.
+#define WGMMA_CONV(NAME, I2C, BM, BN, S)                                                                          \
   extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
-      conv_wgmma_##BM##x##BN##_s##S##_nhwc_f16(const __grid_constant__ TensorMap tmX,                           \
-                                               const __grid_constant__ TensorMap tmW, __half* y, int P, int Q,  \
-                                               int K, int C, int R, int Sw, int ph, int pw, int TW,             \
-                                               int tiles_q, int tiles_p) {                                      \
-    hopper::conv_tile<BM, BN, S>(&tmX, &tmW, y, P, Q, K, C, R, Sw, ph, pw, TW, tiles_q, tiles_p);              \
+      conv_wgmma_##NAME##BM##x##BN##_s##S##_nhwc_f16(                                                           \
+          const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW, __half* y, int N, int P,  \
+          int Q, int K, int C, int R, int Sw, int ph, int pw, int TW, int tiles_q, int tiles_p) {                \
+    hopper::conv_tile<BM, BN, S, I2C>(&tmX, &tmW, y, N, P, Q, K, C, R, Sw, ph, pw, TW, tiles_q, tiles_p);       \
   }
 
-WGMMA_CONV(128, 128, 4)
-WGMMA_CONV(128, 64, 4)
-WGMMA_CONV(128, 256, 3)
-WGMMA_CONV(64, 128, 4)
-WGMMA_CONV(64, 64, 6)
+WGMMA_CONV(, false, 128, 128, 4)
+WGMMA_CONV(, false, 128, 64, 4)
+WGMMA_CONV(, false, 128, 256, 3)
+WGMMA_CONV(, false, 64, 128, 4)
+WGMMA_CONV(, false, 64, 64, 6)
+WGMMA_CONV(i2c_, true, 128, 128, 4)
+WGMMA_CONV(i2c_, true, 128, 64, 4)
+WGMMA_CONV(i2c_, true, 128, 256, 3)
+WGMMA_CONV(i2c_, true, 64, 128, 4)
+WGMMA_CONV(i2c_, true, 64, 64, 6)
