@@ -5,7 +5,8 @@
 * mixed precision: one SGD step of a 16-layer MLP of width 4096 at batch 1024, strict FP32 (CuPy does not use
   TF32 unless CUPY_TF32=1) against FP16 tensor-core GEMMs with FP32 master weights and dynamic loss scaling;
 * recomputation: a 64-layer MLP, checkpoint spacing s = 1 .. 64, peak memory above the weights and gradients
-  (the CuPy memory pool's high-water mark) against step time;
+  (the CuPy memory pool's high-water mark) against step time; and the largest batch whose step runs in a memory
+  budget, with s = 1 and s = 8, found by running steps in a capped memory pool;
 * data parallelism: the same 16-layer step through ``DataParallel`` with NCCL all-reduces in buckets,
   against the same step with no communication, for every k this machine has (k = 1: the cost of the calls);
   ``scaling`` reads the weak-scaling efficiency T(1) / T(k) from them.
@@ -21,7 +22,7 @@ from gpucourse import bench, plots, records, runtime
 from kernels import training as tr
 
 LESSON = "08_training"
-FIGURES = ("mixed_precision", "scaler_run", "recompute", "data_parallel")
+FIGURES = ("mixed_precision", "scaler_run", "recompute", "largest_batch", "data_parallel")
 GOALS = {"mixed_speedup": 2.0, "recompute_memory": 4.0, "recompute_time": 1.4, "scaling_efficiency_k8": 0.9}
 
 
@@ -121,6 +122,67 @@ def recompute(layers: int = 64, width: int = 2048, batch: int = 4096, spacings=N
     return out
 
 
+def largest_batch(layers: int = 64, width: int = 2048, budget_gib: float = 4.0, multiple: int = 256,
+                  spacings=None) -> dict:
+    """The largest batch whose training step (forward, backward and SGD update of a ``layers``-layer MLP of
+    ``width``) runs within ``budget_gib`` GiB of GPU memory above the weights and gradients, for checkpoint spacings
+    s = 1 and s = sqrt(layers) (or ``spacings``): found by running the steps, not estimated. CuPy's memory pool is
+    capped at the weights, the gradients and the budget, so a batch that does not fit raises OutOfMemoryError;
+    batches double until one fails, then a bisection over multiples of ``multiple`` finds the edge. The inputs
+    count against the budget (they are the batch too); cuBLAS's own workspace, outside the pool, does not."""
+    if not budget_gib > 0 or min(layers, width, multiple) < 1:
+        raise runtime.CourseInputError("largest_batch needs a positive budget, layers, width and multiple")
+    cp = runtime.cupy()
+    pool = cp.get_default_memory_pool()
+    widths = [width] * (layers + 1)
+    spacings = list(spacings or sorted({1, max(1, int(round(math.sqrt(layers))))}))
+    params = tr.mlp_init(widths, xp=cp)
+    grads = [(cp.empty_like(W), cp.empty_like(b)) for W, b in params]
+    cp.cuda.Device().synchronize()
+    pool.free_all_blocks()
+    base, budget, before = pool.used_bytes(), int(budget_gib * 2**30), pool.get_limit()
+    probes = []
+
+    def fits(batch: int, s: int) -> bool:
+        X = y = None
+        pool.free_all_blocks()
+        pool.set_limit(size=base + budget)
+        try:
+            X = cp.random.standard_normal((batch, width), dtype=cp.float32)
+            y = cp.random.randint(0, width, batch, dtype=cp.int32)
+            tr.loss_and_grads(params, X, y, checkpoint_every=s, out=grads)
+            tr.sgd(params, grads, 1e-6)
+            cp.cuda.Device().synchronize()
+            ok = True
+        except cp.cuda.memory.OutOfMemoryError:
+            ok = False
+        finally:
+            del X, y
+            pool.set_limit(size=before)
+            pool.free_all_blocks()
+        probes.append({"s": s, "batch": batch, "fits": ok})
+        return ok
+
+    out = {"layers": layers, "width": width, "budget_gib": budget_gib, "multiple": multiple, "runs": {},
+           "probes": probes}
+    for s in spacings:
+        if not fits(multiple, s):
+            out["runs"][str(s)] = {"largest": 0}
+            continue
+        lo = multiple  # fits
+        while fits(2 * lo, s):
+            lo *= 2
+        hi = 2 * lo  # does not fit
+        while hi - lo > multiple:
+            mid = (lo + hi) // 2 // multiple * multiple
+            lo, hi = (mid, hi) if fits(mid, s) else (lo, mid)
+        out["runs"][str(s)] = {"largest": lo, "model_bytes_per_example":
+                               tr.activation_bytes(1, widths, checkpoint_every=s)}
+    one, root = out["runs"].get("1", {}).get("largest"), out["runs"].get(str(spacings[-1]), {}).get("largest")
+    out["ratio"] = root / one if one else None
+    return out
+
+
 def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024, ks=None, repeats: int = 10) -> dict:
     from benchmarks import collectives as bcol
 
@@ -180,7 +242,7 @@ def run() -> tuple:
     ceilings = bench.measure_ceilings().as_dict()
     figures = {}
     for name, fn in (("mixed_precision", mixed_precision), ("scaler_run", scaler_run), ("recompute", recompute),
-                     ("data_parallel", data_parallel)):
+                     ("largest_batch", largest_batch), ("data_parallel", data_parallel)):
         figures[name] = fn()
         runtime.cupy().get_default_memory_pool().free_all_blocks()
     figures["goals"] = GOALS
@@ -201,6 +263,12 @@ def summary_text(figures: dict) -> str:
         f"{s['memory_saving']:.2f}x less activation memory (goal >= {GOALS['recompute_memory']}x) for "
         f"{s['time_ratio']:.2f}x the step time (goal <= {GOALS['recompute_time']}x)",
     ]
+    lb = figures.get("largest_batch")
+    if lb and lb.get("ratio"):
+        keys = list(lb["runs"])
+        one, root = lb["runs"][keys[0]]["largest"], lb["runs"][keys[-1]]["largest"]
+        lines.append(f"largest batch whose step runs in {lb['budget_gib']:g} GiB (found by running it): {one:,d} with "
+                     f"s = {keys[0]}, {root:,d} with s = {keys[-1]} ({lb['ratio']:.2f}x)")
     lines += scaling_lines(d)
     return "\n".join(lines)
 

@@ -4,6 +4,7 @@
   lab                   open the course in JupyterLab (with --allow-root when run as root)
   run [NB ...]          execute lesson and solution notebooks headless; print a summary
   record [LESSON ...]   on a GPU: run lessons' benchmarks, write results/<gpu>/<lesson>.json
+                        (--figure NAME: re-measure one figure into the newest record of this GPU)
   ceilings [--refresh]  this GPU's measured copy, transfer and GEMM ceilings
   grade NB              grade one exercise notebook with nbgrader; print the score and feedback
   grade-class FOLDER    autograde a class's submissions into nbgrader's gradebook; CSV and feedback HTML
@@ -41,6 +42,8 @@ def main(argv=None) -> int:
     run.add_argument("--save", type=Path, help="write executed copies here")
     rec = sub.add_parser("record", parents=[common])
     rec.add_argument("lessons", nargs="*")
+    rec.add_argument("--figure", help="re-measure only this figure of one lesson and add it to that lesson's newest "
+                                      "record on this GPU (stamped with when it was measured)")
     ceil = sub.add_parser("ceilings", parents=[common])
     ceil.add_argument("--refresh", action="store_true")
     grade = sub.add_parser("grade", parents=[common])
@@ -139,6 +142,16 @@ def _record(args) -> int:
     from . import records
 
     runtime.setup(args.mode or "gpu")
+    if args.figure:
+        if len(args.lessons) != 1 or args.lessons[0] not in benchmarks.LESSONS:
+            raise runtime.CourseInputError(f"--figure needs exactly one lesson; known: {', '.join(benchmarks.LESSONS)}")
+        mod = benchmarks.module(args.lessons[0])
+        measure = getattr(mod, args.figure, None) if args.figure in getattr(mod, "FIGURES", ()) else None
+        if not callable(measure):
+            raise runtime.CourseInputError(f"{args.lessons[0]} cannot measure {args.figure!r} alone; its figures: "
+                                           f"{', '.join(getattr(mod, 'FIGURES', ()))} (record the whole lesson)")
+        print(f"wrote {records.add_figure(args.lessons[0], args.figure, measure())}")
+        return 0
     have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
     for lesson in args.lessons or list(benchmarks.LESSONS):
         if lesson not in benchmarks.LESSONS:

@@ -31,7 +31,7 @@ def write(lesson: str, figures: dict, *, ceilings: dict | None = None) -> Path:
         "format": FORMAT,
         "lesson": lesson,
         "gpu": rt.device,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": _now(),
         "versions": runtime.versions(),
         "ceilings": ceilings,
         "figures": figures,
@@ -40,6 +40,25 @@ def write(lesson: str, figures: dict, *, ceilings: dict | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, sort_keys=False) + "\n")
     return path
+
+
+def add_figure(lesson: str, name: str, value: dict) -> Path:
+    """Put ``value``, measured now on this GPU, as figure ``name`` into the lesson's newest record of this GPU (the
+    rest of the record stays as it was measured), stamped with its own date under "measured"."""
+    rt = runtime.get()
+    runtime.require_gpu("recording GPU results")
+    rec = latest(lesson, rt.device["name"])
+    if rec is None:
+        raise runtime.CourseError(f"no record of {lesson} on {rt.device['name']} to add {name!r} to; record the "
+                                  f"whole lesson first (python -m gpucourse record {lesson})")
+    path = Path(rec.pop("path"))
+    rec["figures"][name] = {**value, "measured": _now()}
+    path.write_text(json.dumps(rec, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def all_records(lesson: str) -> list[dict]:
@@ -72,9 +91,13 @@ def load(lesson: str, gpu: str | None = None) -> dict:
     return rec
 
 
-def label(rec: dict) -> str:
+def label(rec: dict, figure: str | None = None) -> str:
+    """Where a record's figures come from: the GPU and the day; for ``figure``, the day it was measured where it
+    was added to the record later (add_figure)."""
     g = rec["gpu"]
-    return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {rec['date'][:10]}"
+    f = rec["figures"].get(figure) if figure else None
+    date = f["measured"] if isinstance(f, dict) and "measured" in f else rec["date"]
+    return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {date[:10]}"
 
 
 def describe(lesson: str | None = None) -> str:
@@ -99,7 +122,7 @@ def measure_or_recall(lesson: str, key: str, measure) -> tuple:
     rec = load(lesson)
     if key not in rec["figures"]:
         raise runtime.CourseError(f"the record {rec['path']} has no figures named {key!r}; re-record it")
-    return rec["figures"][key], label(rec)
+    return rec["figures"][key], label(rec, key)
 
 
 def ceilings_or_recall(lesson: str) -> tuple:

@@ -38,6 +38,7 @@ def test_gradients_match_finite_differences(rng):
 
 
 def test_step_matches_tensorflow(rng):
+    pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
     ttf = pytest.importorskip("kernels.training_tf")
     p = tr.mlp_init([12, 32, 32, 32, 10], seed=3)
     X, y = _batch(rng, 64, 12, 10)
@@ -204,6 +205,21 @@ def test_recorded_training_goals():
         for k, e in bt.scaling(f["data_parallel"]).items():
             assert 0 < e["weak_scaling"] <= 1.05 and e["exposed_ms"] > -0.05 * e["step_ms"], (gpu, k, e)
         assert bt.gradient_bytes(f["data_parallel"]) == 4 * 16 * (4096 * 4096 + 4096)
+        lb = f.get("largest_batch")
+        if lb is not None:  # found by running steps: each largest fitted and the next multiple did not
+            for s_, e in lb["runs"].items():
+                tried = {p["batch"]: p["fits"] for p in lb["probes"] if p["s"] == int(s_)}
+                assert tried[e["largest"]] and not any(ok for b, ok in tried.items() if b > e["largest"]), (gpu, s_)
+                assert any(b <= e["largest"] + lb["multiple"] and not ok for b, ok in tried.items()), (gpu, s_)
+            assert lb["ratio"] >= bt.GOALS["recompute_memory"] * 0.75, gpu  # most of the 4x saving becomes batch
+
+
+def test_largest_batch_refuses_bad_input():
+    from benchmarks import training as bt
+
+    for bad in ({"budget_gib": 0}, {"budget_gib": -1.0}, {"layers": 0}, {"multiple": 0}):
+        with pytest.raises(runtime.CourseInputError, match="largest_batch"):
+            bt.largest_batch(**bad)
 
 
 def test_buckets_cover_every_layer_last_first():
@@ -214,6 +230,7 @@ def test_buckets_cover_every_layer_last_first():
 
 
 def test_tensorflow_towers_and_recompute(rng):
+    pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
     ttf = pytest.importorskip("kernels.training_tf")
     p = tr.mlp_init([8, 16, 16, 4], seed=6)
     X, y = _batch(rng, 32, 8, 4)
@@ -251,6 +268,7 @@ def test_mirrored_strategy_equals_one_device():
 
 
 def test_sine_regression_learning_rate_decides():
+    pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
     ttf = pytest.importorskip("kernels.training_tf")
     stuck = ttf.sine_regression(1e-6, steps=150)
     moves = ttf.sine_regression(0.05, steps=150)
@@ -282,6 +300,22 @@ def test_cupy_mixed_step_trains(rng):
     scaler = tr.LossScaler(2.0**16, interval=5)
     losses = [tr.mixed_step(p, X, y, scaler, 0.05)[0] for _ in range(40)]
     assert losses[-1] < 0.7 * losses[0] and scaler.skipped >= 1
+
+
+@pytest.mark.gpu
+def test_largest_batch_is_found_by_running_steps():
+    from benchmarks import training as bt
+
+    cp = runtime.cupy()
+    limit = cp.get_default_memory_pool().get_limit()
+    r = bt.largest_batch(layers=16, width=256, budget_gib=0.05, multiple=64)
+    assert cp.get_default_memory_pool().get_limit() == limit  # the cap is lifted again
+    one, four = r["runs"]["1"]["largest"], r["runs"]["4"]["largest"]
+    assert one > 0 and four > one  # checkpoints every 4 of 16 layers leave room for a larger batch
+    for s_, e in r["runs"].items():
+        fits = {p["batch"]: p["fits"] for p in r["probes"] if p["s"] == int(s_)}
+        assert fits[e["largest"]] and not fits.get(e["largest"] + 64, False)
+        assert min(b for b, ok in fits.items() if not ok) <= e["largest"] + 64
 
 
 @pytest.mark.gpu

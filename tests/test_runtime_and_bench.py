@@ -220,6 +220,10 @@ def test_records_latest_and_label(tmp_path, monkeypatch):
         assert figures == 2 and source.startswith("recorded on NVIDIA H200")
         with pytest.raises(runtime.CourseError, match="no figures named"):
             records.measure_or_recall("99_test", "y", lambda: None)
+    # a figure added to the record later (record --figure) is labelled with the day it was measured
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-22 10:00 UTC", {"x": 3, "z": {"v": 1, "measured": "2026-11-23 15:39 UTC"}})
+    rec = records.latest("99_test")
+    assert records.label(rec, "z").endswith("on 2026-11-23") and records.label(rec, "x").endswith("on 2026-11-22")
 
 
 def test_committed_records_are_complete():
