@@ -183,6 +183,14 @@ def largest_batch(layers: int = 64, width: int = 2048, budget_gib: float = 4.0, 
     return out
 
 
+# How the data-parallel step is timed: with no communication, with NCCL's all-reduces started bucket by bucket
+# during the backward pass, started only after it, started during it on streams of the highest priority, and with
+# lesson 6's ring after the backward pass.
+DP_VARIANTS = {"none": {"reduce": "none"}, "nccl": {"reduce": "nccl"},
+               "nccl_after": {"reduce": "nccl", "overlap": False},
+               "nccl_priority": {"reduce": "nccl", "comm_priority": True}, "ring": {"reduce": "ring"}}
+
+
 def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024, ks=None, repeats: int = 10) -> dict:
     from benchmarks import collectives as bcol
 
@@ -203,9 +211,12 @@ def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024
             with cp.cuda.Device(r):
                 shards.append(_batch(cp, batch_per_gpu, width, width, 10 + r))
         entry = {}
-        for reduce in ("none", "nccl"):
+        variants = dict(DP_VARIANTS)
+        if k < 2:
+            variants.pop("ring")  # lesson 6's ring needs two GPUs
+        for reduce, kw in variants.items():
             try:
-                dp = tr.DataParallel(host, list(range(k)), reduce=reduce)
+                dp = tr.DataParallel(host, list(range(k)), **kw)
 
                 def step():
                     dp.step(shards, 1e-4)
@@ -234,7 +245,9 @@ def scaling(d: dict) -> dict:
         step, compute = runs[k]["nccl"]["median_ms"], runs[k]["none"]["median_ms"]
         out[k] = {"step_ms": step, "compute_ms": compute, "exposed_ms": step - compute,
                   "weak_scaling": t1 / step if t1 else None, "driving_k": compute / base if base else None,
-                  "buckets": runs[k].get("buckets")}
+                  "buckets": runs[k].get("buckets"),
+                  **{f"{v}_ms": runs[k][v]["median_ms"] for v in ("nccl_after", "nccl_priority", "ring")
+                     if v in runs[k]}}
     return out
 
 
@@ -308,6 +321,12 @@ def scaling_lines(d: dict) -> list:
         lines.append(f"data parallel k = {k}: step {bench.format_ms(s['step_ms'])} with NCCL all-reduces in "
                      f"{s['buckets']} buckets, {bench.format_ms(s['compute_ms'])} without communication "
                      f"(communication adds {bench.format_ms(s['exposed_ms'])}): {eff}")
+        takes = [f"{what} {bench.format_ms(s[key])}" for key, what in (
+            ("nccl_after_ms", "all-reduces only after the backward pass"),
+            ("nccl_priority_ms", "during it on high-priority streams"),
+            ("ring_ms", "lesson 6's ring after the backward pass")) if key in s]
+        if takes:
+            lines.append(f"    the same step with " + "; ".join(takes))
     for k, e in d["runs"].items():
         if "none" not in e or "nccl" not in e:
             lines.append(f"data parallel k = {k}: {e}")

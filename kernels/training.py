@@ -399,6 +399,19 @@ def check_shards(shards, k: int) -> None:
             raise runtime.CourseInputError(f"shard {r} has {X.shape[0]} examples and {y.shape[0]} labels")
 
 
+def _greatest_stream_priority() -> int:
+    """The highest priority a stream can have on the current GPU: the smallest number of the driver's range
+    (cuCtxGetStreamPriorityRange: least 0, greatest -5 on Hopper), which CuPy does not expose."""
+    import ctypes
+
+    runtime.cupy().zeros(1)  # the device's context exists and is current
+    least, greatest = ctypes.c_int(), ctypes.c_int()
+    status = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest))
+    if status != 0:
+        raise runtime.CourseError(f"cuCtxGetStreamPriorityRange failed: CUDA driver error {status}")
+    return greatest.value
+
+
 class DataParallel:
     """Data parallelism on k GPUs of this machine, in one process: a replica of the weights on each GPU, the
     batch split into k shards, every replica's backward pass launched layer by layer in lockstep, and each
@@ -408,17 +421,22 @@ class DataParallel:
     reduce="nccl": NCCL's all-reduce (cupy.cuda.nccl, one communicator per GPU; k = 1 works too and measures
     the cost of the calls); reduce="ring": lesson 6's ring all-reduce (col.GpuRing, k >= 2: a kernel per step
     that reads the previous GPU's chunk over NVLink, replayed as one CUDA graph per bucket), run after the
-    backward pass (no overlap). The gradients are summed; the step divides by k."""
+    backward pass (no overlap). The gradients are summed; the step divides by k.
+
+    Two switches take the overlap apart, to measure what it buys: ``overlap=False`` starts NCCL's all-reduces only
+    after the whole backward pass, as the ring does; ``comm_priority=True`` puts the communication streams at the
+    GPU's highest stream priority, so that the all-reduce kernels' blocks are scheduled before those of GEMMs
+    queued at the same time."""
 
     def __init__(self, params, devices, *, bucket_bytes: int = 32 * 2**20, reduce: str = "nccl",
-                 checkpoint_every: int = 1):
+                 checkpoint_every: int = 1, overlap: bool = True, comm_priority: bool = False):
         cp = runtime.cupy()
         from kernels import collectives as col
 
         if reduce not in ("nccl", "ring", "none"):
             raise runtime.CourseInputError(f"reduce must be 'nccl', 'ring' or 'none', got {reduce!r}")
         self.cp, self.devices, self.k, self.reduce = cp, [int(d) for d in devices], len(devices), reduce
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every, self.overlap = checkpoint_every, bool(overlap)
         self.plan = buckets(params, bucket_bytes)
         self.bucket_of = {i: b for b, layers in enumerate(self.plan) for i in layers}
         self.params, self.grads, self.flat = [], [], []
@@ -440,7 +458,8 @@ class DataParallel:
                 self.grads.append(g)
                 self.flat.append(flats)
                 self.compute.append(cp.cuda.Stream(non_blocking=True))
-                self.comm.append(cp.cuda.Stream(non_blocking=True))
+                top = _greatest_stream_priority() if comm_priority else 0
+                self.comm.append(cp.cuda.Stream(non_blocking=True, priority=top))
         if reduce == "nccl":
             from cupy.cuda import nccl
 
@@ -480,7 +499,10 @@ class DataParallel:
                     i, _, _ = next(gens[r])
             b = self.bucket_of[i]
             left[b] -= 1
-            if left[b] == 0 and self.reduce == "nccl":
+            if left[b] == 0 and self.reduce == "nccl" and self.overlap:
+                self._allreduce_bucket(b)
+        if self.reduce == "nccl" and not self.overlap:  # every bucket once the whole backward pass is queued
+            for b in range(len(self.plan)):
                 self._allreduce_bucket(b)
         losses = []
         for r, d in enumerate(self.devices):

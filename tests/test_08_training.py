@@ -319,11 +319,16 @@ def test_largest_batch_is_found_by_running_steps():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("reduce", ["nccl", "ring"])
-def test_data_parallel_on_gpus_equals_one_device(rng, reduce):
+@pytest.mark.parametrize("variant", ["nccl", "nccl_after", "nccl_priority", "ring"])
+def test_data_parallel_on_gpus_equals_one_device(rng, variant):
+    """Every way the benchmark times the data-parallel step (benchmarks.training.DP_VARIANTS but "none") trains
+    as one device on the whole batch does."""
+    from benchmarks import training as bt
+
     cp = runtime.cupy()
     k = cp.cuda.runtime.getDeviceCount()
-    if reduce == "ring" and k < 2:
+    kw = bt.DP_VARIANTS[variant]
+    if kw["reduce"] == "ring" and k < 2:
         pytest.skip("lesson 6's ring needs 2 or more GPUs")
     p = tr.mlp_init([32, 64, 64, 64, 8], seed=9)
     X, y = _batch(rng, 64 * k, 32, 8)
@@ -332,7 +337,7 @@ def test_data_parallel_on_gpus_equals_one_device(rng, reduce):
     for _ in range(steps):
         _, g = tr.loss_and_grads(ref, X, y)
         tr.sgd(ref, g, 0.1)
-    dp = tr.DataParallel(p, list(range(k)), bucket_bytes=20_000, reduce=reduce)
+    dp = tr.DataParallel(p, list(range(k)), bucket_bytes=20_000, **kw)
     shards = []
     for r, (Xs, ys) in enumerate(tr.split_batch(X, y, k)):
         with cp.cuda.Device(r):
