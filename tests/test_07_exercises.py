@@ -67,6 +67,11 @@ def closed_intervals(nb):
                     "if sum(lo <= mid < hi for lo, hi in spans) >= 1:")
 
 
+def overlap_by_reference(nb):
+    """Task 7.4: the lesson's own S.overlap_fraction, reached through another module with getattr: refused."""
+    replace_in_cell(nb, "task-7-4-overlap", "    spans = [", "    return getattr(feeding.S, \"overlap_fraction\")(timeline)\n    spans = [")
+
+
 class TestExercises(LessonExercises):
     LESSON = "07_feeding_the_gpu"
     NOTEBOOK = "feeding_the_gpu.ipynb"
@@ -83,6 +88,7 @@ class TestExercises(LessonExercises):
         server_never_busy: ["test_7_2_batcher"],
         inverted_gain: ["test_7_3_table"],
         closed_intervals: ["test_7_4_overlap"],
+        overlap_by_reference: ["test_7_4_overlap"],
     }
     UNANSWERED = {"test_7_1_results": "NotImplementedError", "test_7_2_batcher": "NotImplementedError",
                   "test_7_4_overlap": "NotImplementedError"}
@@ -96,5 +102,7 @@ class TestExercises(LessonExercises):
         assert "wrong elements" in message("last_chunk_skipped", "test_7_1_results")
         assert "wrong elements" in message("shared_buffers", "test_7_1_results")
         assert "still queued on its streams" in message("first_stream_synchronised", "test_7_1_results")
+        assert any("lesson's own answer to Task 7.4" in n and "task_7_4_overlap" in n
+                   for n in graded["overlap_by_reference"].notes), graded["overlap_by_reference"].format()
         assert "batch sizes" in message("full_batches_only", "test_7_2_batcher")
         assert "mps_gain" in message("inverted_gain", "test_7_3_table")

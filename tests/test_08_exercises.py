@@ -69,6 +69,12 @@ def rebinds(nb):
 """)
 
 
+def checkpoint_by_keyword(nb):
+    """Task 8.2: the lesson's tr.loss_and_grads asked to checkpoint (checkpoint_every=s): refused."""
+    replace_in_cell(nb, "task-8-2-ckpt", "    if not 1 <= s <= n:",
+                    "    return tr.loss_and_grads(params, X, y, checkpoint_every=s)\n    if not 1 <= s <= n:")
+
+
 class TestExercises(LessonExercises):
     LESSON = "08_training"
     NOTEBOOK = "training.ipynb"
@@ -86,6 +92,7 @@ class TestExercises(LessonExercises):
         apply_on_overflow: ["test_8_4_overflow"],
         still_eager: ["test_8_5_same", "test_8_5_once"],
         rebinds: ["test_8_5_same", "test_8_5_once"],
+        checkpoint_by_keyword: ["test_8_2_grads", "test_8_2_memory"],
     }
     UNANSWERED = {g: "NotImplementedError" for g in POINTS if not g.startswith("perf_")}
     ANSWERS = ["return scale * backoff, 0", "saved[i] = z", "X.shape[0] % k", "scale=1.0 / scaler.scale",
@@ -104,3 +111,5 @@ class TestExercises(LessonExercises):
         assert "master weights differ" in message("apply_on_overflow", "test_8_4_overflow")
         assert "not a tf.function" in message("still_eager", "test_8_5_same")
         assert "not a tf.function" in message("still_eager", "test_8_5_once")
+        assert any("checkpoint_every=" in n and "lesson's own answer to Task 8.2" in n
+                   for n in graded["checkpoint_by_keyword"].notes), graded["checkpoint_by_keyword"].format()

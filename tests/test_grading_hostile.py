@@ -789,6 +789,68 @@ def test_integrity_refuses_the_routes_to_patching(code, finding):
     assert finding in grading.integrity._integrity_findings(code, protected=PROTECTED, same=SAME)
 
 
+# A lesson's own functions that answer its tasks (the solution's metadata "gpucourse": {"answers": ...}).
+ANSWERS = {"kernels.streams.overlap_fraction": "Task 7.4", "kernels.batching.dynamic_batching": "Task 7.2",
+           "kernels.training.loss_and_grads(checkpoint_every)": "Task 8.2"}
+SAME_7 = {"S": "kernels.streams", "B": "kernels.batching", "feeding": "benchmarks.feeding", "tr": "kernels.training",
+          "np": "numpy"}
+
+
+@pytest.mark.parametrize("code, how", [
+    ("def f(t):\n    return S.overlap_fraction(t)", "uses kernels.streams.overlap_fraction"),
+    ("f = S.overlap_fraction", "uses kernels.streams.overlap_fraction"),
+    ("from kernels.streams import overlap_fraction as mine", "imports kernels.streams.overlap_fraction"),
+    ("import kernels.streams\nf = kernels.streams.overlap_fraction", "uses kernels.streams.overlap_fraction"),
+    ("f = getattr(S, 'overlap_fraction')", "uses kernels.streams.overlap_fraction"),
+    ("f = feeding.S.overlap_fraction", "uses kernels.streams.overlap_fraction"),  # through another module's import
+    ("from benchmarks.feeding import S as T\nf = T.overlap_fraction", "uses kernels.streams.overlap_fraction"),
+    ("f = feeding.serving.B.dynamic_batching", "uses kernels.batching.dynamic_batching"),  # two modules deep
+    ("g = tr.loss_and_grads(p, X, y, checkpoint_every=4)", "calls kernels.training.loss_and_grads with "
+     "checkpoint_every="),
+    ("kw = {'checkpoint_every': 4}\ng = tr.loss_and_grads(p, X, y, **kw)", "calls kernels.training.loss_and_grads "
+     "with checkpoint_every="),
+])
+def test_integrity_refuses_the_lessons_own_answers(code, how):
+    """A task the lesson's own function answers must be written, not called, imported, aliased or fetched."""
+    found = grading.integrity._integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
+                                                  answers=ANSWERS)
+    assert any(how in f and "the lesson's own answer to Task" in f for f in found), found
+
+
+@pytest.mark.parametrize("code", [
+    "x = S.engine_timeline([])\nn = S.check_pipeline(8, 2, 1)",  # the lesson's other functions are tools
+    "g = tr.loss_and_grads(p, X, y)\nh = tr.loss_and_grads(p, X, y, loss_scale=8.0)",  # without the keyword
+    "overlap_fraction = 0.5\nprint(overlap_fraction)",  # the same name, not the function
+])
+def test_integrity_allows_the_lessons_tools(code):
+    assert grading.integrity._integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
+                                                 answers=ANSWERS) == []
+
+
+def test_every_declared_answer_exists_and_solutions_do_not_use_them():
+    """Each solution's answers name real course functions, and the solution's own answer cells pass the rule."""
+    import ast
+    import re
+
+    for path in sorted(grading.SOLUTIONS.glob("*/*.ipynb")):
+        nb = json.loads(path.read_text())
+        answers = grading.integrity._answers(nb)
+        for key in answers:
+            dotted = re.sub(r"\(\w+\)$", "", key)
+            module, name = dotted.rsplit(".", 1)
+            f = grading.integrity._module_file(module)
+            assert f is not None, (path.name, key)
+            defined = {n.name for n in ast.parse(f.read_text()).body
+                       if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
+            assert name in defined, (path.name, key, "is not defined where it is named")
+        protected, same = grading.integrity._protected_names(nb["cells"])
+        for cell in nb["cells"]:
+            meta = (cell.get("metadata") or {}).get("nbgrader") or {}
+            if cell["cell_type"] == "code" and not meta.get("locked"):
+                assert grading.integrity._integrity_findings("".join(cell["source"]), protected=protected, same=same,
+                                                             answers=answers) == [], (path.name, meta.get("grade_id"))
+
+
 def test_protected_names_of_lesson_1():
     protected, same = grading.integrity._protected_names(source_nb(L1)["cells"])
     assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",

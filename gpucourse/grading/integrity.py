@@ -10,11 +10,17 @@ be tampered with at run time). A cell may not:
     * set attributes other than on ``self`` in a method of its own class, use a module as a value, or
       assign into a module's mapping (os.environ[...]); that is how tests, timers and clocks get patched;
     * rebind a name a read-only cell defines (the helpers the tests call, the setup's imports) or a builtin
-      a read-only cell uses (``_protected_names``); importing the same thing again is fine.
+      a read-only cell uses (``_protected_names``); importing the same thing again is fine;
+    * use one of the course's own functions that already computes a task's answer (``answers``: the
+      notebook's metadata "gpucourse": {"answers": {dotted name: task}}, read from the solution), called,
+      imported, aliased or fetched with getattr: the task asks the learner to write it. A key of the form
+      ``dotted(keyword)`` refuses only calls of that function that pass the keyword (by name or with **): the
+      function is a tool the notebook needs, and that keyword makes it the answer.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from pathlib import Path
@@ -88,6 +94,66 @@ def _module_exists(dotted: str) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=4096)
+def _module_file(dotted: str) -> Path | None:
+    """The source file of module ``dotted`` on sys.path (a package's __init__.py), found without importing it."""
+    parts = dotted.split(".")
+    for entry in sys.path:
+        base = Path(entry or ".").joinpath(*parts)
+        for f in (base / "__init__.py", base.with_suffix(".py")):
+            if f.is_file():
+                return f
+    return None
+
+
+_IMPORT_MAPS: dict[str, dict[str, str]] = {}
+
+
+def _import_map(module: str) -> dict[str, str]:
+    """What the top-level imports of ``module``'s source bind: {name: dotted name of the module or object}."""
+    if module not in _IMPORT_MAPS:
+        out: dict[str, str] = {}
+        f = _module_file(module)
+        try:
+            tree = ast.parse(f.read_text()) if f else None
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        package = module if f is not None and f.name == "__init__.py" else module.rpartition(".")[0]
+        for node in tree.body if tree else ():
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from .specs import f: relative to this module's package
+                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)] if package else []
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                for a in node.names:
+                    if a.name != "*" and base:
+                        out[a.asname or a.name] = f"{base}.{a.name}"
+        _IMPORT_MAPS[module] = out
+    return _IMPORT_MAPS[module]
+
+
+def _canonical(dotted: str) -> str:
+    """``dotted`` with every step through a module's imports followed, so that an object reached through a
+    module that imported it (``benchmarks.feeding.S.overlap_fraction``) reads as where it is defined
+    (``kernels.streams.overlap_fraction``)."""
+    parts = dotted.lstrip(".").split(".")
+    for _ in range(16):  # imports that lead on to imports, a few levels at most
+        for i in range(len(parts) - 1, 0, -1):
+            module = ".".join(parts[:i])
+            if _module_file(module) is None:
+                continue
+            target = _import_map(module).get(parts[i])
+            if target and target.split(".") != parts[:i + 1]:
+                parts = target.split(".") + parts[i + 1:]
+                break
+        else:
+            break
+    return ".".join(parts)
+
+
 def _protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
     """The names the learner's cells may not rebind, and for those bound by an import (or an equivalent
     course call), what that import gives: importing the same thing again is allowed.
@@ -153,8 +219,15 @@ def _transform_ipython(code: str) -> str:
         return code
 
 
+def _answers(notebook: dict) -> dict[str, str]:
+    """The course functions that answer a task of this (solution) notebook: {dotted name: "Task N.M"}."""
+    meta = (notebook.get("metadata") or {}).get("gpucourse") or {}
+    answers = meta.get("answers") or {}
+    return {str(k): str(v) for k, v in answers.items()} if isinstance(answers, dict) else {}
+
+
 def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozenset(),
-                        same: dict[str, str] | None = None) -> list[str]:
+                        same: dict[str, str] | None = None, answers: dict[str, str] | None = None) -> list[str]:
     """Why a cell a learner wrote may not run (empty when it may): see this module's docstring.
     Each finding reads "line N: what it does (why that is refused)"."""
     python = _transform_ipython(code)
@@ -165,7 +238,7 @@ def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozense
                 "read this one)"]
     except (ValueError, RecursionError, MemoryError) as exc:
         return [f"line 1: the cell cannot be checked ({type(exc).__name__})"]
-    checker = _Integrity(protected, same or {})
+    checker = _Integrity(protected, same or {}, answers or {})
     try:
         checker.run(tree)
     except RecursionError:
@@ -176,10 +249,11 @@ def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozense
 class _Integrity(ast.NodeVisitor):
     """The integrity rules as an AST walk (see ``_integrity_findings``)."""
 
-    def __init__(self, protected, same):
-        self.protected, self.same = set(protected), dict(same)
+    def __init__(self, protected, same, answers=None):
+        self.protected, self.same, self.answers = set(protected), dict(same), dict(answers or {})
         self.findings: list[str] = []
         self.modules: dict[str, str] = {n: m for n, m in self.same.items() if "." not in m or _module_exists(m)}
+        self.imported: dict[str, str] = {}  # names this cell imports from modules: name -> dotted name
         self.parents: dict[ast.AST, ast.AST] = {}
         self.scopes: list[dict] = [{"kind": "module", "globals": set(), "self": None}]
         self.skip: set[int] = set()  # ids of get_ipython() calls that are allowed magics
@@ -189,6 +263,35 @@ class _Integrity(ast.NodeVisitor):
             for child in ast.iter_child_nodes(parent):
                 self.parents[child] = parent
         self.visit(tree)
+
+    def resolve(self, node) -> str | None:
+        """The dotted name an expression like ``S.f`` or ``kernels.streams.f`` stands for, through the modules
+        and imported names the cell can see; None for anything else."""
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        root = self.modules.get(node.id) or self.imported.get(node.id) or self.same.get(node.id)
+        return ".".join([root, *reversed(parts)]) if root else None
+
+    def check_answer(self, node, dotted: str | None, how: str):
+        """Flag the use of a course function that answers a task (self.answers)."""
+        if dotted is None or not self.answers:
+            return
+        dotted = _canonical(dotted)
+        task = self.answers.get(dotted)
+        if task:
+            self.flag(node, f"{how} {dotted}", f"the lesson's own answer to {task}: the task asks you to write it")
+        parent = self.parents.get(node)
+        if isinstance(parent, ast.Call) and parent.func is node:  # dotted(keyword): the call passes that keyword
+            for key, task in self.answers.items():
+                if key.startswith(dotted + "(") and key.endswith(")"):
+                    kw = key[len(dotted) + 1:-1]
+                    if any(k.arg in (kw, None) for k in parent.keywords):
+                        self.flag(node, f"calls {dotted} with {kw}=",
+                                  f"that makes it the lesson's own answer to {task}: the task asks you to write it")
 
     def flag(self, node, what: str, why: str):
         self.findings.append(f"line {getattr(node, 'lineno', 1)}: {what} ({why})" if why else
@@ -212,6 +315,7 @@ class _Integrity(ast.NodeVisitor):
     def visit_Import(self, node):
         for a in node.names:
             self.check_module(node, a.name)
+            self.check_answer(node, a.name, "imports")
             name = a.asname or a.name.split(".")[0]
             target = a.name if a.asname else a.name.split(".")[0]
             self.bind(node, name, target)
@@ -226,8 +330,10 @@ class _Integrity(ast.NodeVisitor):
                 self.flag(node, f"imports * from {module}", "it could replace names the tests use")
                 continue
             self.check_module(node, f"{module}.{a.name}")
+            self.check_answer(node, f"{module}.{a.name}", "imports")
             name = a.asname or a.name
             self.bind(node, name, f"{module}.{a.name}")
+            self.imported[name] = f"{module}.{a.name}"
             if self.at_module_scope(name) and _module_exists(f"{module}.{a.name}"):
                 self.modules[name] = f"{module}.{a.name}"
 
@@ -296,6 +402,8 @@ class _Integrity(ast.NodeVisitor):
         if isinstance(node.ctx, (ast.Store, ast.Del)):
             self.bind(node, node.id)
             return
+        if node.id in self.same and node.id not in self.modules:  # a function a read-only cell imported
+            self.check_answer(node, self.same[node.id], "uses")
         if node.id in _DYNAMIC_NAMES and id(node) not in self.skip:
             self.flag(node, f"uses {node.id}", f"it {_DYNAMIC_NAMES[node.id]}")
         elif _DUNDER.match(node.id) and node.id not in _ALLOWED_DUNDERS:
@@ -314,6 +422,8 @@ class _Integrity(ast.NodeVisitor):
 
     def visit_Attribute(self, node):
         attr = node.attr
+        if isinstance(node.ctx, ast.Load):
+            self.check_answer(node, self.resolve(node), "uses")
         if _DUNDER.match(attr) and attr not in _ALLOWED_DUNDERS:
             self.flag(node, f"uses .{attr}", "special attributes reach the interpreter's machinery")
         elif attr in _BLOCKED_ATTRS:
@@ -354,6 +464,9 @@ class _Integrity(ast.NodeVisitor):
             key = node.args[1]
             if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
                 self.flag(node, "uses getattr with a computed name", "it reaches any attribute")
+            else:
+                base = self.resolve(node.args[0])
+                self.check_answer(node, f"{base}.{key.value}" if base else None, "uses")
         if name in ("attrgetter", "methodcaller") and not all(
                 isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:1]):
             self.flag(node, f"uses {name} with a computed name", "it reaches any attribute")
@@ -367,7 +480,8 @@ class _Integrity(ast.NodeVisitor):
             for arg in args[1:]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     self.skip.add(id(arg))
-                    for finding in _integrity_findings(arg.value, protected=self.protected, same=self.same):
+                    for finding in _integrity_findings(arg.value, protected=self.protected, same=self.same,
+                                                       answers=self.answers):
                         self.findings.append(f"in %{magic}, {finding}")
                 else:
                     self.visit(arg)

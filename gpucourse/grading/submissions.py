@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from .. import runtime
-from .integrity import _integrity_findings, _protected_names, _source_text
+from .integrity import _answers, _integrity_findings, _protected_names, _source_text
 from .settings import MAX_CODE_CHARS, MAX_NOTEBOOK_BYTES
 
 
@@ -175,6 +175,7 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
 
     # The integrity rules, on every code cell the learner wrote.
     protected, same = _protected_names(src_cells)
+    answers = _answers(source)
     written = sum(len(c["source"]) for c in cells if not (_gid(c) and nbg(c).get("locked")))
     if written > MAX_CODE_CHARS:
         raise runtime.CourseInputError(f"the notebook holds {written} characters of your cells; the grader runs "
@@ -183,7 +184,7 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
         g = _gid(cell)
         if cell["cell_type"] != "code" or (g and nbg(cell).get("locked")):
             continue
-        findings = _integrity_findings(cell["source"], protected=protected, same=same)
+        findings = _integrity_findings(cell["source"], protected=protected, same=same, answers=answers)
         if findings:
             name = f"cell {g}" if g else f"cell {number} (one you added)"
             why = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
