@@ -809,6 +809,8 @@ SAME_7 = {"S": "kernels.streams", "B": "kernels.batching", "feeding": "benchmark
      "checkpoint_every="),
     ("kw = {'checkpoint_every': 4}\ng = tr.loss_and_grads(p, X, y, **kw)", "calls kernels.training.loss_and_grads "
      "with checkpoint_every="),
+    ("import functools\ng = functools.partial(tr.loss_and_grads, checkpoint_every=4)", "calls "
+     "kernels.training.loss_and_grads with checkpoint_every="),
 ])
 def test_integrity_refuses_the_lessons_own_answers(code, how):
     """A task the lesson's own function answers must be written, not called, imported, aliased or fetched."""

@@ -285,7 +285,8 @@ class _Integrity(ast.NodeVisitor):
         if task:
             self.flag(node, f"{how} {dotted}", f"the lesson's own answer to {task}: the task asks you to write it")
         parent = self.parents.get(node)
-        if isinstance(parent, ast.Call) and parent.func is node:  # dotted(keyword): the call passes that keyword
+        # dotted(keyword): a call of it, or one that takes it as an argument (functools.partial), passes the keyword
+        if isinstance(parent, ast.Call) and (parent.func is node or node in parent.args):
             for key, task in self.answers.items():
                 if key.startswith(dotted + "(") and key.endswith(")"):
                     kw = key[len(dotted) + 1:-1]
