@@ -154,3 +154,33 @@ def module_arch(name: str, arch: str):
     path.write_bytes(cubin if isinstance(cubin, bytes) else bytes(cubin))
     mod = cp.RawModule(path=str(path))
     return mod
+
+
+# ------------------------------------------------------------------ the CUDA driver API, for what CuPy lacks
+
+@functools.cache
+def driver():
+    """libcuda through ctypes (GPU mode), for the driver calls CuPy does not expose: tensor maps
+    (cuTensorMapEncode*), launches with by-value tensor maps (cuLaunchKernel), stream priorities. Every function
+    used returns a CUresult (an int): pass it to ``driver_check``."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise runtime.CourseError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {exc}") from None
+    for name in ("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuLaunchKernel", "cuGetErrorString",
+                 "cuCtxGetStreamPriorityRange"):
+        getattr(lib, name).restype = ctypes.c_int
+    return lib
+
+
+def driver_check(status: int, what: str) -> None:
+    """Raise CourseError with the driver's own words when a driver call returned an error."""
+    if status != 0:
+        import ctypes
+
+        msg = ctypes.c_char_p()
+        driver().cuGetErrorString(status, ctypes.byref(msg))
+        raise runtime.CourseError(f"{what} failed: CUDA driver error {status} "
+                                  f"({msg.value.decode() if msg.value else 'unknown'})")

@@ -13,7 +13,6 @@ Used by notebooks/03_tensor_cores.ipynb, benchmarks/tensor_cores.py and the test
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass
@@ -515,31 +514,6 @@ def wgmma_config(name: str) -> dict:
 _TMA_FLOAT16, _TMA_SWIZZLE_128B, _TMA_L2_256B = 6, 3, 3
 
 
-@functools.cache
-def _libcuda():
-    import ctypes
-
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise runtime.CourseError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {exc}") from None
-    lib.cuTensorMapEncodeTiled.restype = ctypes.c_int
-    lib.cuTensorMapEncodeIm2col.restype = ctypes.c_int
-    lib.cuLaunchKernel.restype = ctypes.c_int
-    lib.cuGetErrorString.restype = ctypes.c_int
-    return lib
-
-
-def _driver_check(status: int, what: str) -> None:
-    if status != 0:
-        import ctypes
-
-        msg = ctypes.c_char_p()
-        _libcuda().cuGetErrorString(status, ctypes.byref(msg))
-        raise runtime.CourseError(f"{what} failed: CUDA driver error {status} "
-                                  f"({msg.value.decode() if msg.value else 'unknown'})")
-
-
 _tensor_maps: dict = {}
 
 
@@ -574,6 +548,22 @@ def tensor_map_args(shape: tuple, box: tuple, itemsize: int = 2) -> tuple:
     return dims, tuple(strides), tuple(int(b) for b in reversed(box))
 
 
+def _cached_map(x, key: tuple, encode) -> "object":
+    """The tensor map of CuPy array ``x`` for ``key`` (what, besides x's address and shape, it was made from),
+    made once by ``encode(buffer)`` into 128 bytes the driver accepts; the TMA needs x 16-byte aligned."""
+    key = (x.data.ptr, tuple(x.shape), *key)
+    if key not in _tensor_maps:
+        if x.data.ptr % 16:
+            raise runtime.CourseInputError("the TMA needs a 16-byte aligned tensor; this one starts "
+                                           f"{x.data.ptr % 16} bytes past a boundary")
+        tmap = _map_buffer()
+        encode(tmap)
+        if len(_tensor_maps) > 64:
+            _tensor_maps.clear()
+        _tensor_maps[key] = tmap
+    return _tensor_maps[key]
+
+
 def tensor_map(x, box: tuple) -> "object":
     """The TMA descriptor (CUtensorMap, 128 bytes) of a C-contiguous FP16 CuPy array ``x`` of 2 to 5 dimensions
     (a row-major matrix: box = (rows, columns)), read in boxes of ``box`` elements, written into shared memory in
@@ -581,22 +571,15 @@ def tensor_map(x, box: tuple) -> "object":
     cuTensorMapEncodeTiled."""
     import ctypes
 
-    key = (x.data.ptr, tuple(x.shape), tuple(box))
-    if key not in _tensor_maps:
-        if x.data.ptr % 16:
-            raise runtime.CourseInputError("the TMA needs a 16-byte aligned tensor; this one starts "
-                                           f"{x.data.ptr % 16} bytes past a boundary")
+    def encode(tmap):
         dims, strides, boxes = tensor_map_args(tuple(x.shape), tuple(box), 2)
         rank = len(dims)
-        tmap = _map_buffer()
-        _driver_check(_libcuda().cuTensorMapEncodeTiled(
+        cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeTiled(
             tmap, _TMA_FLOAT16, rank, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * rank)(*dims),
             (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*boxes),
             (ctypes.c_uint32 * rank)(*([1] * rank)), 0, _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
-        if len(_tensor_maps) > 64:
-            _tensor_maps.clear()
-        _tensor_maps[key] = tmap
-    return _tensor_maps[key]
+
+    return _cached_map(x, ("tiled", tuple(box)), encode)
 
 
 def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple) -> "object":
@@ -608,28 +591,22 @@ def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple)
     cuTensorMapEncodeIm2col."""
     import ctypes
 
-    key = (x.data.ptr, tuple(x.shape), "im2col", pixels, channels, tuple(lower), tuple(upper))
-    if key not in _tensor_maps:
-        if x.ndim != 4:
-            raise runtime.CourseInputError(f"the TMA's im2col mode here reads NHWC images (4 dimensions), got shape "
-                                           f"{tuple(x.shape)}")
-        if x.data.ptr % 16:
-            raise runtime.CourseInputError("the TMA needs a 16-byte aligned tensor; this one starts "
-                                           f"{x.data.ptr % 16} bytes past a boundary")
-        if not 1 <= pixels <= 256 or channels * 2 > 128 or channels < 8:
-            raise runtime.CourseInputError(f"an im2col load brings 1 to 256 pixels of 8 to 64 FP16 channels (one "
-                                           f"128-byte row of the swizzle), got {pixels} x {channels}")
+    if x.ndim != 4:
+        raise runtime.CourseInputError(f"the TMA's im2col mode here reads NHWC images (4 dimensions), got shape "
+                                       f"{tuple(x.shape)}")
+    if not 1 <= pixels <= 256 or channels * 2 > 128 or channels < 8:
+        raise runtime.CourseInputError(f"an im2col load brings 1 to 256 pixels of 8 to 64 FP16 channels (one "
+                                       f"128-byte row of the swizzle), got {pixels} x {channels}")
+
+    def encode(tmap):
         dims, strides, _ = tensor_map_args(tuple(x.shape), (1, 1, 1, 1), 2)  # (C, W, H, N) and byte strides
-        tmap = _map_buffer()
-        _driver_check(_libcuda().cuTensorMapEncodeIm2col(
+        cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeIm2col(
             tmap, _TMA_FLOAT16, 4, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * 4)(*dims),
             (ctypes.c_uint64 * 3)(*strides), (ctypes.c_int * 2)(lower[1], lower[0]),  # the driver wants W first
             (ctypes.c_int * 2)(upper[1], upper[0]), channels, pixels, (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0,
             _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeIm2col")
-        if len(_tensor_maps) > 64:
-            _tensor_maps.clear()
-        _tensor_maps[key] = tmap
-    return _tensor_maps[key]
+
+    return _cached_map(x, ("im2col", pixels, channels, tuple(lower), tuple(upper)), encode)
 
 
 _hopper_ready: set = set()
@@ -659,7 +636,7 @@ def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, wh
     params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
     stream = runtime.cupy().cuda.get_current_stream().ptr
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    _driver_check(_libcuda().cuLaunchKernel(
+    cuda_c.driver_check(cuda_c.driver().cuLaunchKernel(
         ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), gx, gy, gz, threads, 1, 1, smem_bytes, ctypes.c_void_p(stream),
         params, None), f"launching {what}")
 

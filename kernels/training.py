@@ -404,11 +404,12 @@ def _greatest_stream_priority() -> int:
     (cuCtxGetStreamPriorityRange: least 0, greatest -5 on Hopper), which CuPy does not expose."""
     import ctypes
 
+    from kernels import cuda_c
+
     runtime.cupy().zeros(1)  # the device's context exists and is current
     least, greatest = ctypes.c_int(), ctypes.c_int()
-    status = ctypes.CDLL("libcuda.so.1").cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest))
-    if status != 0:
-        raise runtime.CourseError(f"cuCtxGetStreamPriorityRange failed: CUDA driver error {status}")
+    cuda_c.driver_check(cuda_c.driver().cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
+                        "cuCtxGetStreamPriorityRange")
     return greatest.value
 
 

@@ -840,8 +840,8 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
         for key in answers:
             dotted = re.sub(r"\(\w+\)$", "", key)
             module, name = dotted.rsplit(".", 1)
-            f = grading.integrity._module_file(module)
-            assert f is not None, (path.name, key)
+            f = grading.integrity._module_path(module)
+            assert f is not None and f.is_file(), (path.name, key)
             defined = {n.name for n in ast.parse(f.read_text()).body
                        if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
             assert name in defined, (path.name, key, "is not defined where it is named")

@@ -84,55 +84,53 @@ _EQUIVALENT_IMPORTS = {"runtime.cuda()": "numba.cuda", "runtime.cupy()": "cupy"}
 _DUNDER = re.compile(r"^__\w+__$")
 
 
-def _module_exists(dotted: str) -> bool:
-    """Whether ``dotted`` names a module on sys.path (found on disk, nothing imported)."""
-    parts = dotted.split(".")
-    for entry in sys.path:
-        base = Path(entry or ".").joinpath(*parts)
-        if (base / "__init__.py").is_file() or base.with_suffix(".py").is_file() or base.is_dir():
-            return True
-    return False
+def _module_path(dotted: str) -> Path | None:
+    """Where module ``dotted`` lies on sys.path, found on disk without importing it: its source file (a
+    package's __init__.py), or the folder of a namespace package; None where there is none."""
+    return _module_path_on(dotted, tuple(sys.path))
 
 
 @functools.lru_cache(maxsize=4096)
-def _module_file(dotted: str) -> Path | None:
-    """The source file of module ``dotted`` on sys.path (a package's __init__.py), found without importing it."""
+def _module_path_on(dotted: str, path: tuple) -> Path | None:
     parts = dotted.split(".")
-    for entry in sys.path:
+    for entry in path:
         base = Path(entry or ".").joinpath(*parts)
         for f in (base / "__init__.py", base.with_suffix(".py")):
             if f.is_file():
                 return f
+        if base.is_dir():
+            return base
     return None
 
 
-_IMPORT_MAPS: dict[str, dict[str, str]] = {}
+def _module_exists(dotted: str) -> bool:
+    """Whether ``dotted`` names a module on sys.path (found on disk, nothing imported)."""
+    return _module_path(dotted) is not None
 
 
+@functools.lru_cache(maxsize=None)
 def _import_map(module: str) -> dict[str, str]:
     """What the top-level imports of ``module``'s source bind: {name: dotted name of the module or object}."""
-    if module not in _IMPORT_MAPS:
-        out: dict[str, str] = {}
-        f = _module_file(module)
-        try:
-            tree = ast.parse(f.read_text()) if f else None
-        except (OSError, SyntaxError, ValueError):
-            tree = None
-        package = module if f is not None and f.name == "__init__.py" else module.rpartition(".")[0]
-        for node in tree.body if tree else ():
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # from .specs import f: relative to this module's package
-                    up = package.split(".")[:len(package.split(".")) - (node.level - 1)] if package else []
-                    base = ".".join([*up, *([node.module] if node.module else [])])
-                for a in node.names:
-                    if a.name != "*" and base:
-                        out[a.asname or a.name] = f"{base}.{a.name}"
-        _IMPORT_MAPS[module] = out
-    return _IMPORT_MAPS[module]
+    out: dict[str, str] = {}
+    f = _module_path(module)
+    try:
+        tree = ast.parse(f.read_text()) if f is not None and f.is_file() else None
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    package = module if f is not None and f.name == "__init__.py" else module.rpartition(".")[0]
+    for node in tree.body if tree else ():
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                out[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from .specs import f: relative to this module's package
+                up = package.split(".")[:len(package.split(".")) - (node.level - 1)] if package else []
+                base = ".".join([*up, *([node.module] if node.module else [])])
+            for a in node.names:
+                if a.name != "*" and base:
+                    out[a.asname or a.name] = f"{base}.{a.name}"
+    return out
 
 
 def _canonical(dotted: str) -> str:
@@ -143,7 +141,7 @@ def _canonical(dotted: str) -> str:
     for _ in range(16):  # imports that lead on to imports, a few levels at most
         for i in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:i])
-            if _module_file(module) is None:
+            if _module_path(module) is None:
                 continue
             target = _import_map(module).get(parts[i])
             if target and target.split(".") != parts[:i + 1]:
