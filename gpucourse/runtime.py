@@ -12,11 +12,13 @@ Force a mode with the environment variable GPUCOURSE_MODE=cpu (or gpu), or ``set
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
 import re
 import sys
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -235,10 +237,13 @@ def tensorflow():
     it; and float32 means float32 (TF32 off; TensorFlow would otherwise run float32 matrix products and
     convolutions in TF32 on Ampere and newer), so it can be the oracle of the course's FP32 kernels. Call this
     before anything else uses TensorFlow: memory growth cannot be set once its GPUs are started."""
-    import tensorflow as tf
-
     global _tf_configured
-    if not _tf_configured:
+    if _tf_configured:
+        import tensorflow as tf
+        return tf
+    with _native_stderr_kept_aside():
+        import tensorflow as tf
+
         _tf_configured = True
         tf.config.experimental.enable_tensor_float_32_execution(False)
         try:
@@ -248,6 +253,28 @@ def tensorflow():
             warnings.warn("TensorFlow was used before gpucourse.runtime.tensorflow(): it keeps the GPU memory it "
                           "took at start-up, which CuPy may then lack", stacklevel=2)
     return tf
+
+
+@contextlib.contextmanager
+def _native_stderr_kept_aside():
+    """What C++ code writes to file descriptor 2 meanwhile goes to a temporary file, and is shown only if the block
+    fails. TensorFlow's start-up writes notices there that TF_CPP_MIN_LOG_LEVEL no longer silences (absl's "All log
+    messages before absl::InitializeLog()", oneDNN's, a failed cuInit on a machine without a GPU), which a notebook
+    would show under the cell as if something had gone wrong."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as kept:
+        os.dup2(kept.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            kept.seek(0)
+            sys.stderr.write(kept.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 _tf_configured = False

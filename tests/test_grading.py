@@ -261,3 +261,17 @@ def test_learner_notebook_must_match_a_lesson(tmp_path):
     shutil.copy(EXERCISE, stray)
     with pytest.raises(runtime.CourseInputError, match="matches no solution notebook"):
         grading.grade(stray)
+
+
+def test_grading_without_nbgrader_says_so(tmp_path, monkeypatch):
+    """Where nbgrader is not installed, the grader says that before it starts a worker (which would only stop
+    answering)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "nbgrader" else real(name, *a))
+    learner = tmp_path / "01_vector_multiply" / "vector_multiply.ipynb"
+    learner.parent.mkdir()
+    shutil.copy(EXERCISE, learner)
+    with pytest.raises(grading.GradingError, match="nbgrader is not installed"):
+        grading.grade(learner)

@@ -1224,16 +1224,32 @@ def test_gpu_known_wrong_and_gamed_candidates(capsys):
                                              "while it was being timed; 0 of 3 points"), results["patches_clock"]
 
 
+ALL_LESSONS = sorted(p.name for p in grading.SOLUTIONS.iterdir() if list(p.glob("*.ipynb")))
+
+
 @pytest.mark.gpu
-def test_gpu_solution_gets_every_point_in_the_guarded_kernel(tmp_path):
-    path = tmp_path / L1 / "vector_multiply.ipynb"
+@pytest.mark.parametrize("lesson", ALL_LESSONS)
+def test_gpu_solution_gets_every_point_in_the_guarded_kernel(tmp_path, lesson):
+    """Every lesson's exercise, filled in with its solution's answers, graded in GPU mode: every test passes and
+    every performance test is timed against the reference on this GPU (the answer is the reference's own code, so
+    its ratio is about 1: at least half the points, allowing for noise); only a test that needs more GPUs than
+    this machine has is not gradable here."""
+    if lesson == "08_training":
+        pytest.importorskip("tensorflow", reason="Task 8.5 needs TensorFlow, which this machine lacks")
+    nb = filled_exercise(lesson)
+    path = tmp_path / lesson / next((grading.SOLUTIONS / lesson).glob("*.ipynb")).name
     path.parent.mkdir()
-    path.write_text(json.dumps(filled_exercise(L1)))
-    report = grading.grade(path, mode="gpu")
-    assert report.mode == "gpu" and report.not_gradable == [], report.format()
-    perf = report.test("perf_1_4_fast_multiply")
-    assert perf.points >= 2.5 and perf.message.startswith("performance: fast_multiply"), report.format()
-    assert report.score >= report.max_score - 0.5, report.format()
+    path.write_text(json.dumps(nb))
+    report = grading.grade(path, mode="gpu", notebook_timeout=900)
+    assert report.mode == "gpu", report.format()
+    gpus = runtime.cupy().cuda.runtime.getDeviceCount()
+    for t in report.tests:
+        if not t.gradable:
+            assert t.status == grading.settings.NOT_GRADABLE_GPUS and gpus < 2, report.format()
+        elif t.message.startswith("performance:"):  # a timed perf_ test (a perf_ test may check results only)
+            assert t.points >= t.max_points / 2, report.format()
+        else:
+            assert t.points == t.max_points, report.format()
 
 
 # ------------------------------------------------------------------------------ class-scale timing

@@ -82,7 +82,7 @@ def _prepend(first: list[str], rest: str) -> str:
 # PYTHONPATH, HOME, working folder or tokens, is left out).
 _ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "SYSTEMROOT", "OMP_NUM_THREADS",
               "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_CPP_MIN_LOG_LEVEL", "SSL_CERT_FILE"}
-_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUPY_", "NUMBA_", "NV_")
+_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUPY_", "NUMBA_", "NV_", "NCCL_", "NVSHMEM_")  # NCCL_NVLS_ENABLE=0 reaches the kernels
 
 
 def _tail(text: str, lines: int = 30) -> str:

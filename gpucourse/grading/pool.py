@@ -24,6 +24,16 @@ from .settings import GradingError, KERNEL_CODE, KERNEL_NAME, Limits, REPO, SOLU
 from .worker import _guarded_config
 
 
+def require_nbgrader() -> None:
+    """A clear GradingError where nbgrader is not installed, before any worker starts (a worker without it would
+    only stop answering)."""
+    import importlib.util
+
+    if importlib.util.find_spec("nbgrader") is None:
+        raise GradingError(f"nbgrader is not installed in this Python ({sys.executable}): the grader runs nbgrader's "
+                           "autograder. Install the course's environment (environment.yml, or pip install -e .)")
+
+
 class _Course:
     """One grading run's directories and workers.
 
@@ -36,6 +46,7 @@ class _Course:
     """
 
     def __init__(self, root: Path, source: Path, mode: str, limits: Limits, deny: Sequence[Path] = ()):
+        require_nbgrader()
         self.root, self.source, self.mode, self.limits = root, source, mode, limits
         self.assignment, self.notebook = source.parent.name, source.stem
         aux = self.aux = root / ".grader"
