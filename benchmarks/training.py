@@ -185,10 +185,11 @@ def largest_batch(layers: int = 64, width: int = 2048, budget_gib: float = 4.0, 
 
 # How the data-parallel step is timed: with no communication, with NCCL's all-reduces started bucket by bucket
 # during the backward pass, started only after it, started during it on streams of the highest priority, and with
-# lesson 6's ring after the backward pass.
+# lesson 6's ring after the backward pass, all from one Python thread; and as "nccl" with one process per GPU.
 DP_VARIANTS = {"none": {"reduce": "none"}, "nccl": {"reduce": "nccl"},
                "nccl_after": {"reduce": "nccl", "overlap": False},
-               "nccl_priority": {"reduce": "nccl", "comm_priority": True}, "ring": {"reduce": "ring"}}
+               "nccl_priority": {"reduce": "nccl", "comm_priority": True}, "ring": {"reduce": "ring"},
+               "nccl_procs": {"processes": True}}
 
 
 def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024, ks=None, repeats: int = 10) -> dict:
@@ -215,6 +216,9 @@ def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024
         if k < 2:
             variants.pop("ring")  # lesson 6's ring needs two GPUs
         for reduce, kw in variants.items():
+            if kw.get("processes"):
+                entry.update(_data_parallel_processes(k, widths, batch_per_gpu, repeats, reduce))
+                continue
             try:
                 dp = tr.DataParallel(host, list(range(k)), **kw)
 
@@ -229,6 +233,21 @@ def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024
                 entry[reduce + "_error"] = f"{type(exc).__name__}: {exc}"
         out["runs"][str(k)] = entry
     return out
+
+
+def _data_parallel_processes(k: int, widths, batch_per_gpu: int, repeats: int, name: str) -> dict:
+    """The data-parallel step with one process per GPU (tr.data_parallel_program under lesson 6's launcher): the
+    time of the slowest rank, each rank's median, or why it failed."""
+    from kernels import ranks
+
+    runtime.cupy().get_default_memory_pool().free_all_blocks()  # the ranks need the memory this process held
+    try:
+        results = ranks.launch(k, tr.data_parallel_program, list(widths), batch_per_gpu, 0, repeats, 1e-4,
+                               timeout=300.0)
+    except Exception as exc:  # a rank failed, or NCCL is missing: the other variants stand
+        return {name + "_error": f"{type(exc).__name__}: {exc}"}
+    slowest = max(results, key=lambda r: r["timing"]["median_ms"])
+    return {name: slowest["timing"], name + "_ranks_ms": [r["timing"]["median_ms"] for r in results]}
 
 
 def scaling(d: dict) -> dict:
@@ -246,7 +265,7 @@ def scaling(d: dict) -> dict:
         out[k] = {"step_ms": step, "compute_ms": compute, "exposed_ms": step - compute,
                   "weak_scaling": t1 / step if t1 else None, "driving_k": compute / base if base else None,
                   "buckets": runs[k].get("buckets"),
-                  **{f"{v}_ms": runs[k][v]["median_ms"] for v in ("nccl_after", "nccl_priority", "ring")
+                  **{f"{v}_ms": runs[k][v]["median_ms"] for v in ("nccl_after", "nccl_priority", "ring", "nccl_procs")
                      if v in runs[k]}}
     return out
 
@@ -324,12 +343,16 @@ def scaling_lines(d: dict) -> list:
         takes = [f"{what} {bench.format_ms(s[key])}" for key, what in (
             ("nccl_after_ms", "all-reduces only after the backward pass"),
             ("nccl_priority_ms", "during it on high-priority streams"),
-            ("ring_ms", "lesson 6's ring after the backward pass")) if key in s]
+            ("ring_ms", "lesson 6's ring after the backward pass"),
+            ("nccl_procs_ms", "one process per GPU (overlapped, as DDP)")) if key in s]
         if takes:
             lines.append(f"    the same step with " + "; ".join(takes))
     for k, e in d["runs"].items():
         if "none" not in e or "nccl" not in e:
             lines.append(f"data parallel k = {k}: {e}")
+        else:
+            lines += [f"data parallel k = {k}, {key[:-len('_error')]} failed: {why}" for key, why in e.items()
+                      if key.endswith("_error")]
     if d["not_measured"]:
         lines.append(f"k = {', '.join(map(str, d['not_measured']))} not measured: the machine that measured "
                      f"these had {d['gpus']} GPU(s)")

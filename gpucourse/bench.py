@@ -93,7 +93,6 @@ def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, 
     """
     if repeats < 1 or warmup < 0 or not 0 <= hold_ms <= 1000:
         raise runtime.CourseInputError("repeats must be at least 1, warmup at least 0, hold_ms within 0..1000")
-        raise runtime.CourseInputError("repeats must be at least 1 and warmup at least 0")
     runtime.require_gpu("timing with CUDA events")
     cp = runtime.cupy()
     stream = cp.cuda.get_current_stream()

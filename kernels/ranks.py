@@ -298,7 +298,8 @@ def failing_program(group: Group, bad_rank: int, how: str, seconds: float = 0.2)
     return group.rank
 
 
-def _use_gpu(group: Group):
+def use_gpu(group: Group):
+    """CuPy, with this rank's GPU (number ``rank``) made current; a clear error where there are fewer GPUs than ranks."""
     cp = runtime.cupy()
     n = cp.cuda.runtime.getDeviceCount()
     if n < group.k:
@@ -326,7 +327,7 @@ def nccl_allreduce_program(group: Group, n: int, seed: int = 0, repeats: int = 0
     """One rank of NCCL's all-reduce: rank 0 makes the unique id (ncclGetUniqueId), every rank gets it through
     the rendezvous and joins the communicator; then one all-reduce of ``rank_data`` (checked by the caller
     against the single-process sum) and, with ``repeats``, its time on this rank's GPU (CUDA events)."""
-    cp = _use_gpu(group)
+    cp = use_gpu(group)
     from cupy.cuda import nccl
 
     uid = group.broadcast(nccl.get_unique_id() if group.rank == 0 else None)
@@ -353,7 +354,7 @@ def ipc_ring_allreduce_program(group: Group, n: int, seed: int = 0) -> dict:
     (cudaMemcpyPeerAsync across processes), then meets the others at a barrier before it adds or keeps the
     chunk its left neighbour sent. Host barriers between steps make it slow: the point is that the same ring
     runs across processes, with results equal to the single-process version."""
-    cp = _use_gpu(group)
+    cp = use_gpu(group)
     rt = cp.cuda.runtime
     r, k = group.rank, group.k
     buf = cp.asarray(rank_data(r, n, seed))

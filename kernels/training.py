@@ -399,6 +399,56 @@ def check_shards(shards, k: int) -> None:
             raise runtime.CourseInputError(f"shard {r} has {X.shape[0]} examples and {y.shape[0]} labels")
 
 
+def rank_shard(rank: int, batch_per_gpu: int, widths, seed: int = 0) -> tuple:
+    """Replica ``rank``'s shard of the batch, (X, y) in NumPy: the same wherever it is made, so one process per GPU
+    makes only its own, and the whole batch is the shards of ranks 0, 1, ... stacked."""
+    rng = np.random.default_rng([seed, rank])
+    return (rng.standard_normal((batch_per_gpu, widths[0]), dtype=np.float32),
+            rng.integers(0, widths[-1], batch_per_gpu).astype(np.int32))
+
+
+def data_parallel_program(group, widths, batch_per_gpu: int, steps: int = 1, repeats: int = 0, lr: float = 0.05,
+                          overlap: bool = True, comm_priority: bool = False, seed: int = 0) -> dict:
+    """One rank of data parallelism with one process per GPU (run by ``kernels.ranks.launch(k, ...)``, as DDP runs
+    it): rank r drives GPU r alone, from its own Python, so no GPU waits while one thread queues another's work.
+    Rank 0 makes NCCL's unique id, every rank joins the communicator, builds the same weights (``mlp_init`` with
+    ``seed``) and its shard (``rank_shard``), and runs ``steps`` SGD steps of ``DataParallel`` with the buckets'
+    all-reduces overlapped as in one process. Returns {"rank", "losses"} and, for a model of at most 2**22
+    weights, the weights after those steps ("params"); with ``repeats``, the step's CUDA-event time on this
+    rank's GPU ("timing", the course's timer, after a barrier of all ranks)."""
+    from kernels import ranks
+
+    cp = ranks.use_gpu(group)
+    from cupy.cuda import nccl
+
+    from gpucourse import bench
+
+    uid = group.broadcast(nccl.get_unique_id() if group.rank == 0 else None)
+    comm = nccl.NcclCommunicator(group.k, uid, group.rank)
+    try:
+        params = mlp_init(widths, seed=seed)
+        X, y = rank_shard(group.rank, batch_per_gpu, widths, seed)
+        shard = [(cp.asarray(X), cp.asarray(y))]
+        dp = DataParallel(params, [group.rank], comm=comm, overlap=overlap, comm_priority=comm_priority)
+        losses = [float(dp.step(shard, lr)[0]) for _ in range(steps)]
+        dp.synchronize()
+        out = {"rank": group.rank, "losses": losses}
+        if sum(W.size + b.size for W, b in params) <= 2**22:
+            out["params"] = [(W.get(), b.get()) for W, b in dp.params[0]]
+        if repeats:
+            group.barrier()
+
+            def step():
+                dp.step(shard, lr)
+                dp.synchronize()
+
+            out["timing"] = bench.time_gpu(step, repeats=repeats, warmup=2).summary()
+        del dp
+    finally:
+        comm.destroy()
+    return out
+
+
 def _greatest_stream_priority() -> int:
     """The highest priority a stream can have on the current GPU: the smallest number of the driver's range
     (cuCtxGetStreamPriorityRange: least 0, greatest -5 on Hopper), which CuPy does not expose."""
@@ -427,16 +477,24 @@ class DataParallel:
     Two switches take the overlap apart, to measure what it buys: ``overlap=False`` starts NCCL's all-reduces only
     after the whole backward pass, as the ring does; ``comm_priority=True`` puts the communication streams at the
     GPU's highest stream priority, so that the all-reduce kernels' blocks are scheduled before those of GEMMs
-    queued at the same time."""
+    queued at the same time.
+
+    One process per GPU (``data_parallel_program``, as PyTorch's DDP runs): ``comm`` is this process's NCCL
+    communicator, which spans the other processes' GPUs, and ``devices`` this process's one GPU; the step then
+    averages over the communicator's ``size()`` replicas."""
 
     def __init__(self, params, devices, *, bucket_bytes: int = 32 * 2**20, reduce: str = "nccl",
-                 checkpoint_every: int = 1, overlap: bool = True, comm_priority: bool = False):
+                 checkpoint_every: int = 1, overlap: bool = True, comm_priority: bool = False, comm=None):
+        if reduce not in ("nccl", "ring", "none"):
+            raise runtime.CourseInputError(f"reduce must be 'nccl', 'ring' or 'none', got {reduce!r}")
+        if comm is not None and (reduce != "nccl" or len(devices) != 1):
+            raise runtime.CourseInputError("comm is one process's NCCL communicator: give it with reduce='nccl' and "
+                                           f"this process's one GPU, not reduce={reduce!r} and devices {list(devices)}")
         cp = runtime.cupy()
         from kernels import collectives as col
 
-        if reduce not in ("nccl", "ring", "none"):
-            raise runtime.CourseInputError(f"reduce must be 'nccl', 'ring' or 'none', got {reduce!r}")
         self.cp, self.devices, self.k, self.reduce = cp, [int(d) for d in devices], len(devices), reduce
+        self.replicas = comm.size() if comm is not None else self.k  # the gradients are averaged over these
         self.checkpoint_every, self.overlap = checkpoint_every, bool(overlap)
         self.plan = buckets(params, bucket_bytes)
         self.bucket_of = {i: b for b, layers in enumerate(self.plan) for i in layers}
@@ -465,7 +523,7 @@ class DataParallel:
             from cupy.cuda import nccl
 
             self.nccl = nccl
-            self.comms = nccl.NcclCommunicator.initAll(self.devices)
+            self.comms = [comm] if comm is not None else nccl.NcclCommunicator.initAll(self.devices)
             self.nccl_type = {"float32": nccl.NCCL_FLOAT32, "float16": nccl.NCCL_FLOAT16}[p[0][0].dtype.name]
         elif reduce == "ring":
             self.ring = col.GpuRing(self.devices)
@@ -525,7 +583,7 @@ class DataParallel:
                     ev = cp.cuda.Event(disable_timing=True)
                     ev.record(self.comm[r])
                     self.compute[r].wait_event(ev)
-                sgd(self.params[r], self.grads[r], lr, scale=1.0 / self.k)
+                sgd(self.params[r], self.grads[r], lr, scale=1.0 / self.replicas)
         return losses
 
     def synchronize(self) -> None:

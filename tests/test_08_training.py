@@ -172,6 +172,7 @@ def test_weak_scaling_is_the_one_gpu_step_over_the_k_gpu_step():
          "runs": {"1": {"none": {"median_ms": 10.0}, "nccl": {"median_ms": 10.1}, "buckets": 4},
                   "2": {"none": {"median_ms": 10.5}, "nccl": {"median_ms": 12.0}, "buckets": 4},
                   "4": {"none": {"median_ms": 11.0}, "nccl_error": "NcclError: unhandled system error"}}}
+    d["runs"]["2"].update(nccl_procs={"median_ms": 11.5}, ring_error="RankFailed: rank 1 exited with code 1")
     s = bt.scaling(d)
     assert list(s) == [1, 2]
     assert s[1]["weak_scaling"] == pytest.approx(1.0)
@@ -179,6 +180,8 @@ def test_weak_scaling_is_the_one_gpu_step_over_the_k_gpu_step():
     assert s[2]["exposed_ms"] == pytest.approx(1.5) and s[2]["driving_k"] == pytest.approx(1.05)
     text = "\n".join(bt.scaling_lines(d))
     assert "T(1)/T(2) 84.2%" in text and "NcclError" in text and "k = 8 not measured" in text
+    assert s[2]["nccl_procs_ms"] == 11.5 and "one process per GPU (overlapped, as DDP) 11.5 ms" in text
+    assert "k = 2, ring failed: RankFailed: rank 1 exited with code 1" in text
     assert bt.scaling({"runs": {"2": d["runs"]["2"]}})[2]["weak_scaling"] is None
     fig = bt.plot_data_parallel(dict(d, layers=16, width=4096, batch_per_gpu=1024), "test")
     assert "k = 8 not measured" in fig.axes[0].get_title()
@@ -348,6 +351,46 @@ def test_data_parallel_on_gpus_equals_one_device(rng, variant):
     for r in range(k):
         got = [(cp.asnumpy(W), cp.asnumpy(b)) for W, b in dp.params[r]]
         assert _maxdiff(got, ref) <= 1e-5
+
+
+def test_one_process_per_gpu_shards_and_bad_communicator():
+    """One process per GPU: each rank makes its own shard, the same wherever it is made, different for each rank;
+    a communicator goes only with NCCL and one GPU (refused before anything touches a GPU)."""
+    widths = [8, 16, 4]
+    X0, y0 = tr.rank_shard(0, 6, widths, seed=3)
+    X0b, y0b = tr.rank_shard(0, 6, widths, seed=3)
+    X1, _ = tr.rank_shard(1, 6, widths, seed=3)
+    assert X0.shape == (6, 8) and y0.shape == (6,) and y0.max() < 4
+    assert np.array_equal(X0, X0b) and np.array_equal(y0, y0b) and not np.allclose(X0, X1)
+    p = tr.mlp_init(widths)
+    with pytest.raises(runtime.CourseInputError, match="one process's NCCL communicator"):
+        tr.DataParallel(p, [0, 1], comm=object())
+    with pytest.raises(runtime.CourseInputError, match="reduce='ring'"):
+        tr.DataParallel(p, [0], reduce="ring", comm=object())
+
+
+@pytest.mark.gpu
+def test_data_parallel_one_process_per_gpu_equals_one_device():
+    """Data parallelism with one process per GPU (lesson 6's launcher, an NCCL communicator across processes)
+    trains as one device on the whole batch does: every rank holds the same weights after two steps."""
+    from kernels import ranks
+
+    k = runtime.cupy().cuda.runtime.getDeviceCount()
+    widths, m, lr, steps = [32, 64, 64, 64, 8], 64, 0.1, 2
+    results = ranks.launch(k, tr.data_parallel_program, widths, m, steps, 0, lr)
+    shards = [tr.rank_shard(r, m, widths) for r in range(k)]
+    X, y = np.concatenate([s[0] for s in shards]), np.concatenate([s[1] for s in shards])
+    ref = tr.mlp_init(widths)
+    losses = []
+    for _ in range(steps):
+        loss, g = tr.loss_and_grads(ref, X, y)
+        losses.append(loss)
+        tr.sgd(ref, g, lr)
+    for r, res in enumerate(results):
+        assert res["rank"] == r and len(res["losses"]) == steps
+        assert _maxdiff(res["params"], ref) <= 1e-5
+    # each rank's loss is its own shard's; their mean is the whole batch's
+    assert np.mean([res["losses"][0] for res in results]) == pytest.approx(losses[0], rel=1e-5)
 
 
 def test_live_curves_refuse_bad_input(tmp_path):
