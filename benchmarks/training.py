@@ -250,6 +250,16 @@ def _data_parallel_processes(k: int, widths, batch_per_gpu: int, repeats: int, n
     return {name: slowest["timing"], name + "_ranks_ms": [r["timing"]["median_ms"] for r in results]}
 
 
+def recorded_with_more_gpus(d: dict) -> tuple | None:
+    """(figures, label) of the lesson's data-parallel run recorded on the most GPUs, where that is more GPUs than
+    ``d`` had (a learner's one GPU, or an older record), else None: the scale-up figures worth showing beside."""
+    recs = [r for r in records.all_records("08_training") if "data_parallel" in r["figures"]]
+    best = max(recs, key=lambda r: (r["figures"]["data_parallel"].get("gpus", 0), r["date"]), default=None)
+    if best is None or best["figures"]["data_parallel"].get("gpus", 0) <= d.get("gpus", 0):
+        return None
+    return best["figures"]["data_parallel"], records.label(best, "data_parallel")
+
+
 def scaling(d: dict) -> dict:
     """What the data-parallel runs say, per k measured with and without the all-reduces: the step times, the
     weak-scaling efficiency T(1) / T(k) (the batch per GPU is fixed, so the ideal is the same step time at every

@@ -189,6 +189,24 @@ def test_weak_scaling_is_the_one_gpu_step_over_the_k_gpu_step():
         bt.plot_data_parallel({"runs": {"4": d["runs"]["4"]}, "layers": 1, "width": 1, "batch_per_gpu": 1}, "test")
 
 
+def test_the_run_on_the_most_gpus_is_shown_beside_a_smaller_one(monkeypatch):
+    from benchmarks import training as bt
+    from gpucourse import records
+
+    def rec(name, gpus, date):
+        return {"gpu": {"name": name, "sms": 132, "driver": "13.0"}, "date": date,
+                "figures": {"data_parallel": {"gpus": gpus, "runs": {}}}}
+
+    recs = [rec("A", 1, "2026-11-22 10:00 UTC"), rec("B", 2, "2026-11-21 10:00 UTC"), rec("C", 2, "2026-11-20 10:00 UTC"),
+            {"gpu": {"name": "D"}, "date": "2026-11-23 10:00 UTC", "figures": {}}]
+    monkeypatch.setattr(records, "all_records", lambda lesson: recs)
+    d, src = bt.recorded_with_more_gpus({"gpus": 1})
+    assert d["gpus"] == 2 and src.startswith("recorded on B") and "2026-11-21" in src
+    assert bt.recorded_with_more_gpus({"gpus": 2}) is None
+    monkeypatch.setattr(records, "all_records", lambda lesson: [])
+    assert bt.recorded_with_more_gpus({"gpus": 1}) is None
+
+
 def test_recorded_training_goals():
     """Issue goals on the committed GPU records: mixed precision >= 2x FP32, sqrt(n) checkpoints >= 4x less
     activation memory for <= 1.4x the step time; the data-parallel runs read as weak scaling."""
