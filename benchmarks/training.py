@@ -22,7 +22,7 @@ from gpucourse import bench, plots, records, runtime
 from kernels import training as tr
 
 LESSON = "08_training"
-FIGURES = ("mixed_precision", "scaler_run", "recompute", "largest_batch", "data_parallel")
+FIGURES = ("mixed_precision", "scaler_run", "recompute", "largest_batch", "data_parallel", "overlap_standin")
 GOALS = {"mixed_speedup": 2.0, "recompute_memory": 4.0, "recompute_time": 1.4, "scaling_efficiency_k8": 0.9}
 
 
@@ -235,6 +235,86 @@ def data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: int = 1024
     return out
 
 
+# NCCL's all-reduce kernels run one block of 512 threads per channel, and take tens of KiB of shared memory each.
+STANDIN_THREADS, STANDIN_SHARED = 512, 32 * 1024
+
+
+def overlap_standin(layers: int = 16, width: int = 4096, batch: int = 1024, ctas=(8, 16, 32), comm_ms=None,
+                    buckets: int = 16, repeats: int = 10) -> dict:
+    """On one GPU: does the training step leave SMs for communication beside it? A stand-in for the buckets'
+    all-reduces (``buckets`` kernels of ``ctas`` blocks of 512 threads, each block holding its SM's share for
+    comm_ms / buckets: bench.hold) runs on a stream of its own while the step (forward, backward, SGD of the
+    data-parallel MLP) runs on another. The step with it, against the step and the stand-in alone, says how much of
+    the stand-in the step hid. comm_ms: the all-reduce of the step's gradients at k = 2 over NVLink as lesson 6
+    measured it (``links``), else 3.4 ms."""
+    cp = runtime.cupy()
+    widths = [width] * (layers + 1)
+    nvlink = [(name, gbs) for name, gbs in links().items() if name.startswith("NVLink")]
+    grad = gradient_bytes({"layers": layers, "width": width})
+    if comm_ms is None:
+        comm_ms, source = ((grad / (nvlink[0][1] * 1e9) * 1e3, nvlink[0][0]) if nvlink
+                           else (3.4, "no lesson 6 record: 3.4 ms assumed"))
+    else:
+        source = "given"
+    dp = tr.DataParallel(tr.mlp_init(widths), [cp.cuda.Device().id], reduce="none")
+    shard = [_batch(cp, batch, width, width, 0)]
+    side, main = cp.cuda.Stream(non_blocking=True), dp.compute[0]
+
+    def standin(C):
+        for _ in range(buckets):
+            bench.hold(comm_ms / buckets, side, blocks=C, threads=STANDIN_THREADS, shared_bytes=STANDIN_SHARED)
+
+    def joined(work_step: bool, C: int):
+        def work():
+            here = cp.cuda.get_current_stream()
+            start = cp.cuda.Event(disable_timing=True)
+            start.record(here)
+            side.wait_event(start)
+            main.wait_event(start)
+            if C:
+                standin(C)
+            if work_step:
+                dp.step(shard, 1e-4)
+            for s in (side, main):
+                done = cp.cuda.Event(disable_timing=True)
+                done.record(s)
+                here.wait_event(done)
+        return work
+
+    out = {"layers": layers, "width": width, "batch": batch, "buckets": buckets, "comm_ms": comm_ms,
+           "comm_source": source, "threads": STANDIN_THREADS, "shared_bytes": STANDIN_SHARED,
+           "sms": runtime.get().device.get("sms"),
+           "step": bench.time_gpu(joined(True, 0), repeats=repeats, warmup=2).summary(), "runs": {}}
+    for C in ctas:
+        out["runs"][str(C)] = {"alone": bench.time_gpu(joined(False, C), repeats=repeats, warmup=1).summary(),
+                               "with_step": bench.time_gpu(joined(True, C), repeats=repeats, warmup=1).summary()}
+    return out
+
+
+def standin_lines(o: dict) -> list:
+    """The stand-in in words: per block count, what it added to the step and the share of it the step hid."""
+    step = o["step"]["median_ms"]
+    lines = [f"the step alone {bench.format_ms(step)}; a stand-in for its all-reduces ({o['buckets']} kernels, "
+             f"{bench.format_ms(o['comm_ms'])} in all, from {o['comm_source']}) on a stream of its own:"]
+    for C, r in o["runs"].items():
+        alone, both = r["alone"]["median_ms"], r["with_step"]["median_ms"]
+        added = both - step
+        lines.append(f"  {C:>3} blocks of {o['threads']} threads: alone {bench.format_ms(alone)}, beside the step "
+                     f"{bench.format_ms(both)}: adds {bench.format_ms(added)}, "
+                     f"{100 * max(0.0, 1 - added / alone):.0f}% of it hidden")
+    return lines
+
+
+def plot_standin(o: dict, source: str):
+    """The step alone and beside the stand-in for each block count, against the time if nothing were hidden."""
+    step = o["step"]["median_ms"]
+    values = {"step alone": step, **{f"step + stand-in, {C} blocks": r["with_step"]["median_ms"]
+                                     for C, r in o["runs"].items()}}
+    worst = step + max(r["alone"]["median_ms"] for r in o["runs"].values())
+    return plots.bars(values, unit="ms", source=source, ceiling=("nothing hidden", worst),
+                      title=f"Room beside the step for {bench.format_ms(o['comm_ms'])} of communication")
+
+
 def _data_parallel_processes(k: int, widths, batch_per_gpu: int, repeats: int, name: str) -> dict:
     """The data-parallel step with one process per GPU (tr.data_parallel_program under lesson 6's launcher): the
     time of the slowest rank, each rank's median, or why it failed."""
@@ -283,9 +363,8 @@ def scaling(d: dict) -> dict:
 def run() -> tuple:
     ceilings = bench.measure_ceilings().as_dict()
     figures = {}
-    for name, fn in (("mixed_precision", mixed_precision), ("scaler_run", scaler_run), ("recompute", recompute),
-                     ("largest_batch", largest_batch), ("data_parallel", data_parallel)):
-        figures[name] = fn()
+    for name in FIGURES:
+        figures[name] = globals()[name]()
         runtime.cupy().get_default_memory_pool().free_all_blocks()
     figures["goals"] = GOALS
     return figures, ceilings

@@ -142,15 +142,21 @@ extern "C" __global__ void hold(unsigned long long ns) {
 _hold_kernel = None
 
 
-def hold(ms: float, stream=None) -> None:
-    """Queue a one-thread kernel that keeps the GPU busy for ``ms`` milliseconds on ``stream`` (the current
-    one by default). Work queued behind it starts only when it ends, however slowly the host queued it."""
+def hold(ms: float, stream=None, *, blocks: int = 1, threads: int = 1, shared_bytes: int = 0) -> None:
+    """Queue a kernel that keeps the GPU busy for ``ms`` milliseconds on ``stream`` (the current one by default).
+    Work queued behind it starts only when it ends, however slowly the host queued it. By default one thread; with
+    ``blocks`` of ``threads`` threads and ``shared_bytes`` of shared memory each, it holds those resources of as
+    many SMs for that long, as a communication kernel's blocks would (lesson 8's stand-in for NCCL)."""
     global _hold_kernel
+    if not (ms >= 0 and blocks >= 1 and 1 <= threads <= 1024 and 0 <= shared_bytes <= 48 * 1024):
+        raise runtime.CourseInputError("hold needs ms >= 0, blocks >= 1, 1..1024 threads and at most 48 KiB of "
+                                       "shared memory a block")
     runtime.require_gpu("holding the GPU")
     cp = runtime.cupy()
     if _hold_kernel is None:
         _hold_kernel = cp.RawKernel(HOLD_SOURCE, "hold")
-    _hold_kernel((1,), (1,), (cp.uint64(int(ms * 1e6)),), stream=stream or cp.cuda.get_current_stream())
+    _hold_kernel((int(blocks),), (int(threads),), (cp.uint64(int(ms * 1e6)),),
+                 stream=stream or cp.cuda.get_current_stream(), shared_mem=int(shared_bytes))
 
 
 def time_per_call(launch, *, batch: int = 8, repeats: int = 10, warmup: int = 2, hold_gpu: bool = True) -> Timing:

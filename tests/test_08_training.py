@@ -207,6 +207,38 @@ def test_the_run_on_the_most_gpus_is_shown_beside_a_smaller_one(monkeypatch):
     assert bt.recorded_with_more_gpus({"gpus": 1}) is None
 
 
+def test_standin_for_the_all_reduces_in_words():
+    """What the one-GPU stand-in says: per block count, what it added to the step and the share of it hidden."""
+    from benchmarks import training as bt
+    from gpucourse import bench
+
+    o = {"step": {"median_ms": 37.0}, "comm_ms": 3.4, "comm_source": "NVLink, 2 x H200", "buckets": 16,
+         "threads": 512, "runs": {"8": {"alone": {"median_ms": 3.5}, "with_step": {"median_ms": 38.0}},
+                                  "32": {"alone": {"median_ms": 3.4}, "with_step": {"median_ms": 41.0}}}}
+    text = "\n".join(bt.standin_lines(o))
+    assert "the step alone 37 ms" in text and "from NVLink, 2 x H200" in text
+    assert "8 blocks of 512 threads: alone 3.5 ms, beside the step 38 ms: adds 1 ms, 71% of it hidden" in text
+    assert "32 blocks" in text and "0% of it hidden" in text  # 4 ms added for 3.4 ms: nothing hidden, not < 0
+    fig = bt.plot_standin(o, "test")
+    assert "3.4 ms of communication" in fig.axes[0].get_title()
+    with pytest.raises(runtime.CourseInputError, match="at most 48 KiB"):
+        bench.hold(1.0, blocks=4, threads=512, shared_bytes=64 * 1024)
+    with pytest.raises(runtime.CourseInputError, match="blocks >= 1"):
+        bench.hold(1.0, blocks=0)
+
+
+@pytest.mark.gpu
+def test_overlap_standin_runs_beside_the_step():
+    from benchmarks import training as bt
+
+    o = bt.overlap_standin(layers=2, width=256, batch=64, ctas=(4,), comm_ms=2.0, buckets=4, repeats=3)
+    r = o["runs"]["4"]
+    assert o["comm_source"] == "given" and o["sms"] > 0
+    assert 1.9 <= r["alone"]["median_ms"] <= 3.0  # four holds of 0.5 ms in a row
+    # the small step hides behind the stand-in, or the other way round: never more than both in a row
+    assert r["with_step"]["median_ms"] <= r["alone"]["median_ms"] + o["step"]["median_ms"] + 0.5
+
+
 def test_recorded_training_goals():
     """Issue goals on the committed GPU records: mixed precision >= 2x FP32, sqrt(n) checkpoints >= 4x less
     activation memory for <= 1.4x the step time; the data-parallel runs read as weak scaling."""
