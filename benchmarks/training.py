@@ -391,6 +391,8 @@ def summary_text(figures: dict) -> str:
         lines.append(f"largest batch whose step runs in {lb['budget_gib']:g} GiB (found by running it): {one:,d} with "
                      f"s = {keys[0]}, {root:,d} with s = {keys[-1]} ({lb['ratio']:.2f}x)")
     lines += scaling_lines(d)
+    if figures.get("overlap_standin"):
+        lines += standin_lines(figures["overlap_standin"])
     return "\n".join(lines)
 
 
