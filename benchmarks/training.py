@@ -345,15 +345,18 @@ def scaling(d: dict) -> dict:
     weak-scaling efficiency T(1) / T(k) (the batch per GPU is fixed, so the ideal is the same step time at every
     k; T(1) is the one-GPU step with its calls to NCCL), the communication the buckets left exposed
     (T(k) - T(k) without communication), and the cost of driving k GPUs from one Python thread without any
-    communication (T(k) without / T(1) without)."""
+    communication (T(k) without / T(1) without); where one process per GPU was timed too, its efficiency
+    T(1) / T(k) against the same T(1)."""
     runs = {int(k): e for k, e in d["runs"].items() if "none" in e and "nccl" in e}
     t1 = runs[1]["nccl"]["median_ms"] if 1 in runs else None
     base = runs[1]["none"]["median_ms"] if 1 in runs else None
     out = {}
     for k in sorted(runs):
         step, compute = runs[k]["nccl"]["median_ms"], runs[k]["none"]["median_ms"]
+        procs = runs[k].get("nccl_procs", {}).get("median_ms")
         out[k] = {"step_ms": step, "compute_ms": compute, "exposed_ms": step - compute,
                   "weak_scaling": t1 / step if t1 else None, "driving_k": compute / base if base else None,
+                  "weak_scaling_procs": t1 / procs if t1 and procs else None,
                   "buckets": runs[k].get("buckets"),
                   **{f"{v}_ms": runs[k][v]["median_ms"] for v in ("nccl_after", "nccl_priority", "ring", "nccl_procs")
                      if v in runs[k]}}
@@ -438,6 +441,9 @@ def scaling_lines(d: dict) -> list:
             ("nccl_procs_ms", "one process per GPU (overlapped, as DDP)")) if key in s]
         if takes:
             lines.append(f"    the same step with " + "; ".join(takes))
+        if s.get("weak_scaling_procs") and k > 1:
+            lines.append(f"    with one process per GPU: weak-scaling efficiency T(1)/T({k}) "
+                         f"{100 * s['weak_scaling_procs']:.1f}%")
     for k, e in d["runs"].items():
         if "none" not in e or "nccl" not in e:
             lines.append(f"data parallel k = {k}: {e}")
@@ -512,19 +518,32 @@ def plot_data_parallel(d: dict, source: str):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ks = list(sc)
     x = np.arange(len(ks))
-    ax.bar(x - 0.2, [sc[k]["compute_ms"] for k in ks], 0.4, label="step, no communication")
-    ax.bar(x + 0.2, [sc[k]["step_ms"] for k in ks], 0.4, label="step with NCCL all-reduces in buckets")
+    procs = [sc[k].get("nccl_procs_ms") for k in ks]
+    w = 0.27 if any(procs) else 0.4
+    ax.bar(x - w / 2 - (w / 2 if any(procs) else 0), [sc[k]["compute_ms"] for k in ks], w,
+           label="step, no communication (one thread)")
+    ax.bar(x + w / 2 - (w / 2 if any(procs) else 0), [sc[k]["step_ms"] for k in ks], w,
+           label="step with NCCL all-reduces in buckets (one thread)")
+    if any(procs):
+        ax.bar(x + w, [p or 0 for p in procs], w, label="the same, one process per GPU")
     ax.set_xticks(x, [f"k = {k}" for k in ks])
     ax.set_ylabel("ms per step (batch per GPU fixed)")
-    ax.legend(fontsize=8, loc="lower left")
+    top = max(max(sc[k]["step_ms"], sc[k]["compute_ms"], sc[k].get("nccl_procs_ms") or 0) for k in ks)
+    ax.set_ylim(0, 1.9 * top)  # room above the bars for the two legends
+    ax.legend(fontsize=7, loc="upper left")
     eff = [(i, 100 * sc[k]["weak_scaling"]) for i, k in enumerate(ks) if sc[k]["weak_scaling"]]
     if eff:
         ax2 = ax.twinx()
         ax2.plot([i for i, _ in eff], [e for _, e in eff], "o-", color="black", label="weak-scaling efficiency")
+        eff_p = [(i, 100 * sc[k]["weak_scaling_procs"]) for i, k in enumerate(ks) if sc[k].get("weak_scaling_procs")]
+        if eff_p:
+            ax2.plot([i for i, _ in eff_p], [e for _, e in eff_p], "s--", color="tab:green",
+                     label="weak-scaling efficiency, one process per GPU")
         ax2.axhline(100 * GOALS["scaling_efficiency_k8"], color="tab:red", ls="--", lw=1, label="goal at k = 8")
-        ax2.set_ylim(0, 110)
+        ax2.set_ylim(0, 200)  # the lines sit below the legends
+        ax2.set_yticks(range(0, 101, 25))
         ax2.set_ylabel("T(1) / T(k) (%)")
-        ax2.legend(fontsize=8, loc="lower right")
+        ax2.legend(fontsize=7, loc="upper right")
     missing = f"; k = {', '.join(map(str, d['not_measured']))} not measured" if d.get("not_measured") else ""
     return plots._finish(ax, f"Data parallelism, {d['layers']} layers of {d['width']}, batch {d['batch_per_gpu']} "
                              f"per GPU{missing}", source)

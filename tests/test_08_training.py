@@ -181,6 +181,8 @@ def test_weak_scaling_is_the_one_gpu_step_over_the_k_gpu_step():
     text = "\n".join(bt.scaling_lines(d))
     assert "T(1)/T(2) 84.2%" in text and "NcclError" in text and "k = 8 not measured" in text
     assert s[2]["nccl_procs_ms"] == 11.5 and "one process per GPU (overlapped, as DDP) 11.5 ms" in text
+    assert s[2]["weak_scaling_procs"] == pytest.approx(10.1 / 11.5) and s[1]["weak_scaling_procs"] is None
+    assert "with one process per GPU: weak-scaling efficiency T(1)/T(2) 87.8%" in text
     assert "k = 2, ring failed: RankFailed: rank 1 exited with code 1" in text
     assert bt.scaling({"runs": {"2": d["runs"]["2"]}})[2]["weak_scaling"] is None
     fig = bt.plot_data_parallel(dict(d, layers=16, width=4096, batch_per_gpu=1024), "test")
