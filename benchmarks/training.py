@@ -518,18 +518,17 @@ def plot_data_parallel(d: dict, source: str):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ks = list(sc)
     x = np.arange(len(ks))
-    procs = [sc[k].get("nccl_procs_ms") for k in ks]
-    w = 0.27 if any(procs) else 0.4
-    ax.bar(x - w / 2 - (w / 2 if any(procs) else 0), [sc[k]["compute_ms"] for k in ks], w,
-           label="step, no communication (one thread)")
-    ax.bar(x + w / 2 - (w / 2 if any(procs) else 0), [sc[k]["step_ms"] for k in ks], w,
-           label="step with NCCL all-reduces in buckets (one thread)")
+    bars = {"step, no communication (one thread)": [sc[k]["compute_ms"] for k in ks],
+            "step with NCCL all-reduces in buckets (one thread)": [sc[k]["step_ms"] for k in ks]}
+    procs = [sc[k].get("nccl_procs_ms") or 0 for k in ks]
     if any(procs):
-        ax.bar(x + w, [p or 0 for p in procs], w, label="the same, one process per GPU")
+        bars["the same, one process per GPU"] = procs
+    w = 0.8 / len(bars)
+    for i, (label, values) in enumerate(bars.items()):
+        ax.bar(x + (i - (len(bars) - 1) / 2) * w, values, w, label=label)
     ax.set_xticks(x, [f"k = {k}" for k in ks])
     ax.set_ylabel("ms per step (batch per GPU fixed)")
-    top = max(max(sc[k]["step_ms"], sc[k]["compute_ms"], sc[k].get("nccl_procs_ms") or 0) for k in ks)
-    ax.set_ylim(0, 1.9 * top)  # room above the bars for the two legends
+    ax.set_ylim(0, 1.9 * max(max(v) for v in bars.values()))  # room above the bars for the two legends
     ax.legend(fontsize=7, loc="upper left")
     eff = [(i, 100 * sc[k]["weak_scaling"]) for i, k in enumerate(ks) if sc[k]["weak_scaling"]]
     if eff:

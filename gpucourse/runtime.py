@@ -268,13 +268,15 @@ def _native_stderr_kept_aside():
         try:
             yield
         except BaseException:
-            os.dup2(saved, 2)
             kept.seek(0)
-            sys.stderr.write(kept.read().decode(errors="replace"))
+            notices = kept.read().decode(errors="replace")
             raise
+        else:
+            notices = ""
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+            sys.stderr.write(notices)
 
 
 _tf_configured = False

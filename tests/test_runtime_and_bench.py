@@ -1,5 +1,6 @@
 """The shared tooling: mode, sizes, the probe text, records, timing arithmetic."""
 import json
+import os
 
 import pytest
 
@@ -294,3 +295,17 @@ def test_hold_lets_the_events_time_the_gpu_not_python():
     assert held.median_ms < 0.05 < 0.15 < unheld.median_ms
     t = bench.time_gpu(lambda: bench.hold(2.0), repeats=3)
     assert 1.9 < t.median_ms < 2.5
+
+
+def test_native_stderr_is_kept_aside_unless_the_block_fails(capfd):
+    """TensorFlow's start-up notices go to file descriptor 2; they are shown only when the start fails."""
+    with runtime._native_stderr_kept_aside():
+        os.write(2, b"I0000 a notice\n")
+    assert "a notice" not in capfd.readouterr().err
+    with pytest.raises(RuntimeError, match="start failed"):
+        with runtime._native_stderr_kept_aside():
+            os.write(2, b"E0000 why it failed\n")
+            raise RuntimeError("start failed")
+    assert "why it failed" in capfd.readouterr().err
+    os.write(2, b"after\n")  # descriptor 2 is back
+    assert "after" in capfd.readouterr().err
