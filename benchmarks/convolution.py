@@ -12,7 +12,7 @@ import numpy as np
 
 from gpucourse import bench, gpus, plots, runtime
 from kernels import convolution as cv
-from kernels import cudnn
+from systems.convolution import cudnn
 
 LESSON = "04_convolution"
 FIGURES = ("cudnn", "layers", "fused")  # what run() records

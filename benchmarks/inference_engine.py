@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import pytorch_reference
+from benchmarks import inference_engine_pytorch as pytorch_reference
 from gpucourse import bench, plots, runtime
-from kernels import engine as E
+from kernels import inference_engine as E
 
 LESSON = "05_inference_engine"
 FIGURES = ("model", "engines", "calibration", "tuning", "plan", "cudnn")  # what run() records
@@ -209,15 +209,15 @@ def _fused_launcher(handle, cudnn, x, w, b, y, xd, fd, conv, yd, bias_desc, act,
 def cudnn_table(engines: dict, repeats: int = 10) -> dict:
     """The engine's fused 3x3 CBR layer (branch3x3: batch x 16 x 16 x 32 -> 32 channels) beside cuDNN's
     cudnnConvolutionBiasActivationForward on the same shape, NHWC, FP32 (strict FMA math) and FP16 (tensor
-    cores). cuDNN comes through lesson 4's binding (kernels/cudnn.py) with its descriptors built once. Every
+    cores). cuDNN comes through lesson 4's binding (systems/convolution/cudnn.py) with its descriptors built once. Every
     forward algorithm is tried for the fused call: those cuDNN refuses (with a ReLU, its legacy API allows
     few) are listed as refused, the others are checked against NumPy and timed, and the fastest is the one
     compared. Both sides are timed alike: GPU time per launch, launches queued behind a hold
     (``bench.time_per_call``)."""
     try:
-        from kernels import cudnn
+        from systems.convolution import cudnn
     except Exception as exc:
-        return {"available": False, "why": f"kernels.cudnn could not be imported ({type(exc).__name__}: {exc})"}
+        return {"available": False, "why": f"systems.convolution.cudnn could not be imported ({type(exc).__name__}: {exc})"}
     if not cudnn.is_available():
         return {"available": False, "why": "libcudnn was not found on this machine"}
     cp = runtime.cupy()

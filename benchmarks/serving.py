@@ -4,7 +4,7 @@ the batch-size sweep and the dynamic batcher, whose batches run on the GPU. The 
 
     python -m benchmarks.serving client ...   # one MPS client process (started by mps_sweep, not by hand)
 
-``python -m benchmarks.feeding`` records these with the rest of lesson 7.
+``python -m benchmarks.feeding_the_gpu`` records these with the rest of lesson 7.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from gpucourse import bench, plots, runtime
-from kernels import batching as B
-from kernels import engine as E
-from kernels import mps
+from systems.feeding_the_gpu import batching as B
+from kernels import inference_engine as E
+from gpucourse import mps
 
 SEED_MPS_GAIN, SEED_BATCHING_GAIN = 7.0, 1.6  # the seed's claims: MPS 7x inference throughput, batching +60%
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +171,7 @@ def mps_sweep(ks=(1, 2, 4, 8, 16), seconds: float = 2.0, batched: int = 8, binar
                                            timeout=timeout, cmd=cmd)
         d = mps.Daemon(binary)
         try:
-            with d:  # stops the daemon whatever happens inside, an exception or a SIGTERM (see kernels/mps.py)
+            with d:  # stops the daemon whatever happens inside, an exception or a SIGTERM (see gpucourse/mps.py)
                 for name, batch in (("MPS, batch 1", 1), (f"MPS, batch {batched}", batched)):
                     rows = out["configs"][name] = {}
                     for k in bench.progress(ks, desc=name):

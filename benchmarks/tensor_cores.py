@@ -147,7 +147,7 @@ def config_table(n: int | None = None, repeats: int = 10) -> dict:
 
 
 def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
-    """Hopper's warpgroup MMA fed by the TMA (kernels/cuda/wgmma_gemm.cu), every configuration on
+    """Hopper's warpgroup MMA fed by the TMA (kernels/cuda/tensor_cores_wgmma.cu), every configuration on
     n x n x n, beside cuBLAS FP16 and the lesson's best tiled WMMA kernel, each checked against the FP32
     product first; plus the block order (group_m) of the default configuration. Compute capability 9.0."""
     cp = runtime.cupy()

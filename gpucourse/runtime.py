@@ -186,7 +186,7 @@ def _decide(wanted: str) -> Runtime:
 def compile_only(cc: tuple = (8, 0)) -> Runtime:
     """Real numba.cuda with no GPU, for compiling kernels to PTX (``cuda.compile_ptx``) only.
 
-    Use it in a process of its own (kernels/numba_ptx.py starts one): numba.cuda is the real target here,
+    Use it in a process of its own (gpucourse/numba_ptx.py starts one): numba.cuda is the real target here,
     so nothing may launch, and the mode cannot change afterwards. ``cc`` is the compute capability that
     device functions are typed for.
     """

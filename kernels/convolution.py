@@ -1,4 +1,4 @@
-"""Lesson 4 — convolution: direct, im2col + GEMM, and cuDNN (kernels/cudnn.py).
+"""Lesson 4 — convolution: direct, im2col + GEMM, and cuDNN (systems/convolution/cudnn.py).
 
 Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
 
@@ -14,7 +14,7 @@ Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
   tiling (``conv_direct_cores``: strict FP32, NCHW, 8 x 8 outputs a thread) and a direct convolution on the tensor cores
   (``conv_implicit_gemm``: WMMA, FP16 NHWC, im2col done in shared memory tile by tile, never written out);
   on Hopper, the same convolution as lesson 3's wgmma GEMM, its image tiles gathered by the TMA
-  (``conv_wgmma``, kernels/cuda/wgmma_conv.cu, sm_90a);
+  (``conv_wgmma``, kernels/cuda/convolution_wgmma.cu, sm_90a);
   ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS (FP16 on tensor cores; FP32 as strict FP32
   or as TF32 on tensor cores).
 """
@@ -26,7 +26,7 @@ import numpy as np
 
 from gpucourse import gpus, runtime
 
-from . import cuda_c
+from gpucourse import cuda_c
 from .tensor_cores import rel_error  # noqa: F401  (cv.rel_error: the course's one relative-error check)
 
 cuda = runtime.cuda()
@@ -504,7 +504,7 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
 
 # =============================================== Hopper: the convolution as lesson 3's wgmma GEMM (sm_90a)
 
-WGMMA_SOURCE = "wgmma_conv"  # kernels/cuda/wgmma_conv.cu, compiled for sm_90a only
+WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compiled for sm_90a only
 # BM output pixels x BN output channels a block, shared-memory stages (each BM x 64 of the image, BN x 64 of w)
 # (BM x BN, stages); each as a box of the image (TH x TW pixels) and as BM consecutive output pixels read by the
 # TMA's im2col mode ("i2c"), which computes no row for nothing

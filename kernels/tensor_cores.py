@@ -21,7 +21,7 @@ import numpy as np
 
 from gpucourse import gpus, runtime
 
-from . import cuda_c
+from gpucourse import cuda_c
 
 cuda = runtime.cuda()
 
@@ -481,8 +481,8 @@ def _tiled_function(name: str, smem: int):
 
 # ============================================================= Hopper: wgmma fed by the TMA (sm_90a)
 
-WGMMA_SOURCE = "wgmma_gemm"  # kernels/cuda/wgmma_gemm.cu, compiled for sm_90a only
-# The wgmma kernels of wgmma_gemm.cu: block tile BM x BN x 64, shared-memory stages, B's layout ("kn": K x N
+WGMMA_SOURCE = "tensor_cores_wgmma"  # kernels/cuda/tensor_cores_wgmma.cu, compiled for sm_90a only
+# The wgmma kernels of tensor_cores_wgmma.cu: block tile BM x BN x 64, shared-memory stages, B's layout ("kn": K x N
 # as everywhere in the lesson; "nk": B transposed, N x K, the layout the MMA reads without transposing).
 WGMMA_CONFIGS = (
     "wgmma_128x256x64_s4_kn",

@@ -454,7 +454,7 @@ def _greatest_stream_priority() -> int:
     (cuCtxGetStreamPriorityRange: least 0, greatest -5 on Hopper), which CuPy does not expose."""
     import ctypes
 
-    from kernels import cuda_c
+    from gpucourse import cuda_c
 
     runtime.cupy().zeros(1)  # the device's context exists and is current
     least, greatest = ctypes.c_int(), ctypes.c_int()

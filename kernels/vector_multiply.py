@@ -13,7 +13,7 @@ import numpy as np
 
 from gpucourse import runtime
 
-from . import cuda_c
+from gpucourse import cuda_c
 
 cuda = runtime.cuda()
 

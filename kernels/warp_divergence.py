@@ -6,10 +6,10 @@ Three parts, used by notebooks/02_warp_divergence.ipynb, benchmarks/warp_diverge
   a compute-bound body run on 1..32 paths chosen by lane id, by warp id or by the data, and a sum reduction
   three ways (shared-memory tree, warp shuffles, atomics). The CUDA C versions, and the lecture's A/B vs X/Y
   example with ``__syncwarp``, are in kernels/cuda/warp_divergence.cu.
-* A NumPy model of a warp, in kernels/warp_model.py (its names are re-exported here): which lanes run each
+* A NumPy model of a warp, in kernels/warp_divergence_model.py (its names are re-exported here): which lanes run each
   step of a branchy kernel, what divergence costs, and the warp-level primitives down to the float32 result
   of the reductions. In CPU mode it stands in for the kernels that use warp intrinsics (and
-  kernels/numba_ptx.py compiles them without a GPU, so CPU-mode tests see the intrinsics in the PTX).
+  gpucourse/numba_ptx.py compiles them without a GPU, so CPU-mode tests see the intrinsics in the PTX).
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import numpy as np
 
 from gpucourse import runtime
 
-from . import cuda_c
-from .warp_model import (  # the NumPy model of a warp, re-exported: wd.Warp, wd.shfl_down_sync, ...
+from gpucourse import cuda_c
+from .warp_divergence_model import (  # the NumPy model of a warp, re-exported: wd.Warp, wd.shfl_down_sync, ...
     _check_paths, _check_threads, ballot_sync, block_sums, expected_paths, FULL_MASK, lanes_of, lecture_example,
     mask_of, path_of, paths_per_warp, PATTERNS, reduce_model, serialisation_slowdown, shfl_down_sync, shfl_sync,
     shfl_up_sync, shfl_xor_sync, Step, steps_from_log, thread_sums, value_path, value_warp, WARP, Warp,

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import needs_compiler
 from gpucourse import runtime
-from kernels import cuda_c
+from gpucourse import cuda_c
 from kernels import vector_multiply as vm
 
 pytestmark = pytest.mark.lesson01

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import needs_compiler
 from gpucourse import bench, records, runtime
-from kernels import cuda_c
-from kernels.numba_ptx import numba_ptx
+from gpucourse import cuda_c
+from gpucourse.numba_ptx import numba_ptx
 from kernels import warp_divergence as wd
 
 pytestmark = pytest.mark.lesson02

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import needs_compiler
 from gpucourse import records, runtime
-from kernels import cuda_c
+from gpucourse import cuda_c
 from kernels import tensor_cores as tc
 
 pytestmark = pytest.mark.lesson03
@@ -197,7 +197,7 @@ def test_include_path_found_or_explained(monkeypatch):
 
 @pytest.fixture(scope="module")
 def numba_ptx_of_gemms():
-    from kernels.numba_ptx import numba_ptx
+    from gpucourse.numba_ptx import numba_ptx
 
     try:
         return numba_ptx({k: tc.NUMBA_SIGNATURE for k in ("gemm_naive", "gemm_tiled")}, module="kernels.tensor_cores")

@@ -10,7 +10,8 @@ import pytest
 from conftest import needs_compiler
 from gpucourse import records, runtime
 from kernels import convolution as cv
-from kernels import cuda_c, cudnn
+from gpucourse import cuda_c
+from systems.convolution import cudnn
 
 pytestmark = pytest.mark.lesson04
 LESSON = "04_convolution"

@@ -10,8 +10,8 @@ import pytest
 from benchmarks import inference_engine as bench_lesson
 from conftest import needs_compiler
 from gpucourse import records, runtime
-from kernels import cuda_c
-from kernels import engine as E
+from gpucourse import cuda_c
+from kernels import inference_engine as E
 
 pytestmark = pytest.mark.lesson05
 LESSON = "05_inference_engine"

@@ -13,7 +13,8 @@ import benchmarks.collectives as lesson
 from conftest import needs_compiler
 from gpucourse import records, runtime
 from kernels import collectives as col
-from kernels import cuda_c, ring_sim
+from gpucourse import cuda_c
+from kernels import ring_sim
 
 pytestmark = pytest.mark.lesson06
 LESSON = "06_collectives"

@@ -39,7 +39,7 @@ def test_gradients_match_finite_differences(rng):
 
 def test_step_matches_tensorflow(rng):
     pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
-    ttf = pytest.importorskip("kernels.training_tf")
+    ttf = pytest.importorskip("systems.training.tensorflow_reference")
     p = tr.mlp_init([12, 32, 32, 32, 10], seed=3)
     X, y = _batch(rng, 64, 12, 10)
     loss, g = tr.loss_and_grads(p, X, y)
@@ -286,7 +286,7 @@ def test_buckets_cover_every_layer_last_first():
 
 def test_tensorflow_towers_and_recompute(rng):
     pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
-    ttf = pytest.importorskip("kernels.training_tf")
+    ttf = pytest.importorskip("systems.training.tensorflow_reference")
     p = tr.mlp_init([8, 16, 16, 4], seed=6)
     X, y = _batch(rng, 32, 8, 4)
     _, g = ttf.loss_and_grads(p, X, y)
@@ -300,7 +300,7 @@ def test_tensorflow_towers_and_recompute(rng):
 def test_eager_and_graph_steps_agree():
     """The notebook's eager-against-tf.function timing runs the same steps both ways: same weights after them."""
     pytest.importorskip("tensorflow")
-    from kernels import training_tf as ttf
+    from systems.training import tensorflow_reference as ttf
 
     p = tr.mlp_init([6, 12, 4], seed=2)
     X, y = _batch(np.random.default_rng(3), 16, 6, 4)
@@ -315,7 +315,7 @@ def test_eager_and_graph_steps_agree():
 
 def test_mirrored_strategy_equals_one_device():
     pytest.importorskip("tensorflow")
-    from kernels import training_tf as ttf
+    from systems.training import tensorflow_reference as ttf
 
     out = ttf.mirrored_check(2)
     assert out["replicas"] == 2 and len(out["devices"]) == 2
@@ -324,7 +324,7 @@ def test_mirrored_strategy_equals_one_device():
 
 def test_sine_regression_learning_rate_decides():
     pytest.importorskip("tensorflow")  # a course package; the GPU machines may lack it
-    ttf = pytest.importorskip("kernels.training_tf")
+    ttf = pytest.importorskip("systems.training.tensorflow_reference")
     stuck = ttf.sine_regression(1e-6, steps=150)
     moves = ttf.sine_regression(0.05, steps=150)
     assert abs(stuck[-1] - stuck[0]) < 0.01 * stuck[0]

@@ -201,7 +201,7 @@ def test_every_cuda_source_assembles_for_every_architecture(tmp_path):
     nvcc = _tool("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed")
-    from kernels import cuda_c
+    from gpucourse import cuda_c
 
     assert {p.stem for p in CUDA_SOURCES} >= {"vector_multiply", "warp_divergence", "tensor_cores", "convolution"}
     includes = [f"-I{d}" for d in cuda_c.include_dirs()]
@@ -225,7 +225,7 @@ def test_every_numba_kernel_assembles_for_every_architecture(tmp_path):
     ptxas = _tool("ptxas")
     if ptxas is None:
         pytest.skip("ptxas is not installed")
-    from kernels.numba_ptx import module_kernels
+    from gpucourse.numba_ptx import module_kernels
 
     t0 = time.perf_counter()
     try:  # PTX for the oldest GPU the course supports, which ptxas then assembles for every newer one too
@@ -257,7 +257,7 @@ def test_sm80_code_is_what_it_was_and_sm75_has_no_cp_async():
     """The fallback below sm_80 is compiled only there: sm_80+ PTX keeps its cp.async, sm_75's has none."""
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    from kernels import cuda_c
+    from gpucourse import cuda_c
 
     for name in ("tensor_cores", "convolution"):
         new = cuda_c.compile_ptx(name, arch="sm_80")
@@ -274,7 +274,8 @@ def as_if_sm75(monkeypatch, tmp_path, fake_cc):
     driver compiles for this GPU: the fallback's results checked on real hardware."""
     import numpy as np  # noqa: F401
 
-    from kernels import convolution as cv, cuda_c, tensor_cores as tc
+    from gpucourse import cuda_c
+    from kernels import convolution as cv, tensor_cores as tc
 
     cp = runtime.cupy()
     modules = {}
@@ -332,12 +333,12 @@ def test_sources_carry_the_pieces_they_include(tmp_path, monkeypatch):
     include path, and CuPy's cache key (the text) changes when a shared piece does."""
     import re
 
-    from kernels import cuda_c
+    from gpucourse import cuda_c
 
     for src in sorted(cuda_c.SOURCES.glob("*.cu")):
         text = cuda_c.source(src.stem)
         assert not re.search(r'#include\s+"', text), src.name
-    assert cuda_c.source("engine").count("cp.async.commit_group") == 1  # async_copy.cuh, once
+    assert cuda_c.source("inference_engine").count("cp.async.commit_group") == 1  # async_copy.cuh, once
     (tmp_path / "a.cuh").write_text('#pragma once\n#include "b.cuh"\nint a;\n')
     (tmp_path / "b.cuh").write_text("int b;\n")
     (tmp_path / "k.cu").write_text('#include "a.cuh"\n#include "b.cuh"\n#include <mma.h>\nint k;\n')

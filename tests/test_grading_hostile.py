@@ -790,21 +790,21 @@ def test_integrity_refuses_the_routes_to_patching(code, finding):
 
 
 # A lesson's own functions that answer its tasks (the solution's metadata "gpucourse": {"answers": ...}).
-ANSWERS = {"kernels.streams.overlap_fraction": "Task 7.4", "kernels.batching.dynamic_batching": "Task 7.2",
+ANSWERS = {"kernels.feeding_the_gpu.overlap_fraction": "Task 7.4", "systems.feeding_the_gpu.batching.dynamic_batching": "Task 7.2",
            "kernels.training.loss_and_grads(checkpoint_every)": "Task 8.2"}
-SAME_7 = {"S": "kernels.streams", "B": "kernels.batching", "feeding": "benchmarks.feeding", "tr": "kernels.training",
+SAME_7 = {"S": "kernels.feeding_the_gpu", "B": "systems.feeding_the_gpu.batching", "feeding": "benchmarks.feeding_the_gpu", "tr": "kernels.training",
           "np": "numpy"}
 
 
 @pytest.mark.parametrize("code, how", [
-    ("def f(t):\n    return S.overlap_fraction(t)", "uses kernels.streams.overlap_fraction"),
-    ("f = S.overlap_fraction", "uses kernels.streams.overlap_fraction"),
-    ("from kernels.streams import overlap_fraction as mine", "imports kernels.streams.overlap_fraction"),
-    ("import kernels.streams\nf = kernels.streams.overlap_fraction", "uses kernels.streams.overlap_fraction"),
-    ("f = getattr(S, 'overlap_fraction')", "uses kernels.streams.overlap_fraction"),
-    ("f = feeding.S.overlap_fraction", "uses kernels.streams.overlap_fraction"),  # through another module's import
-    ("from benchmarks.feeding import S as T\nf = T.overlap_fraction", "uses kernels.streams.overlap_fraction"),
-    ("f = feeding.serving.B.dynamic_batching", "uses kernels.batching.dynamic_batching"),  # two modules deep
+    ("def f(t):\n    return S.overlap_fraction(t)", "uses kernels.feeding_the_gpu.overlap_fraction"),
+    ("f = S.overlap_fraction", "uses kernels.feeding_the_gpu.overlap_fraction"),
+    ("from kernels.feeding_the_gpu import overlap_fraction as mine", "imports kernels.feeding_the_gpu.overlap_fraction"),
+    ("import kernels.feeding_the_gpu\nf = kernels.feeding_the_gpu.overlap_fraction", "uses kernels.feeding_the_gpu.overlap_fraction"),
+    ("f = getattr(S, 'overlap_fraction')", "uses kernels.feeding_the_gpu.overlap_fraction"),
+    ("f = feeding.S.overlap_fraction", "uses kernels.feeding_the_gpu.overlap_fraction"),  # through another module's import
+    ("from benchmarks.feeding_the_gpu import S as T\nf = T.overlap_fraction", "uses kernels.feeding_the_gpu.overlap_fraction"),
+    ("f = feeding.serving.B.dynamic_batching", "uses systems.feeding_the_gpu.batching.dynamic_batching"),  # two modules deep
     ("g = tr.loss_and_grads(p, X, y, checkpoint_every=4)", "calls kernels.training.loss_and_grads with "
      "checkpoint_every="),
     ("kw = {'checkpoint_every': 4}\ng = tr.loss_and_grads(p, X, y, **kw)", "calls kernels.training.loss_and_grads "

@@ -135,8 +135,8 @@ def _import_map(module: str) -> dict[str, str]:
 
 def _canonical(dotted: str) -> str:
     """``dotted`` with every step through a module's imports followed, so that an object reached through a
-    module that imported it (``benchmarks.feeding.S.overlap_fraction``) reads as where it is defined
-    (``kernels.streams.overlap_fraction``)."""
+    module that imported it (``benchmarks.feeding_the_gpu.S.overlap_fraction``) reads as where it is defined
+    (``kernels.feeding_the_gpu.overlap_fraction``)."""
     parts = dotted.lstrip(".").split(".")
     for _ in range(16):  # imports that lead on to imports, a few levels at most
         for i in range(len(parts) - 1, 0, -1):
@@ -263,7 +263,7 @@ class _Integrity(ast.NodeVisitor):
         self.visit(tree)
 
     def resolve(self, node) -> str | None:
-        """The dotted name an expression like ``S.f`` or ``kernels.streams.f`` stands for, through the modules
+        """The dotted name an expression like ``S.f`` or ``kernels.feeding_the_gpu.f`` stands for, through the modules
         and imported names the cell can see; None for anything else."""
         parts = []
         while isinstance(node, ast.Attribute):

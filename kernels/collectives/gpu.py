@@ -11,7 +11,7 @@ import numpy as np
 
 from gpucourse import runtime
 
-from .. import cuda_c
+from gpucourse import cuda_c
 from .specs import chunk_bounds
 from .stream_model import push_broadcast
 

@@ -1,5 +1,5 @@
 // Lesson 6: the kernels of the ring all-reduce, in CUDA C.
-// Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use); launched by
+// Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use); launched by
 // kernels/collectives/gpu.py: GpuRing.allreduce, one launch per step of the ring on every GPU.
 //
 // With peer access enabled (cudaDeviceEnablePeerAccess), a kernel on GPU r may dereference a pointer into

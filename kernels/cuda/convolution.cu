@@ -1,4 +1,4 @@
-// Lesson 4: convolution kernels in CUDA C, loaded through CuPy (kernels/cuda_c.py).
+// Lesson 4: convolution kernels in CUDA C, loaded through CuPy (gpucourse/cuda_c.py).
 //
 //   im2col_nchw_*   x (N, C, H, W)  -> cols (C*R*S, N*P*Q): row c*R*S + r*S + s, column (n*P + p)*Q + q
 //   im2col_nhwc_*   x (N, H, W, C)  -> cols (N*P*Q, R*S*C): row (n*P + p)*Q + q, column (r*S + s)*C + c

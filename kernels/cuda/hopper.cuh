@@ -1,5 +1,5 @@
-// Hopper's tensor-core path (sm_90a), shared by lesson 3's GEMM (wgmma_gemm.cu) and lesson 4's convolution
-// (wgmma_conv.cu); kernels/cuda_c.py copies this file into each source that includes it:
+// Hopper's tensor-core path (sm_90a), shared by lesson 3's GEMM (tensor_cores_wgmma.cu) and lesson 4's convolution
+// (convolution_wgmma.cu); gpucourse/cuda_c.py copies this file into each source that includes it:
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
 //     wait that would never end traps, so the launch fails instead of hanging);

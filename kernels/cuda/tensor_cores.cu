@@ -1,5 +1,5 @@
 // Lesson 3: tensor cores, in CUDA C. C = A B with A (M x K) and B (K x N) row-major.
-// Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA
+// Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA
 // include path, which cuda_c.include_dirs() finds). The launchers with their input checks, and a NumPy
 // model of what a tensor core computes, are in kernels/tensor_cores.py.
 //

@@ -1,5 +1,5 @@
 // Lesson 1: vector multiply, out[i] = a[i] * b[i], in CUDA C.
-// Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use).
+// Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use).
 
 // One thread per element at a time, striding over the whole grid: any n works with any grid.
 extern "C" __global__ void vmul_grid_stride(const float* __restrict__ a, const float* __restrict__ b,

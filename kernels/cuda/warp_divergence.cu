@@ -1,5 +1,5 @@
 // Lesson 2: warp divergence and the SIMT model, in CUDA C.
-// Loaded from Python by kernels/cuda_c.py (CuPy compiles it with NVRTC on first use); the launchers with
+// Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use); the launchers with
 // their input checks are in kernels/warp_divergence.py, and so is a NumPy model of every kernel here.
 //
 // 1. The order of events in a diverged warp, with and without __syncwarp (the lecture's A/B vs X/Y).

@@ -1,6 +1,6 @@
 """Lesson 7's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
 released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
-(Task 7.1's kernel in the simulator, its streams' work interleaved by kernels/stream_sim.py), where the speed test (perf_7_1_speed)
+(Task 7.1's kernel in the simulator, its streams' work interleaved by systems/feeding_the_gpu/stream_sim.py), where the speed test (perf_7_1_speed)
 is "not gradable here"; its GPU side is checked by running the solution notebook on a GPU
 (python -m gpucourse run ... --mode gpu). Tasks 7.3 and 7.4 read the lesson's GPU record in results/."""
 from __future__ import annotations

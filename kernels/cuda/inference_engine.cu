@@ -1,6 +1,6 @@
-// Lesson 5: the kernels of a small inference engine, in CUDA C. Loaded from Python by kernels/cuda_c.py
+// Lesson 5: the kernels of a small inference engine, in CUDA C. Loaded from Python by gpucourse/cuda_c.py
 // (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA include path). The plan that says which
-// kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/engine/.
+// kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/inference_engine/.
 //
 // Every activation lives in one "arena" (one allocation, like TensorRT's workspace), NHWC: pixel m of a
 // tensor starts at base + m * ld, so a tensor can be a slice of channels of a wider buffer. That is what
@@ -11,7 +11,7 @@
 //    activation type, and a destination per output channel (y_off[k], y_ld[k]). With no bias and no ReLU it
 //    is the plain convolution of the layer-by-layer engine. Here: SIMT versions for float, half and int8
 //    (int32 accumulation), two ways of tiling them (1a), direct SIMT convolutions (1a''), and one output pixel
-//    a thread for a short reduction (1e). In engine_tensor_cores.cuh: WMMA versions for half, loading 2 bytes
+//    a thread for a short reduction (1e). In inference_engine_tensor_cores.cuh: WMMA versions for half, loading 2 bytes
 //    at a time (1b) or 16 (1c), pipelined ones for half and int8 (1d), and direct convolutions on the tensor
 //    cores for images at most 16 wide (1f).
 // 2. maxpool_*, head_* (average pool + flatten + dense), convert_in_* (the network's input into the arena).
@@ -241,7 +241,7 @@ CONV_SIMT_VEC_ALL(i8, int8)
 // one float4 (int4 for int8's int32 sums), 2 KS + TM - 1 shared loads for KS^2 TM TN multiply-adds.
 // The input tile keeps its CB channels of a pixel together, padded to CB + 1 so neighbouring threads' pixels
 // fall in different shared-memory banks. Blocks: blockIdx.x a tile (image, tile row, tile column),
-// blockIdx.y a group of BN channels (the launcher in kernels/engine.py sizes the grid from DIRECT).
+// blockIdx.y a group of BN channels (the launcher in kernels/inference_engine/executor.py sizes the grid from DIRECT).
 template <typename T, int KS, int TH, int TW, int BN, int TM, int TN, int CB>
 __device__ void conv_direct(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y,
                             const long long* y_off, const int* y_ld, const float* y_inv_scale, int N, int H,
@@ -392,7 +392,7 @@ __device__ __forceinline__ void epilogue8(const A* acc, long long m, int k, int 
 }
 
 // ------------------------------------------------- 1b, 1c, 1d, 1f: the convolutions on the tensor cores
-#include "engine_tensor_cores.cuh"
+#include "inference_engine_tensor_cores.cuh"
 
 // ------------------------------------- 1e. one output pixel a thread, for a short reduction (the stem: C = 1)
 // With R = KH KW C of 9, an implicit GEMM wastes most of each 16- or 32-deep step. Here a thread computes BN
@@ -447,7 +447,7 @@ CONV_PIX(i8, int8, 16)
 
 // Max over a P x P window, stride 1, "same" padding (the window clipped at the edges); the INT8 scale of the
 // output is the input's, so max works on the stored integers. One thread per pixel and V channels, V = 16 bytes'
-// worth of T when the channels and pixel strides allow it (vector_width in kernels/engine/executor.py says
+// worth of T when the channels and pixel strides allow it (vector_width in kernels/inference_engine/executor.py says
 // the same), else 1. 32-bit indices (the plan refuses tensors of 2^31 elements): 64-bit division is slow.
 template <typename T, int V>
 __device__ __forceinline__ void maxpool_v(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C, int P)

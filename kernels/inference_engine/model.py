@@ -1,5 +1,5 @@
 """The trained network the lesson serves: a small Inception-style digits classifier trained with Keras
-(``train_and_export``; TensorFlow is needed only here) and exported to kernels/models/digits_inception.npz
+(``train_and_export``; TensorFlow is needed only here) and exported to kernels/inference_engine/digits_inception.npz
 (graph, weights, held-out digits, Keras's own logits), which the engine reads without TensorFlow.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gpucourse import runtime
 from .graph import _json_bytes, Graph, graph_from_keras, Node
 
 
-MODEL_FILE = Path(__file__).resolve().parents[1] / "models" / "digits_inception.npz"
+MODEL_FILE = Path(__file__).resolve().parent / "digits_inception.npz"
 
 
 def save_model_file(graph: Graph, path, data: dict) -> Path:

@@ -3,6 +3,12 @@
 ``function("vector_multiply", "vmul_vec4")`` gives a launchable ``cupy.RawKernel`` on a GPU.
 ``compile_ptx("vector_multiply", arch="sm_90")`` compiles without a GPU (nvcc if on PATH, else NVRTC),
 which is how the tests make sure every source compiles.
+
+A source names the parts a lesson teaches: a line ``// region: NAME`` before one and ``// endregion`` after it.
+``region("vector_multiply", "vmul_vec4")`` is that text and ``show(...)`` prints it. A notebook holds a region's
+text in a code cell, and ``function(..., edits={"vmul_vec4": text})`` compiles the file with the cell's text in
+place of the region, so a learner who edits the cell and re-runs it runs their own version; a test keeps every
+such cell equal to the file.
 """
 from __future__ import annotations
 
@@ -17,22 +23,76 @@ from pathlib import Path
 
 from gpucourse import runtime
 
-SOURCES = Path(__file__).resolve().parent / "cuda"
+SOURCES = Path(__file__).resolve().parents[1] / "kernels" / "cuda"
 
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#include[ \t]+"([^"]+)"[^\n]*$', re.MULTILINE)
 
 
-def source(name: str) -> str:
+_REGION = re.compile(r"^[ \t]*// region: ([\w.-]+)[ \t]*\n(.*?)^[ \t]*// endregion\b[^\n]*$", re.MULTILINE | re.DOTALL)
+
+
+def _path(name: str) -> Path:
+    """kernels/cuda/<name>.cu, or the file itself where ``name`` ends in .cu or .cuh."""
+    path = SOURCES / (name if name.endswith((".cu", ".cuh")) else f"{name}.cu")
+    if not path.is_file():
+        known = ", ".join(sorted(p.name for p in SOURCES.iterdir() if p.suffix in (".cu", ".cuh")))
+        raise runtime.CourseInputError(f"no CUDA source {path.name} in {SOURCES}; known: {known}")
+    return path
+
+
+def regions(name: str) -> dict:
+    """{region name: its text} of kernels/cuda/<name>.cu (or a .cuh named with its suffix), in file order, without
+    the marker lines, the includes left as they are."""
+    out = {}
+    for m in _REGION.finditer(_path(name).read_text()):
+        if m.group(1) in out:
+            raise runtime.CourseError(f"{_path(name).name} marks region {m.group(1)!r} twice")
+        out[m.group(1)] = m.group(2).rstrip("\n")
+    return out
+
+
+def region(name: str, region: str) -> str:
+    """The text of one region of a source (``regions``); a clear error naming the regions there are."""
+    found = regions(name)
+    if region not in found:
+        raise runtime.CourseInputError(f"{_path(name).name} has no region {region!r}; its regions: "
+                                       f"{', '.join(found) or 'none'}")
+    return found[region]
+
+
+def show(name: str, region_name: str) -> None:
+    """Print a region of a source with its file and line numbers, for reading beside the lesson's prose."""
+    body = region(name, region_name).split("\n")
+    path = _path(name)
+    text = path.read_text()
+    first = text.count("\n", 0, text.index(f"// region: {region_name}")) + 2
+    print(f"// kernels/cuda/{path.name}, region {region_name} (lines {first}-{first + len(body) - 1})")
+    print("\n".join(body))
+
+
+def _edited(path: Path, edits: dict, used: set) -> str:
+    """The file's text with the text of each region named in ``edits`` replaced by the edit."""
+    def swap(m):
+        if m.group(1) not in edits:
+            return m.group(0)
+        used.add(m.group(1))
+        head = m.group(0)[: m.start(2) - m.start(0)]
+        tail = m.group(0)[m.end(2) - m.start(0):]
+        return head + edits[m.group(1)].strip("\n") + "\n" + tail
+
+    return _REGION.sub(swap, path.read_text()) if edits else path.read_text()
+
+
+def source(name: str, edits: dict | None = None) -> str:
     """The text of kernels/cuda/<name>.cu with each ``#include "file"`` of a file of that folder (the pieces
     several sources share, such as async_copy.cuh) replaced by the file's text, once per source: the compilers
     then need no include path for them, and the text CuPy keys its cache of compiled modules on changes with
-    every file that went into it."""
-    path = SOURCES / f"{name}.cu"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in SOURCES.glob("*.cu")))
-        raise runtime.CourseInputError(f"no CUDA source {path.name} in {SOURCES}; known: {known}")
+    every file that went into it. ``edits``: {region name: text} put in place of those regions (``regions``)."""
+    path = _path(name)
+    edits = dict(edits or {})
     seen: set = set()
+    used: set = set()
 
     def inline(match):
         part = SOURCES / match.group(1)
@@ -41,9 +101,14 @@ def source(name: str) -> str:
         if part.name in seen:
             return f"// {match.group(1)}: already included"
         seen.add(part.name)
-        return f"// ---- {part.name}\n" + _LOCAL_INCLUDE.sub(inline, part.read_text()) + f"// ---- end of {part.name}"
+        return (f"// ---- {part.name}\n" + _LOCAL_INCLUDE.sub(inline, _edited(part, edits, used))
+                + f"// ---- end of {part.name}")
 
-    return _LOCAL_INCLUDE.sub(inline, path.read_text())
+    text = _LOCAL_INCLUDE.sub(inline, _edited(path, edits, used))
+    if set(edits) - used:
+        raise runtime.CourseInputError(f"{path.name} (with what it includes) has no region "
+                                       f"{', '.join(sorted(set(edits) - used))} to replace")
+    return text
 
 
 def include_dirs() -> list[str]:
@@ -68,18 +133,25 @@ def include_dirs() -> list[str]:
     return out
 
 
+def module(name: str, edits: dict | None = None):
+    """The compiled CuPy module of kernels/cuda/<name>.cu (GPU mode), with ``edits`` ({region: text}) in place of
+    those regions; compiled once per process for each text."""
+    return _module(name, tuple(sorted((edits or {}).items())))
+
+
 @functools.cache
-def module(name: str):
-    """The compiled CuPy module of kernels/cuda/<name>.cu (GPU mode)."""
+def _module(name: str, edits: tuple):
     cp = runtime.cupy()
     options = ("-std=c++17", *(f"-I{d}" for d in include_dirs()))
-    mod = cp.RawModule(code=source(name), options=options)
+    mod = cp.RawModule(code=source(name, dict(edits)), options=options)
     mod.compile()
     return mod
 
 
-def function(name: str, kernel: str):
-    return module(name).get_function(kernel)
+def function(name: str, kernel: str, edits: dict | None = None):
+    """A launchable kernel of kernels/cuda/<name>.cu; with ``edits``, of the file with those regions replaced (a
+    notebook cell's version of a region)."""
+    return module(name, edits).get_function(kernel)
 
 
 def ptx_entry(ptx: str, name: str) -> str:
@@ -89,9 +161,10 @@ def ptx_entry(ptx: str, name: str) -> str:
     return ptx[start:end if end > 0 else None]
 
 
-def compile_ptx(name: str, arch: str = "sm_80") -> str:
-    """PTX of kernels/cuda/<name>.cu for ``arch``, compiled without a GPU. Raises on any compile error."""
-    return ptx_from_source(source(name), arch, filename=f"{name}.cu")
+def compile_ptx(name: str, arch: str = "sm_80", edits: dict | None = None) -> str:
+    """PTX of kernels/cuda/<name>.cu (with ``edits`` in place of those regions) for ``arch``, compiled without a
+    GPU. Raises on any compile error."""
+    return ptx_from_source(source(name, edits), arch, filename=f"{name}.cu")
 
 
 def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.cu", compiler: str = "auto") -> str:
@@ -127,8 +200,13 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
+def module_arch(name: str, arch: str, edits: dict | None = None):
+    """``module`` for one named architecture (``_module_arch``), with ``edits`` in place of those regions."""
+    return _module_arch(name, arch, tuple(sorted((edits or {}).items())))
+
+
 @functools.cache
-def module_arch(name: str, arch: str):
+def _module_arch(name: str, arch: str, edits: tuple = ()):
     """The compiled CuPy module of kernels/cuda/<name>.cu for one named architecture (GPU mode): what the
     sources that declare an arch-specific target ("// gpucourse-arch: sm_90a") need, since CuPy's own
     compile picks the plain architecture (sm_90), which lacks wgmma. NVRTC compiles the source to machine
@@ -138,7 +216,7 @@ def module_arch(name: str, arch: str):
     from cupy.cuda import nvrtc
 
     cp = runtime.cupy()
-    code = source(name)
+    code = source(name, dict(edits))
     options = ["-std=c++17", f"-arch={arch}", *(f"-I{d}" for d in include_dirs())]
     prog = nvrtc.createProgram(code, f"{name}.cu", [], [])
     try:

@@ -1,17 +1,17 @@
-"""The kernels kernels/cuda/engine.cu offers for a convolution, with their tiles, and the candidates the
+"""The kernels kernels/cuda/inference_engine.cu offers for a convolution, with their tiles, and the candidates the
 auto-tuner tries for each precision.
 """
 from __future__ import annotations
 
 
-SOURCE = "engine"  # kernels/cuda/engine.cu
-# Convolution kernels of engine.cu: name -> (pixels per block, channels per block, threads)
+SOURCE = "inference_engine"  # kernels/cuda/inference_engine.cu
+# Convolution kernels of inference_engine.cu: name -> (pixels per block, channels per block, threads)
 CONV_KERNELS = {"simt_64x64": (64, 64, 256), "simt_64x32": (64, 32, 256), "simt_32x32": (32, 32, 256),
                 "wmma_64x64": (64, 64, 128), "wmma_64x32": (64, 32, 128), "wmma_128x32": (128, 32, 128),
                 "wmmav_64x32": (64, 32, 128), "wmmav_128x32": (128, 32, 128), "wmmav_64x16": (64, 16, 128),
                 "wmmav_128x16": (128, 16, 128), "simtv_128x64": (128, 64, 256), "simtv_128x32": (128, 32, 256),
                 "simtv_64x32": (64, 32, 256), "simtv_128x16": (128, 16, 256), "simtv_64x16": (64, 16, 256)}
-# The direct convolutions (engine.cu 1a''): name -> (kernel size, tile rows TH, tile columns TW, channels BN,
+# The direct convolutions (inference_engine.cu 1a''): name -> (kernel size, tile rows TH, tile columns TW, channels BN,
 # pixels per thread TM, channels per thread TN). A block computes a TH x TW tile of one image x BN channels,
 # with TH (TW / TM) (BN / TN) threads; they run only the KS x KS convolutions they are compiled for.
 DIRECT = {f"direct{ks}_{th}x{tw}x{bn}_{tm}x{tn}": (ks, th, tw, bn, tm, tn)
@@ -19,7 +19,7 @@ DIRECT = {f"direct{ks}_{th}x{tw}x{bn}_{tm}x{tn}": (ks, th, tw, bn, tm, tn)
                                          (3, 4, 16, 32, 4, 4), (3, 16, 16, 16, 4, 4), (5, 16, 16, 16, 8, 4),
                                          (5, 16, 16, 16, 4, 4), (5, 8, 16, 16, 4, 4), (5, 8, 16, 32, 8, 4)]}
 CONV_KERNELS.update({k: (th * tw, bn, th * (tw // tm) * (bn // tn)) for k, (_, th, tw, bn, tm, tn) in DIRECT.items()})
-# The pipelined tensor-core kernels (engine.cu 1d), FP16 and INT8 (integer tensor cores): copies of the next
+# The pipelined tensor-core kernels (inference_engine.cu 1d), FP16 and INT8 (integer tensor cores): copies of the next
 # tiles in flight while the tensor cores work (cp.async), 16 bytes per load; and the one-pixel-a-thread
 # kernels for a short reduction (1e: the stem, R = 9), any precision: 128 pixels a block, BN channels.
 TC = ("tc_64x32", "tc_128x32", "tc_64x16", "tc_128x16", "tc_64x64", "tc_32x32")

@@ -3,7 +3,7 @@
 The same network as kernels/training.py, written with tf.Variable and tf.GradientTape, so the course's own
 step can be checked against TensorFlow on the same weights and batch. Towers: gradients of k replicas
 averaged with reduce_mean over the stacked gradients, and tf.distribute.MirroredStrategy over k logical CPU
-devices, which must be configured before TensorFlow initialises: ``python -m kernels.training_tf mirrored K``
+devices, which must be configured before TensorFlow initialises: ``python -m systems.training.tensorflow_reference mirrored K``
 does it in a fresh process (``mirrored_check``)."""
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def mirrored_grads(params, X, y, k: int):
 def mirrored_check(k: int = 2, *, widths=(8, 16, 16, 4), batch: int = 32, seed: int = 0) -> dict:
     """In a fresh Python: MirroredStrategy over k logical CPUs against one device on the whole batch.
     Returns {"replicas", "devices", "max_abs_diff", "max_abs_grad"}."""
-    out = subprocess.run([sys.executable, "-m", "kernels.training_tf", "mirrored", str(k), str(batch), str(seed),
+    out = subprocess.run([sys.executable, "-m", "systems.training.tensorflow_reference", "mirrored", str(k), str(batch), str(seed),
                           ",".join(map(str, widths))], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     if out.returncode != 0:
@@ -232,4 +232,4 @@ if __name__ == "__main__":
         widths = tuple(int(v) for v in sys.argv[5].split(","))
         print(json.dumps(_mirrored_main(k, batch, seed, widths)))
     else:
-        sys.exit("usage: python -m kernels.training_tf mirrored K BATCH SEED W0,W1,...")
+        sys.exit("usage: python -m systems.training.tensorflow_reference mirrored K BATCH SEED W0,W1,...")

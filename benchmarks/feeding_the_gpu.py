@@ -1,7 +1,7 @@
 """Lesson 7's measurements (streams and overlap, many small launches, unified memory, NVML monitoring, Nsight
 Compute; MPS and batching through benchmarks/serving.py) and the figures drawn from them, measured or recorded.
 
-    python -m benchmarks.feeding            # everything, writes results/<gpu>/07_feeding_the_gpu.json
+    python -m benchmarks.feeding_the_gpu            # everything, writes results/<gpu>/07_feeding_the_gpu.json
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 
 from benchmarks import serving
 from gpucourse import bench, monitor, plots, profile, records, runtime
-from kernels import streams as S
+from kernels import feeding_the_gpu as S
 
 LESSON = "07_feeding_the_gpu"
 FIGURES = ("overlap", "small_kernels", "mps", "batching", "batcher", "unified_memory", "monitoring", "profile")
@@ -108,7 +108,7 @@ def recorded_mps(batched: int = 8) -> tuple:
         if m.get("batched") == batched and want <= set(configs) and all(configs[c] for c in want):
             return m, records.label(rec)
     raise runtime.CourseError(f"no record of {LESSON} holds a complete MPS table (MPS ran, batches of {batched}); "
-                              "record one on a GPU where MPS starts: python -m benchmarks.feeding")
+                              "record one on a GPU where MPS starts: python -m benchmarks.feeding_the_gpu")
 
 
 # ------------------------------------------------------------------------ 4. throughput vs latency
@@ -231,7 +231,7 @@ import gpucourse
 from gpucourse import runtime
 gpucourse.setup("gpu", quiet=True)
 import cupy as cp
-from kernels import streams as S
+from kernels import feeding_the_gpu as S
 n = {PROFILE_N}
 a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
 S.multiply_kernel[8 * runtime.get().device["sms"], S.THREADS](a, b, c)
@@ -448,7 +448,7 @@ def profile_reading(p: dict, ceilings: dict) -> list:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.feeding", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.feeding_the_gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what")
     r = sub.add_parser("record")

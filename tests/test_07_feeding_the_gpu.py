@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from gpucourse import monitor, profile, runtime
-from kernels import batching as B
-from kernels import mps
-from kernels import streams as S
+from systems.feeding_the_gpu import batching as B
+from gpucourse import mps
+from kernels import feeding_the_gpu as S
 
 pytestmark = pytest.mark.lesson07
 DATA = Path(__file__).resolve().parent / "data"
@@ -104,7 +104,7 @@ def _pipeline(a, b, out, chunks, streams, *, shared=False, wait="every stream"):
     ({"wait": "none"}, 1024, 16), ({"wait": "the first"}, 256, 1)])
 def test_streams_run_together_in_the_simulator(how, wrong, pending):
     """Streams that share buffers, or are not all waited for, go wrong in CPU mode too, as on a GPU."""
-    from kernels.stream_sim import streams_run_together
+    from systems.feeding_the_gpu.stream_sim import streams_run_together
 
     n = 1024
     a, b, out = S.pinned(n), S.pinned(n), S.pinned(n)
@@ -123,7 +123,7 @@ def test_streams_run_together_in_the_simulator(how, wrong, pending):
 
 @pytest.mark.skipif(runtime.is_gpu(), reason="the simulator's streams")
 def test_streams_run_together_keep_events_and_the_default_stream():
-    from kernels.stream_sim import streams_run_together
+    from systems.feeding_the_gpu.stream_sim import streams_run_together
 
     cuda = runtime.cuda()
     h = np.arange(8, dtype=np.float32)
@@ -389,7 +389,7 @@ def test_mps_daemon_puts_the_signal_handlers_back(tmp_path):
 ROOT = Path(__file__).resolve().parents[1]
 SIGTERMED = '''
 import sys, time
-from kernels import mps
+from gpucourse import mps
 with mps.Daemon(sys.argv[1], timeout=5) as d:
     print(d.pipe_dir, d.log_dir, flush=True)
     time.sleep(60)
@@ -589,7 +589,7 @@ def test_ncu_csv_parser_reads_a_captured_sample():
 
 def test_profile_read_against_the_lessons_ceilings():
     """The multiply's bytes over ncu's time against the copy ceiling, the GEMMs' FLOPs against cuBLAS's."""
-    import benchmarks.feeding as lesson
+    import benchmarks.feeding_the_gpu as lesson
 
     dram, dur = "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"
     fma = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
@@ -644,7 +644,7 @@ def test_recorded_mps_passes_over_records_where_mps_did_not_run(tmp_path, monkey
     """Task 7.3 reads the newest complete MPS table, not whatever the newest record holds."""
     import json
 
-    import benchmarks.feeding as lesson
+    import benchmarks.feeding_the_gpu as lesson
 
     table, label = lesson.recorded_mps()
     assert "MPS, batch 8" in table["configs"] and label.startswith("recorded on")
@@ -666,7 +666,7 @@ def test_recorded_mps_passes_over_records_where_mps_did_not_run(tmp_path, monkey
 
 
 def test_phase_medians_leave_out_nvmls_lag():
-    import benchmarks.feeding as lesson
+    import benchmarks.feeding_the_gpu as lesson
 
     samples = [{"t": t / 100, "util_gpu": 100.0 if t >= 300 else 0.0, "power_w": 100.0 + (t >= 300) * 200,
                 "sm_clock_mhz": 1980.0, "mem_used_mib": 500.0} for t in range(600)]

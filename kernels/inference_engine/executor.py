@@ -1,4 +1,4 @@
-"""The runtime: ``Engine`` runs a plan, with the CUDA C kernels of kernels/cuda/engine.cu through CuPy on a
+"""The runtime: ``Engine`` runs a plan, with the CUDA C kernels of kernels/cuda/inference_engine.cu through CuPy on a
 GPU (launched one by one, or replayed as one CUDA graph) and the same steps in NumPy on a CPU.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 
 from gpucourse import runtime
 
-from .. import cuda_c
+from gpucourse import cuda_c
 from .catalog import CONV_KERNELS, DIRECT, SOURCE, TC, TCD, THREADS
 from .plan import check_target, Plan
 from .precision import DTYPES, Q, SUFFIX

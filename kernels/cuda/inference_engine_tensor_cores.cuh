@@ -1,6 +1,6 @@
 // Lesson 5: the engine's convolutions on the tensor cores (WMMA), in the order the lesson met them: 1b staged
 // 2 bytes at a time, 1c 16 bytes at a time, 1d pipelined and in INT8 too, 1f direct for narrow images.
-// Part of engine.cu, which includes it after the helpers these kernels share (pixel and tap arithmetic, the
+// Part of inference_engine.cu, which includes it after the helpers these kernels share (pixel and tap arithmetic, the
 // epilogues, cp.async).
 #pragma once
 
@@ -183,7 +183,7 @@ CONV_WMMA_VEC(conv_wmmav_128x16_f16, 4, 1, 2, 1)
 // requires. The weights come transposed, wt = K x R (output channel major): a 16-byte load is 16 bytes of one
 // channel's reduction, and the tile is the column-major B that the integer tensor cores take as it is (their
 // mma has only the row.col form; a row-major B would be transposed byte by byte on every load). Needs C, the
-// input's pixel stride and first channel, and K multiples of 16 bytes' worth of T (kernels/engine/tuning.py:
+// input's pixel stride and first channel, and K multiples of 16 bytes' worth of T (kernels/inference_engine/tuning.py:
 // kernel_fits).
 
 template <typename T> struct Tile;  // pitch of a plane row in shared memory, in elements (a multiple of 16 bytes)
@@ -319,7 +319,7 @@ CONV_TC_ALL(i8, int8)
 // channels. Channels are kept in planes of 16 (one WMMA k-step), each pixel's 16 in a 32-byte row, so every
 // fragment starts 32-byte aligned as WMMA requires, whatever the shift dx and the channel block.
 // Needs W <= 16, C <= CMAX and C a multiple of 16, the input's pixel stride and first channel multiples of 16
-// bytes' worth of T (kernels/engine/tuning.py: kernel_fits); weights transposed, K x R, as for 1d.
+// bytes' worth of T (kernels/inference_engine/tuning.py: kernel_fits); weights transposed, K x R, as for 1d.
 template <typename T, int KS, int TH, int BN, int CMAX>
 __device__ void conv_tcd(const T* __restrict__ x, int ldx, const T* __restrict__ w /* K x R */,
                          const float* bias, const float* scale, T* y, const long long* y_off, const int* y_ld,

@@ -1,4 +1,4 @@
-"""Lesson 5's PyTorch reference (benchmarks/pytorch_reference.py): the imported graph's weights in a torch.nn.Module
+"""Lesson 5's PyTorch reference (benchmarks/inference_engine_pytorch.py): the imported graph's weights in a torch.nn.Module
 give the NumPy reference's and Keras's logits; without PyTorch the benchmark records why instead of failing; the
 text and plot of a comparison; the record's comparison, where it has one; and on a GPU the timing path itself.
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from benchmarks import inference_engine as bench_lesson
-from benchmarks import pytorch_reference as R
+from benchmarks import inference_engine_pytorch as R
 from gpucourse import bench, records, runtime
-from kernels import engine as E
+from kernels import inference_engine as E
 
 pytestmark = pytest.mark.lesson05
 LESSON = "05_inference_engine"

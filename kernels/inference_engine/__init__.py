@@ -6,16 +6,16 @@ trained network through the engine:
     Keras model --graph_from_keras--> Graph of primitive ops (Conv, BiasAdd, BatchNorm, Relu, ...)
       --fold_batchnorm, fuse_vertical, fuse_horizontal, eliminate_concat--> optimised Graph
       --build_plan (buffers, precision and INT8 calibration, auto-tuning)--> Plan --save/load_plan--> file
-      --Engine--> logits, with the CUDA C kernels of kernels/cuda/engine.cu on a GPU, NumPy on a CPU
+      --Engine--> logits, with the CUDA C kernels of kernels/cuda/inference_engine.cu on a GPU, NumPy on a CPU
 
 TensorFlow is needed only to train and export the model (``train_and_export``); the exported model file
-(kernels/models/digits_inception.npz: graph, weights, held-out digits, Keras's own logits) is what the engine
+(kernels/inference_engine/digits_inception.npz: graph, weights, held-out digits, Keras's own logits) is what the engine
 reads, so it runs where TensorFlow is not installed. Also here: the fused conv + bias + ReLU ("CBR") kernel
 in numba (``cbr_direct``) with its NumPy spec, batch-norm folding, and INT8 calibration (min-max, percentile,
 entropy) with quantise / dequantise.
 
 Its rooms follow the lesson's story, each a floor above those it imports (a test checks there is no cycle):
-    catalog    the kernels engine.cu offers for a convolution, and the auto-tuner's candidates
+    catalog    the kernels inference_engine.cu offers for a convolution, and the auto-tuner's candidates
     graph      the graph IR and the Keras import
     model      the trained digits network and its file
     specs      NumPy specs of every op, and the reference run_graph

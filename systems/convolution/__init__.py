@@ -1,0 +1,1 @@
+"""Lesson 4, convolution: cuDNN bound from Python."""
