@@ -145,12 +145,8 @@ def _record(args) -> int:
     if args.figure:
         if len(args.lessons) != 1 or args.lessons[0] not in benchmarks.LESSONS:
             raise runtime.CourseInputError(f"--figure needs exactly one lesson; known: {', '.join(benchmarks.LESSONS)}")
-        mod = benchmarks.module(args.lessons[0])
-        measure = getattr(mod, args.figure, None) if args.figure in getattr(mod, "FIGURES", ()) else None
-        if not callable(measure):
-            raise runtime.CourseInputError(f"{args.lessons[0]} cannot measure {args.figure!r} alone; its figures: "
-                                           f"{', '.join(getattr(mod, 'FIGURES', ()))} (record the whole lesson)")
-        print(f"wrote {records.add_figure(args.lessons[0], args.figure, measure())}")
+        data = benchmarks.measure_one(args.lessons[0], args.figure)
+        print(f"wrote {records.add_figure(args.lessons[0], args.figure, data)}")
         return 0
     have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
     for lesson in args.lessons or list(benchmarks.LESSONS):
@@ -160,7 +156,7 @@ def _record(args) -> int:
         if not args.lessons and have < needed:  # asked for by name, the lesson's own error says why
             print(f"skipped {lesson}: it needs {needed} GPUs and this machine has {have}")
             continue
-        figures, ceilings = benchmarks.module(lesson).run()
+        figures, ceilings = benchmarks.run(lesson)
         print(f"wrote {records.write(lesson, figures, ceilings=ceilings)}")
     return 0
 

@@ -8,15 +8,32 @@ from __future__ import annotations
 import datetime
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import runtime
 from .runtime import slug  # records.slug: the GPU's name in results/<slug>/
 
-__all__ = ["FORMAT", "results_dir", "slug", "write", "all_records", "latest", "load", "label", "describe",
-           "measure_or_recall", "ceilings_or_recall"]
+__all__ = ["FORMAT", "Figure", "results_dir", "slug", "write", "all_records", "latest", "load", "label", "describe",
+           "recall", "ceilings_or_recall"]
 
 FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a lesson, declared once in its benchmark module (``FIGURES = {name: Figure(...)}``):
+
+    measure() -> a JSON-able dict, measured now on this GPU (GPU mode only; ``record`` stores it under the name);
+    plot(data, source, **context) draws it with gpucourse.plots, the same code for measured and recorded data;
+    text(data) -> the lines a notebook prints under it;
+    optional: records made before the figure existed lack it, and CPU mode says so instead of failing."""
+
+    measure: Callable[[], dict]
+    plot: Callable | None = None
+    text: Callable[[dict], str] | None = None
+    optional: bool = False
 
 
 def results_dir() -> Path:
@@ -112,17 +129,22 @@ def describe(lesson: str | None = None) -> str:
     return text
 
 
-def measure_or_recall(lesson: str, key: str, measure) -> tuple:
-    """(figures, source): ``measure()`` on a GPU, else figures[key] of the lesson's newest record.
+def measured_here() -> str:
+    """The label of figures measured in this process."""
+    return f"measured here on {runtime.get().device['name']}"
 
-    ``source`` is the label every plot and table of these figures must carry.
-    """
-    if runtime.is_gpu():
-        return measure(), f"measured here on {runtime.get().device['name']}"
-    rec = load(lesson)
-    if key not in rec["figures"]:
-        raise runtime.CourseError(f"the record {rec['path']} has no figures named {key!r}; re-record it")
-    return rec["figures"][key], label(rec, key)
+
+def recall(lesson: str, key: str, *, optional: bool = False) -> tuple:
+    """(figures[key] of the lesson's newest record that has it, its label). Where no record has it: a CourseError,
+    or for an ``optional`` figure (None, a sentence saying why)."""
+    recs = [r for r in all_records(lesson) if key in r["figures"]]
+    if recs:
+        return recs[-1]["figures"][key], label(recs[-1], key)
+    why = (f"no GPU record of {lesson} in {results_dir()} holds {key!r} yet: record it on a GPU with "
+           f"`python -m gpucourse record {lesson} --figure {key}`")
+    if optional:
+        return None, why
+    raise runtime.CourseError(why)
 
 
 def ceilings_or_recall(lesson: str) -> tuple:
@@ -133,3 +155,11 @@ def ceilings_or_recall(lesson: str) -> tuple:
         return bench.ceilings().as_dict(), f"measured here on {runtime.get().device['name']}"
     rec = load(lesson)
     return rec["ceilings"], label(rec)
+
+
+def measure_or_recall(lesson: str, key: str, measure) -> tuple:
+    """(figures, source): ``measure()`` on a GPU, else figures[key] of the lesson's newest record (the notebooks'
+    older idiom; benchmarks.figure replaces it)."""
+    if runtime.is_gpu():
+        return measure(), measured_here()
+    return recall(lesson, key)

@@ -216,11 +216,14 @@ def test_records_latest_and_label(tmp_path, monkeypatch):
     assert records.latest("99_test")["figures"] == {"x": 2}
     assert records.latest("99_test", gpu="nvidia-h100-80gb-hbm3")["figures"] == {"x": 1}
     assert records.label(records.latest("99_test")) == "recorded on NVIDIA H200 (132 SMs, CUDA driver 13.0) on 2026-11-21"
-    if not runtime.is_gpu():
-        figures, source = records.measure_or_recall("99_test", "x", lambda: pytest.fail("must not measure"))
-        assert figures == 2 and source.startswith("recorded on NVIDIA H200")
-        with pytest.raises(runtime.CourseError, match="no figures named"):
-            records.measure_or_recall("99_test", "y", lambda: None)
+    figures, source = records.recall("99_test", "x")
+    assert figures == 2 and source.startswith("recorded on NVIDIA H200")
+    with pytest.raises(runtime.CourseError, match="holds 'y' yet.*record 99_test --figure y"):
+        records.recall("99_test", "y")
+    figures, why = records.recall("99_test", "y", optional=True)
+    assert figures is None and "holds 'y'" in why
+    _fake_record(tmp_path, "NVIDIA H100 80GB HBM3", "2026-11-21 12:00 UTC", {"y": 5})  # newer, without "x"
+    assert records.recall("99_test", "x")[0] == 2 and records.recall("99_test", "y")[0] == 5
     # a figure added to the record later (record --figure) is labelled with the day it was measured
     _fake_record(tmp_path, "NVIDIA H200", "2026-11-22 10:00 UTC", {"x": 3, "z": {"v": 1, "measured": "2026-11-23 15:39 UTC"}})
     rec = records.latest("99_test")
