@@ -464,18 +464,19 @@ def plot_simulation(k_runs: dict, source: str):
 # ---------------------------------------------------------------------------------- command line
 
 def processes_allreduce(k: int, sizes, *, repeats: int = 10) -> dict:
-    """NCCL's all-reduce with one process per GPU (kernels/ranks.py: rank 0's unique id through the launcher)
+    """NCCL's all-reduce with one process per GPU (gpucourse/ranks.py: rank 0's unique id through the launcher)
     against the same all-reduce from one process driving k GPUs, at each size; the course's ring across
     processes (CUDA IPC) checked for equality at the smallest size. Medians of CUDA-event times, the
     slowest rank's median for the processes."""
-    from kernels import ranks
+    from gpucourse import ranks
+    from kernels.collectives import programs
 
     cp = runtime.cupy()
     devices = list(range(k))
     out = {"k": k, "N": list(sizes), "processes_ms": [], "one_process_ms": []}
     n0 = min(sizes) // 4
-    want = ranks.expected_sum(k, n0, seed=1)
-    for name, fn in (("nccl", ranks.nccl_allreduce_program), ("ipc_ring", ranks.ipc_ring_allreduce_program)):
+    want = programs.expected_sum(k, n0, seed=1)
+    for name, fn in (("nccl", programs.nccl_allreduce_program), ("ipc_ring", programs.ipc_ring_allreduce_program)):
         got = ranks.launch(k, fn, n0, 1, timeout=120)
         err = max(float(np.abs(g["result"].astype(np.float64) - want).max()) for g in got)
         if not err <= 1e-5 * k * max(1.0, float(np.abs(want).max())):
@@ -484,12 +485,12 @@ def processes_allreduce(k: int, sizes, *, repeats: int = 10) -> dict:
     nccl = col.Nccl(devices)
     for nbytes in bench.progress(sizes, desc=f"all-reduce, {k} processes vs one"):
         n = nbytes // 4
-        per_rank = ranks.launch(k, ranks.nccl_allreduce_program, n, 2, repeats, timeout=300)
+        per_rank = ranks.launch(k, programs.nccl_allreduce_program, n, 2, repeats, timeout=300)
         out["processes_ms"].append(max(float(np.median(r["ms"])) for r in per_rank))
         bufs = []
         for d in devices:
             with cp.cuda.Device(d):
-                bufs.append(cp.asarray(ranks.rank_data(d, n, 2)))
+                bufs.append(cp.asarray(programs.rank_data(d, n, 2)))
         with cp.cuda.Device(devices[0]):
             out["one_process_ms"].append(bench.time_gpu(lambda: nccl.allreduce(bufs), repeats=repeats).median_ms)
         bufs = None

@@ -318,7 +318,7 @@ def plot_standin(o: dict, source: str):
 def _data_parallel_processes(k: int, widths, batch_per_gpu: int, repeats: int, name: str) -> dict:
     """The data-parallel step with one process per GPU (tr.data_parallel_program under lesson 6's launcher): the
     time of the slowest rank, each rank's median, or why it failed."""
-    from kernels import ranks
+    from gpucourse import ranks
 
     runtime.cupy().get_default_memory_pool().free_all_blocks()  # the ranks need the memory this process held
     try:

@@ -409,16 +409,16 @@ def rank_shard(rank: int, batch_per_gpu: int, widths, seed: int = 0) -> tuple:
 
 def data_parallel_program(group, widths, batch_per_gpu: int, steps: int = 1, repeats: int = 0, lr: float = 0.05,
                           overlap: bool = True, comm_priority: bool = False, seed: int = 0) -> dict:
-    """One rank of data parallelism with one process per GPU (run by ``kernels.ranks.launch(k, ...)``, as DDP runs
+    """One rank of data parallelism with one process per GPU (run by ``gpucourse.ranks.launch(k, ...)``, as DDP runs
     it): rank r drives GPU r alone, from its own Python, so no GPU waits while one thread queues another's work.
     Rank 0 makes NCCL's unique id, every rank joins the communicator, builds the same weights (``mlp_init`` with
     ``seed``) and its shard (``rank_shard``), and runs ``steps`` SGD steps of ``DataParallel`` with the buckets'
     all-reduces overlapped as in one process. Returns {"rank", "losses"} and, for a model of at most 2**22
     weights, the weights after those steps ("params"); with ``repeats``, the step's CUDA-event time on this
     rank's GPU ("timing", the course's timer, after a barrier of all ranks)."""
-    from kernels import ranks
+    from kernels.collectives.programs import use_gpu
 
-    cp = ranks.use_gpu(group)
+    cp = use_gpu(group)
     from cupy.cuda import nccl
 
     from gpucourse import bench

@@ -14,7 +14,7 @@ from conftest import needs_compiler
 from gpucourse import records, runtime
 from kernels import collectives as col
 from gpucourse import cuda_c
-from kernels import ring_sim
+from kernels.collectives import ring_sim
 
 pytestmark = pytest.mark.lesson06
 LESSON = "06_collectives"

@@ -425,7 +425,7 @@ def test_one_process_per_gpu_shards_and_bad_communicator():
 def test_data_parallel_one_process_per_gpu_equals_one_device():
     """Data parallelism with one process per GPU (lesson 6's launcher, an NCCL communicator across processes)
     trains as one device on the whole batch does: every rank holds the same weights after two steps."""
-    from kernels import ranks
+    from gpucourse import ranks
 
     k = runtime.cupy().cuda.runtime.getDeviceCount()
     widths, m, lr, steps = [32, 64, 64, 64, 8], 64, 0.1, 2

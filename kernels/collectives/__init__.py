@@ -1,6 +1,6 @@
 """Lesson 6 — collectives: the ring broadcast and the ring all-reduce, modelled, simulated, on GPUs, and NCCL.
 
-Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py, kernels/ranks.py and the tests, as
+Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py, programs (the rank programs of gpucourse.ranks) and the tests, as
 ``from kernels import collectives as col``; one module per part of the lesson, imports going one way
 (gpu -> stream_model -> specs -> model):
 
@@ -10,7 +10,7 @@ Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py, kernels/ranks
   least-squares fit of alpha and B to measured times.
 * ``specs``: NumPy specs of the five collectives (broadcast, reduce, all-reduce, all-gather, reduce-scatter), the
   ring broadcast's schedule and the ring all-reduce (reduce-scatter, then all-gather) step by step; the rank
-  program of the chunked ring broadcast, for the simulated ring of kernels/ring_sim.py; a small two-layer
+  program of the chunked ring broadcast, for the simulated ring of kernels/collectives/ring_sim.py; a small two-layer
   network in NumPy or CuPy whose gradients the lesson averages across ranks.
 * ``stream_model``: the ring broadcast written as stream work (``push_broadcast``) once for real GPUs and for
   ``SimRing``, a CPU model of CUDA streams and events.

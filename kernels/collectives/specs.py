@@ -1,5 +1,5 @@
 """Lesson 6: NumPy specs of the five collectives, the ring broadcast's schedule and the ring all-reduce step by step;
-the rank programs of the chunked ring broadcast for the simulated ring of kernels/ring_sim.py; and a small
+the rank programs of the chunked ring broadcast for the simulated ring of kernels/collectives/ring_sim.py; and a small
 two-layer network in NumPy or CuPy whose gradients the lesson averages across ranks."""
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def simulate_broadcast(k: int, S: int, *, nbytes: int, bandwidth: float, latency
                        clock: str = "virtual", program=ring_broadcast_program, seed: int = 0):
     """Run a broadcast rank program on a simulated ring: rank 0 holds random bytes, the others zeros.
     Returns (RingRun, the root's data); raises CourseError if any rank ends with other data."""
-    from .. import ring_sim
+    from . import ring_sim
 
     root = np.random.default_rng(seed).integers(0, 256, size=int(nbytes), dtype=np.uint8)
     args = [(root.copy() if r == 0 else np.zeros_like(root), S) for r in range(k)]

@@ -1,6 +1,6 @@
 """Lesson 6's graded exercises through the real grader: the solution earns every point, the released exercise none,
 and known-wrong answers exactly the points their mistakes leave them. Everything runs in CPU mode: Tasks 6.2 to 6.4
-are graded on the simulated ring's virtual clock (kernels/ring_sim.py), whose times do not depend on how the
+are graded on the simulated ring's virtual clock (kernels/collectives/ring_sim.py), whose times do not depend on how the
 threads are scheduled, and Task 6.5's schedule on the CPU model of streams and events (col.SimRing); its two
 GPU tests (perf_*) need two or more GPUs and are "not gradable here"; their GPU side is checked by running the
 solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode gpu)."""

@@ -9,7 +9,8 @@ import pytest
 
 from gpucourse import runtime
 from kernels import collectives as col
-from kernels import ranks
+from gpucourse import ranks
+from kernels.collectives import programs
 
 pytestmark = pytest.mark.lesson06
 
@@ -23,9 +24,9 @@ def _alive_children():
 @pytest.mark.parametrize("k", [1, 3, 4])
 def test_ring_allreduce_in_k_processes_equals_one_process(k):
     n = 37  # chunks of unequal size
-    got = ranks.launch(k, ranks.ring_allreduce_program, n, 5, timeout=60)
-    want = ranks.expected_sum(k, n, seed=5)
-    single = col.ring_allreduce_numpy([ranks.rank_data(r, n, 5).astype(np.float64) for r in range(k)])
+    got = ranks.launch(k, programs.ring_allreduce_program, n, 5, timeout=60)
+    want = programs.expected_sum(k, n, seed=5)
+    single = col.ring_allreduce_numpy([programs.rank_data(r, n, 5).astype(np.float64) for r in range(k)])
     assert len(got) == k
     for r in range(k):
         np.testing.assert_allclose(got[r], want, rtol=1e-12, atol=1e-12)
@@ -42,7 +43,7 @@ def test_ring_allreduce_in_k_processes_equals_one_process(k):
 def test_a_failed_rank_stops_the_others_with_a_clear_error(how, says):
     start = time.monotonic()
     with pytest.raises(ranks.RankFailed, match=says) as info:
-        ranks.launch(3, ranks.failing_program, 1, how, timeout=4)
+        ranks.launch(3, programs.failing_program, 1, how, timeout=4)
     took = time.monotonic() - start
     assert info.value.rank == 1
     assert "rank 0 waiting in exchange #2" in str(info.value) and "rank 2 waiting in exchange #2" in str(info.value)
@@ -52,9 +53,9 @@ def test_a_failed_rank_stops_the_others_with_a_clear_error(how, says):
 
 def test_launch_refuses_bad_input():
     with pytest.raises(runtime.CourseInputError, match="k must be"):
-        ranks.launch(0, ranks.ring_allreduce_program, 4)
+        ranks.launch(0, programs.ring_allreduce_program, 4)
     with pytest.raises(runtime.CourseInputError, match="timeouts must be positive"):
-        ranks.launch(2, ranks.ring_allreduce_program, 4, timeout=0)
+        ranks.launch(2, programs.ring_allreduce_program, 4, timeout=0)
     with pytest.raises(runtime.CourseInputError, match="importable module"):
         ranks.launch(2, lambda group: None)
 
@@ -70,9 +71,9 @@ def test_allreduce_one_process_per_gpu_equals_one_process(program):
     if k < 2:
         pytest.skip(f"needs two or more GPUs; this machine has {k}")
     n = 3 * 2**20 + 5
-    fn = ranks.nccl_allreduce_program if program == "nccl" else ranks.ipc_ring_allreduce_program
+    fn = programs.nccl_allreduce_program if program == "nccl" else programs.ipc_ring_allreduce_program
     got = ranks.launch(k, fn, n, 3, timeout=120)
-    want = ranks.expected_sum(k, n, seed=3)
+    want = programs.expected_sum(k, n, seed=3)
     for r in range(k):
         err = np.abs(got[r]["result"].astype(np.float64) - want).max()
         assert err <= 1e-5 * k * max(1.0, np.abs(want).max()), (program, r, err)
