@@ -46,11 +46,17 @@ def _figure(lesson: str, name: str) -> records.Figure:
     return known[name]
 
 
+def gpu_count() -> int:
+    """GPUs this process sees (0 in CPU mode)."""
+    return runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+
+
 def figure(lesson: str, name: str, measure=None) -> Shown:
-    """One figure: measured here in GPU mode (the registered measure(), or ``measure`` where the notebook measures
-    it another way, e.g. at its own sizes), else recalled from the newest record that holds it; with its label."""
+    """One figure: measured here in GPU mode on a machine with the GPUs it needs (the registered measure(), or
+    ``measure`` where the notebook measures it another way, e.g. at its own sizes), else recalled from the newest
+    record that holds it; with its label."""
     fig = _figure(lesson, name)
-    if runtime.is_gpu():
+    if runtime.is_gpu() and gpu_count() >= fig.gpus:
         return Shown((measure or fig.measure)(), records.measured_here())
     return Shown(*records.recall(lesson, name, optional=fig.optional))
 
@@ -80,6 +86,9 @@ def run(lesson: str) -> tuple:
     ceilings = bench.measure_ceilings().as_dict()
     out = {}
     for name, fig in bench.progress(list(figures(lesson).items()), desc=lesson):
+        if gpu_count() < fig.gpus:
+            print(f"{lesson}: {name!r} needs {fig.gpus} GPUs and this machine has {gpu_count()}; not recorded")
+            continue
         out[name] = fig.measure()
     return out, ceilings
 

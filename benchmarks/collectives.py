@@ -13,18 +13,26 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 
 from gpucourse import bench, plots, records, runtime
+from gpucourse.records import Figure
 from kernels import collectives as col
 
 LESSON = "06_collectives"
-FIGURES = ("runs",)  # runs: {str(k): one ring size's measurements}; see run()
 GPUS = 2  # a ring needs two GPUs at least
+ROOT = Path(__file__).resolve().parents[1]
+# The host's time to queue one message (a peer copy and an event from Python) is a few µs; before timing the GPUs
+# alone, bench.time_gpu holds them back this long per message queued (at least 2 ms), so that everything is queued
+# before they start.
+HOLD_MS_PER_MESSAGE = 0.02
+COPY_SIZES = tuple(2**p for p in range(12, 31, 2))  # one peer copy, 4 KiB .. 1 GiB: a copy's fixed cost and B
 
 
 # ------------------------------------------------------------------------------- the machine
@@ -121,26 +129,70 @@ def _repeats(nbytes: int) -> int:
 
 # ------------------------------------------------------------------------------- measurements
 
-def broadcast_sweep(devices, sizes, chunks, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
-    """Time against S for every N (the course's ring), NCCL's broadcast and one peer copy at every N. Each
-    result is checked before it is timed (destinations filled with NaN first)."""
+def _hold_ms(k: int, S: int) -> float:
+    return max(2.0, HOLD_MS_PER_MESSAGE * (k - 1) * S)
+
+
+def _host_us(ring: col.GpuRing, bufs, S: int, k: int, repeats: int = 5) -> float:
+    """Median wall time (µs) the host takes to queue one broadcast of S messages, the GPUs held back meanwhile."""
+    import time
+
     cp = runtime.cupy()
-    out = {"N": list(sizes), "S": list(chunks), "ring_ms": [], "nccl_ms": [], "peer_copy_ms": []}
+    out = []
+    for _ in range(repeats):
+        ring.synchronize()
+        bench.hold(_hold_ms(k, S), cp.cuda.get_current_stream())
+        t = time.perf_counter()
+        ring.broadcast(bufs, S)
+        out.append(time.perf_counter() - t)
+        ring.synchronize()
+    return float(np.median(out)) * 1e6
+
+
+def copy_sweep(devices, sizes=COPY_SIZES) -> dict:
+    """One cudaMemcpyPeerAsync from GPU devices[0] to devices[1] against its size, the GPUs held back until it is
+    queued: the fixed cost of a copy (what a small one takes) and the link's bandwidth (what a large one reaches)."""
+    cp = runtime.cupy()
+    with cp.cuda.Device(devices[0]):
+        src = cp.random.random(max(sizes) // 4, dtype=cp.float32)
+        with cp.cuda.Device(devices[1]):
+            dst = cp.full(src.size, cp.nan, dtype=cp.float32)
+        ms = [bench.time_gpu(lambda: col.peer_copy(dst[:n // 4], src[:n // 4]), repeats=_repeats(n), hold_ms=2.0).median_ms
+              for n in bench.progress(sizes, desc="one peer copy")]
+        if not bool(cp.array_equal(cp.asarray(dst.get()), cp.asarray(src.get()))):
+            raise runtime.CourseError("the peer copy delivered other data")
+    return {"N": list(sizes), "ms": ms}
+
+
+def broadcast_sweep(devices, sizes, chunks, *, nccl: col.Nccl, ring: col.GpuRing) -> dict:
+    """Time against S for every N (the course's ring): as a program runs it, the host queueing while the GPUs work
+    ("ring_ms"), and the GPUs' own time, held back until the host has queued everything ("ring_gpu_ms"); the
+    host's time to queue it ("host_us"); NCCL's broadcast and one peer copy at every N. Each result is checked
+    before it is timed (destinations filled with NaN first)."""
+    cp = runtime.cupy()
+    k = len(devices)
+    out = {"N": list(sizes), "S": list(chunks), "ring_ms": [], "ring_gpu_ms": [], "host_us": [], "nccl_ms": [],
+           "peer_copy_ms": []}
     with cp.cuda.Device(devices[0]):
         for nbytes in bench.progress(sizes, desc=f"broadcast sizes, k={len(devices)}"):
             bufs, refs = _buffers(devices, nbytes)
             reps = _repeats(nbytes)
-            row = []
+            row, row_gpu, row_host = [], [], []
             for S in chunks:
                 if S > bufs[0].size:
-                    row.append(None)
+                    row.append(None), row_gpu.append(None), row_host.append(None)
                     continue
                 _poison(bufs)
                 ring.broadcast(bufs, S)
                 ring.synchronize()
                 _check_equal(bufs, refs, f"ring broadcast S={S} N={nbytes}")
                 row.append(bench.time_gpu(lambda: ring.broadcast(bufs, S), repeats=reps).median_ms)
+                row_gpu.append(bench.time_gpu(lambda: ring.broadcast(bufs, S), repeats=reps,
+                                              hold_ms=_hold_ms(k, S)).median_ms)
+                row_host.append(_host_us(ring, bufs, S, k))
             out["ring_ms"].append(row)
+            out["ring_gpu_ms"].append(row_gpu)
+            out["host_us"].append(row_host)
             _poison(bufs)
             nccl.broadcast(bufs)
             nccl.synchronize()
@@ -273,22 +325,34 @@ def measure_k(k: int, *, chunks, sizes, headline_bytes: int = 2**30) -> dict:
     ring = col.GpuRing(devices)
     nccl = col.Nccl(devices)
     out = {"system": system(devices)}
+    out["copy"] = copy_sweep(devices)
     out["broadcast"] = broadcast_sweep(devices, sizes, chunks, nccl=nccl, ring=ring)
     i = out["broadcast"]["N"].index(headline_bytes) if headline_bytes in sizes else len(sizes) - 1
     ring_row = out["broadcast"]["ring_ms"][i]
     best = min((t, S) for t, S in zip(ring_row, chunks) if t is not None)[1]
     out["headline"] = headline(devices, out["broadcast"]["N"][i], best, nccl=nccl, ring=ring)
-    out["fit"] = fit_broadcast(out["broadcast"], k)  # the slide's model; the notebook also fits a start-up cost
+    out["fit"] = fit_broadcast(out["broadcast"], k)
     out["allreduce"] = allreduce_sweep(devices, [n for n in sizes if n >= 2**20], nccl=nccl, ring=ring)
     out["gradients"] = gradient_check(devices, ring=ring)
     return out
 
 
-def fit_broadcast(sweep: dict, k: int, *, startup: bool = False) -> dict:
-    """alpha and B (and with ``startup`` a fixed cost t0 per broadcast) of the model fitted to every measured
-    (S, N) point of the ring, and the largest distance of a measured time from the model: overall and at each N."""
+def gpu_times(sweep: dict) -> tuple:
+    """(the key of the GPUs' own times, a note): "ring_gpu_ms" where the record has them, else "ring_ms" (records made
+    before the lesson held the GPUs back, where the host's queueing is in every time)."""
+    if sweep.get("ring_gpu_ms"):
+        return "ring_gpu_ms", "the GPUs' own time (held back until the host had queued every message)"
+    return "ring_ms", "as the program ran it (this record has no GPU-only times: the host's queueing is in them)"
+
+
+def fit_broadcast(sweep: dict, k: int, *, startup: bool = True, times: str | None = None) -> dict:
+    """alpha and B (and with ``startup`` the fixed cost t0 of a broadcast) of the model fitted to every measured
+    (S, N) point of the ring (``times``: the sweep's key; the GPUs' own times by default), the largest distance of a
+    measured time from the model, overall, at each N and over N >= 16 MiB, and the best S at each N, measured and
+    predicted."""
+    times = times or gpu_times(sweep)[0]
     S, N, t = [], [], []
-    for n, row in zip(sweep["N"], sweep["ring_ms"]):
+    for n, row in zip(sweep["N"], sweep[times]):
         for s, ms in zip(sweep["S"], row):
             if ms is not None:
                 S.append(s), N.append(n), t.append(ms * 1e-3)
@@ -297,21 +361,49 @@ def fit_broadcast(sweep: dict, k: int, *, startup: bool = False) -> dict:
     for n in sweep["N"]:
         errs = [abs(e) for e, nn in zip(fit["rel_error"], N) if nn == n]
         per_n[str(n)] = max(errs) if errs else None
-    out = {"k": k, "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"], "pinned": fit["pinned"],
-           "max_abs_rel_error": fit["max_abs_rel_error"], "max_abs_rel_error_by_N": per_n}
-    if startup:
-        out["startup_s"] = fit["startup_s"]
+    big = [e for e, nn in zip(fit["rel_error"], N) if nn >= 16 * 2**20]
+    out = {"k": k, "times": times, "alpha_s": fit["alpha_s"], "bandwidth": fit["bandwidth"], "pinned": fit["pinned"],
+           "startup_s": fit["startup_s"], "max_abs_rel_error": fit["max_abs_rel_error"],
+           "max_abs_rel_error_by_N": per_n, "max_abs_rel_error_16MiB_up": max(map(abs, big)) if big else None}
+    best = {}
+    for n, row in zip(sweep["N"], sweep[times]):
+        pts = [(s, ms) for s, ms in zip(sweep["S"], row) if ms is not None]
+        if pts:
+            measured = min(pts, key=lambda p: p[1])[0]
+            predicted = min((p[0] for p in pts), key=lambda s: model_ms(out, n, k, s))
+            steps = abs(sweep["S"].index(measured) - sweep["S"].index(predicted))
+            best[str(n)] = {"measured": measured, "model": predicted, "steps_apart": steps}
+    out["best_S"] = best
     return out
+
+
+def fit_host_pacing(sweep: dict, k: int) -> dict | None:
+    """The host's cost to queue one message (a copy and an event from Python), from the measured queueing times;
+    None for records without them."""
+    if not sweep.get("host_us"):
+        return None
+    S, t = [], []
+    for row in sweep["host_us"]:
+        for s, us in zip(sweep["S"], row):
+            if us is not None:
+                S.append(s), t.append(us * 1e-6)
+    return col.fit_host(k, S, t)
 
 
 def model_ms(fit: dict, N: float, k: int, S: int) -> float:
     """The fitted model's time in ms: t0 (if fitted) + (S + k - 2)(alpha + N / (S B))."""
-    return 1e3 * (fit.get("startup_s", 0.0) + (S + k - 2) * (fit["alpha_s"] + N / (S * fit["bandwidth"])))
+    return 1e3 * col.ring_time(N, fit["bandwidth"], k, S, fit["alpha_s"], fit.get("startup_s", 0.0))
 
 
-def run(ks=None, chunks=None, sizes=None) -> tuple:
-    """Every measurement of the lesson for each k in ks (default: every GPU of this machine), merged with
-    the entries for other k of this GPU model's existing record. Returns (figures, ceilings)."""
+def host_paced_ms(fit: dict, host: dict, N: float, k: int, S: int) -> float:
+    """The model with the host's pace (``host_paced_time``): what a program that queues as the GPUs run sees."""
+    return 1e3 * col.host_paced_time(N, fit["bandwidth"], k, S, fit["alpha_s"], fit.get("startup_s", 0.0),
+                                     host["host_s"], host["host_t0"])
+
+
+def measure_runs(ks=None, chunks=None, sizes=None) -> dict:
+    """Every measurement of the lesson for each k in ks (default: every GPU of this machine), merged with the
+    entries for other k of this GPU model's newest record: {str(k): measure_k(k)}."""
     n_gpus = col.gpu_count()
     ks = list(ks or [n_gpus])
     if n_gpus < 2 or max(ks) > n_gpus or min(ks) < 2:
@@ -319,12 +411,13 @@ def run(ks=None, chunks=None, sizes=None) -> tuple:
                                   f"asked for k = {ks}")
     chunks = list(chunks or runtime.size("collectives.chunks"))
     sizes = list(sizes or runtime.size("collectives.sizes"))
-    ceilings = bench.measure_ceilings().as_dict()
     old = records.latest(LESSON, runtime.get().device["name"])
-    runs = dict(old["figures"].get("runs", {})) if old else {}
+    runs = {}
+    for k, entry in (old["figures"].get("runs", {}) if old else {}).items():  # other k: kept, saying whence
+        runs[k] = {**entry, "recorded_label": entry.get("recorded_label") or records.label(old, "runs")}
     for k in ks:
         runs[str(k)] = measure_k(k, chunks=chunks, sizes=sizes)
-    return {"runs": dict(sorted(runs.items(), key=lambda kv: int(kv[0])))}, ceilings
+    return dict(sorted(runs.items(), key=lambda kv: int(kv[0])))
 
 
 # -------------------------------------------------------------------------------- text and plots
@@ -332,22 +425,35 @@ def run(ks=None, chunks=None, sizes=None) -> tuple:
 def summary_text(entry: dict) -> str:
     sysinfo, h = entry["system"], entry["headline"]
     k = len(sysinfo["devices"])
-    fit, fit0 = fit_broadcast(entry["broadcast"], k), fit_broadcast(entry["broadcast"], k, startup=True)
-    links = ", ".join(f"{a} {b}" for a, b in sysinfo["links"].items())
+    b = entry["broadcast"]
+    fit, seed = fit_broadcast(b, k), fit_broadcast(b, k, startup=False)
+    links = ", ".join(f"{a} {b_}" for a, b_ in sysinfo["links"].items())
     lines = [f"k = {len(sysinfo['devices'])}: {', '.join(sysinfo['names'])}; links {links}; "
              f"NCCL {sysinfo['nccl_version']}; {sysinfo['date']}",
              f"broadcast of {h['N'] / 2**30:.3g} GiB: ring (S = {h['S']}) {h['ring']['gbps']:.0f} GB/s, "
              f"NCCL {h['nccl']['gbps']:.0f} GB/s, one peer copy {h['peer_copy']['gbps']:.0f} GB/s; "
              f"ring / NCCL = {h['ring_over_nccl']:.2f}",
-             f"model (S + k - 2)(alpha + N/(SB)) fitted to all (S, N): alpha = {fit['alpha_s'] * 1e6:.1f} µs a "
-             f"message, B = {fit['bandwidth'] / 1e9:.0f} GB/s",
-             f"the same plus a fixed cost t0 a broadcast: t0 = {fit0['startup_s'] * 1e6:.1f} µs, "
-             f"alpha = {fit0['alpha_s'] * 1e6:.1f} µs, B = {fit0['bandwidth'] / 1e9:.0f} GB/s",
+             f"ring times: {gpu_times(b)[1]}",
+             f"the seed's model (S + k - 2)(alpha + N/(SB)) fitted to every (S, N): alpha = {seed['alpha_s'] * 1e6:.1f} µs "
+             f"a message, B = {seed['bandwidth'] / 1e9:.0f} GB/s",
+             f"with the fixed cost t0 of a broadcast: t0 = {fit['startup_s'] * 1e6:.1f} µs, alpha = "
+             f"{fit['alpha_s'] * 1e6:.2f} µs, B = {fit['bandwidth'] / 1e9:.0f} GB/s",
              *[f"    ({name} held at 0 in the fit {which}: the best fit wanted it negative, which no time can be)"
-               for which, f in (("without t0", fit), ("with t0", fit0)) for name in f.get("pinned", [])],
-             "    largest distance of a measured time (any S) from the model, without t0 / with t0:"]
-    for n, e in fit["max_abs_rel_error_by_N"].items():
-        lines.append(f"    N = {int(n) / 2**20:6.0f} MiB: {100 * e:5.1f}% / {100 * fit0['max_abs_rel_error_by_N'][n]:5.1f}%")
+               for which, f in (("without t0", seed), ("with t0", fit)) for name in f.get("pinned", [])],
+             "    largest distance of a measured time (any S) from the model, without t0 / with t0; best S measured / "
+             "predicted:"]
+    for n, e in seed["max_abs_rel_error_by_N"].items():
+        bs = fit["best_S"].get(n, {})
+        lines.append(f"    N = {int(n) / 2**20:6.0f} MiB: {100 * e:5.1f}% / {100 * fit['max_abs_rel_error_by_N'][n]:5.1f}%"
+                     f"   best S {bs.get('measured')} / {bs.get('model')}")
+    if fit["max_abs_rel_error_16MiB_up"] is not None:
+        lines.append(f"    N >= 16 MiB: within {100 * fit['max_abs_rel_error_16MiB_up']:.1f}% with t0 (goal 15%)")
+    host = fit_host_pacing(b, k)
+    if host:
+        lines.append(f"the host queues a message (copy + event) in {host['host_s'] * 1e6:.1f} µs (+ "
+                     f"{host['host_t0'] * 1e6:.0f} µs a broadcast): past S = "
+                     f"{max(1, round((fit['alpha_s']) / max(host['host_s'] - fit['alpha_s'], 1e-12)))} or so the GPUs "
+                     "wait for Python")
     ar, versions = entry["allreduce"], allreduce_times(entry)
     lines.append("all-reduce (sum, float32): time, and in brackets ring / NCCL time, of each version of the ring:")
     for v, (label, _, _) in versions.items():
@@ -390,21 +496,84 @@ def plot_model(N: float, B: float, ks=(2, 3, 4, 8), alpha: float = 0.0, S_max: i
     return fig
 
 
-def plot_vs_S(entry: dict, source: str, *, startup: bool = False):
-    """Measured ring broadcast time against S at every N, with the fitted model as dashed lines (with a fixed
-    cost t0 a broadcast if ``startup``)."""
+def plot_vs_S(entry: dict, source: str, *, startup: bool = True):
+    """Measured ring broadcast time against S at every N (the GPUs' own times where the record has them), with the
+    fitted model as dashed lines (with the fixed cost t0 of a broadcast if ``startup``)."""
     b, k = entry["broadcast"], len(entry["system"]["devices"])
+    times, what = gpu_times(b)
     fit = fit_broadcast(b, k, startup=startup)
     series, models = {}, {}
-    for n, row in zip(b["N"], b["ring_ms"]):
+    for n, row in zip(b["N"], b[times]):
         pts = [(s, t) for s, t in zip(b["S"], row) if t is not None]
         label = f"{n / 2**20:.0f} MiB"
         series[f"measured, {label}"] = ([p[0] for p in pts], [p[1] for p in pts])
         models[f"model, {label}"] = ([p[0] for p in pts], [model_ms(fit, n, k, p[0]) for p in pts])
     t0 = f"{fit['startup_s'] * 1e6:.1f} µs + " if startup else ""
     return _pair_colours(plots.lines(series, models=models, xlabel="S (messages)", ylabel="ms", source=source,
-                       title=f"Ring broadcast, k = {k}, fitted model: {t0}(S + {k - 2})"
-                             f"({fit['alpha_s'] * 1e6:.1f} µs + N / (S x {fit['bandwidth'] / 1e9:.0f} GB/s))"), len(series))
+                       title=f"Ring broadcast, k = {k} ({'GPU time' if times == 'ring_gpu_ms' else 'as run'}), model: {t0}"
+                             f"(S + {k - 2})({fit['alpha_s'] * 1e6:.1f} µs + N / (S x {fit['bandwidth'] / 1e9:.0f} GB/s))"),
+                         len(series))
+
+
+def plot_host_pacing(entry: dict, source: str):
+    """At each N, the broadcast as a program runs it (the host queueing while the GPUs work) against S, beside the
+    GPUs' own time and the model with the host's pace: past a few messages the GPUs wait for Python."""
+    b, k = entry["broadcast"], len(entry["system"]["devices"])
+    fit, host = fit_broadcast(b, k), fit_host_pacing(b, k)
+    if host is None:
+        raise runtime.CourseError("this record has no host timings (recorded before the lesson measured them)")
+    series, models = {}, {}
+    for n, row, row_gpu in zip(b["N"], b["ring_ms"], b["ring_gpu_ms"]):
+        if n not in (min(b["N"]), 2**26, max(b["N"])):
+            continue
+        pts = [(s, t, g) for s, t, g in zip(b["S"], row, row_gpu) if t is not None]
+        label = f"{n / 2**20:.0f} MiB"
+        series[f"as run, {label}"] = ([p[0] for p in pts], [p[1] for p in pts])
+        models[f"model with the host's pace, {label}"] = ([p[0] for p in pts],
+                                                          [host_paced_ms(fit, host, n, k, p[0]) for p in pts])
+    fig = _pair_colours(plots.lines(series, models=models, xlabel="S (messages)", ylabel="ms", source=source,
+                                    title=f"The host sets the pace: {host['host_s'] * 1e6:.1f} µs to queue a message, "
+                                          f"the GPUs {fit['alpha_s'] * 1e6:.1f} µs to run one"), len(series))
+    return fig
+
+
+def plot_copy(entry: dict, source: str):
+    """One peer copy's time against its size, with t(c) = t_copy + c / B: a copy's fixed cost and the link's
+    bandwidth, the two numbers the model's t0, alpha and B stand on."""
+    c = entry["copy"]
+    fit = fit_broadcast(entry["broadcast"], len(entry["system"]["devices"]))
+    small, big = c["ms"][0] * 1e-3, c["N"][-1] / (c["ms"][-1] * 1e-3)
+    model = [1e3 * (small + n / big) for n in c["N"]]
+    return plots.lines({"one cudaMemcpyPeerAsync": (c["N"], c["ms"])},
+                       models={f"{small * 1e6:.1f} µs + N / {big / 1e9:.0f} GB/s": (c["N"], model)},
+                       levels={"ring's fitted t0 (ms)": fit["startup_s"] * 1e3},
+                       xlabel="bytes copied", ylabel="ms", source=source,
+                       title="One peer copy: a fixed cost, then the link's bandwidth")
+
+
+def scale_out_params(entry: dict) -> dict:
+    """The scale-out model's parameters: NVLink's bandwidth and a step's cost from the ring fitted here; a NIC's
+    bandwidth and a network step's cost from published sources (kernels.collectives.model)."""
+    fit = fit_broadcast(entry["broadcast"], len(entry["system"]["devices"]))
+    return {"nvlink_bw": fit["bandwidth"], "alpha_nvlink": fit["alpha_s"], "nic_bw": 47e9,
+            "alpha_net": col.NCCL_NET_STEP_S}
+
+
+def plot_scale_out(entry: dict, source: str, N: float = 512 * 2**20, nodes=(1, 2, 4, 8, 16, 32, 64, 128, 248)):
+    """Predicted bus bandwidth of an all-reduce of N bytes against the number of nodes (8 GPUs each, 8 NICs of 400
+    Gb/s), ring and tree, with the published readings of such clusters (kernels.collectives.PUBLISHED_BUSBW)."""
+    params = scale_out_params(entry)
+    series = {}
+    models = {algo: (list(nodes), [col.bus_bandwidth(N, 8 * n, col.cluster_allreduce_time(N, n, algo, **params)) / 1e9
+                                   for n in nodes]) for algo in ("ring", "tree")}
+    for pub in col.PUBLISHED_BUSBW:
+        lo, hi = pub["busbw_gbps"]
+        series[f"published: {pub['what'][:48]}..."] = ([pub["nodes"]] * (2 if hi != lo else 1),
+                                                       [lo, hi] if hi != lo else [lo])
+    fig = plots.lines(series, models={f"model, {a}": v for a, v in models.items()}, xlabel="nodes of 8 GPUs",
+                      ylabel="bus bandwidth (GB/s)", source=f"{source}; NIC and network step: published",
+                      title=f"All-reduce of {N / 2**20:.0f} MiB across nodes: ring against tree", logy=False)
+    return fig
 
 
 def plot_vs_N(entry: dict, source: str):
@@ -459,6 +628,42 @@ def plot_simulation(k_runs: dict, source: str):
     models = {f"model, k = {k}": (S, [1e3 * t for t in ms]) for k, (S, _, ms) in k_runs.items()}
     return _pair_colours(plots.lines(series, models=models, xlabel="S (messages)", ylabel="ms", source=source,
                                      title="Ring broadcast on simulated links against the model"), len(series))
+
+
+# ----------------------------------------------------------------- the same programs under cluster launchers
+
+LAUNCH_PROGRAM = "kernels.collectives.programs:nccl_allreduce_program"
+
+
+def measure_launchers(k: int | None = None, n: int = 2**22, seed: int = 4) -> dict:
+    """Lesson 6's NCCL all-reduce, one process per GPU, started by the course's launcher (gpucourse.ranks.launch)
+    and by each cluster launcher this machine has; every rank's result compared with the course launcher's."""
+    from gpucourse import ranks
+    from kernels.collectives import programs
+
+    k = k or col.gpu_count()
+    if k < 2:
+        raise runtime.CourseError(f"the launchers run one rank per GPU on two or more GPUs; this machine has {k}")
+    want = ranks.launch(k, programs.nccl_allreduce_program, n, seed, timeout=120)
+    return {"k": k, "n": n, **ranks.under_every_launcher(
+        k, LAUNCH_PROGRAM, [n, seed], want, lambda g, w: np.abs(g["result"] - w["result"]).max(),
+        env={"PYTHONPATH": str(ROOT)})}
+
+
+def text_launchers(t: dict) -> str:
+    from gpucourse import ranks
+
+    return ranks.launchers_text(t, f"NCCL's all-reduce of {t['n']:,} float32 on {t['k']} GPUs, one process each")
+
+
+def text_runs(runs: dict) -> str:
+    return "\n\n".join(summary_text(entry) for _, entry in sorted(runs.items(), key=lambda kv: int(kv[0])))
+
+
+FIGURES = {
+    "runs": Figure(measure=measure_runs, text=text_runs, gpus=2),
+    "launchers": Figure(measure=measure_launchers, text=text_launchers, optional=True, gpus=2),
+}
 
 
 # ---------------------------------------------------------------------------------- command line
@@ -516,8 +721,8 @@ def main(argv=None) -> int:
         for N, a, b in zip(res["N"], res["processes_ms"], res["one_process_ms"]):
             print(f"  {N / 2**20:8.0f} MiB  {a:9.3f} ms  {b:9.3f} ms  ratio {a / b:5.2f}")
         return 0
-    figures, ceilings = run(args.k, args.S, args.N)
-    path = records.write(LESSON, figures, ceilings=ceilings)
+    figures = {"runs": measure_runs(args.k, args.S, args.N)}
+    path = records.write(LESSON, figures, ceilings=bench.measure_ceilings().as_dict())
     for k, entry in figures["runs"].items():
         print(summary_text(entry))
     print(f"wrote {path}")

@@ -546,3 +546,37 @@ def plot_data_parallel(d: dict, source: str):
     missing = f"; k = {', '.join(map(str, d['not_measured']))} not measured" if d.get("not_measured") else ""
     return plots._finish(ax, f"Data parallelism, {d['layers']} layers of {d['width']}, batch {d['batch_per_gpu']} "
                              f"per GPU{missing}", source)
+
+
+# ------------------------------------------------------------ data parallelism started as clusters start jobs
+
+def measure_launchers(k: int | None = None, widths=(32, 64, 64, 64, 8), batch_per_gpu: int = 64, steps: int = 2,
+                      lr: float = 0.1) -> dict:
+    """``tr.data_parallel_program`` (one process per GPU, DDP's way) started by the course's launcher and by each
+    cluster launcher this machine has (torchrun, mpirun, ranks started with srun's variables): every rank's weights
+    after ``steps`` steps against the course launcher's."""
+    from pathlib import Path
+
+    from gpucourse import ranks
+
+    k = k or runtime.cupy().cuda.runtime.getDeviceCount()
+    if k < 2:
+        raise runtime.CourseError(f"one process per GPU needs two or more GPUs here; this machine has {k}")
+    args = [list(widths), batch_per_gpu, steps, 0, lr]
+    want = ranks.launch(k, tr.data_parallel_program, *args, timeout=300.0)
+
+    def diff(got, ref):
+        return max(float(np.abs(a - b).max()) for (Wa, ba), (Wb, bb) in zip(got["params"], ref["params"])
+                   for a, b in ((Wa, Wb), (ba, bb)))
+
+    root = str(Path(__file__).resolve().parents[1])
+    return {"k": k, "widths": list(widths), "batch_per_gpu": batch_per_gpu, "steps": steps,
+            **ranks.under_every_launcher(k, "kernels.training:data_parallel_program", args, want, diff,
+                                         env={"PYTHONPATH": root})}
+
+
+def text_launchers(t: dict) -> str:
+    from gpucourse import ranks
+
+    return ranks.launchers_text(t, f"{t['steps']} data-parallel steps of a {'-'.join(map(str, t['widths']))} network, "
+                                   f"batch {t['batch_per_gpu']} a GPU, on {t['k']} GPUs, one process each")

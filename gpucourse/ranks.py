@@ -572,6 +572,124 @@ def from_environment(timeout: float = DEFAULT_TIMEOUT, start_timeout: float = 12
     return _StoreGroup(job, Store(job, timeout, start_timeout), timeout)
 
 
+def _which(name: str):
+    """A launcher's program: beside this Python first (a virtual environment's bin/), then on PATH."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    here = Path(sys.executable).with_name(name)
+    return str(here) if here.exists() else shutil.which(name)
+
+
+def available_launchers() -> list:
+    """The cluster launchers this machine can start a job with: "torchrun" (PyTorch's) and "mpirun" (with mpi4py)
+    where installed, and always "srun's variables" (ranks started one by one with the variables srun sets, which
+    needs no Slurm)."""
+    out = ["torchrun"] if _which("torchrun") else []
+    if _which("mpirun"):
+        try:
+            import mpi4py  # noqa: F401
+
+            out.append("mpirun")
+        except ImportError:
+            pass
+    return out + ["srun's variables"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_under(launcher: str, k: int, program: str, args, *, timeout: float = 120.0, env: dict | None = None) -> dict:
+    """Run ``program`` (MODULE:FUNCTION) as k ranks started by ``launcher`` (one of ``available_launchers``) on this
+    machine, through ``python -m gpucourse.ranks``; every rank's result read back. Returns {"command" (as a learner
+    would type it), "returncode", "seconds", "results" (per rank, None where a rank left none), "lines" (what the
+    ranks said)}. ``env``: variables added for the ranks (a PYTHONPATH entry is put first)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    full = {**os.environ, **CHILD_ENV}
+    if env:
+        extra = dict(env)
+        if "PYTHONPATH" in extra:
+            extra["PYTHONPATH"] = os.pathsep.join([extra["PYTHONPATH"]] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        full.update(extra)
+    rank_cmd = ["-m", "gpucourse.ranks", program, *map(str, args), "--timeout", str(timeout)]
+    with tempfile.TemporaryDirectory() as folder:
+        tail = [*rank_cmd, "--out", folder]
+        if launcher == "torchrun":
+            cmd = [_which("torchrun"), "--nproc-per-node", str(k), "--master-port", str(_free_port()), *tail]
+        elif launcher == "mpirun":
+            root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+            cmd = [_which("mpirun"), *root, "-n", str(k), *[a for v in CHILD_ENV for a in ("-x", v)],
+                   sys.executable, *tail]
+        elif launcher == "srun's variables":
+            cmd = [sys.executable, *tail]
+        else:
+            raise runtime.CourseInputError(f"no launcher {launcher!r}; this machine has {', '.join(available_launchers())}")
+        start = time.monotonic()
+        if launcher == "srun's variables":
+            port = str(_free_port())
+            procs = [subprocess.Popen(cmd, env={**full, "SLURM_PROCID": str(r), "SLURM_NTASKS": str(k),
+                                                "SLURM_LOCALID": str(r), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(k)]
+            try:
+                text = "".join(p.communicate(timeout=timeout + 120)[0] for p in procs)
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            rc = max(p.returncode for p in procs)
+        else:
+            done = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout + 120)
+            rc, text = done.returncode, done.stdout + done.stderr
+        seconds = time.monotonic() - start
+        results = []
+        for r in range(k):
+            path = os.path.join(folder, f"rank{r}.pkl")
+            results.append(pickle.load(open(path, "rb")) if os.path.exists(path) else None)
+    shown = " ".join("python" if c == sys.executable else os.path.basename(c) if c == cmd[0] else c
+                     for c in cmd if c != folder and c != "--out")
+    if launcher == "srun's variables":
+        shown = f"SLURM_PROCID=r SLURM_NTASKS={k} MASTER_ADDR=... MASTER_PORT=... {shown}   (r = 0 .. {k - 1})"
+    return {"command": shown, "returncode": rc, "seconds": seconds, "results": results,
+            "lines": [ln for ln in text.splitlines() if ln.startswith("rank ")][-2 * k:]}
+
+
+def under_every_launcher(k: int, program: str, args, want: list, diff, *, env: dict | None = None) -> dict:
+    """``program`` run as k ranks under every launcher this machine has (``run_under``), each rank's result set beside
+    ``want`` (the course launcher's results, rank by rank) with ``diff(got, want) -> float``:
+    {launcher: {"command", "returncode", "seconds", "lines", "ok", "max_abs_diff"}}."""
+    out = {}
+    for name in available_launchers():
+        run = run_under(name, k, program, args, env=env)
+        diffs = [float(diff(g, w)) for g, w in zip(run["results"], want) if g is not None]
+        out[name] = {**{key: run[key] for key in ("command", "returncode", "seconds", "lines")},
+                     "ok": run["returncode"] == 0 and len(diffs) == k,
+                     "max_abs_diff": max(diffs) if len(diffs) == k else None}
+    return out
+
+
+def launchers_text(t: dict, what: str) -> str:
+    """Lines saying how each launcher's run of ``what`` went (``under_every_launcher``'s result)."""
+    lines = [f"{what}, started by each launcher; every rank's result against the course launcher's "
+             "(gpucourse.ranks.launch):"]
+    for name, v in t.items():
+        if isinstance(v, dict) and "command" in v:
+            diff = "no result" if v["max_abs_diff"] is None else f"largest difference {v['max_abs_diff']:.1e}"
+            lines.append(f"  {name:18} {'ok' if v['ok'] else 'FAILED'} ({diff}; {v['seconds']:.1f} s with start-up)")
+            lines.append(f"      $ {v['command']}")
+            lines += [f"      {ln}" for ln in v["lines"]]
+    return "\n".join(lines)
+
+
 def _program(spec: str):
     import importlib
 

@@ -28,12 +28,14 @@ class Figure:
     measure() -> a JSON-able dict, measured now on this GPU (GPU mode only; ``record`` stores it under the name);
     plot(data, source, **context) draws it with gpucourse.plots, the same code for measured and recorded data;
     text(data) -> the lines a notebook prints under it;
-    optional: records made before the figure existed lack it, and CPU mode says so instead of failing."""
+    optional: records made before the figure existed lack it, and CPU mode says so instead of failing;
+    gpus: how many GPUs measure() needs: on a machine with fewer, the figure is recalled, labelled, as in CPU mode."""
 
     measure: Callable[[], dict]
     plot: Callable | None = None
     text: Callable[[dict], str] | None = None
     optional: bool = False
+    gpus: int = 1
 
 
 def results_dir() -> Path:

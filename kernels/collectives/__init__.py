@@ -6,8 +6,10 @@ Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py, programs (the
 
 * ``model``: the cost model of a broadcast on a unidirectional ring of k GPUs whose links carry B bytes a
   second: (k - 1) N / B sent whole, N (S + k - 2) / (S B) split into S messages, and with a latency alpha for
-  every message (S + k - 2)(alpha + N / (S B)), which has a best S; the ring all-reduce's time; a
-  least-squares fit of alpha and B to measured times.
+  every message (S + k - 2)(alpha + N / (S B)), which has a best S; what the GPUs measure besides (a fixed cost
+  t0 a broadcast) and what the host adds when it queues while they run; the ring all-reduce's time; a
+  least-squares fit of the parameters to measured times; the all-reduce of a cluster (nodes of 8 GPUs on a
+  network), ring against tree, beside published bus bandwidths.
 * ``specs``: NumPy specs of the five collectives (broadcast, reduce, all-reduce, all-gather, reduce-scatter), the
   ring broadcast's schedule and the ring all-reduce (reduce-scatter, then all-gather) step by step; the rank
   program of the chunked ring broadcast, for the simulated ring of kernels/collectives/ring_sim.py; a small two-layer
@@ -30,7 +32,9 @@ for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICA
                      ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_var, _value)
 
-from .model import allreduce_pass_times, allreduce_time, best_chunks, broadcast_time, fit_ring_model  # noqa: E402
+from .model import (NCCL_NET_STEP_S, PUBLISHED_BUSBW, allreduce_pass_times, allreduce_time, best_chunks,  # noqa: E402
+                    broadcast_time, bus_bandwidth, cluster_allreduce_time, fit_host, fit_ring_model, host_paced_time,
+                    ring_time, ring_tree_crossover)
 from .specs import (COLLECTIVES, allgather_spec, allreduce_spec, broadcast_spec, chunk_bounds, flatten,  # noqa: E402
                     mlp_gradients, mlp_init, reduce_scatter_spec, reduce_spec, ring_allreduce_numpy,
                     ring_broadcast_program, ring_broadcast_schedule, simulate_broadcast, store_and_forward_program,

@@ -195,8 +195,11 @@ class GpuRing:
 
     GRAPHS_KEPT = 64  # CUDA graphs of allreduce kept, one per set of buffers (the oldest goes first)
 
-    def __init__(self, devices=None):
+    def __init__(self, devices=None, edits: dict | None = None):
+        """``edits``: {region of kernels/cuda/collectives.cu: text} compiled in place of those regions (a notebook
+        cell's version of ``ring_step``)."""
         self.devices = _devices(devices)
+        self.edits = dict(edits or {})
         self.k = len(self.devices)
         self.peer = enable_peer_access(self.devices)
         self.s = _Streams(self.devices)
@@ -380,7 +383,7 @@ class GpuRing:
         key = (rank, name)
         if key not in self._kernels:
             with self.s.cp.cuda.Device(self.devices[rank]):
-                self._kernels[key] = cuda_c.function(SOURCE, name)
+                self._kernels[key] = cuda_c.function(SOURCE, name, self.edits)
         return self._kernels[key]
 
     def _need_peer_reads(self) -> None:

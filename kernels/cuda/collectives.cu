@@ -71,6 +71,7 @@ template <typename T, bool ADD> __device__ __forceinline__ uint4 combine16(uint4
     else return peer;
 }
 
+// region: ring_step
 // mine[i] = mine[i] + peer[i] (ADD) or mine[i] = peer[i] (a copy), for i < n.
 template <typename T, bool ADD>
 __device__ __forceinline__ void ring_step(T* mine, const T* peer, long long n)
@@ -106,6 +107,7 @@ __device__ __forceinline__ void ring_step(T* mine, const T* peer, long long n)
     for (long long j = head + packs * E + first; j < n; j += stride)  // the tail: fewer than E elements
         mine[j] = combine1<T, ADD>(mine[j], peer[j]);
 }
+// endregion
 
 // A step of the reduce-scatter: mine += peer, n elements.
 extern "C" __global__ void ring_reduce_f32(float* mine, const float* peer, long long n)
