@@ -169,3 +169,30 @@ def test_torchrun_stops_the_job_when_a_rank_fails():
     assert done.returncode != 0
     assert "rank 1 of 2 failed: ValueError: rank 1 found a bad batch" in done.stderr
     assert time.monotonic() - start < 60, "torchrun waited for the other rank's time-out"
+
+
+def _needs(launcher: str):
+    if launcher not in ranks.available_launchers():
+        pytest.skip(f"{launcher} is not installed here (with mpi4py for mpirun); it runs where it is")
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "srun's variables"])
+def test_every_launcher_gives_what_the_course_launcher_gives(launcher):
+    _needs(launcher)
+    run = ranks.run_under(launcher, 2, PROGRAM, [37, 5], env={"GPUCOURSE_MODE": "cpu", "PYTHONPATH": str(ROOT)})
+    assert run["returncode"] == 0, run["lines"]
+    launched = ranks.launch(2, programs.ring_allreduce_program, 37, 5, timeout=60)
+    for got, want in zip(run["results"], launched):
+        np.testing.assert_array_equal(got, want)
+    who = {"torchrun": "torchrun", "mpirun": "mpi", "srun's variables": "slurm"}[launcher]
+    assert any(f"rank 1 of 2 ({who}, local rank 1)" in ln for ln in run["lines"]), run["lines"]
+
+
+def test_mpirun_stops_the_job_when_a_rank_fails():
+    _needs("mpirun")
+    start = time.monotonic()
+    run = ranks.run_under("mpirun", 2, "kernels.collectives.programs:failing_program", [1, "raise"],
+                          timeout=60, env={"GPUCOURSE_MODE": "cpu", "PYTHONPATH": str(ROOT)})
+    assert run["returncode"] != 0 and run["results"] == [None, None]
+    assert any("rank 1 of 2 failed: ValueError: rank 1 found a bad batch" in ln for ln in run["lines"]), run["lines"]
+    assert time.monotonic() - start < 60, "mpirun waited for the other rank's time-out"
