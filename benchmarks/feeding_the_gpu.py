@@ -1,24 +1,30 @@
-"""Lesson 7's measurements (streams and overlap, many small launches, unified memory, NVML monitoring, Nsight
-Compute; MPS and batching through benchmarks/serving.py) and the figures drawn from them, measured or recorded.
+"""Lesson 7's measurements and the figures drawn from them, declared once in FIGURES: streams and overlap, many
+small launches, lesson 5's engine served (batch sizes, the dynamic batcher), unified memory, NVML monitoring,
+Nsight Compute, and MPS against time-slicing (its client processes: systems/feeding_the_gpu/serving.py).
 
-    python -m benchmarks.feeding_the_gpu            # everything, writes results/<gpu>/07_feeding_the_gpu.json
+    python -m gpucourse record 07_feeding_the_gpu                 # every figure: results/<gpu>/07_feeding_the_gpu.json
+    python -m gpucourse record 07_feeding_the_gpu --figure mps    # one figure, into the newest record of this GPU
 """
 from __future__ import annotations
 
-import argparse
 import os
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks import serving
-from gpucourse import bench, monitor, plots, profile, records, runtime
+from gpucourse import bench, monitor, mps, plots, profile, records, runtime
+from gpucourse.records import Figure
 from kernels import feeding_the_gpu as S
+from kernels import inference_engine as E
+from systems.feeding_the_gpu import batching as B
+from systems.feeding_the_gpu import serving
 
 LESSON = "07_feeding_the_gpu"
-FIGURES = ("overlap", "small_kernels", "mps", "batching", "batcher", "unified_memory", "monitoring", "profile")
 OVERLAP_GOAL = 1.15  # pipelined total <= 1.15 x the longer copy direction alone
+SEED_MPS_GAIN, SEED_BATCHING_GAIN = 7.0, 1.6  # the seed's claims: MPS 7x inference throughput, batching +60%
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -30,10 +36,13 @@ def _rng_fill(host: np.ndarray, seed: int) -> None:
 
 # ------------------------------------------------------------------------------------ 1. overlap
 
-def overlap(n: int | None = None, streams=None, chunks: int | None = None, repeats: int = 5) -> dict:
+def measure_overlap(n: int | None = None, streams=None, chunks: int | None = None, repeats: int = 5,
+                    pipeline=None) -> dict:
     """The copies alone, the kernel alone, and the chunked pipeline on 1, 2, 3, 4, ... streams, with one
-    timeline per stream count. out = a * b on n float32 from pinned host memory and back."""
+    timeline per stream count. out = a * b on n float32 from pinned host memory and back. ``pipeline``: the
+    pipeline class to time (by default S.Pipeline; a notebook passes its own cell's)."""
     cp = runtime.cupy()
+    Pipeline = pipeline or S.Pipeline
     n = n or runtime.size("feeding.n")
     streams = streams or runtime.size("feeding.streams")
     chunks = chunks or runtime.size("feeding.chunks")
@@ -54,7 +63,7 @@ def overlap(n: int | None = None, streams=None, chunks: int | None = None, repea
             "serial_ms": h2d.median_ms + kern.median_ms + d2h.median_ms, "runs": {}}
     idx = np.random.default_rng(0).integers(0, n, 1_000_000)
     for k in bench.progress(streams, desc="streams"):
-        p = S.Pipeline(n, chunks=chunks, streams=k)
+        p = Pipeline(n, chunks=chunks, streams=k)
         out[:] = np.nan
         t = bench.time_gpu(lambda: p.run(a, b, out), repeats=repeats, warmup=1)
         run = p.run(a, b, out, timeline=True)
@@ -72,9 +81,63 @@ def overlap(n: int | None = None, streams=None, chunks: int | None = None, repea
     return figs
 
 
+def text_overlap(o: dict) -> str:
+    lines = []
+    for r in o["runs"].values():
+        both = S.overlap_fraction(S.engine_timeline(r["timeline"]))
+        lines.append(f"{r['streams']} stream(s): {r['total_ms']:7.1f} ms = {r['ratio_to_longer_copy']:.2f} x the longer "
+                     f"copy alone; two or more engines busy at once {100 * both:.0f}% of the time")
+    best = o["best"]
+    lines.append(f"copies in {o['h2d_gbps']:.1f} GB/s, copy out {o['d2h_gbps']:.1f} GB/s, "
+                 f"kernel {o['kernel_gbps']:.0f} GB/s")
+    lines.append(f"best: {best['streams']} streams, {best['ratio_to_longer_copy']:.3f} x the longer copy (goal <= "
+                 f"{best['goal']}: {'met' if best['met'] else 'NOT met'}), {best['speedup_over_serial']:.2f} x faster "
+                 "than the stages one after another")
+    return "\n".join(lines)
+
+
+def plot_overlap(o: dict, source: str):
+    vals = {"copies in alone": o["h2d_ms"], "kernel alone": o["kernel_ms"], "copy out alone": o["d2h_ms"],
+            "all three, one after another": o["serial_ms"]}
+    vals.update({f"pipeline, {r['streams']} stream(s)": r["total_ms"] for r in o["runs"].values()})
+    longer = max(o["h2d_ms"], o["d2h_ms"])
+    return plots.bars(vals, unit="ms", source=source, ceiling=("longer copy alone", longer),
+                      title=f"out = a * b on {o['bytes_per_vector'] / 2**30:.0f} GiB vectors from pinned memory, "
+                            f"{o['chunks']} chunks")
+
+
+def plot_gantt(run: dict, source: str, title: str | None = None):
+    """One row per stream, a bar per stage of each chunk: copies in, kernel, copy out, as the engines ran them
+    (S.engine_timeline); pale, the time a copy waited for its copy engine after its stream reached it."""
+    import matplotlib.pyplot as plt
+
+    colours = {"h2d": "tab:blue", "kernel": "tab:green", "d2h": "tab:orange"}
+    names = {"h2d": "host → device", "kernel": "kernel", "d2h": "device → host"}
+    k = run["streams"]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * k + 1.8))
+    waited = False
+    for r in S.engine_timeline(run["timeline"]):
+        for stage in S.STAGES:
+            if stage + "_queued" in r:
+                q0, q1 = r[stage + "_queued"]
+                ax.barh(r["stream"], q1 - q0, left=q0, color=colours[stage], alpha=0.18, lw=0,
+                        label=None if waited else "waiting for a copy engine")
+                waited = True
+            t0, t1 = r[stage]
+            ax.barh(r["stream"], t1 - t0, left=t0, color=colours[stage], edgecolor="white", lw=0.3,
+                    label=names[stage] if r["chunk"] == 0 else None)
+    ax.set_yticks(range(min(k, len(run["timeline"]))))
+    ax.set_yticklabels([f"stream {i}" for i in range(min(k, len(run["timeline"])))])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the start")
+    ax.legend(fontsize=8, loc="lower right", ncol=2)
+    return plots._finish(ax, title or f"{k} stream(s): {run['total_ms']:.0f} ms, "
+                         f"{run['ratio_to_longer_copy']:.2f}x the longer copy alone", source)
+
+
 # ------------------------------------------------------------------------------ 2. small kernels
 
-def small_kernels(launches: int = 2000, n: int = 1024, streams: int = 4, repeats: int = 7) -> dict:
+def measure_small_kernels(launches: int = 2000, n: int = 1024, streams: int = 4, repeats: int = 7) -> dict:
     """Microseconds per launch of a tiny kernel: on one stream, over several streams, replayed from one CUDA
     graph (host timer around launch + synchronise: what a Python loop really pays), and the GPU time alone."""
     k = S.SmallKernels(n=n, launches=launches, streams=streams)
@@ -95,7 +158,90 @@ def small_kernels(launches: int = 2000, n: int = 1024, streams: int = 4, repeats
     return out
 
 
+def text_small_kernels(s: dict) -> str:
+    return (", ".join(f"{way} {us:.2f} µs" for way, us in s["us_per_launch"].items()) + " a launch\n"
+            f"graph replay: {s['graph_speedup']:.1f} x fewer µs per launch than one launch at a time; the GPU itself "
+            f"needs {s['gpu_us_per_kernel_in_graph']:.2f} µs per kernel inside the graph")
+
+
+def plot_small_kernels(s: dict, source: str):
+    return plots.bars(s["us_per_launch"], unit="µs", source=source,
+                      title=f"{s['launches']} launches of a tiny kernel: µs per launch (host timer)")
+
+
 # ---------------------------------------------------------------------------------------- 3. MPS
+
+def measure_mps(ks=(1, 2, 4, 8, 16), seconds: float = 2.0, batched: int = 8, binary: str | None = None,
+                cmd: list | None = None, client=None, make_plan=None, timeout: float = 120) -> dict:
+    """Lesson 5's engine at batch 1 in k client processes (serving.run_clients), time-sliced (no MPS), through
+    MPS, and through MPS with batch ``batched`` per request. "mps" is True when every MPS configuration was
+    measured. If the daemon cannot start, or MPS fails while its configurations are measured (a client that
+    cannot reach the MPS server often shows it only then), "mps" is False, "why" says where and why (with the
+    daemon's and the MPS server's last log lines), and every row measured before the failure is kept; the daemon
+    is stopped in every case and "mps_log" keeps its log's last lines.
+
+    ``client``: the client function the processes run (by default serving.client; a notebook passes its own
+    cell's). ``cmd`` (a whole client command line), ``make_plan(max_batch, folder) -> plan path`` and
+    ``timeout`` (seconds for a client to be ready) let the tests run it without a GPU; by default the clients
+    run lesson 5's engine, which needs one."""
+    if make_plan is None:
+        runtime.require_gpu("the MPS experiment")
+
+        def make_plan(max_batch: int, folder: Path) -> str:
+            return str(serving.engine_plan(max_batch).save(folder / "plan.npz"))
+    out = {"ks": list(ks), "seconds": seconds, "batched": batched, "configs": {}, "mps": True, "why": ""}
+
+    def clients(k: int, batch: int, env: dict) -> dict:
+        return serving.run_clients(k, plan_path, batch, seconds, env, timeout=timeout, cmd=cmd, client=client)
+
+    with tempfile.TemporaryDirectory(prefix="gpucourse-plan-") as tmp:
+        plan_path = make_plan(max(batched, 1), Path(tmp))
+        # Without MPS, the clients get a fresh, empty, private pipe folder (removed afterwards): a CUDA client
+        # looks for the MPS daemon in CUDA_MPS_PIPE_DIRECTORY, so where a system-wide daemon runs, clients with
+        # the inherited environment would go through it. Here they can reach no daemon and are time-sliced.
+        with tempfile.TemporaryDirectory(prefix="gpucourse-no-mps-") as no_mps:
+            rows = out["configs"]["time-slicing, batch 1"] = {}
+            for k in bench.progress(ks, desc="no MPS"):
+                rows[str(k)] = clients(k, 1, dict(os.environ, **{mps.PIPE: no_mps}))
+        d = mps.Daemon(binary)
+        try:
+            with d:  # stops the daemon whatever happens inside, an exception or a SIGTERM (see gpucourse/mps.py)
+                for name, batch in (("MPS, batch 1", 1), (f"MPS, batch {batched}", batched)):
+                    rows = out["configs"][name] = {}
+                    for k in bench.progress(ks, desc=name):
+                        try:
+                            rows[str(k)] = clients(k, batch, d.client_env())
+                        except runtime.CourseError as exc:
+                            log = d.log_tail()  # read now: the folder goes with the daemon
+                            raise runtime.CourseError(
+                                f"MPS failed at {name}, k = {k} (the rows measured before are kept): {exc}"
+                                + (f"; the MPS logs end: {log}" if log else "; the MPS logs are empty")) from exc
+        except runtime.CourseError as exc:  # MPSUnavailable (the daemon did not start), a client, or the stop
+            out["mps"], out["why"] = False, str(exc)
+        out["configs"] = {name: rows for name, rows in out["configs"].items() if rows}  # no empty series
+        out["mps_log"] = d.last_log[-4000:]
+    out["ratios"] = mps_ratios(out)
+    return out
+
+
+def mps_ratios(table: dict) -> dict:
+    """Per k: MPS / time-slicing and MPS with batching / MPS alone (images/s), beside the seed's 7x and +60%."""
+    c = table["configs"]
+    base = c.get("time-slicing, batch 1", {})
+    m = c.get("MPS, batch 1", {})
+    mb = c.get(f"MPS, batch {table['batched']}", {})
+    out = {}
+    for k in map(str, table["ks"]):
+        row = {}
+        if k in m and k in base:
+            row["mps_gain"] = m[k]["images_per_s"] / base[k]["images_per_s"]
+        if k in mb and k in m:
+            row["batching_gain"] = mb[k]["images_per_s"] / m[k]["images_per_s"]
+        if k in base and "1" in base:
+            row["time_slicing_scaling"] = base[k]["images_per_s"] / base["1"]["images_per_s"]
+        out[k] = row
+    return out
+
 
 def recorded_mps(batched: int = 8) -> tuple:
     """(table, label) of the newest record of the lesson whose MPS experiment ran every configuration, with
@@ -106,16 +252,160 @@ def recorded_mps(batched: int = 8) -> tuple:
         m = rec["figures"].get("mps") or {}
         configs = m.get("configs") or {}
         if m.get("batched") == batched and want <= set(configs) and all(configs[c] for c in want):
-            return m, records.label(rec)
+            return m, records.label(rec, "mps")
     raise runtime.CourseError(f"no record of {LESSON} holds a complete MPS table (MPS ran, batches of {batched}); "
-                              "record one on a GPU where MPS starts: python -m benchmarks.feeding_the_gpu")
+                              f"record one on a GPU where MPS starts: python -m gpucourse record {LESSON} --figure mps")
+
+
+def text_mps(m: dict) -> str:
+    lines = [] if m["mps"] else [f"MPS did not run through: {m['why']}"]
+    lines.append(f"{'k':>3} " + " ".join(f"{name:>22}" for name in m["configs"]) + f" {'MPS gain':>9} {'batching':>9}")
+    for k in map(str, m["ks"]):
+        r = m["ratios"][k]
+        lines.append(f"{k:>3} " + " ".join(f"{rows[k]['images_per_s']:>18,.0f} i/s" if k in rows else f"{'-':>22}"
+                                           for rows in m["configs"].values())
+                     + f" {r.get('mps_gain', float('nan')):>8.2f}x {r.get('batching_gain', float('nan')):>8.2f}x")
+    lines.append(f"the seed: MPS {SEED_MPS_GAIN:.0f}x, batching +{100 * (SEED_BATCHING_GAIN - 1):.0f}%")
+    return "\n".join(lines)
+
+
+def plot_mps(m: dict, source: str):
+    series = {name: ([int(k) for k in rows], [rows[k]["images_per_s"] for k in rows])
+              for name, rows in m["configs"].items()}
+    return plots.lines(series, xlabel="client processes k", ylabel="images / s (all clients)", source=source,
+                       title="Lesson 5's engine in k processes on one GPU")
 
 
 # ------------------------------------------------------------------------ 4. throughput vs latency
 
+def measure_batching(batches=None, repeats: int = 50) -> dict:
+    """Lesson 5's engine (fused, FP32, CUDA graphs): GPU latency of one inference (p50, p99) and images/s
+    at every batch size."""
+    batches = list(batches or runtime.size("feeding.batches"))
+    eng = E.Engine(serving.engine_plan(max(batches)), graphs=True)
+    cp = runtime.cupy()
+    rows = []
+    for b in bench.progress(batches, desc="batch sizes"):
+        x = eng.input_buffer(b)
+        x[...] = cp.random.random(x.shape, dtype=cp.float32)
+        t = bench.time_gpu(lambda: eng.infer(x), repeats=repeats, warmup=3)
+        rows.append(B.latency_summary(t.samples_ms, b))
+    return {"rows": rows, "engine": "fused + graph, FP32"}
+
+
+def text_batching(t: dict) -> str:
+    return "\n".join(f"batch {r['batch']:5d}: p50 {r['p50_ms']:8.3f} ms, p99 {r['p99_ms']:8.3f} ms, "
+                     f"{r['images_per_s']:12,.0f} images/s" for r in t["rows"])
+
+
+def plot_batching(t: dict, source: str):
+    import matplotlib.pyplot as plt
+
+    rows = t["rows"]
+    bs = [r["batch"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(bs, [r["p50_ms"] for r in rows], "o-", label="p50 latency")
+    ax.plot(bs, [r["p99_ms"] for r in rows], "s--", label="p99 latency")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("ms per inference (GPU)")
+    ax2 = ax.twinx()
+    ax2.plot(bs, [r["images_per_s"] for r in rows], "^-", color="tab:red", label="images / s")
+    ax2.set_yscale("log")
+    ax2.set_ylabel("images / s", color="tab:red")
+    ax.legend(loc="upper left", fontsize=8)
+    ax2.legend(loc="lower right", fontsize=8)
+    return plots._finish(ax, f"Throughput against latency: {t['engine']}", source)
+
+
+def measure_batcher(rates=None, waits_ms=(0.0, 0.25, 1.0, 4.0), max_batch: int = 256, count: int = 4000) -> dict:
+    """The dynamic batcher with lesson 5's engine as the server: every batch really runs on the GPU and
+    takes the time it took (CUDA events). Per arrival rate and maximum wait: p50/p99 latency, images/s."""
+    cp = runtime.cupy()
+    eng = E.Engine(serving.engine_plan(max_batch), graphs=True)
+    x = eng.input_buffer(max_batch)
+    x[...] = cp.random.random(x.shape, dtype=cp.float32)
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+
+    def service(n: int) -> float:
+        start.record()
+        eng.infer(x[:n])
+        end.record()
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end) / 1e3
+
+    for n in range(1, max_batch + 1):  # capture every batch size's graph before timing
+        service(n)
+    batch1 = float(np.median([service(1) for _ in range(50)]))
+    rates = rates or [round(f / batch1) for f in (0.5, 2.0, 8.0)]
+    rows = serving.batcher_table(service, rates, waits_ms, max_batch, count)
+    return {"rows": rows, "batch1_service_ms": batch1 * 1e3, "max_batch": max_batch, "requests": count}
+
+
+def batcher_lines(rows: list) -> list:
+    """The batcher's table in words: a line per rate and policy, then per rate what batching and waiting did."""
+    lines = []
+    for r in rows:
+        policy = ("one at a time        " if r.get("max_batch") == 1 else f"batching, wait {r['max_wait_ms']:4.2f} ms")
+        busy = f", GPU busy {100 * r['gpu_busy']:3.0f}%" if "gpu_busy" in r else ""
+        lines.append(f"{r['rate_per_s']:>9,} req/s, {policy}: p50 {r['p50_ms']:8.3f} ms, p99 {r['p99_ms']:8.3f} ms, "
+                     f"{r['throughput_per_s']:>9,.0f} served/s, mean batch {r['mean_batch']:6.1f}{busy}")
+    for rate in sorted({r["rate_per_s"] for r in rows}):
+        alone = [r for r in rows if r["rate_per_s"] == rate and r.get("max_batch") == 1]
+        waits = sorted((r for r in rows if r["rate_per_s"] == rate and r.get("max_batch", 2) > 1),
+                       key=lambda r: r["max_wait_ms"])
+        if not alone or len(waits) < 2 or "gpu_busy" not in waits[0]:
+            continue
+        a, w0, w1 = alone[0], waits[0], waits[1]
+        lines.append(f"at {rate:,} req/s: one at a time p99 {a['p99_ms']:,.3g} ms, batching {w0['p99_ms']:.3g} ms; "
+                     f"waiting up to {w1['max_wait_ms']:g} ms: p99 {w1['p99_ms']:.3g} ms and the GPU busy "
+                     f"{100 * w1['gpu_busy']:.0f}% of the time instead of {100 * w0['gpu_busy']:.0f}%")
+    return lines
+
+
+def text_batcher(t: dict) -> str:
+    return "\n".join(batcher_lines(t["rows"]))
+
+
+def plot_batcher(t: dict, source: str):
+    """p99 latency and the GPU's busy share against the maximum wait, a line per arrival rate; one request at a
+    time (no batching) named in the legend. Rows recorded before the busy share was kept draw the top alone."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    batched = [r for r in t["rows"] if r.get("max_batch", t["max_batch"]) > 1]
+    busy = all("gpu_busy" in r for r in batched)
+    fig, axes = plt.subplots(2 if busy else 1, 1, figsize=(7, 6.5 if busy else 4.5), sharex=True, squeeze=False)
+    ax = axes[0][0]
+    for rate in sorted({r["rate_per_s"] for r in batched}):
+        rows = [r for r in batched if r["rate_per_s"] == rate]
+        alone = [r for r in t["rows"] if r["rate_per_s"] == rate and r.get("max_batch") == 1]
+        label = f"{rate:,} requests/s" + (f" (one at a time: p99 {alone[0]['p99_ms']:,.3g} ms)" if alone else "")
+        (line,) = ax.plot([r["max_wait_ms"] for r in rows], [r["p99_ms"] for r in rows], "o-", label=label)
+        if busy:
+            axes[1][0].plot([r["max_wait_ms"] for r in rows], [100 * r["gpu_busy"] for r in rows], "o-",
+                            color=line.get_color())
+    waits = sorted({r["max_wait_ms"] for r in batched})
+    ax.set_xscale("symlog", linthresh=0.25)
+    ax.set_xticks(waits, [f"{w:g}" for w in waits])
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylabel("p99 latency (ms)")
+    ax.legend(fontsize=8)
+    if busy:
+        axes[1][0].set_ylabel("GPU busy (% of the time)")
+        axes[1][0].set_ylim(0, 105)
+        axes[1][0].grid(alpha=0.3)
+    axes[-1][0].set_xlabel("maximum wait (ms)")
+    return plots._finish(ax, f"Dynamic batching (max batch {t['max_batch']}), served by the engine on the GPU",
+                         source)
+
+
 # ------------------------------------------------------------------------------- 5. unified memory
 
-def unified_memory(n: int = 2**27, repeats: int = 5) -> dict:
+def measure_unified_memory(n: int = 2**27, repeats: int = 5) -> dict:
     """x *= 2 over n float32 (read + write) with the data in managed memory touched last by the CPU (page
     faults, migration), after a prefetch, resident on the GPU, and with explicit pinned copies; then what
     the CPU's next touch costs."""
@@ -167,13 +457,30 @@ def unified_memory(n: int = 2**27, repeats: int = 5) -> dict:
     return out
 
 
+def text_unified_memory(u: dict) -> str:
+    lines = [f"prefetch failed: {u['prefetch_error']}"] if u.get("prefetch_error") else []
+    lines += [f"{k[:-5]:>24}: {v:8.1f} GB/s = {v / u['device_gbps']:5.2f} x cudaMalloc memory"
+              for k, v in u.items() if k.endswith("_gbps")]
+    return "\n".join(lines)
+
+
+def plot_unified_memory(u: dict, source: str):
+    names = {"cold_gbps": "managed, CPU touched it last (page faults)", "prefetched_gbps": "managed, prefetched",
+             "resident_gbps": "managed, already on the GPU", "device_gbps": "cudaMalloc memory",
+             "explicit_copies_gbps": "explicit copies in and out + kernel",
+             "cpu_first_touch_gbps": "CPU reads it after the GPU (migrates back)",
+             "cpu_second_touch_gbps": "CPU reads it again"}
+    return plots.bars({v: u[k] for k, v in names.items() if k in u}, unit="GB/s", source=source,
+                      title=f"x *= 2 over {u['bytes'] / 2**20:.0f} MiB: unified memory")
+
+
 # ----------------------------------------------------------------------------------- 6. monitoring
 
 MONITOR_PHASE_S = 2.5  # seconds a phase lasts: NVML averages over a sample period of 1/6 s to 1 s
 MONITOR_SETTLE_S = 1.0  # what phase_medians leaves out at the start of each phase
 
 
-def monitoring(interval_s: float = 0.02, phase_s: float = MONITOR_PHASE_S) -> dict:
+def measure_monitoring(interval_s: float = 0.02, phase_s: float = MONITOR_PHASE_S) -> dict:
     """NVML samples while the GPU idles, holds 3 GiB it does not use, runs one spinning thread (100%
     "utilisation" from one thread on one SM), runs a memory-bound kernel on every SM, and idles again; each
     phase ``phase_s`` long, so that NVML's averages settle inside it."""
@@ -223,164 +530,12 @@ def phase_medians(m: dict, settle_s: float = MONITOR_SETTLE_S) -> list:
     return out
 
 
-# ------------------------------------------------------------------------------------ 7. profiling
-
-PROFILE_N, PROFILE_GEMM = 2**26, 4096  # the profiled multiply's elements; the profiled GEMMs' M = N = K
-PROFILE_SNIPPET = f"""
-import gpucourse
-from gpucourse import runtime
-gpucourse.setup("gpu", quiet=True)
-import cupy as cp
-from kernels import feeding_the_gpu as S
-n = {PROFILE_N}
-a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
-S.multiply_kernel[8 * runtime.get().device["sms"], S.THREADS](a, b, c)
-x = cp.random.random(({PROFILE_GEMM}, {PROFILE_GEMM}), dtype=cp.float32)  # random: constant inputs draw less power
-x @ x
-h = x.astype(cp.float16)
-h @ h
-cp.cuda.Device().synchronize()
-"""
-
-
-def profile_kernels() -> dict:
-    """ncu on lesson 1's multiply (memory-bound), an FP32 GEMM (FMA pipes) and an FP16 GEMM (tensor cores)."""
-    try:
-        rows = profile.ncu(PROFILE_SNIPPET, kernel="multiply|gemm|nvjet|sm90|sm80|xmma|cutlass", timeout=240,
-                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
-        return {"ok": True, "why": "", "rows": rows}
-    except profile.ProfilerUnavailable as exc:
-        return {"ok": False, "why": str(exc), "rows": []}
-
-
-# ----------------------------------------------------------------------------- measured or recorded
-
-def recall(key: str, measure=None) -> tuple:
-    """(figures, source) for the notebook: ``measure()`` on a GPU when given, else the newest record's
-    figures[key]; (None, why) where neither is possible (CPU mode before the lesson was recorded)."""
-    if measure is not None and runtime.is_gpu():
-        return records.measure_or_recall(LESSON, key, measure)
-    rec = records.latest(LESSON)
-    if rec is None or key not in rec["figures"]:
-        return None, f"no GPU record of {LESSON} holds {key!r} yet: run `python -m gpucourse record` on a GPU"
-    return rec["figures"][key], records.label(rec)
-
-
-# ------------------------------------------------------------------------------------------- run
-
-def steps(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> dict:
-    """{figure name: the function that measures it}, in the order ``run`` measures them (MPS last: it
-    starts processes and a daemon)."""
-    return {"overlap": overlap, "small_kernels": small_kernels, "unified_memory": unified_memory,
-            "monitoring": monitoring, "batching": serving.batch_sweep, "batcher": serving.batcher,
-            "profile": profile_kernels, "mps": lambda: serving.mps_sweep(mps_ks, mps_seconds)}
-
-
-def run(mps_ks=(1, 2, 4, 8, 16), mps_seconds: float = 2.0) -> tuple:
-    """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
-    runtime.require_gpu("lesson 7's benchmark")
-    ceilings = bench.measure_ceilings().as_dict()
-    figures = {}
-    for name, step in steps(mps_ks, mps_seconds).items():
-        t0 = time.perf_counter()
-        try:
-            figures[name] = step()
-        except Exception as exc:  # one failing step must not lose the others' figures; the record says why
-            import traceback
-
-            traceback.print_exc()
-            figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
-        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    return figures, ceilings
-
-
-def summary(f: dict) -> str:
-    """The record in a few lines; a figure whose measurement failed says so, with its error."""
-    def overlap(o):
-        return [f"overlap: best {o['best']['streams']} streams, total / longer copy = "
-                f"{o['best']['ratio_to_longer_copy']:.3f} (goal <= {OVERLAP_GOAL}); serial / pipelined = "
-                f"{o['best']['speedup_over_serial']:.2f}x"]
-
-    def small(s):
-        return ["small kernels (µs per launch): " + ", ".join(f"{k} {v:.2f}" for k, v in s["us_per_launch"].items())]
-
-    def mps_lines(m):
-        return [f"MPS: {'ran' if m['mps'] else 'unavailable: ' + m['why']}"] + [
-            f"  k={k}: " + ", ".join(f"{a} {b:.2f}x" for a, b in r.items()) for k, r in m["ratios"].items()]
-
-    def unified(u):
-        return ["unified memory GB/s: " + ", ".join(f"{k[:-5]} {v:.0f}" for k, v in u.items() if k.endswith("_gbps"))]
-
-    def ncu(p):
-        return ["ncu: " + ("; ".join(f"{profile.short_name(r['kernel'], 30)}: " + ", ".join(
-            f"{profile.DEFAULT_METRICS.get(k, k)[:16]} {v:.1f}" for k, v in r.items() if k in profile.DEFAULT_METRICS
-            and isinstance(v, float)) for r in p["rows"]) if p["ok"] else p["why"])]
-
-    lines = []
-    for name, part in (("overlap", overlap), ("small_kernels", small), ("mps", mps_lines),
-                       ("unified_memory", unified), ("profile", ncu)):
-        fig = f.get(name)
-        if fig is None or "error" in fig:
-            lines.append(f"{name}: " + (f"failed: {fig['error']}" if fig else "not measured"))
-        else:
-            lines += part(fig)
-    return "\n".join(lines)
-
-
-# ------------------------------------------------------------------------------------------ plots
-
-def plot_gantt(run: dict, source: str, title: str | None = None):
-    """One row per stream, a bar per stage of each chunk: copies in, kernel, copy out, as the engines ran them
-    (S.engine_timeline); pale, the time a copy waited for its copy engine after its stream reached it."""
-    import matplotlib.pyplot as plt
-
-    colours = {"h2d": "tab:blue", "kernel": "tab:green", "d2h": "tab:orange"}
-    names = {"h2d": "host → device", "kernel": "kernel", "d2h": "device → host"}
-    k = run["streams"]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * k + 1.8))
-    waited = False
-    for r in S.engine_timeline(run["timeline"]):
-        for stage in S.STAGES:
-            if stage + "_queued" in r:
-                q0, q1 = r[stage + "_queued"]
-                ax.barh(r["stream"], q1 - q0, left=q0, color=colours[stage], alpha=0.18, lw=0,
-                        label=None if waited else "waiting for a copy engine")
-                waited = True
-            t0, t1 = r[stage]
-            ax.barh(r["stream"], t1 - t0, left=t0, color=colours[stage], edgecolor="white", lw=0.3,
-                    label=names[stage] if r["chunk"] == 0 else None)
-    ax.set_yticks(range(min(k, len(run["timeline"]))))
-    ax.set_yticklabels([f"stream {i}" for i in range(min(k, len(run["timeline"])))])
-    ax.invert_yaxis()
-    ax.set_xlabel("ms since the start")
-    ax.legend(fontsize=8, loc="lower right", ncol=2)
-    return plots._finish(ax, title or f"{k} stream(s): {run['total_ms']:.0f} ms, "
-                         f"{run['ratio_to_longer_copy']:.2f}x the longer copy alone", source)
-
-
-def plot_overlap(o: dict, source: str):
-    vals = {"copies in alone": o["h2d_ms"], "kernel alone": o["kernel_ms"], "copy out alone": o["d2h_ms"],
-            "all three, one after another": o["serial_ms"]}
-    vals.update({f"pipeline, {r['streams']} stream(s)": r["total_ms"] for r in o["runs"].values()})
-    longer = max(o["h2d_ms"], o["d2h_ms"])
-    return plots.bars(vals, unit="ms", source=source, ceiling=("longer copy alone", longer),
-                      title=f"out = a * b on {o['bytes_per_vector'] / 2**30:.0f} GiB vectors from pinned memory, "
-                            f"{o['chunks']} chunks")
-
-
-def plot_small_kernels(s: dict, source: str):
-    return plots.bars(s["us_per_launch"], unit="µs", source=source,
-                      title=f"{s['launches']} launches of a tiny kernel: µs per launch (host timer)")
-
-
-def plot_unified(u: dict, source: str):
-    names = {"cold_gbps": "managed, CPU touched it last (page faults)", "prefetched_gbps": "managed, prefetched",
-             "resident_gbps": "managed, already on the GPU", "device_gbps": "cudaMalloc memory",
-             "explicit_copies_gbps": "explicit copies in and out + kernel",
-             "cpu_first_touch_gbps": "CPU reads it after the GPU (migrates back)",
-             "cpu_second_touch_gbps": "CPU reads it again"}
-    return plots.bars({v: u[k] for k, v in names.items() if k in u}, unit="GB/s", source=source,
-                      title=f"x *= 2 over {u['bytes'] / 2**20:.0f} MiB: unified memory")
+def text_monitoring(m: dict) -> str:
+    return "\n".join(
+        f"{r['label']:>26}: utilisation {r['util_gpu']:5.0f}%, power {r['power_w']:6.0f} W, SM clock "
+        f"{r['sm_clock_mhz']:5.0f} MHz, memory used {r['mem_used_mib']:7.0f} MiB ({r['samples']} samples"
+        + (f", after its first {MONITOR_SETTLE_S:g} s)" if r["settled"] else
+           ", the whole phase: too short to leave NVML's lag out)") for r in phase_medians(m))
 
 
 def plot_monitoring(m: dict, source: str):
@@ -404,7 +559,39 @@ def plot_monitoring(m: dict, source: str):
     return fig
 
 
-def profile_table(p: dict) -> str:
+# ------------------------------------------------------------------------------------ 7. profiling
+
+PROFILE_N, PROFILE_GEMM = 2**26, 4096  # the profiled multiply's elements; the profiled GEMMs' M = N = K
+PROFILE_SNIPPET = f"""
+import gpucourse
+from gpucourse import runtime
+gpucourse.setup("gpu", quiet=True)
+import cupy as cp
+from kernels import feeding_the_gpu as S
+from kernels import inference_engine as E
+n = {PROFILE_N}
+a, b, c = (cp.ones(n, cp.float32) for _ in range(3))
+S.multiply_kernel[8 * runtime.get().device["sms"], S.THREADS](a, b, c)
+x = cp.random.random(({PROFILE_GEMM}, {PROFILE_GEMM}), dtype=cp.float32)  # random: constant inputs draw less power
+x @ x
+h = x.astype(cp.float16)
+h @ h
+cp.cuda.Device().synchronize()
+"""
+
+
+def measure_profile() -> dict:
+    """ncu on lesson 1's multiply (memory-bound), an FP32 GEMM (FMA pipes) and an FP16 GEMM (tensor cores)."""
+    try:
+        rows = profile.ncu(PROFILE_SNIPPET, kernel="multiply|gemm|nvjet|sm90|sm80|xmma|cutlass", timeout=240,
+                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+        return {"ok": True, "why": "", "rows": rows}
+    except profile.ProfilerUnavailable as exc:
+        return {"ok": False, "why": str(exc), "rows": []}
+
+
+def text_profile(p: dict) -> str:
+    """ncu's counters, a row per kernel."""
     if not p["ok"]:
         return f"ncu: {p['why']}"
     keys = [k for k in profile.DEFAULT_METRICS if k != "gpu__time_duration.sum"]
@@ -419,7 +606,7 @@ def profile_reading(p: dict, ceilings: dict) -> list:
     """ncu's counters beside the course's own measurements on the same GPU: the multiply's bytes over ncu's
     duration against the device-to-device copy lesson 1 measures (and the DRAM peak that ncu's percentage
     implies), each GEMM's FLOPs over its duration against the cuBLAS ceiling lesson 3 measures, with the pipe
-    that kept busy. ``ceilings``: bench's ceilings recorded with ``p``."""
+    that kept busy. ``ceilings``: bench's ceilings of the GPU that measured ``p``."""
     if not p.get("ok"):
         return [f"ncu: {p.get('why', 'no profile')}"]
     dram, dur = "dram__throughput.avg.pct_of_peak_sustained_elapsed", "gpu__time_duration.sum"
@@ -447,22 +634,35 @@ def profile_reading(p: dict, ceilings: dict) -> list:
     return lines
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.feeding_the_gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what")
-    r = sub.add_parser("record")
-    r.add_argument("--k", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    r.add_argument("--seconds", type=float, default=2.0)
-    args = p.parse_args(argv)
-    runtime.setup("gpu")
-    ks, seconds = (args.k, args.seconds) if args.what == "record" else ((1, 2, 4, 8, 16), 2.0)
-    figures, ceilings = run(ks, seconds)
-    path = records.write(LESSON, figures, ceilings=ceilings)
-    print(summary(figures))
-    print(f"wrote {path}")
-    return 0
+# ------------------------------------------------------------------------------------ the registry
+
+# In the order ``run`` measures them: MPS last, since it starts a daemon and processes.
+FIGURES = {
+    "overlap": Figure(measure_overlap, plot_overlap, text_overlap),
+    "small_kernels": Figure(measure_small_kernels, plot_small_kernels, text_small_kernels),
+    "unified_memory": Figure(measure_unified_memory, plot_unified_memory, text_unified_memory),
+    "monitoring": Figure(measure_monitoring, plot_monitoring, text_monitoring),
+    "batching": Figure(measure_batching, plot_batching, text_batching),
+    "batcher": Figure(measure_batcher, plot_batcher, text_batcher),
+    "profile": Figure(measure_profile, None, text_profile),
+    "mps": Figure(measure_mps, plot_mps, text_mps),
+}
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def run() -> tuple:
+    """Every figure of the lesson with the GPU's ceilings, for ``python -m gpucourse record``: as benchmarks.run,
+    except that a figure whose measurement fails is recorded with its error ({"error": ...}) and the others are
+    kept (the lesson starts a daemon, client processes and a profiler: one of them can fail on a machine where
+    the rest runs)."""
+    runtime.require_gpu(f"recording {LESSON}")
+    ceilings = bench.measure_ceilings().as_dict()
+    figures = {}
+    for name, fig in FIGURES.items():
+        t0 = time.perf_counter()
+        try:
+            figures[name] = fig.measure()
+        except Exception as exc:
+            traceback.print_exc()
+            figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return figures, ceilings

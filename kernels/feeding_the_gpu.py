@@ -77,7 +77,8 @@ def chunk_bounds(n: int, chunks: int, i: int) -> tuple[int, int]:
     return i * size, (i + 1) * size
 
 
-def _check_host(a, b, out) -> None:
+def check_host(a, b, out) -> None:
+    """Refuse anything but three contiguous 1-D float32 NumPy arrays of one size."""
     for name, x in (("a", a), ("b", b), ("out", out)):
         if runtime.is_device_array(x):
             raise runtime.CourseInputError(f"{name} must be a host (NumPy) array: the pipeline copies it itself")
@@ -123,7 +124,7 @@ class Pipeline:
 
     def run(self, a, b, out, *, timeline: bool = False) -> Run:
         """out = a * b (host arrays, pinned for overlap), chunk by chunk; synchronises before returning."""
-        _check_host(a, b, out)
+        check_host(a, b, out)
         if a.size != self.n:
             raise runtime.CourseInputError(f"this pipeline was made for n = {self.n}, got {a.size} elements")
         timed = timeline and runtime.is_gpu()
@@ -164,7 +165,7 @@ class Pipeline:
 
 def pipelined_multiply(a, b, out, *, chunks: int, streams: int) -> None:
     """out = a * b through a fresh Pipeline (allocates its buffers: the reference of Task 7.1)."""
-    _check_host(a, b, out)
+    check_host(a, b, out)
     Pipeline(a.size, chunks=chunks, streams=streams).run(a, b, out)
 
 

@@ -449,7 +449,7 @@ def data_parallel_program(group, widths, batch_per_gpu: int, steps: int = 1, rep
     return out
 
 
-def _greatest_stream_priority() -> int:
+def greatest_stream_priority() -> int:
     """The highest priority a stream can have on the current GPU: the smallest number of the driver's range
     (cuCtxGetStreamPriorityRange: least 0, greatest -5 on Hopper), which CuPy does not expose."""
     import ctypes
@@ -517,7 +517,7 @@ class DataParallel:
                 self.grads.append(g)
                 self.flat.append(flats)
                 self.compute.append(cp.cuda.Stream(non_blocking=True))
-                top = _greatest_stream_priority() if comm_priority else 0
+                top = greatest_stream_priority() if comm_priority else 0
                 self.comm.append(cp.cuda.Stream(non_blocking=True, priority=top))
         if reduce == "nccl":
             from cupy.cuda import nccl

@@ -1,7 +1,8 @@
 """What a lesson runs beside its kernels, with no GPU kernel of its own, one package per lesson named as the lesson:
 
   systems/convolution/cudnn.py         lesson 4: cuDNN's C API bound from Python (CuPy 14 has no cuDNN module)
-  systems/feeding_the_gpu/             lesson 7: the stream simulator CPU mode draws, the dynamic batcher
+  systems/feeding_the_gpu/             lesson 7: the stream simulator CPU mode draws, the MPS experiment's client
+                                       processes (serving.py), the dynamic batcher
   systems/training/tensorflow_reference.py
                                        lesson 8: the same network in TensorFlow, the oracle of the course's step
 

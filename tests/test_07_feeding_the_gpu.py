@@ -256,7 +256,8 @@ def test_dynamic_batching_counts_the_servers_busy_time_and_refuses_nonsense():
 def test_batcher_table_shows_the_trade_off():
     """Above batch 1's capacity one request at a time falls behind and batching keeps up; a maximum wait
     makes batches larger and leaves the GPU idle more of the time, for more latency."""
-    import benchmarks.serving as serving
+    import benchmarks.feeding_the_gpu as lesson
+    from systems.feeding_the_gpu import serving
 
     service = lambda n: 1e-4 + 2e-7 * n  # noqa: E731  batch 1: 10k requests/s
     rows = serving.batcher_table(service, [5000, 40000], waits_ms=(0.0, 1.0), max_batch=64, count=1500)
@@ -268,12 +269,12 @@ def test_batcher_table_shows_the_trade_off():
     assert waited["mean_batch"] > 3 * now["mean_batch"] and waited["gpu_busy"] < 0.6 * now["gpu_busy"]
     assert waited["p99_ms"] > now["p99_ms"]
     assert by[(5000, 1, 0.0)]["p99_ms"] < 1.0  # half of capacity: one at a time keeps up
-    text = "\n".join(serving.batcher_lines(rows))
+    text = "\n".join(lesson.batcher_lines(rows))
     assert "one at a time" in text and "at 40,000 req/s: one at a time p99" in text
-    serving.plot_batcher({"rows": rows, "max_batch": 64}, "test")
+    lesson.plot_batcher({"rows": rows, "max_batch": 64}, "test")
     old = [{k: v for k, v in r.items() if k not in ("gpu_busy", "max_batch")} for r in rows if r["max_batch"] > 1]
-    serving.plot_batcher({"rows": old, "max_batch": 64}, "a record made before the busy share was kept")
-    assert "GPU busy" not in "\n".join(serving.batcher_lines(old))
+    lesson.plot_batcher({"rows": old, "max_batch": 64}, "a record made before the busy share was kept")
+    assert "GPU busy" not in "\n".join(lesson.batcher_lines(old))
 
 
 # ------------------------------------------------------------------------------------ the MPS daemon
@@ -464,7 +465,7 @@ def _fake_env(tmp_path, **extra) -> dict:
 
 
 def test_run_clients_sums_the_fake_clients(tmp_path):
-    from benchmarks import serving
+    from systems.feeding_the_gpu import serving
 
     r = serving.run_clients(3, "plan.npz", 2, 0.1, _fake_env(tmp_path), cmd=[sys.executable, "-c", FAKE_CLIENT])
     assert r == {"clients": 3, "batch": 2, "images_per_s": 600.0, "per_client": [200.0] * 3}
@@ -472,7 +473,7 @@ def test_run_clients_sums_the_fake_clients(tmp_path):
 
 
 def test_run_clients_times_out_a_client_that_never_gets_ready(tmp_path):
-    from benchmarks import serving
+    from systems.feeding_the_gpu import serving
 
     t0 = time.monotonic()
     with pytest.raises(runtime.CourseError, match=r'client 1 of 2 \(batch 1\) did not say "ready" within 1.5 s'
@@ -484,12 +485,37 @@ def test_run_clients_times_out_a_client_that_never_gets_ready(tmp_path):
 
 
 def test_run_clients_reports_a_client_that_fails(tmp_path):
-    from benchmarks import serving
+    from systems.feeding_the_gpu import serving
 
     with pytest.raises(runtime.CourseError, match=r"client 1 of 2 \(batch 1\) ended \(exit status 1\) before.*no GPU"):
         serving.run_clients(2, "plan.npz", 1, 0.1, _fake_env(tmp_path), timeout=10,
                             cmd=[sys.executable, "-c", "import sys; sys.exit('no GPU')"])
     assert mps.processes_with("FAKE_CLIENT_MARK", str(tmp_path)) == []
+
+
+def fake_client(plan_path, batch, seconds):
+    """A client function defined outside serving.py, as a notebook cell defines one: the processes run its source."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+    return {"inferences": 1, "images": batch, "seconds": seconds, "images_per_s": 1000.0 * batch + len(plan_path)}
+
+
+def test_run_clients_runs_a_client_function_from_its_source(tmp_path):
+    """The processes run the function given (a notebook's edited client), not serving.client, through the module's
+    own entry point; a client that cannot be run from its source is refused with the reason."""
+    from systems.feeding_the_gpu import serving
+
+    r = serving.run_clients(2, "plan.npz", 3, 0.1, _fake_env(tmp_path), timeout=60, client=fake_client)
+    assert r == {"clients": 2, "batch": 3, "images_per_s": 2 * 3008.0, "per_client": [3008.0, 3008.0]}
+    assert serving.client_command(serving.client)[1:] == ["-m", "systems.feeding_the_gpu.serving", "client"]
+    assert serving.client_command(None) == serving.client_command(serving.client)
+    script = serving.client_command(fake_client)[2]
+    assert "def fake_client(plan_path, batch, seconds):" in script and "main(client_fn=fake_client)" in script
+    for bad, why in ((lambda p, b, s: {}, "defined with def"), (print, "defined with def")):
+        with pytest.raises(runtime.CourseInputError, match=why):
+            serving.client_command(bad)
+    with pytest.raises(runtime.CourseInputError, match="not both"):
+        serving.run_clients(1, "plan.npz", 1, 0.1, _fake_env(tmp_path), cmd=["true"], client=fake_client)
 
 
 def _notes(folder: Path) -> list:
@@ -499,13 +525,13 @@ def _notes(folder: Path) -> list:
 
 
 def test_mps_sweep_with_fake_clients_and_the_stub_daemon(tmp_path, monkeypatch):
-    from benchmarks import serving
+    import benchmarks.feeding_the_gpu as lesson
 
     notes = tmp_path / "notes"
     notes.mkdir()
     monkeypatch.setenv("FAKE_CLIENT_NOTES", str(notes))
     monkeypatch.setenv(mps.PIPE, str(tmp_path / "a-system-wide-daemon"))  # must not reach the no-MPS clients
-    out = serving.mps_sweep((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=10,
+    out = lesson.measure_mps((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=10,
                             cmd=[sys.executable, "-c", FAKE_CLIENT], make_plan=lambda b, folder: str(folder / "p"))
     assert out["mps"] and out["why"] == ""
     assert list(out["configs"]) == ["time-slicing, batch 1", "MPS, batch 1", "MPS, batch 4"]
@@ -525,13 +551,13 @@ def test_mps_sweep_with_fake_clients_and_the_stub_daemon(tmp_path, monkeypatch):
 
 
 def test_mps_sweep_keeps_the_rows_when_mps_fails_under_the_clients(tmp_path, monkeypatch):
-    from benchmarks import serving
+    import benchmarks.feeding_the_gpu as lesson
 
     notes = tmp_path / "notes"
     notes.mkdir()
     monkeypatch.setenv("FAKE_CLIENT_NOTES", str(notes))
     monkeypatch.setenv("FAKE_CLIENT_FAIL", "4")  # the MPS clients at batch 4 fail, from the first k on
-    out = serving.mps_sweep((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=10,
+    out = lesson.measure_mps((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=10,
                             cmd=[sys.executable, "-c", FAKE_CLIENT], make_plan=lambda b, folder: str(folder / "p"))
     assert out["mps"] is False
     assert out["why"].startswith("MPS failed at MPS, batch 4, k = 1 (the rows measured before are kept): client 1 of 1")
@@ -546,9 +572,9 @@ def test_mps_sweep_keeps_the_rows_when_mps_fails_under_the_clients(tmp_path, mon
 
 
 def test_mps_sweep_measures_without_mps_when_the_daemon_fails(tmp_path):
-    from benchmarks import serving
+    import benchmarks.feeding_the_gpu as lesson
 
-    out = serving.mps_sweep((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "fail"), timeout=10,
+    out = lesson.measure_mps((1, 2), seconds=0.1, batched=4, binary=stub(tmp_path, "fail"), timeout=10,
                             cmd=[sys.executable, "-c", FAKE_CLIENT], make_plan=lambda b, folder: str(folder / "p"))
     assert out["mps"] is False and "no CUDA-capable device is detected" in out["why"]
     assert "control.log: [2026-11-22" in out["mps_log"]
@@ -558,7 +584,7 @@ def test_mps_sweep_measures_without_mps_when_the_daemon_fails(tmp_path):
 
 
 def test_mps_sweep_stops_the_daemon_when_a_client_hangs(tmp_path, monkeypatch):
-    from benchmarks import serving
+    import benchmarks.feeding_the_gpu as lesson
 
     pipes = tmp_path / "pipes"
     pipes.mkdir()
@@ -568,7 +594,7 @@ def test_mps_sweep_stops_the_daemon_when_a_client_hangs(tmp_path, monkeypatch):
                        f'    open(os.path.join({str(pipes)!r}, str(os.getpid())), "w").write(pipe)\n'
                        '    time.sleep(60)\n' + FAKE_CLIENT)
     t0 = time.monotonic()
-    out = serving.mps_sweep((1,), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=1.5,
+    out = lesson.measure_mps((1,), seconds=0.1, batched=4, binary=stub(tmp_path, "ok"), timeout=1.5,
                             cmd=[sys.executable, "-c", hangs_under_mps], make_plan=lambda b, folder: str(folder / "p"))
     assert time.monotonic() - t0 < 15
     assert out["mps"] is False and 'did not say "ready" within 1.5 s' in out["why"]
@@ -691,6 +717,25 @@ def test_sampler_reports_a_failing_reader():
     time.sleep(0.05)
     with pytest.raises(runtime.CourseError, match="NVML gone"):
         s.stop()
+
+
+def test_every_figure_is_declared_once_with_a_measure():
+    """FIGURES: a records.Figure per figure the lesson's records hold, each measured by a function of no
+    arguments (``record 07_feeding_the_gpu --figure NAME`` works for every one), drawn and told in words."""
+    import inspect
+
+    import benchmarks.feeding_the_gpu as lesson
+    from gpucourse import records
+
+    assert list(lesson.FIGURES) == ["overlap", "small_kernels", "unified_memory", "monitoring", "batching", "batcher",
+                                    "profile", "mps"]  # the order run() measures them in: MPS last
+    for name, fig in lesson.FIGURES.items():
+        assert isinstance(fig, records.Figure) and callable(fig.measure), name
+        assert all(p.default is not p.empty for p in inspect.signature(fig.measure).parameters.values()), name
+        assert callable(fig.text) and (fig.plot is not None or name == "profile"), name
+    for rec in records.all_records(lesson.LESSON):  # the figures recorded, each read by its own text
+        for name in set(rec["figures"]) & set(lesson.FIGURES):
+            assert lesson.FIGURES[name].text(rec["figures"][name]).strip(), (rec["path"], name)
 
 
 # ---------------------------------------------------------------------------------------------- GPU

@@ -221,7 +221,7 @@ def test_standin_for_the_all_reduces_in_words():
     assert "the step alone 37 ms" in text and "from NVLink, 2 x H200" in text
     assert "8 blocks of 512 threads: alone 3.5 ms, beside the step 38 ms: adds 1 ms, 71% of it hidden" in text
     assert "32 blocks" in text and "0% of it hidden" in text  # 4 ms added for 3.4 ms: nothing hidden, not < 0
-    fig = bt.plot_standin(o, "test")
+    fig = bt.plot_overlap_standin(o, "test")
     assert "3.4 ms of communication" in fig.axes[0].get_title()
     with pytest.raises(runtime.CourseInputError, match="at most 48 KiB"):
         bench.hold(1.0, blocks=4, threads=512, shared_bytes=64 * 1024)
@@ -233,7 +233,7 @@ def test_standin_for_the_all_reduces_in_words():
 def test_overlap_standin_runs_beside_the_step():
     from benchmarks import training as bt
 
-    o = bt.overlap_standin(layers=2, width=256, batch=64, ctas=(4,), comm_ms=2.0, buckets=4, repeats=3)
+    o = bt.measure_overlap_standin(layers=2, width=256, batch=64, ctas=(4,), comm_ms=2.0, buckets=4, repeats=3)
     r = o["runs"]["4"]
     assert o["comm_source"] == "given" and o["sms"] > 0
     assert 1.9 <= r["alone"]["median_ms"] <= 3.0  # four holds of 0.5 ms in a row
@@ -269,12 +269,31 @@ def test_recorded_training_goals():
             assert lb["ratio"] >= bt.GOALS["recompute_memory"] * 0.75, gpu  # most of the 4x saving becomes batch
 
 
+def test_every_figure_is_declared_once_with_a_measure():
+    """FIGURES: a records.Figure per figure of the lesson, each measured by a function of no arguments (``record
+    08_training --figure NAME`` works for every one) and told in words; every recorded one reads."""
+    import inspect
+
+    from benchmarks import training as bt
+    from gpucourse import records
+
+    assert list(bt.FIGURES) == ["mixed_precision", "scaler_run", "recompute", "largest_batch", "data_parallel",
+                                "overlap_standin"]
+    for name, fig in bt.FIGURES.items():
+        assert isinstance(fig, records.Figure) and callable(fig.measure), name
+        assert all(p.default is not p.empty for p in inspect.signature(fig.measure).parameters.values()), name
+        assert callable(fig.text) and (fig.plot is not None or name == "largest_batch"), name
+    for rec in records.all_records(bt.LESSON):
+        for name in set(rec["figures"]) & set(bt.FIGURES):
+            assert bt.FIGURES[name].text(rec["figures"][name]).strip(), (rec["path"], name)
+
+
 def test_largest_batch_refuses_bad_input():
     from benchmarks import training as bt
 
     for bad in ({"budget_gib": 0}, {"budget_gib": -1.0}, {"layers": 0}, {"multiple": 0}):
         with pytest.raises(runtime.CourseInputError, match="largest_batch"):
-            bt.largest_batch(**bad)
+            bt.measure_largest_batch(**bad)
 
 
 def test_buckets_cover_every_layer_last_first():
@@ -363,7 +382,7 @@ def test_largest_batch_is_found_by_running_steps():
 
     cp = runtime.cupy()
     limit = cp.get_default_memory_pool().get_limit()
-    r = bt.largest_batch(layers=16, width=256, budget_gib=0.05, multiple=64)
+    r = bt.measure_largest_batch(layers=16, width=256, budget_gib=0.05, multiple=64)
     assert cp.get_default_memory_pool().get_limit() == limit  # the cap is lifted again
     one, four = r["runs"]["1"]["largest"], r["runs"]["4"]["largest"]
     assert one > 0 and four > one  # checkpoints every 4 of 16 layers leave room for a larger batch

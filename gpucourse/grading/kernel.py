@@ -1,6 +1,6 @@
 """What a notebook can reach (the guarded kernel, ``_kernel_main``)
     The kernel is started from the course's kernelspec whatever the notebook's metadata names; it imports
-    a copy of the course's code (gpucourse, kernels, benchmarks, results), not the repository; its working
+    a copy of the course's code (gpucourse, kernels, systems, benchmarks, results), not the repository; its working
     folder holds only the submission; its environment is rebuilt from a short list (no PYTHONPATH into the
     repository, no HOME of the grader); its stdout and stderr file descriptors go to a log file, not to the
     grader. A Python audit hook (PEP 578), installed before the first cell runs, refuses:

@@ -67,7 +67,7 @@ FULL_AT = 1.2
 ZERO_AT = 10.0
 
 # What the kernel imports: a copy of these, not the repository.
-KERNEL_CODE = ("gpucourse", "kernels", "benchmarks", "results")
+KERNEL_CODE = ("gpucourse", "kernels", "systems", "benchmarks", "results")
 KERNEL_NAME = "gpucourse-graded"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
