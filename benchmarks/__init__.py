@@ -20,6 +20,7 @@ LESSONS = {
     "06_collectives": "benchmarks.collectives",
     "07_feeding_the_gpu": "benchmarks.feeding_the_gpu",
     "08_training": "benchmarks.training",
+    "09_attention": "benchmarks.attention",
 }
 
 

@@ -1,0 +1,333 @@
+"""Lesson 9's measurements on a GPU, and the figures drawn from them (measured or recorded).
+
+softmax: every row-softmax kernel against the device-to-device copy and torch.softmax on the same data;
+naive: attention with S and P in memory, time and peak memory against N, until it refuses;
+memory: FlashAttention's peak memory against Q + K + V + O + lse;
+field: the course's kernels (WMMA, Triton, Hopper's where present) against PyTorch's scaled_dot_product_attention
+with each backend forced, forward and forward + backward, in TFLOP/s and as a share of the dense FP16 peak.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import bench, plots, runtime
+from gpucourse.records import Figure
+from kernels import attention as A
+from kernels.attention import triton_kernels as T
+
+LESSON = "09_attention"
+ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
+HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
+FIELD_N = (1024, 4096, 16384)
+SDPA_BACKENDS = {"cuDNN": "CUDNN_ATTENTION", "FlashAttention-2": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION"}
+GOALS = {"softmax_of_copy": 0.9, "hopper_of_fastest": 1.0, "triton_fwd_of_fa2": 0.8, "bwd_of_fastest": 0.7,
+         "wmma_of_fastest": 0.5, "flash_memory": 1.10}
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+# ------------------------------------------------------------------------------------------- softmax
+
+def _softmax_kernels(torch):
+    """name -> (launch on (x, out) CuPy arrays, which row lengths it takes)."""
+    cuda = runtime.cuda()
+    out = {
+        "numba, three passes": (lambda x, o: A.softmax(cuda.as_cuda_array(x), cuda.as_cuda_array(o), "three_pass"), None),
+        "numba, online": (lambda x, o: A.softmax(cuda.as_cuda_array(x), cuda.as_cuda_array(o), "online"), None),
+        "CUDA C, three passes": (lambda x, o: A.softmax_cuda_c(x, o, "three_pass"), None),
+        "CUDA C, one pass (online, in registers)": (lambda x, o: A.softmax_cuda_c(x, o, "online"), None),
+    }
+    if torch is not None:
+        out["torch.softmax"] = (lambda x, o: torch.softmax(torch.from_dlpack(x), dim=-1, out=torch.from_dlpack(o)), None)
+    return out
+
+
+def measure_softmax(lengths=ROW_LENGTHS, total_bytes: int = SOFTMAX_BYTES, repeats: int = 10) -> dict:
+    """GB/s (bytes read + written) of every row-softmax kernel for rows of each length, FP32 and FP16, on
+    total_bytes of random rows; each result checked against NumPy on a few rows first."""
+    cp = runtime.cupy()
+    torch = _torch()
+    copy = bench.ceilings().copy_gbps
+    out = {"copy_gbps": copy, "lengths": list(lengths), "dtypes": {}}
+    for dtype in ("float32", "float16"):
+        rows = {}
+        for n in bench.progress(lengths, desc=f"softmax {dtype}"):
+            m = total_bytes // (n * np.dtype(dtype).itemsize)
+            x = (cp.random.standard_normal((m, n), dtype=cp.float32) * 3).astype(dtype)
+            o = cp.empty_like(x)
+            want = A.softmax_spec(x[:4].get())
+            for name, (launch, _) in _softmax_kernels(torch).items():
+                o.fill(cp.nan)
+                launch(x, o)
+                err = float(np.abs(o[:4].get().astype(np.float64) - want).max())
+                if not err <= (2e-3 if dtype == "float16" else 1e-5):
+                    raise runtime.CourseError(f"{name} ({dtype}, rows of {n}) is wrong: error {err:.1e}")
+                t = bench.time_gpu(lambda: launch(x, o), repeats=repeats)
+                rows.setdefault(name, []).append(t.gbps(2 * x.nbytes))
+            del x, o
+            cp.get_default_memory_pool().free_all_blocks()
+        out["dtypes"][dtype] = rows
+    return out
+
+
+def text_softmax(t: dict) -> str:
+    lines = [f"GB/s (bytes read + written), rows of N elements; device-to-device copy: {t['copy_gbps']:.0f} GB/s"]
+    for dtype, rows in t["dtypes"].items():
+        lines.append(f"  {dtype}: " + " ".join(f"{n:>8}" for n in t["lengths"]))
+        for name, gbps in rows.items():
+            lines.append(f"    {name:42}" + " ".join(f"{g:8.0f}" for g in gbps))
+        best = rows["CUDA C, one pass (online, in registers)"]
+        lines.append(f"    {'one pass / copy':42}" + " ".join(f"{g / t['copy_gbps']:8.2f}" for g in best))
+        if "torch.softmax" in rows:
+            lines.append(f"    {'one pass / torch.softmax':42}" + " ".join(
+                f"{g / r:8.2f}" for g, r in zip(best, rows["torch.softmax"])))
+    return "\n".join(lines)
+
+
+def plot_softmax(t: dict, source: str, dtype: str = "float32"):
+    rows = t["dtypes"][dtype]
+    return plots.lines({name: (t["lengths"], g) for name, g in rows.items()}, xlabel="row length N",
+                       ylabel="GB/s (read + write)", source=source, levels={"device-to-device copy": t["copy_gbps"]},
+                       title=f"Row softmax, {dtype}: every element read once and written once at best", logy=False)
+
+
+# ------------------------------------------------------------------------------------- naive attention
+
+def measure_naive(ns=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch: int = 1, heads: int = HEADS,
+                  d: int = HEAD_DIM, repeats: int = 3) -> dict:
+    """Naive attention (S and P in memory) against N: time, the bytes it moves (S and P each written and read), and
+    its peak memory (CuPy's pool, from empty); where S and P do not fit, the refusal's words instead."""
+    cp = runtime.cupy()
+    pool = cp.get_default_memory_pool()
+    rows = []
+    for n in bench.progress(ns, desc="naive attention"):
+        pool.free_all_blocks()
+        q, k, v = (cp.random.standard_normal((batch, heads, n, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+        base = pool.total_bytes()
+        try:
+            A.check_fits(batch, heads, n)
+            o, p = A.naive_attention(q, k, v)
+            del o, p
+            peak = pool.total_bytes() - base
+            t = bench.time_gpu(lambda: A.naive_attention(q, k, v), repeats=repeats, warmup=1)
+            rows.append({"N": n, "ms": t.median_ms, "peak_bytes": peak, "s_p_bytes": A.naive_bytes(batch, heads, n),
+                         "moved_bytes": A.attention_bytes(batch, heads, n, d, fused=False),
+                         "tflops": t.tflops(A.attention_flops(batch, heads, n, d))})
+        except runtime.CourseError as exc:
+            rows.append({"N": n, "refused": str(exc)})
+        del q, k, v
+        pool.free_all_blocks()
+    return {"batch": batch, "heads": heads, "d": d, "rows": rows}
+
+
+def text_naive(t: dict) -> str:
+    lines = [f"naive attention, batch {t['batch']}, {t['heads']} heads of {t['d']}, FP16: S and P in memory"]
+    for r in t["rows"]:
+        if "refused" in r:
+            lines.append(f"  N = {r['N']:6,}: refused: {r['refused']}")
+        else:
+            lines.append(f"  N = {r['N']:6,}: {bench.format_ms(r['ms']):>9}  {r['tflops']:6.1f} TFLOP/s  peak memory "
+                         f"{r['peak_bytes'] / 2**30:7.2f} GiB (S and P: {r['s_p_bytes'] / 2**30:6.2f} GiB)")
+    return "\n".join(lines)
+
+
+def plot_naive(t: dict, source: str):
+    ok = [r for r in t["rows"] if "refused" not in r]
+    ns = [r["N"] for r in ok]
+    fig = plots.lines({"peak memory (GiB)": (ns, [r["peak_bytes"] / 2**30 for r in ok]),
+                       "time (ms)": (ns, [r["ms"] for r in ok])},
+                      models={"S and P (GiB), N^2": (ns, [r["s_p_bytes"] / 2**30 for r in ok])},
+                      xlabel="N", ylabel="GiB / ms", source=source,
+                      title="Naive attention: memory and time grow as N^2")
+    return fig
+
+
+# ------------------------------------------------------------------------------------ flash's memory
+
+def _flash_kernels(torch, causal: bool):
+    """name -> forward on CuPy (q, k, v), for the course's kernels this GPU runs."""
+    out = {}
+    from gpucourse import gpus
+
+    if gpus.status("09.wmma").runs:
+        out["WMMA (CUDA C)"] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
+    if torch is not None and T.available() is None:
+        out["Triton"] = lambda q, k, v: T.flash_forward(T.from_cupy(q), T.from_cupy(k), T.from_cupy(v), causal=causal)
+    try:
+        from kernels.attention import hopper
+
+        if gpus.status("09.wgmma").runs:
+            out["Hopper (wgmma + TMA)"] = lambda q, k, v: hopper.flash_forward_wgmma(q, k, v, causal=causal)
+    except ImportError:
+        pass
+    return out
+
+
+def measure_memory(n: int = 16384, batch: int = 2, heads: int = HEADS, d: int = HEAD_DIM) -> dict:
+    """Peak memory of each flash kernel at N (CuPy's pool and PyTorch's allocator, from empty) against the inputs
+    and outputs it must hold: Q + K + V + O (FP16) + lse (FP32)."""
+    cp = runtime.cupy()
+    torch = _torch()
+    pool = cp.get_default_memory_pool()
+    need = 4 * batch * heads * n * d * 2 + batch * heads * n * 4
+    rows = {}
+    for name, fwd in _flash_kernels(torch, False).items():
+        pool.free_all_blocks()
+        if torch is not None:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        base = pool.total_bytes()
+        q, k, v = (cp.random.standard_normal((batch, heads, n, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+        res = fwd(q, k, v)
+        cp.cuda.Device().synchronize()
+        peak = pool.total_bytes() - base + (torch.cuda.max_memory_allocated() if torch is not None else 0)
+        rows[name] = {"peak_bytes": peak, "of_needed": peak / need}
+        del q, k, v, res
+    pool.free_all_blocks()
+    return {"N": n, "batch": batch, "heads": heads, "d": d, "needed_bytes": need, "rows": rows}
+
+
+def text_memory(t: dict) -> str:
+    lines = [f"FlashAttention at N = {t['N']:,} (batch {t['batch']}, {t['heads']} heads of {t['d']}): Q + K + V + O + lse "
+             f"= {t['needed_bytes'] / 2**30:.3f} GiB; naive attention's S and P alone would be "
+             f"{A.naive_bytes(t['batch'], t['heads'], t['N']) / 2**30:.0f} GiB"]
+    for name, r in t["rows"].items():
+        lines.append(f"  {name:22} peak {r['peak_bytes'] / 2**30:.3f} GiB = {r['of_needed']:.3f} x what it must hold "
+                     f"(goal <= {GOALS['flash_memory']})")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ the field
+
+def _inputs(n: int, d: int = HEAD_DIM, heads: int = HEADS, tokens: int = TOKENS, seed: int = 0):
+    cp = runtime.cupy()
+    batch = max(1, tokens // n)
+    rs = cp.random.RandomState(seed)
+    return batch, [(rs.standard_normal((batch, heads, n, d), dtype=cp.float32) * 0.5).astype(cp.float16)
+                   for _ in range(4)]
+
+
+def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
+    """Forward, and forward + backward, TFLOP/s of PyTorch's SDPA with each backend forced, and of the course's
+    kernels, on the same inputs in the same run; FP16, batch x N = 32k tokens, 16 heads of d; causal and not. Each
+    output is checked against the memory-efficient backend's before it is timed."""
+    torch = _torch()
+    if torch is None:
+        raise runtime.CourseError("the field is PyTorch's SDPA backends: PyTorch with CUDA is not importable here")
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    peak = bench.ceilings().fp16_tflops
+    out = {"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(), "d": d, "heads": HEADS,
+           "tokens": TOKENS, "fp16_peak_tflops": peak, "runs": []}
+    for n in bench.progress(ns, desc="attention N"):
+        for causal in (False, True):
+            batch, (q, k, v, do) = _inputs(n, d)
+            tq, tk, tv, tdo = (torch.from_dlpack(a) for a in (q, k, v, do))
+            fwd_flops = A.attention_flops(batch, HEADS, n, d, causal=causal)
+            run = {"N": n, "batch": batch, "causal": causal, "fwd": {}, "fwd_bwd": {}, "errors": {}}
+            with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                ref = sdpa(tq, tk, tv, is_causal=causal).float()
+            for name, backend in SDPA_BACKENDS.items():
+                try:
+                    with sdpa_kernel(getattr(SDPBackend, backend)):
+                        got = sdpa(tq, tk, tv, is_causal=causal)
+                        run["errors"][name] = float((got.float() - ref).abs().max())
+                        t = bench.time_gpu(lambda: sdpa(tq, tk, tv, is_causal=causal), repeats=repeats)
+                        run["fwd"][name] = t.tflops(fwd_flops)
+                        gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
+
+                        def both():
+                            o = sdpa(gq, gk, gv, is_causal=causal)
+                            o.backward(tdo)
+
+                        t = bench.time_gpu(both, repeats=repeats)
+                        run["fwd_bwd"][name] = t.tflops(3.5 * fwd_flops)
+                except RuntimeError as exc:  # a backend that does not take this shape says so
+                    run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
+            for name, fwd in _flash_kernels(torch, causal).items():
+                o = fwd(q, k, v)[0]
+                o = torch.from_dlpack(o) if not isinstance(o, torch.Tensor) else o
+                run["errors"][name] = float((o.float() - ref).abs().max())
+                run["fwd"][name] = bench.time_gpu(lambda: fwd(q, k, v), repeats=repeats).tflops(fwd_flops)
+            if T.available() is None:
+                o, lse = T.flash_forward(tq, tk, tv, causal=causal)
+
+                def tri_both():
+                    o2, l2 = T.flash_forward(tq, tk, tv, causal=causal)
+                    T.flash_backward(tq, tk, tv, o2, l2, tdo, causal=causal)
+
+                gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
+                sdpa(gq, gk, gv, is_causal=causal).backward(tdo)
+                dq, dk, dv = T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
+                run["errors"]["Triton backward"] = max(float((a.float() - b.grad.float()).abs().max())
+                                                       for a, b in ((dq, gq), (dk, gk), (dv, gv)))
+                run["fwd_bwd"]["Triton"] = bench.time_gpu(tri_both, repeats=repeats).tflops(3.5 * fwd_flops)
+            out["runs"].append(run)
+            del q, k, v, do, tq, tk, tv, tdo
+            runtime.cupy().get_default_memory_pool().free_all_blocks()
+            torch.cuda.empty_cache()
+    return out
+
+
+def ratios(t: dict) -> list:
+    """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2)."""
+    rows = []
+    for r in t["runs"]:
+        sd = {k: v for k, v in r["fwd"].items() if k in SDPA_BACKENDS}
+        sdb = {k: v for k, v in r["fwd_bwd"].items() if k in SDPA_BACKENDS}
+        fastest = max(sd, key=sd.get) if sd else None
+        fastest_b = max(sdb, key=sdb.get) if sdb else None
+        row = {"N": r["N"], "causal": r["causal"], "fastest": fastest, "fastest_bwd": fastest_b}
+        for name, v in r["fwd"].items():
+            if name not in SDPA_BACKENDS and fastest:
+                row[f"{name} / fastest"] = v / sd[fastest]
+        if "Triton" in r["fwd"] and "FlashAttention-2" in sd:
+            row["Triton / FlashAttention-2"] = r["fwd"]["Triton"] / sd["FlashAttention-2"]
+        if "Triton" in r["fwd_bwd"] and fastest_b:
+            row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / sdb[fastest_b]
+        rows.append(row)
+    return rows
+
+
+def text_field(t: dict) -> str:
+    lines = [f"attention, FP16, {t['heads']} heads of {t['d']}, batch x N = {t['tokens']:,} tokens; PyTorch {t['torch']} "
+             f"(cuDNN {t['cudnn']}); TFLOP/s (share of the dense FP16 peak {t['fp16_peak_tflops']:.0f})"]
+    for r, q in zip(t["runs"], ratios(t)):
+        lines.append(f"  N = {r['N']:6,} {'causal' if r['causal'] else 'full  '} (batch {r['batch']}):")
+        for part in ("fwd", "fwd_bwd"):
+            cells = [f"{k} {v:.0f} ({v / t['fp16_peak_tflops']:.0%})" for k, v in r[part].items()]
+            lines.append(f"    {'forward' if part == 'fwd' else 'fwd+bwd'}: " + ", ".join(cells))
+        lines.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in q.items() if " / " in k))
+        bad = {k: v for k, v in r["errors"].items() if isinstance(v, str)}
+        if bad:
+            lines.append("    " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+    return "\n".join(lines)
+
+
+def plot_field(t: dict, source: str, causal: bool = False, part: str = "fwd"):
+    runs = [r for r in t["runs"] if r["causal"] == causal]
+    names = sorted({k for r in runs for k in r[part]})
+    series = {name: ([r["N"] for r in runs if name in r[part]], [r[part][name] for r in runs if name in r[part]])
+              for name in names}
+    return plots.lines(series, xlabel="N", ylabel="TFLOP/s", source=source, logy=False,
+                       levels={"dense FP16 peak (cuBLAS)": t["fp16_peak_tflops"]},
+                       title=f"Attention {'forward' if part == 'fwd' else 'forward + backward'}, "
+                             f"{'causal' if causal else 'full'}, d = {t['d']}")
+
+
+FIGURES = {
+    "softmax": Figure(measure_softmax, plot_softmax, text_softmax),
+    "naive": Figure(measure_naive, plot_naive, text_naive),
+    "memory": Figure(measure_memory, None, text_memory),
+    "field": Figure(measure_field, plot_field, text_field),
+}

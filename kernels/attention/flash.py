@@ -1,0 +1,117 @@
+"""Lesson 9, FlashAttention's forward pass: a readable numba kernel (one thread per query row, K and V tiles
+through shared memory; it also runs in the simulator), and the tensor-core kernel of kernels/cuda/attention.cu
+(WMMA, sm_80+) with its launcher. Both return (o, lse) as specs.attention_spec does."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import cuda_c, runtime
+
+from .specs import check_qkv
+
+cuda = runtime.cuda()
+
+SOURCE = "attention"
+BLOCK_M, BLOCK_N, MAX_D = 32, 32, 128  # the numba kernel: query rows a block, keys a tile, the largest head dim
+WMMA_HEAD_DIMS = (64, 128)
+WMMA_WARPS, WMMA_BLOCK_N = 4, 64
+LOG2E = 1.4426950408889634
+
+
+@cuda.jit
+def flash_forward_numba(q, k, v, o, lse, scale, causal):
+    """One block per BLOCK_M query rows of one (batch x head) (q, k, v, o: (BH, N, d); lse: (BH, N)); one thread per
+    row. The block brings K and V in tiles of BLOCK_N keys through shared memory; each thread keeps its row's running
+    max m, running sum l and unnormalised output acc (the online softmax), rescaling them when the max grows, and
+    normalises once at the end. Causal: tiles wholly above the diagonal are skipped."""
+    k_s = cuda.shared.array((BLOCK_N, MAX_D), np.float32)
+    v_s = cuda.shared.array((BLOCK_N, MAX_D), np.float32)
+    acc = cuda.local.array(MAX_D, np.float32)
+    bh, t = cuda.blockIdx.y, cuda.threadIdx.x
+    n, d = q.shape[1], q.shape[2]
+    row = cuda.blockIdx.x * BLOCK_M + t
+    for j in range(d):
+        acc[j] = 0.0
+    m, l = -np.inf, np.float32(0.0)
+    last = min(n, (cuda.blockIdx.x + 1) * BLOCK_M) if causal else n  # causal: no key past the block's last row
+    for start in range(0, last, BLOCK_N):
+        for i in range(t, BLOCK_N * d, BLOCK_M):  # the block loads the tile together
+            r, c = i // d, i % d
+            k_s[r, c] = k[bh, start + r, c] if start + r < n else 0.0
+            v_s[r, c] = v[bh, start + r, c] if start + r < n else 0.0
+        cuda.syncthreads()
+        if row < n:
+            for r in range(min(BLOCK_N, n - start)):
+                key = start + r
+                if causal and key > row:
+                    break
+                s = np.float32(0.0)
+                for j in range(d):
+                    s += np.float32(q[bh, row, j]) * k_s[r, j]
+                s *= scale
+                m_new = max(m, s)
+                alpha = math.exp(m - m_new)  # 0 for the first key (m = -inf)
+                p = math.exp(s - m_new)
+                l = l * alpha + p
+                for j in range(d):
+                    acc[j] = acc[j] * alpha + p * v_s[r, j]
+                m = m_new
+        cuda.syncthreads()
+    if row < n:
+        inv = np.float32(1.0) / l if l > 0 else np.float32(0.0)
+        for j in range(d):
+            o[bh, row, j] = acc[j] * inv
+        lse[bh, row] = m + math.log(l) if l > 0 else -np.inf
+
+
+def _scale(d: int, scale) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def flash_numba(q, k, v, o, lse, *, causal: bool = False, scale=None, kernel=None):
+    """Run ``flash_forward_numba`` (or ``kernel``, a kernel of the same signature) on device arrays q, k, v, o of shape
+    (batch x heads, N, d) and lse of (batch x heads, N); returns (o, lse)."""
+    for name, a in (("q", q), ("k", k), ("v", v), ("o", o)):
+        runtime.check_device_array(a, name, ndim=3)
+    bh, n, d = check_qkv(q, k, v, "flash_numba")[1:]
+    if tuple(o.shape) != tuple(q.shape) or tuple(lse.shape) != (bh, n):
+        raise runtime.CourseInputError(f"flash_numba: o must be {tuple(q.shape)} and lse {(bh, n)}")
+    if d > MAX_D:
+        raise runtime.CourseInputError(f"flash_numba: head dim {d} is larger than the kernel's {MAX_D}")
+    (kernel or flash_forward_numba)[(math.ceil(n / BLOCK_M), bh), BLOCK_M](q, k, v, o, lse, np.float32(_scale(d, scale)),
+                                                                            bool(causal))
+    return o, lse
+
+
+def wmma_smem_bytes(d: int, warps: int = WMMA_WARPS) -> int:
+    """Shared memory of one block of the WMMA kernel (FlashSmem in attention.cu): Q, two stages of K and V, the warps'
+    scores (float) and probabilities (half), three floats a row, and the 16 x 16 row map."""
+    bm, ld = 16 * warps, d + 8
+    return bm * ld * 2 + 2 * 2 * WMMA_BLOCK_N * ld * 2 + warps * 16 * 68 * 4 + warps * 16 * 72 * 2 + warps * 16 * 12 \
+        + 16 * 16 * 4
+
+
+def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None = None) -> tuple:
+    """FlashAttention forward on the tensor cores (WMMA, sm_80+) for CuPy float16 arrays of shape (batch, heads, N, d)
+    (or (heads, N, d), (N, d)), d 64 or 128, any N (the last tiles are masked): (o, lse) with lse float32."""
+    cp = runtime.cupy()
+    from gpucourse import gpus
+
+    gpus.step("09.wmma")
+    B, H, N, D = check_qkv(q, k, v, "flash_wmma")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, cp.ndarray) or a.dtype != cp.float16 or not a.flags.c_contiguous:
+            raise runtime.CourseInputError(f"flash_wmma: {name} must be a contiguous CuPy float16 array")
+    if D not in WMMA_HEAD_DIMS:
+        raise runtime.CourseInputError(f"flash_wmma: head dim {D} is not one the kernel is built for "
+                                       f"({', '.join(map(str, WMMA_HEAD_DIMS))})")
+    o = cp.empty_like(q)
+    lse = cp.empty(q.shape[:-1], dtype=cp.float32)
+    fn = cuda_c.function(SOURCE, f"flash_wmma_d{D}" + ("_causal" if causal else ""), edits)
+    smem = wmma_smem_bytes(D)
+    fn.max_dynamic_shared_size_bytes = smem
+    fn((math.ceil(N / (16 * WMMA_WARPS)), B * H), (32 * WMMA_WARPS,),
+       (q, k, v, o, lse, np.int32(N), np.float32(_scale(D, scale) * LOG2E)), shared_mem=smem)
+    return o, lse

@@ -1,0 +1,325 @@
+// Lesson 9: attention's kernels in CUDA C. Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC;
+// <mma.h> needs the CUDA include path, which cuda_c.include_dirs() finds); launched by kernels/attention/.
+//
+// 1. Row softmax, memory-bound: each element is read once and written once, so the copy's bandwidth is the ceiling.
+//    softmax_three_pass_* reads the row three times (max, sum of exponentials, normalise); softmax_online_* reads
+//    it once into registers, keeps a running (max, sum) per thread as it goes (the online softmax), merges the
+//    threads' pairs with the merge rule, and writes each exp(x - max) / sum from the registers.
+// 2. FlashAttention's forward pass on the tensor cores through WMMA (sm_80+; cp.async brings the K and V tiles in
+//    while the previous tile is computed): a block keeps BLOCK_M rows of Q, streams the keys and values in tiles
+//    of 64, and never writes the N x N scores to memory.
+#include <mma.h>
+#include <cuda_fp16.h>
+#include "async_copy.cuh"
+
+using namespace nvcuda;
+
+#define NEG_INF __int_as_float(0xff800000)
+
+// ------------------------------------------------------------------------------------------ helpers
+
+template <typename T> __device__ __forceinline__ float to_float(T x);
+template <> __device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <typename T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// region: merge
+// Two partial softmax sums (m1, l1) and (m2, l2) over disjoint parts of a row, into one: the larger max wins and
+// the other part's sum is rescaled to it. A part that saw only -inf has m = -inf and l = 0, and drops out.
+__device__ __forceinline__ void merge(float& m, float& l, float m2, float l2)
+{
+    float mn = fmaxf(m, m2);
+    if (mn == NEG_INF) return;  // both parts empty
+    l = l * __expf(m - mn) + l2 * __expf(m2 - mn);
+    m = mn;
+}
+// endregion
+
+__device__ __forceinline__ float block_max(float v, float* red)
+{
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : NEG_INF;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red)
+{
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    return v;
+}
+
+// ------------------------------------------------------------------------------------------ softmax
+
+// region: softmax_three_pass
+// One block per row: pass 1 the max, pass 2 the sum of exp(x - max), pass 3 the output. The row is read from
+// memory three times (the second and third reads may hit the L2 cache for short rows).
+template <typename T>
+__device__ void softmax_three_pass(const T* __restrict__ x, T* __restrict__ y, int n)
+{
+    __shared__ float red[32];
+    const T* row = x + (size_t)blockIdx.x * n;
+    T* out = y + (size_t)blockIdx.x * n;
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, to_float(row[i]));
+    m = block_max(m, red);
+    const float shift = m == NEG_INF ? 0.0f : m;  // a row of -inf: every exp is 0, and so is the output
+    float l = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) l += __expf(to_float(row[i]) - shift);
+    l = block_sum(l, red);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = from_float<T>(__expf(to_float(row[i]) - shift) * inv);
+}
+// endregion
+
+extern "C" __global__ void softmax_three_pass_f32(const float* x, float* y, int n) { softmax_three_pass(x, y, n); }
+extern "C" __global__ void softmax_three_pass_f16(const __half* x, __half* y, int n) { softmax_three_pass(x, y, n); }
+
+// region: softmax_online
+// One block per row, the row read once: each thread loads its elements, 16 bytes at a time, into registers (up to
+// VECS loads of 16 bytes: 32 floats or 64 halves a thread), keeping a running (max, sum) as it goes; the threads'
+// pairs are merged (warp shuffles, then one warp); each thread writes exp(x - max) / sum from its registers.
+template <typename T, int VECS>
+__device__ void softmax_online(const T* __restrict__ x, T* __restrict__ y, int n)
+{
+    constexpr int E = 16 / sizeof(T);  // elements in 16 bytes
+    __shared__ float red_m[32], red_l[32];
+    const uint4* row = reinterpret_cast<const uint4*>(x + (size_t)blockIdx.x * n);
+    uint4* out = reinterpret_cast<uint4*>(y + (size_t)blockIdx.x * n);
+    const int vecs = n / E;
+    uint4 v[VECS];
+    float m = NEG_INF, l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < vecs) {
+            v[j] = row[i];
+            const T* e = reinterpret_cast<const T*>(&v[j]);
+            float vm = NEG_INF;
+#pragma unroll
+            for (int t = 0; t < E; ++t) vm = fmaxf(vm, to_float(e[t]));
+            float vl = 0.0f;
+            if (vm != NEG_INF) {
+#pragma unroll
+                for (int t = 0; t < E; ++t) vl += __expf(to_float(e[t]) - vm);
+            }
+            merge(m, l, vm, vl);
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) merge(m, l, __shfl_xor_sync(0xffffffff, m, o), __shfl_xor_sync(0xffffffff, l, o));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { red_m[warp] = m; red_l[warp] = l; }
+    __syncthreads();
+    m = lane < blockDim.x / 32 ? red_m[lane] : NEG_INF;
+    l = lane < blockDim.x / 32 ? red_l[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) merge(m, l, __shfl_xor_sync(0xffffffff, m, o), __shfl_xor_sync(0xffffffff, l, o));
+    const float shift = m == NEG_INF ? 0.0f : m, inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < vecs) {
+            T* e = reinterpret_cast<T*>(&v[j]);
+#pragma unroll
+            for (int t = 0; t < E; ++t) e[t] = from_float<T>(__expf(to_float(e[t]) - shift) * inv);
+            out[i] = v[j];
+        }
+    }
+}
+// endregion
+
+// n a multiple of 4 (float) or 8 (half), rows 16-byte aligned, n <= blockDim.x * VECS * (16 / sizeof(T))
+extern "C" __global__ void softmax_online_f32(const float* x, float* y, int n) { softmax_online<float, 8>(x, y, n); }
+extern "C" __global__ void softmax_online_f16(const __half* x, __half* y, int n) { softmax_online<__half, 4>(x, y, n); }
+
+// ----------------------------------------------------------------------------- FlashAttention, WMMA
+
+// One block: BLOCK_M = 16 x WARPS query rows of one (batch, head), WARPS warps, each owning 16 rows. Keys and values
+// come in tiles of BLOCK_N = 64 through shared memory, two tiles in flight (cp.async). Per tile, per warp:
+//   S = Q K^T (16 x 64, four 16 x 16 accumulators, on the tensor cores) -> shared memory;
+//   the online softmax of its 16 rows (two lanes a row): the tile's max, the new running max, P = exp(S - max) as
+//   half into shared memory, the running sum, and alpha = exp(old max - new max) for each row;
+//   O = alpha O + P V (the accumulators rescaled row by row in registers, then P V on the tensor cores).
+// The accumulators' layout is not documented by the WMMA API, so the kernel learns it: it loads a matrix whose
+// entry (r, c) is r into an accumulator fragment, and then knows the row of each of a lane's elements.
+template <int D, int WARPS>
+struct FlashSmem {
+    static constexpr int BM = 16 * WARPS, BN = 64, LD = D + 8;  // +8 halves: rows not 128 bytes apart (bank conflicts)
+    static constexpr int LDS = BN + 4, LDP = BN + 8;
+    static constexpr size_t q = (size_t)BM * LD * 2, kv = (size_t)2 * 2 * BN * LD * 2;  // Q; K and V, two stages
+    static constexpr size_t s = (size_t)WARPS * 16 * LDS * 4, p = (size_t)WARPS * 16 * LDP * 2;
+    static constexpr size_t row = (size_t)WARPS * 16 * 4 * 3;  // m, l, alpha per row
+    static constexpr size_t bytes = q + kv + s + p + row + 16 * 16 * 4;
+};
+
+template <int D, int WARPS>
+__device__ __forceinline__ void load_tile(half* dst, const half* src, int rows_total, int row0, int nrows)
+{
+    constexpr int LD = FlashSmem<D, WARPS>::LD, CHUNKS = D / 8;  // 16-byte chunks a row
+    for (int c = threadIdx.x; c < nrows * CHUNKS; c += WARPS * 32) {
+        const int r = c / CHUNKS, k = (c % CHUNKS) * 8;
+        const bool valid = row0 + r < rows_total;
+        cp_async16_zfill(dst + r * LD + k, src + (size_t)(valid ? row0 + r : 0) * D + k, valid);
+    }
+}
+
+// region: flash_forward
+template <int D, int WARPS, bool CAUSAL>
+__device__ void flash_forward(const half* __restrict__ Q, const half* __restrict__ K, const half* __restrict__ V,
+                              half* __restrict__ O, float* __restrict__ LSE, int N, float scale_log2)
+{
+    using S_ = FlashSmem<D, WARPS>;
+    constexpr int BM = S_::BM, BN = S_::BN, LD = S_::LD, LDS = S_::LDS, LDP = S_::LDP, DF = D / 16;
+    extern __shared__ __align__(128) unsigned char smem[];
+    half* q_s = reinterpret_cast<half*>(smem);
+    half* kv_s = reinterpret_cast<half*>(smem + S_::q);                   // [stage][K or V][BN][LD]
+    float* s_s = reinterpret_cast<float*>(smem + S_::q + S_::kv);         // [warp][16][LDS]
+    half* p_s = reinterpret_cast<half*>(smem + S_::q + S_::kv + S_::s);   // [warp][16][LDP]
+    float* row_s = reinterpret_cast<float*>(smem + S_::q + S_::kv + S_::s + S_::p);  // m, l, alpha: [3][BM]
+    float* map_s = row_s + 3 * BM;                                        // 16 x 16: entry (r, c) = r
+
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const size_t base = (size_t)blockIdx.y * N * D;
+    const int m0 = blockIdx.x * BM;
+    const half *q = Q + base, *k = K + base, *v = V + base;
+
+    load_tile<D, WARPS>(q_s, q, N, m0, BM);
+    const int last = CAUSAL ? min(N, m0 + BM) : N;  // causal: tiles wholly above the diagonal are never loaded
+    const int tiles = (last + BN - 1) / BN;
+    load_tile<D, WARPS>(kv_s, k, N, 0, BN);
+    load_tile<D, WARPS>(kv_s + BN * LD, v, N, 0, BN);
+    cp_async_commit();
+    for (int i = threadIdx.x; i < 256; i += WARPS * 32) map_s[i] = (float)(i / 16);
+    for (int i = threadIdx.x; i < BM; i += WARPS * 32) { row_s[i] = NEG_INF; row_s[BM + i] = 0.0f; }
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> rowmap;  // the row of each of this lane's elements
+    wmma::load_matrix_sync(rowmap, map_s, 16, wmma::mem_row_major);
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[DF];
+#pragma unroll
+    for (int j = 0; j < DF; ++j) wmma::fill_fragment(o[j], 0.0f);
+    float* s_w = s_s + warp * 16 * LDS;
+    half* p_w = p_s + warp * 16 * LDP;
+    float *m_w = row_s + warp * 16, *l_w = row_s + BM + warp * 16, *a_w = row_s + 2 * BM + warp * 16;
+
+    for (int t = 0; t < tiles; ++t) {
+        if (t + 1 < tiles) {  // the next tile's copies start now and land while this one is computed
+            half* nxt = kv_s + ((t + 1) % 2) * 2 * BN * LD;
+            load_tile<D, WARPS>(nxt, k, N, (t + 1) * BN, BN);
+            load_tile<D, WARPS>(nxt + BN * LD, v, N, (t + 1) * BN, BN);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const half* k_t = kv_s + (t % 2) * 2 * BN * LD;
+        const half* v_t = k_t + BN * LD;
+        // S = Q K^T for this warp's 16 rows
+#pragma unroll
+        for (int c = 0; c < BN / 16; ++c) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
+            wmma::fill_fragment(s, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < DF; ++kk) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;  // K^T: K's rows are its columns
+                wmma::load_matrix_sync(a, q_s + warp * 16 * LD + kk * 16, LD);
+                wmma::load_matrix_sync(b, k_t + c * 16 * LD + kk * 16, LD);
+                wmma::mma_sync(s, a, b, s);
+            }
+            wmma::store_matrix_sync(s_w + c * 16, s, LDS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        // the online softmax of the warp's 16 rows: lanes 2r and 2r + 1 take row r, 32 columns each
+        {
+            const int r = lane / 2, c0 = (lane % 2) * 32, grow = m0 + warp * 16 + r, key0 = t * BN + c0;
+            float sv[32], tmax = NEG_INF;
+#pragma unroll
+            for (int c = 0; c < 32; ++c) {
+                const int key = key0 + c;
+                const bool keep = key < N && (!CAUSAL || key <= grow);
+                sv[c] = keep ? s_w[r * LDS + c0 + c] * scale_log2 : NEG_INF;
+                tmax = fmaxf(tmax, sv[c]);
+            }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffff, tmax, 1));
+            const float m_old = m_w[r], m_new = fmaxf(m_old, tmax);
+            const float shift = m_new == NEG_INF ? 0.0f : m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 32; ++c) {
+                const float p = exp2f(sv[c] - shift);
+                sum += p;
+                p_w[r * LDP + c0 + c] = __float2half(p);
+            }
+            sum += __shfl_xor_sync(0xffffffff, sum, 1);
+            const float alpha = exp2f(m_old - shift);  // 0 on the first tile a row sees (m_old = -inf)
+            __syncwarp();
+            if (lane % 2 == 0) { a_w[r] = alpha; l_w[r] = l_w[r] * alpha + sum; m_w[r] = m_new; }
+        }
+        __syncwarp();
+        // O = alpha O + P V
+#pragma unroll
+        for (int j = 0; j < DF; ++j) {
+#pragma unroll
+            for (int e = 0; e < o[j].num_elements; ++e) o[j].x[e] *= a_w[(int)rowmap.x[e]];
+        }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
+            wmma::load_matrix_sync(a, p_w + kk * 16, LDP);
+#pragma unroll
+            for (int j = 0; j < DF; ++j) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b;
+                wmma::load_matrix_sync(b, v_t + kk * 16 * LD + j * 16, LD);
+                wmma::mma_sync(o[j], a, b, o[j]);
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before it is overwritten
+    }
+    // the output, normalised once; the log-sum-exp (natural log) for the backward pass
+#pragma unroll
+    for (int j = 0; j < DF; ++j) {
+#pragma unroll
+        for (int e = 0; e < o[j].num_elements; ++e) {
+            const float l = l_w[(int)rowmap.x[e]];
+            o[j].x[e] = l > 0.0f ? o[j].x[e] / l : 0.0f;
+        }
+        wmma::store_matrix_sync(s_w + (j * 16) % BN, o[j], LDS, wmma::mem_row_major);
+        if ((j * 16 + 16) % BN == 0 || j == DF - 1) {  // the staged 16 x 64 (or less) goes out as half
+            __syncwarp();
+            const int c_first = (j * 16 / BN) * BN, width = min(BN, D - c_first);
+            for (int i = lane; i < 16 * width; i += 32) {
+                const int r = i / width, c = i % width, grow = m0 + warp * 16 + r;
+                if (grow < N) O[base + (size_t)grow * D + c_first + c] = __float2half(s_w[r * LDS + c]);
+            }
+            __syncwarp();
+        }
+    }
+    if (lane < 16) {
+        const int grow = m0 + warp * 16 + lane;
+        const float l = l_w[lane], m = m_w[lane];
+        if (grow < N) LSE[(size_t)blockIdx.y * N + grow] = l > 0.0f ? (m + __log2f(l)) * 0.6931471805599453f : NEG_INF;
+    }
+}
+// endregion
+
+#define FLASH(D, W, C, NAME)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(W * 32) NAME(const half* q, const half* k, const half* v, half* o,   \
+                                                              float* lse, int n, float scale_log2)                  \
+    {                                                                                                                \
+        flash_forward<D, W, C>(q, k, v, o, lse, n, scale_log2);                                                      \
+    }
+FLASH(64, 4, false, flash_wmma_d64)
+FLASH(64, 4, true, flash_wmma_d64_causal)
+FLASH(128, 4, false, flash_wmma_d128)
+FLASH(128, 4, true, flash_wmma_d128_causal)

@@ -1,0 +1,295 @@
+"""Lesson 9, attention: the NumPy references against formulas and each other, the numba kernels in the simulator (or
+on the GPU), the CUDA C compiled without a GPU and run on one, Triton in its interpreter where PyTorch is (on the GPU
+where there is one)."""
+from __future__ import annotations
+
+import math
+import re
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpucourse import cuda_c, runtime
+from kernels import attention as A
+
+pytestmark = pytest.mark.lesson09
+ROOT = Path(__file__).resolve().parents[1]
+cuda = runtime.cuda()
+
+
+# ------------------------------------------------------------------------------------ references
+
+def test_softmax_subtracting_the_max_prevents_overflow():
+    x = np.array([1.0, 2.0, 100.0], dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert np.isnan(A.softmax_naive(x)).any()  # exp(100) overflows float32
+        assert np.isnan(A.softmax_naive(np.array([1.0, 12.0], dtype=np.float16))).any()  # exp(12) overflows float16
+    e = np.exp(x.astype(np.float64) - 100)
+    np.testing.assert_allclose(A.softmax_spec(x), e / e.sum())
+    assert A.softmax_spec(x).sum() == pytest.approx(1.0)
+
+
+def test_a_row_of_minus_infinity_gives_zeros(rng):
+    x = rng.standard_normal((3, 9))
+    x[1] = -np.inf
+    x[2, :4] = -np.inf
+    p = A.softmax_spec(x)
+    assert np.array_equal(p[1], np.zeros(9)) and p[2, :4].sum() == 0 and p[2].sum() == pytest.approx(1.0)
+    assert np.array_equal(A.online_softmax_spec(x[1], 3)[0], np.zeros(9))
+    q, k, v = (rng.standard_normal((4, 8)) for _ in range(3))
+    o, lse = A.attention_spec(q, k, v, scale=-np.inf)  # every score -inf or nan: no key is seen
+    assert np.all(np.isfinite(o) | (o == 0))
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 1000])
+def test_online_softmax_equals_three_passes(rng, block):
+    x = rng.standard_normal(257) * 10
+    p, m, l = A.online_softmax_spec(x, block)
+    np.testing.assert_allclose(p, A.softmax_spec(x), rtol=1e-12)
+    assert m == x.max() and l == pytest.approx(np.exp(x - x.max()).sum())
+
+
+def test_merge_rule_combines_partial_results(rng):
+    s, v = rng.standard_normal((5, 40)) * 4, rng.standard_normal((40, 6))
+    parts = []
+    for lo, hi in ((0, 17), (17, 40)):
+        m = s[:, lo:hi].max(axis=1)
+        e = np.exp(s[:, lo:hi] - m[:, None])
+        parts.append((m, e.sum(axis=1), e @ v[lo:hi]))
+    m, l, o = A.merge_partials(*parts[0], *parts[1])
+    np.testing.assert_allclose(o / l[:, None], A.softmax_spec(s) @ v, rtol=1e-12)
+    empty = (np.full(5, -np.inf), np.zeros(5), np.zeros((5, 6)))
+    m2, l2, o2 = A.merge_partials(*parts[0], *empty)
+    assert np.array_equal(m2, parts[0][0]) and np.allclose(o2, parts[0][2])
+
+
+def test_attention_spec_and_its_log_sum_exp(rng):
+    q, k, v = (rng.standard_normal((2, 3, 12, 8)) for _ in range(3))
+    for causal in (False, True):
+        o, lse = A.attention_spec(q, k, v, causal=causal)
+        s = A.scores_spec(q, k, causal=causal)
+        np.testing.assert_allclose(o, A.softmax_spec(s) @ v, rtol=1e-12)
+        np.testing.assert_allclose(lse, np.log(np.exp(s).sum(-1)), rtol=1e-12)
+    o, _ = A.attention_spec(q, k, v, causal=True)
+    np.testing.assert_allclose(o[..., 0, :], v[..., 0, :], rtol=1e-12)  # the first query sees only the first key
+    with pytest.raises(runtime.CourseInputError, match="one shape"):
+        A.attention_spec(q, k[..., :4], v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_spec_against_finite_differences(rng, causal):
+    q, k, v, do = (rng.standard_normal((1, 2, 7, 4)) for _ in range(4))
+    grads = A.attention_backward_spec(q, k, v, do, causal=causal)
+    eps = 1e-6
+    for which, g in enumerate(grads):
+        for idx in [(0, 0, 3, 1), (0, 1, 6, 2), (0, 1, 0, 0)]:
+            args = [q.copy(), k.copy(), v.copy()]
+            args[which][idx] += eps
+            up = (A.attention_spec(*args, causal=causal)[0] * do).sum()
+            args[which][idx] -= 2 * eps
+            down = (A.attention_spec(*args, causal=causal)[0] * do).sum()
+            assert g[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
+
+
+def test_flops_bytes_and_bound():
+    assert A.attention_flops(1, 1, 1024, 64) == 4 * 1024 * 1024 * 64
+    assert A.attention_flops(2, 3, 100, 8, causal=True) == 2 * 3 * 100 * 100 * 8 * 2
+    assert A.attention_flops(1, 1, 10, 8, backward=True) == 2.5 * 4 * 100 * 8
+    fused, unfused = A.attention_bytes(1, 16, 4096, 128), A.attention_bytes(1, 16, 4096, 128, fused=False)
+    assert unfused > 10 * fused
+    b = A.bound(A.attention_flops(1, 16, 4096, 128), fused, 800, 3000)
+    assert b["bound"] == "compute" and b["floor_s"] == b["compute_s"]
+    assert A.bound(1e9, 1e9, 800, 3000)["bound"] == "memory"
+    with pytest.raises(runtime.CourseInputError):
+        A.bound(1, 0, 800, 3000)
+
+
+# ------------------------------------------------------------------------------------ numba kernels
+
+@pytest.mark.parametrize("kernel", ["three_pass", "online"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_numba_softmax(rng, kernel, dtype):
+    x = (rng.standard_normal((3, 300 if not runtime.is_gpu() else 5000)) * 4).astype(dtype)
+    x[1] = -np.inf
+    d = cuda.to_device(x)
+    o = cuda.to_device(np.full_like(x, np.nan))
+    A.softmax(d, o, kernel)
+    got = o.copy_to_host()
+    np.testing.assert_allclose(got, A.softmax_spec(x), atol=2e-3 if dtype == np.float16 else 1e-6)
+    assert np.array_equal(got[1], np.zeros_like(got[1]))
+
+
+def test_softmax_refuses_bad_input(rng):
+    x = cuda.to_device(np.zeros((2, 8), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="out has shape"):
+        A.softmax(x, cuda.to_device(np.zeros((2, 9), np.float32)))
+    with pytest.raises(runtime.CourseInputError, match="float32 or both float16"):
+        A.softmax(x, cuda.to_device(np.zeros((2, 8), np.float64)))
+    with pytest.raises(runtime.CourseInputError, match="kernel is one of"):
+        A.softmax(x, cuda.to_device(np.zeros((2, 8), np.float32)), "four_pass")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 40, 16), (1, 65, 8)])
+def test_numba_flash_forward(rng, causal, shape):
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    o = cuda.to_device(np.full(shape, np.nan, np.float32))
+    lse = cuda.to_device(np.full(shape[:2], np.nan, np.float32))
+    A.flash_numba(cuda.to_device(q), cuda.to_device(k), cuda.to_device(v), o, lse, causal=causal)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    np.testing.assert_allclose(o.copy_to_host(), ro, atol=2e-5)
+    np.testing.assert_allclose(lse.copy_to_host(), rl, atol=2e-5)
+
+
+def test_numba_flash_refuses_bad_input(rng):
+    a = cuda.to_device(np.zeros((1, 4, 8), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="o must be"):
+        A.flash_numba(a, a, a, cuda.to_device(np.zeros((1, 4, 4), np.float32)), cuda.to_device(np.zeros((1, 4), np.float32)))
+    big = cuda.to_device(np.zeros((1, 2, 256), np.float32))
+    with pytest.raises(runtime.CourseInputError, match="larger than"):
+        A.flash_numba(big, big, big, big, cuda.to_device(np.zeros((1, 2), np.float32)))
+
+
+# ------------------------------------------------------------------------------------ CUDA C
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_cuda_c_compiles_and_uses_the_tensor_cores(arch):
+    ptx = cuda_c.compile_ptx("attention", arch)
+    for name in ("softmax_online_f32", "softmax_online_f16", "softmax_three_pass_f32", "flash_wmma_d64",
+                 "flash_wmma_d128_causal"):
+        assert f".entry {name}(" in ptx
+    flash = cuda_c.ptx_entry(ptx, "flash_wmma_d128")
+    assert "mma.sync" in flash and "cp.async" in flash  # WMMA's tensor-core instructions; the async tile copies
+    assert re.search(r"ld\.global(\.nc)?\.v4", cuda_c.ptx_entry(ptx, "softmax_online_f16"))  # 16-byte loads
+
+
+def test_every_region_compiles_when_edited():
+    """A notebook cell's version of a region compiles in its place: the regions are whole pieces of code."""
+    for name in cuda_c.regions("attention"):
+        ptx = cuda_c.compile_ptx("attention", "sm_80", edits={name: cuda_c.region("attention", name)})
+        assert ".entry flash_wmma_d64(" in ptx
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["three_pass", "online"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", [1024, 4096, 32768])
+def test_cuda_c_softmax_on_gpu(rng, kernel, dtype, n):
+    cp = runtime.cupy()
+    x = (rng.standard_normal((6, n)) * 4).astype(dtype)
+    x[2] = -np.inf
+    g = cp.asarray(x)
+    o = cp.full_like(g, cp.nan)
+    A.softmax_cuda_c(g, o, kernel)
+    got = o.get().astype(np.float64)
+    np.testing.assert_allclose(got, A.softmax_spec(x), atol=2e-3 if dtype == "float16" else 1e-6, rtol=1e-3)
+    assert np.array_equal(got[2], np.zeros(n))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 256), (2, 3, 200), (1, 1, 1000)])
+def test_wmma_flash_on_gpu(rng, d, causal, shape):
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((*shape, d)).astype(np.float16) for _ in range(3))
+    o, lse = A.flash_wmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+    assert err < 1e-2, err
+    np.testing.assert_allclose(lse.get(), rl, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_wmma_flash_refuses_bad_input():
+    cp = runtime.cupy()
+    a = cp.zeros((1, 1, 64, 96), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="head dim 96"):
+        A.flash_wmma(a, a, a)
+    with pytest.raises(runtime.CourseInputError, match="float16"):
+        b = cp.zeros((1, 1, 64, 64), cp.float32)
+        A.flash_wmma(b, b, b)
+
+
+@pytest.mark.gpu
+def test_naive_attention_and_its_refusal(rng):
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((1, 2, 300, 64)).astype(np.float16) for _ in range(3))
+    o, p = A.naive_attention(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True)
+    ro, _ = A.attention_spec(q, k, v, causal=True)
+    assert np.abs(o.get() - ro).max() < 2e-2
+    with pytest.raises(runtime.CourseError, match="needs .* GiB for S and P"):
+        A.check_fits(64, 64, 2**20)
+
+
+# ------------------------------------------------------------------------------------ Triton
+
+TRITON_CHECK = r"""
+import os, sys
+import numpy as np
+import torch
+sys.path.insert(0, {root!r})
+from kernels.attention import specs as A, triton_kernels as T
+rng = np.random.default_rng(0)
+dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+for B, H, N, D, causal in {cases!r}:
+    q, k, v, do = (rng.standard_normal((B, H, N, D)).astype(np.float16) for _ in range(4))
+    t = [torch.from_numpy(x).to(dev) for x in (q, k, v, do)]
+    o, lse = T.flash_forward(*t[:3], causal=causal)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    e_o = float(np.abs(o.float().cpu().numpy() - ro).max() / np.abs(ro).max())
+    e_l = float(np.abs(lse.cpu().numpy() - rl).max())
+    grads = T.flash_backward(*t[:3], o, lse, t[3], causal=causal)
+    refs = A.attention_backward_spec(q, k, v, do, causal=causal)
+    e_g = max(float(np.abs(g.float().cpu().numpy() - r).max() / np.abs(r).max()) for g, r in zip(grads, refs))
+    ts = [x.float().requires_grad_() for x in t[:3]]
+    torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal).backward(t[3].float())
+    e_t = max(float((g.float() - x.grad).abs().max() / x.grad.abs().max()) for g, x in zip(grads, ts))
+    print(B, H, N, D, causal, e_o, e_l, e_g, e_t)
+    assert e_o < 1e-2 and e_l < 1e-2 and e_g < 2e-2 and e_t < 2e-2, (e_o, e_l, e_g, e_t)
+print("ok")
+"""
+
+
+def _triton_env():
+    from kernels.attention import triton_kernels as T
+
+    why = T.available()
+    if why:
+        pytest.skip(why)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if not runtime.is_gpu():
+        env["TRITON_INTERPRET"] = "1"  # Triton's interpreter: the kernels on PyTorch CPU tensors
+    return env
+
+
+def test_triton_forward_and_backward_against_numpy_and_autograd():
+    """In a fresh Python (TRITON_INTERPRET must be set before triton is imported): forward output and log-sum-exp
+    against NumPy, the gradients against NumPy and against PyTorch's autograd, causal and not, N not a multiple of
+    the tile."""
+    cases = [(1, 2, 40, 16, False), (2, 1, 48, 32, True), (1, 1, 33, 16, True)]
+    if runtime.is_gpu():
+        cases += [(2, 4, 1000, 64, True), (1, 2, 512, 128, False)]
+    done = subprocess.run([sys.executable, "-c", TRITON_CHECK.format(root=str(ROOT), cases=cases)],
+                          env=_triton_env(), capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+
+
+def test_triton_refuses_bad_input():
+    _triton_env()
+    import torch
+
+    from kernels.attention import triton_kernels as T
+
+    a = torch.zeros((1, 1, 16, 24), dtype=torch.float16)
+    with pytest.raises(runtime.CourseInputError, match="head dim 24"):
+        T.flash_forward(a, a, a)
+    b = torch.zeros((1, 1, 16, 16), dtype=torch.float32)
+    with pytest.raises(runtime.CourseInputError, match="float16 or bfloat16"):
+        T.flash_forward(b, b, b)
+    with pytest.raises(runtime.CourseInputError, match="PyTorch tensor"):
+        T.flash_forward(np.zeros((1, 1, 16, 16)), b, b)
