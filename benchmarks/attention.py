@@ -181,16 +181,16 @@ def measure_memory(n: int = 16384, batch: int = 2, heads: int = HEADS, d: int = 
     need = 4 * batch * heads * n * d * 2 + batch * heads * n * 4
     rows = {}
     for name, fwd in _flash_kernels(torch, False).items():
-        pool.free_all_blocks()
+        q, k, v = (cp.random.standard_normal((batch, heads, n, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+        pool.free_all_blocks()  # the float32 draws' blocks: not the kernel's
         if torch is not None:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        base = pool.total_bytes()
-        q, k, v = (cp.random.standard_normal((batch, heads, n, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
+        base = pool.total_bytes()  # q, k and v themselves
         res = fwd(q, k, v)
         cp.cuda.Device().synchronize()
-        peak = pool.total_bytes() - base + (torch.cuda.max_memory_allocated() if torch is not None else 0)
-        rows[name] = {"peak_bytes": peak, "of_needed": peak / need}
+        peak = pool.total_bytes() + (torch.cuda.max_memory_allocated() if torch is not None else 0)
+        rows[name] = {"peak_bytes": peak, "inputs_bytes": base, "of_needed": peak / need}
         del q, k, v, res
     pool.free_all_blocks()
     return {"N": n, "batch": batch, "heads": heads, "d": d, "needed_bytes": need, "rows": rows}

@@ -16,7 +16,7 @@ cuda = runtime.cuda()
 SOURCE = "attention"
 BLOCK_M, BLOCK_N, MAX_D = 32, 32, 128  # the numba kernel: query rows a block, keys a tile, the largest head dim
 WMMA_HEAD_DIMS = (64, 128)
-WMMA_WARPS, WMMA_BLOCK_N = 4, 64
+WMMA_WARPS, WMMA_BLOCK_N = 8, 64
 LOG2E = 1.4426950408889634
 
 
@@ -86,11 +86,10 @@ def flash_numba(q, k, v, o, lse, *, causal: bool = False, scale=None, kernel=Non
 
 
 def wmma_smem_bytes(d: int, warps: int = WMMA_WARPS) -> int:
-    """Shared memory of one block of the WMMA kernel (FlashSmem in attention.cu): Q, two stages of K and V, the warps'
-    scores (float) and probabilities (half), three floats a row, and the 16 x 16 row map."""
+    """Shared memory of one block of the WMMA kernel (FlashSmem in attention.cu): two stages of K and V; Q's tile,
+    whose bytes then hold the warps' scores S (float) and probabilities P (half); three floats a row; the row map."""
     bm, ld = 16 * warps, d + 8
-    return bm * ld * 2 + 2 * 2 * WMMA_BLOCK_N * ld * 2 + warps * 16 * 68 * 4 + warps * 16 * 72 * 2 + warps * 16 * 12 \
-        + 16 * 16 * 4
+    return 2 * 2 * WMMA_BLOCK_N * ld * 2 + max(bm * ld * 2, warps * 16 * 68 * 4) + 3 * bm * 4 + 16 * 16 * 4
 
 
 def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None = None) -> tuple:

@@ -113,13 +113,15 @@ def softmax(x, out, kernel: str = "online"):
     return out
 
 
-def online_threads(n: int, dtype) -> int:
-    """The CUDA C one-pass kernel's block for rows of n: about four 16-byte loads a thread, at most 1024 threads."""
+def online_threads(n: int, dtype, loads: int | None = None) -> int:
+    """The CUDA C one-pass kernel's block for rows of n: ``loads`` 16-byte loads a thread (default: all the kernel
+    holds, so that a block's registers stay few and several blocks share an SM), at most 1024 threads."""
     per = 16 // np.dtype(dtype).itemsize
-    return int(min(1024, max(32, 32 * math.ceil(math.ceil(n / per / 4) / 32))))
+    loads = loads or ONLINE_VECS[np.dtype(dtype).name]
+    return int(min(1024, max(32, 32 * math.ceil(math.ceil(n / per / loads) / 32))))
 
 
-def softmax_cuda_c(x, out, kernel: str = "online", edits: dict | None = None):
+def softmax_cuda_c(x, out, kernel: str = "online", edits: dict | None = None, threads: int | None = None):
     """Row softmax with the CUDA C kernels on CuPy arrays (2-D, contiguous, float32 or float16); ``edits``: a
     notebook cell's version of a region of attention.cu. The one-pass kernel needs n a multiple of 16 bytes' worth
     of elements and at most 32k of them; returns out."""
@@ -135,9 +137,12 @@ def softmax_cuda_c(x, out, kernel: str = "online", edits: dict | None = None):
         if n % per or n > MAX_ROW or x.data.ptr % 16 or out.data.ptr % 16:
             raise runtime.CourseInputError(f"the one-pass kernel takes rows of a multiple of {per} elements up to "
                                            f"{MAX_ROW}, 16-byte aligned; got {n}")
-        threads = online_threads(n, x.dtype)
+        threads = threads or online_threads(n, x.dtype)
+        if threads * ONLINE_VECS[np.dtype(x.dtype).name] * per < n or threads % 32 or threads > 1024:
+            raise runtime.CourseInputError(f"{threads} threads cannot hold a row of {n} (at most "
+                                           f"{ONLINE_VECS[np.dtype(x.dtype).name] * per} elements a thread)")
     else:
-        threads = 256
+        threads = threads or 256
     fn = cuda_c.function(SOURCE, CUDA_C[(kernel, np.dtype(x.dtype).name)], edits)
     fn((rows,), (threads,), (x, out, np.int32(n)))
     return out

@@ -66,146 +66,12 @@ def _mend_interpreter() -> None:
     interpreter._gpucourse_mended = True
 
 
-_KERNELS: dict = {}
+def kernels():
+    """The @triton.jit kernels (kernels/attention/triton_jit.py), imported on first use."""
+    _lib()
+    from . import triton_jit
 
-
-def kernels() -> dict:
-    """The @triton.jit kernels, defined on first use (triton is imported only then)."""
-    if _KERNELS:
-        return _KERNELS
-    torch, triton, tl = _lib()
-
-    @triton.jit
-    def flash_forward(Q, K, V, O, LSE, qk_scale, N,
-                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        # One program per (BLOCK_M rows of Q, one batch x head). qk_scale = scale * log2(e): the exponentials are
-        # exp2, and lse is turned back into a natural log at the end.
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, HEAD_DIM)
-        base = bh.to(tl.int64) * N * HEAD_DIM
-        q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=offs_m[:, None] < N, other=0.0)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of each row (log2 units)
-        l_i = tl.zeros([BLOCK_M], tl.float32)                # running sum of exp2(s - m_i)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)      # running sum of exp2(s - m_i) v
-        hi = N
-        if CAUSAL:  # no tile above the diagonal (the keys past N, if any, are masked)
-            hi = (start_m + 1) * BLOCK_M
-        for start_n in range(0, hi, BLOCK_N):
-            cols = start_n + offs_n
-            k = tl.load(K + base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=cols[:, None] < N, other=0.0)
-            v = tl.load(V + base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=cols[:, None] < N, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * qk_scale
-            keep = cols[None, :] < N
-            if CAUSAL:
-                keep = keep & (cols[None, :] <= offs_m[:, None])
-            s = tl.where(keep, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that has seen no key yet
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        out = tl.where(l_i[:, None] > 0, acc / l_safe[:, None], 0.0)
-        lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, float("-inf"))
-        tl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=offs_m[:, None] < N)
-        tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=offs_m < N)
-
-    @triton.jit
-    def backward_preprocess(O, DO, Delta, N, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-        # D_i = sum_d dO_id O_id: the term every dS of row i subtracts.
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        base = bh.to(tl.int64) * N * HEAD_DIM
-        mask = offs_m[:, None] < N
-        o = tl.load(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-        do = tl.load(DO + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
-        tl.store(Delta + bh.to(tl.int64) * N + offs_m, tl.sum(o * do, 1), mask=offs_m < N)
-
-    @triton.jit
-    def backward_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, scale, N,
-                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        # One program per (BLOCK_N keys, one batch x head): dV and dK of those keys, summed over every query block
-        # that sees them; P recomputed from the saved log-sum-exp (lesson 8's recomputation: no N x N matrix).
-        start_n = tl.program_id(0)
-        bh = tl.program_id(1)
-        offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_m0 = tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        base = bh.to(tl.int64) * N * HEAD_DIM
-        kv_mask = offs_n[:, None] < N
-        k = tl.load(K + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=kv_mask, other=0.0)
-        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        lo = 0
-        if CAUSAL:  # queries before these keys see none of them
-            lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M
-        for start_m in range(lo, N, BLOCK_M):
-            offs_m = start_m + offs_m0
-            q_mask = offs_m[:, None] < N
-            q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0)
-            do = tl.load(DO + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0)
-            lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
-            delta = tl.load(Delta + bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale  # (BLOCK_M, BLOCK_N)
-            keep = (offs_m[:, None] < N) & (offs_n[None, :] < N)
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.where(keep, tl.exp2((s - lse[:, None]) * 1.4426950408889634), 0.0)
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do)
-            dp = tl.dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q)
-        tl.store(DK + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
-                 mask=kv_mask)
-        tl.store(DV + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
-
-    @triton.jit
-    def backward_dq(Q, K, V, DO, LSE, Delta, DQ, scale, N,
-                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-        # One program per (BLOCK_M queries, one batch x head): dQ = sum over key blocks of dS K * scale.
-        start_m = tl.program_id(0)
-        bh = tl.program_id(1)
-        offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n0 = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, HEAD_DIM)
-        base = bh.to(tl.int64) * N * HEAD_DIM
-        q_mask = offs_m[:, None] < N
-        q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=q_mask, other=0.0)
-        lse = tl.load(LSE + bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
-        delta = tl.load(Delta + bh.to(tl.int64) * N + offs_m, mask=offs_m < N, other=0.0)
-        dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        hi = N
-        if CAUSAL:
-            hi = (start_m + 1) * BLOCK_M
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            kv_mask = offs_n[:, None] < N
-            k = tl.load(K + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + base + offs_n[:, None] * HEAD_DIM + offs_d[None, :], mask=kv_mask, other=0.0)
-            s = tl.dot(q, tl.trans(k)) * scale
-            keep = (offs_m[:, None] < N) & (offs_n[None, :] < N)
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.where(keep, tl.exp2((s - lse[:, None]) * 1.4426950408889634), 0.0)
-            dp = tl.dot(do, tl.trans(v))
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k)
-        tl.store(DQ + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-                 mask=q_mask)
-
-    _KERNELS.update(flash_forward=flash_forward, backward_preprocess=backward_preprocess,
-                    backward_dkdv=backward_dkdv, backward_dq=backward_dq)
-    return _KERNELS
+    return vars(triton_jit)
 
 
 HEAD_DIMS = (16, 32, 64, 128)
@@ -229,10 +95,6 @@ def _check(q, k, v, what: str):
         raise runtime.CourseInputError(f"{what}: q, k, v must be contiguous")
 
 
-def _blocks(d: int, n: int, on_gpu: bool) -> tuple:
-    if not on_gpu:  # the interpreter: small tiles, fast enough on a CPU
-        return 16, 16, 1, 1
-    return (128, 64, 4, 3) if d <= 64 else (128, 64, 8, 2)  # BLOCK_M, BLOCK_N, warps, stages (tuned on an H100)
 
 
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
@@ -242,14 +104,17 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     _check(q, k, v, "flash_forward")
     B, H, N, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    bm, bn, warps, stages = _blocks(D, N, q.is_cuda)
-    bm, bn = block_m or bm, block_n or bn
     o = torch.empty_like(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(N, bm), B * H)
-    extra = {"num_warps": warps, "num_stages": stages} if q.is_cuda else {}
-    kernels()["flash_forward"][grid](q, k, v, o, lse, scale * LOG2E, N, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
-                                     CAUSAL=bool(causal), **extra)
+    ks = kernels()
+    args = (q, k, v, o, lse, scale * LOG2E, N)
+    if q.is_cuda and not (block_m or block_n):
+        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+        ks["flash_forward_tuned"][grid](*args, HEAD_DIM=D, CAUSAL=bool(causal), EVEN_N=N % 128 == 0)
+    else:  # the interpreter, or tiles asked for
+        bm, bn = block_m or 16, block_n or 16
+        ks["flash_forward"][(triton.cdiv(N, bm), B * H)](*args, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
+                                                          CAUSAL=bool(causal), EVEN_N=N % bn == 0)
     return o, lse
 
 
@@ -260,18 +125,21 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> 
     _check(q, k, v, "flash_backward")
     B, H, N, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    bm, bn, warps, stages = _blocks(D, N, q.is_cuda)
-    if q.is_cuda:
-        bm, bn = 64, 64
     delta = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    extra = {"num_warps": 4 if D <= 64 else 8, "num_stages": 2} if q.is_cuda else {}
+    do = do.contiguous()
     ks = kernels()
-    ks["backward_preprocess"][(triton.cdiv(N, bm), B * H)](o, do.contiguous(), delta, N, HEAD_DIM=D, BLOCK_M=bm)
-    ks["backward_dkdv"][(triton.cdiv(N, bn), B * H)](q, k, v, do.contiguous(), lse, delta, dk, dv, scale, N,
-                                                      HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), **extra)
-    ks["backward_dq"][(triton.cdiv(N, bm), B * H)](q, k, v, do.contiguous(), lse, delta, dq, scale, N,
-                                                    HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=bool(causal), **extra)
+    ks["backward_preprocess"][(triton.cdiv(N, 64), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=64)
+    if q.is_cuda:
+        dkdv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
+        dq_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+        ks["backward_dkdv_tuned"][dkdv_grid](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D, CAUSAL=bool(causal))
+        ks["backward_dq_tuned"][dq_grid](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D, CAUSAL=bool(causal))
+    else:
+        ks["backward_dkdv"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D,
+                                                          BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal))
+        ks["backward_dq"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D,
+                                                        BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal))
     return dq, dk, dv
 
 

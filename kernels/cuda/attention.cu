@@ -146,21 +146,23 @@ extern "C" __global__ void softmax_online_f16(const __half* x, __half* y, int n)
 // ----------------------------------------------------------------------------- FlashAttention, WMMA
 
 // One block: BLOCK_M = 16 x WARPS query rows of one (batch, head), WARPS warps, each owning 16 rows. Keys and values
-// come in tiles of BLOCK_N = 64 through shared memory, two tiles in flight (cp.async). Per tile, per warp:
-//   S = Q K^T (16 x 64, four 16 x 16 accumulators, on the tensor cores) -> shared memory;
+// come in tiles of BLOCK_N = 64 through shared memory, two tiles in flight (cp.async). Each warp keeps its rows of Q
+// in registers (WMMA fragments) and, per tile:
+//   S = Q K^T (16 x 64: four 16 x 16 accumulators, on the tensor cores) -> shared memory;
 //   the online softmax of its 16 rows (two lanes a row): the tile's max, the new running max, P = exp(S - max) as
-//   half into shared memory, the running sum, and alpha = exp(old max - new max) for each row;
+//   half over S's own bytes, the running sum, and alpha = exp(old max - new max) for each row;
 //   O = alpha O + P V (the accumulators rescaled row by row in registers, then P V on the tensor cores).
 // The accumulators' layout is not documented by the WMMA API, so the kernel learns it: it loads a matrix whose
 // entry (r, c) is r into an accumulator fragment, and then knows the row of each of a lane's elements.
 template <int D, int WARPS>
 struct FlashSmem {
     static constexpr int BM = 16 * WARPS, BN = 64, LD = D + 8;  // +8 halves: rows not 128 bytes apart (bank conflicts)
-    static constexpr int LDS = BN + 4, LDP = BN + 8;
-    static constexpr size_t q = (size_t)BM * LD * 2, kv = (size_t)2 * 2 * BN * LD * 2;  // Q; K and V, two stages
-    static constexpr size_t s = (size_t)WARPS * 16 * LDS * 4, p = (size_t)WARPS * 16 * LDP * 2;
-    static constexpr size_t row = (size_t)WARPS * 16 * 4 * 3;  // m, l, alpha per row
-    static constexpr size_t bytes = q + kv + s + p + row + 16 * 16 * 4;
+    static constexpr int LDS = BN + 4;                          // a row of S: 64 floats and 4 of padding
+    static constexpr size_t kv = (size_t)2 * 2 * BN * LD * 2;   // K and V, two stages
+    static constexpr size_t q = (size_t)BM * LD * 2, s = (size_t)WARPS * 16 * LDS * 4;
+    static constexpr size_t qs = q > s ? q : s;                 // Q's tile, then (once in registers) the warps' S and P
+    static constexpr size_t row = (size_t)3 * BM * 4;           // m, l, alpha per row
+    static constexpr size_t bytes = kv + qs + row + 16 * 16 * 4;
 };
 
 template <int D, int WARPS>
@@ -180,14 +182,12 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
                               half* __restrict__ O, float* __restrict__ LSE, int N, float scale_log2)
 {
     using S_ = FlashSmem<D, WARPS>;
-    constexpr int BM = S_::BM, BN = S_::BN, LD = S_::LD, LDS = S_::LDS, LDP = S_::LDP, DF = D / 16;
+    constexpr int BM = S_::BM, BN = S_::BN, LD = S_::LD, LDS = S_::LDS, DF = D / 16;
     extern __shared__ __align__(128) unsigned char smem[];
-    half* q_s = reinterpret_cast<half*>(smem);
-    half* kv_s = reinterpret_cast<half*>(smem + S_::q);                   // [stage][K or V][BN][LD]
-    float* s_s = reinterpret_cast<float*>(smem + S_::q + S_::kv);         // [warp][16][LDS]
-    half* p_s = reinterpret_cast<half*>(smem + S_::q + S_::kv + S_::s);   // [warp][16][LDP]
-    float* row_s = reinterpret_cast<float*>(smem + S_::q + S_::kv + S_::s + S_::p);  // m, l, alpha: [3][BM]
-    float* map_s = row_s + 3 * BM;                                        // 16 x 16: entry (r, c) = r
+    half* kv_s = reinterpret_cast<half*>(smem);                          // [stage][K or V][BN][LD]
+    half* q_s = reinterpret_cast<half*>(smem + S_::kv);                  // Q's tile; later S and P
+    float* row_s = reinterpret_cast<float*>(smem + S_::kv + S_::qs);     // m, l, alpha: [3][BM]
+    float* map_s = row_s + 3 * BM;                                       // 16 x 16: entry (r, c) = r
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const size_t base = (size_t)blockIdx.y * N * D;
@@ -202,15 +202,19 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
     cp_async_commit();
     for (int i = threadIdx.x; i < 256; i += WARPS * 32) map_s[i] = (float)(i / 16);
     for (int i = threadIdx.x; i < BM; i += WARPS * 32) { row_s[i] = NEG_INF; row_s[BM + i] = 0.0f; }
+    cp_async_wait<0>();
     __syncthreads();
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> rowmap;  // the row of each of this lane's elements
     wmma::load_matrix_sync(rowmap, map_s, 16, wmma::mem_row_major);
-
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> qf[DF];  // this warp's 16 rows of Q
+#pragma unroll
+    for (int kk = 0; kk < DF; ++kk) wmma::load_matrix_sync(qf[kk], q_s + warp * 16 * LD + kk * 16, LD);
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[DF];
 #pragma unroll
     for (int j = 0; j < DF; ++j) wmma::fill_fragment(o[j], 0.0f);
-    float* s_w = s_s + warp * 16 * LDS;
-    half* p_w = p_s + warp * 16 * LDP;
+    __syncthreads();  // every warp holds its Q: the tile's bytes become the warps' S and P
+    float* s_w = reinterpret_cast<float*>(q_s) + warp * 16 * LDS;
+    half* p_w = reinterpret_cast<half*>(s_w);  // P over S's bytes: row r of P starts where row r of S does
     float *m_w = row_s + warp * 16, *l_w = row_s + BM + warp * 16, *a_w = row_s + 2 * BM + warp * 16;
 
     for (int t = 0; t < tiles; ++t) {
@@ -231,11 +235,9 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
             wmma::fill_fragment(s, 0.0f);
 #pragma unroll
             for (int kk = 0; kk < DF; ++kk) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;  // K^T: K's rows are its columns
-                wmma::load_matrix_sync(a, q_s + warp * 16 * LD + kk * 16, LD);
                 wmma::load_matrix_sync(b, k_t + c * 16 * LD + kk * 16, LD);
-                wmma::mma_sync(s, a, b, s);
+                wmma::mma_sync(s, qf[kk], b, s);
             }
             wmma::store_matrix_sync(s_w + c * 16, s, LDS, wmma::mem_row_major);
         }
@@ -254,16 +256,16 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
             tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffff, tmax, 1));
             const float m_old = m_w[r], m_new = fmaxf(m_old, tmax);
             const float shift = m_new == NEG_INF ? 0.0f : m_new;
+            __syncwarp();  // every lane has read its S before P overwrites those bytes
             float sum = 0.0f;
 #pragma unroll
             for (int c = 0; c < 32; ++c) {
                 const float p = exp2f(sv[c] - shift);
                 sum += p;
-                p_w[r * LDP + c0 + c] = __float2half(p);
+                p_w[r * 2 * LDS + c0 + c] = __float2half(p);
             }
             sum += __shfl_xor_sync(0xffffffff, sum, 1);
             const float alpha = exp2f(m_old - shift);  // 0 on the first tile a row sees (m_old = -inf)
-            __syncwarp();
             if (lane % 2 == 0) { a_w[r] = alpha; l_w[r] = l_w[r] * alpha + sum; m_w[r] = m_new; }
         }
         __syncwarp();
@@ -276,7 +278,7 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;
-            wmma::load_matrix_sync(a, p_w + kk * 16, LDP);
+            wmma::load_matrix_sync(a, p_w + kk * 16, 2 * LDS);
 #pragma unroll
             for (int j = 0; j < DF; ++j) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::row_major> b;
@@ -286,7 +288,7 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
         }
         __syncthreads();  // every warp is done with this stage before it is overwritten
     }
-    // the output, normalised once; the log-sum-exp (natural log) for the backward pass
+    // the output, normalised once, through the warp's S area 64 columns at a time; the log-sum-exp (natural log)
 #pragma unroll
     for (int j = 0; j < DF; ++j) {
 #pragma unroll
@@ -295,7 +297,7 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
             o[j].x[e] = l > 0.0f ? o[j].x[e] / l : 0.0f;
         }
         wmma::store_matrix_sync(s_w + (j * 16) % BN, o[j], LDS, wmma::mem_row_major);
-        if ((j * 16 + 16) % BN == 0 || j == DF - 1) {  // the staged 16 x 64 (or less) goes out as half
+        if ((j * 16 + 16) % BN == 0 || j == DF - 1) {
             __syncwarp();
             const int c_first = (j * 16 / BN) * BN, width = min(BN, D - c_first);
             for (int i = lane; i < 16 * width; i += 32) {
@@ -319,7 +321,7 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
     {                                                                                                                \
         flash_forward<D, W, C>(q, k, v, o, lse, n, scale_log2);                                                      \
     }
-FLASH(64, 4, false, flash_wmma_d64)
-FLASH(64, 4, true, flash_wmma_d64_causal)
-FLASH(128, 4, false, flash_wmma_d128)
-FLASH(128, 4, true, flash_wmma_d128_causal)
+FLASH(64, 8, false, flash_wmma_d64)
+FLASH(64, 8, true, flash_wmma_d64_causal)
+FLASH(128, 8, false, flash_wmma_d128)
+FLASH(128, 8, true, flash_wmma_d128_causal)
