@@ -4,7 +4,7 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
 * ``specs``: NumPy references in float64 (softmax three-pass and online, the merge rule of two partial softmax
   sums, attention's forward with its log-sum-exp and its backward), and what attention costs (FLOPs, bytes, which
   ceiling binds);
-* ``softmax``: row softmax kernels in numba and CUDA C (kernels/cuda/attention.cu), three-pass and one-pass;
+* ``row_softmax``: row softmax kernels in numba and CUDA C (kernels/cuda/attention.cu), three-pass and one-pass;
 * ``naive``: S = Q K^T, softmax, P V with S and P whole in memory (cuBLAS through CuPy);
 * ``flash``: FlashAttention's forward pass, a readable numba kernel and the WMMA tensor-core kernel;
 * ``triton_kernels``: the forward and the backward in Triton;
@@ -14,6 +14,6 @@ Layout everywhere: (batch, heads, N, d), contiguous; float16 on the GPU kernels.
 """
 from .specs import (attention_backward_spec, attention_bytes, attention_flops, attention_spec, bound, check_qkv,
                     merge_partials, online_softmax_spec, scores_spec, softmax_naive, softmax_spec)
-from .softmax import softmax, softmax_cuda_c, softmax_online_numba, softmax_three_pass_numba
+from .row_softmax import softmax, softmax_cuda_c, softmax_online_numba, softmax_three_pass_numba
 from .naive import check_fits, naive_attention, naive_bytes
 from .flash import flash_forward_numba, flash_numba, flash_wmma, wmma_smem_bytes

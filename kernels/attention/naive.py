@@ -6,7 +6,7 @@ import math
 
 from gpucourse import runtime
 
-from .softmax import MAX_ROW, softmax_cuda_c
+from .row_softmax import MAX_ROW, softmax_cuda_c
 from .specs import check_qkv
 
 
@@ -34,11 +34,15 @@ def naive_attention(q, k, v, *, causal: bool = False, scale=None) -> tuple:
     B, H, N, D = check_qkv(q, k, v, "naive_attention")
     check_fits(B, H, N, q.dtype.itemsize)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    s = cp.matmul(q, k.swapaxes(-1, -2))  # cuBLAS, batched: B x H x N x N
-    s *= scale
-    if causal:
-        s[..., cp.triu(cp.ones((N, N), dtype=bool), 1)] = -cp.inf
-    p = cp.empty_like(s)
+    try:
+        s = cp.matmul(q, k.swapaxes(-1, -2))  # cuBLAS, batched: B x H x N x N
+        s *= scale
+        if causal:
+            s[..., cp.triu(cp.ones((N, N), dtype=bool), 1)] = -cp.inf
+        p = cp.empty_like(s)
+    except cp.cuda.memory.OutOfMemoryError as exc:  # what check_fits could not see (the pool's own layout)
+        raise runtime.CourseError(f"naive attention at N = {N:,} ran out of GPU memory for S and P "
+                                  f"({naive_bytes(B, H, N, q.dtype.itemsize) / 2**30:.1f} GiB): {exc}") from None
     rows = s.reshape(-1, N)
     kernel = "online" if N % (16 // s.itemsize) == 0 and N <= MAX_ROW else "three_pass"
     softmax_cuda_c(rows, p.reshape(-1, N), kernel)

@@ -151,3 +151,15 @@ def backward_dq(Q, K, V, DO, LSE, Delta, DQ, scale, N,
              mask=q_mask)
 
 
+
+
+# On a GPU Triton times a few tile shapes the first time each shape of problem comes, and keeps the fastest (one of the
+# things it decides for you); the interpreter runs fixed small tiles instead (triton_kernels.py).
+FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                   for bm, bn, w, st in ((128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                                         (128, 32, 4, 4))]
+BACKWARD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
+                    for bm, bn, w, st in ((64, 64, 4, 2), (64, 128, 8, 2), (128, 64, 8, 2), (32, 64, 4, 3))]
+flash_forward_tuned = triton.autotune(FORWARD_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(flash_forward)
+backward_dkdv_tuned = triton.autotune(BACKWARD_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(backward_dkdv)
+backward_dq_tuned = triton.autotune(BACKWARD_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(backward_dq)
