@@ -98,8 +98,10 @@ def _check(q, k, v, what: str):
 
 
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
-                  block_n: int | None = None) -> tuple:
-    """(o, lse) of attention on (batch, heads, N, d) float16 tensors; lse in float32 (natural log)."""
+                  block_n: int | None = None, kernel=None) -> tuple:
+    """(o, lse) of attention on (batch, heads, N, d) float16 tensors; lse in float32 (natural log). On a GPU Triton's
+    autotuner picks the tiles; ``block_m``/``block_n`` fix them, and ``kernel`` runs another @triton.jit kernel of
+    the same signature (a notebook cell's version of triton_jit.flash_forward) with them."""
     torch, triton, _ = _lib()
     _check(q, k, v, "flash_forward")
     B, H, N, D = q.shape
@@ -108,13 +110,14 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
     ks = kernels()
     args = (q, k, v, o, lse, scale * LOG2E, N)
-    if q.is_cuda and not (block_m or block_n):
+    if q.is_cuda and not (block_m or block_n or kernel):
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
         ks["flash_forward_tuned"][grid](*args, HEAD_DIM=D, CAUSAL=bool(causal), EVEN_N=N % 128 == 0)
-    else:  # the interpreter, or tiles asked for
-        bm, bn = block_m or 16, block_n or 16
-        ks["flash_forward"][(triton.cdiv(N, bm), B * H)](*args, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
-                                                          CAUSAL=bool(causal), EVEN_N=N % bn == 0)
+    else:  # the interpreter, tiles asked for, or another kernel
+        bm, bn = block_m or (128 if q.is_cuda else 16), block_n or (64 if q.is_cuda else 16)
+        extra = {"num_warps": 8, "num_stages": 3} if q.is_cuda else {}
+        (kernel or ks["flash_forward"])[(triton.cdiv(N, bm), B * H)](*args, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
+                                                                     CAUSAL=bool(causal), EVEN_N=N % bn == 0, **extra)
     return o, lse
 
 

@@ -1,0 +1,67 @@
+"""Lesson 9's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
+(the kernels in the simulator), where the performance test is "not gradable here"; its GPU side is checked by
+grading the filled-in exercise on a GPU (tests/test_grading.py's GPU test)."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import LessonExercises, replace_in_cell
+
+
+pytestmark = [pytest.mark.lesson09, pytest.mark.slow]
+
+
+def merge_without_rescale(nb):
+    """Task 9.1: the two parts' sums and outputs added as they are, each still relative to its own max."""
+    replace_in_cell(nb, "task-9-1-merge", "return m, l1 * a1 + l2 * a2, o1 * a1[:, None] + o2 * a2[:, None]",
+                    "return m, l1 + l2, o1 + o2")
+
+
+def softmax_without_max(nb):
+    """Task 9.2: exp(x) without the max subtracted: right on small values, overflows on the large row."""
+    replace_in_cell(nb, "task-9-2-kernel", "shift = np.float32(0.0) if m == -np.inf else m", "shift = np.float32(0.0)")
+
+
+def forgets_rescale(nb):
+    """Task 9.3: the running sum is rescaled when the max grows, the output is not."""
+    replace_in_cell(nb, "task-9-3-kernel", "acc[j] = acc[j] * alpha + p * v_s[r, j]", "acc[j] = acc[j] + p * v_s[r, j]")
+
+
+def causal_loads_everything(nb):
+    """Task 9.4: every block loads every tile, mask or not."""
+    replace_in_cell(nb, "task-9-4-tiles", "last_key = min(n, (b + 1) * block_m) if causal else n", "last_key = n")
+
+
+def counts_scores_bytes(nb):
+    """Task 9.5: the bytes of S and P counted too, as if the scores went to memory."""
+    replace_in_cell(nb, "task-9-5-cost", "return flops, 4.0 * batch * heads * n * d * itemsize",
+                    "return flops, 4.0 * batch * heads * n * d * itemsize + 2.0 * batch * heads * n * n * itemsize")
+
+
+class TestExercises(LessonExercises):
+    LESSON = "09_attention"
+    NOTEBOOK = "attention.ipynb"
+    TIMEOUT = 120  # seconds per cell: Task 9.3's kernel in the simulator takes a few
+    POINTS = {"test_9_1_merge": 2, "test_9_1_empty": 1, "test_9_2_softmax": 2, "test_9_2_minus_infinity": 1,
+              "perf_9_2_softmax": 2, "test_9_3_output": 3, "test_9_3_lse": 1, "test_9_4_tiles": 2,
+              "test_9_4_fraction": 1, "test_9_5_cost": 2, "test_9_5_ridge": 1}
+    VARIANTS = {
+        merge_without_rescale: ["test_9_1_merge"],
+        softmax_without_max: ["test_9_2_softmax"],
+        forgets_rescale: ["test_9_3_output"],
+        causal_loads_everything: ["test_9_4_tiles", "test_9_4_fraction"],
+        counts_scores_bytes: ["test_9_5_cost", "test_9_5_ridge"],
+    }
+    UNANSWERED = {"test_9_1_merge": "NotImplementedError", "test_9_4_tiles": "NotImplementedError",
+                  "test_9_5_cost": "NotImplementedError", "test_9_5_ridge": "NameError"}
+    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m"]
+
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
+
+        assert "against the softmax of the whole row" in message("merge_without_rescale", "test_9_1_merge")
+        assert "softmax_rows" in message("softmax_without_max", "test_9_2_softmax")
+        assert "attention_forward's output" in message("forgets_rescale", "test_9_3_output")
+        assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_9_4_tiles")
+        assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_9_5_cost")
