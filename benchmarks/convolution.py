@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpucourse.records import Figure
 from gpucourse import bench, gpus, plots, runtime
 from kernels import convolution as cv
 from systems.convolution import cudnn
 
 LESSON = "04_convolution"
-FIGURES = ("cudnn", "layers", "fused")  # what run() records
 CONFIGS = (("float32", "fma"), ("float32", "default"), ("float16", "tensor_op"))  # (data type, cuDNN math)
 WORKSPACE_LIMITS_MIB = (0, 1, 4, 16, 64, 256, 1024)
 MIB = 2**20
@@ -477,3 +477,12 @@ def plot_tradeoff(layers: list, key: str, source: str):
         series[lt["name"]] = ([x for x, _ in pts], [y for _, y in pts])
     return plots.lines(series, xlabel="workspace limit (MiB)", ylabel="fastest algorithm within it (µs)",
                        source=source, title=f"Memory against speed ({key})", logx=False, logy=True)
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+FIGURES = {
+    "cudnn": Figure(cudnn_info),
+    "layers": Figure(all_layers),
+    "fused": Figure(fused),
+}

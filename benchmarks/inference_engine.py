@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import inference_engine_pytorch as pytorch_reference
+from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import inference_engine as E
 
 LESSON = "05_inference_engine"
-FIGURES = ("model", "engines", "calibration", "tuning", "plan", "cudnn")  # what run() records
 # run() records "pytorch" too (PyTorch beside the engine, or why not: pytorch_table); records made before it have none
 ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
     "layer by layer, FP32": (False, "fp32", False),
@@ -283,8 +283,7 @@ def run() -> tuple:
     ceilings = bench.measure_ceilings().as_dict()
     g, stages, d = load()
     engines = build_engines(stages, d)
-    figures = {"model": {"nodes": {name: len(s.nodes) for name, s in stages}, "ops": {name: s.ops() for name, s in stages},
-                         "keras_accuracy": d["keras_accuracy"], "batch": runtime.size("inference_engine.batch")}}
+    figures = {"model": measure_model()}
     figures["engines"] = engine_table(engines, d)
     figures["calibration"] = calibration_table(stages, d)
     figures["tuning"] = tuning_table(engines)
@@ -409,3 +408,57 @@ def _sources(g: E.Graph, t: str) -> list:
 
 def _short(name: str, width: int = 24) -> str:
     return name if len(name) <= width else name[:width - 1] + "…"
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+def _built() -> tuple:
+    """(graph, stages, data, engines): what every figure of the lesson measures, built once a call."""
+    g, stages, d = load()
+    return g, stages, d, build_engines(stages, d)
+
+
+def measure_model() -> dict:
+    g, stages, d = load()
+    return {"nodes": {name: len(s.nodes) for name, s in stages}, "ops": {name: s.ops() for name, s in stages},
+            "keras_accuracy": d["keras_accuracy"], "batch": runtime.size("inference_engine.batch")}
+
+
+def measure_engines() -> dict:
+    g, stages, d, engines = _built()
+    return engine_table(engines, d)
+
+
+def measure_calibration() -> dict:
+    g, stages, d = load()
+    return calibration_table(stages, d)
+
+
+def measure_tuning() -> dict:
+    return tuning_table(_built()[3])
+
+
+def measure_plan() -> dict:
+    g, stages, d, engines = _built()
+    plan, _, build_s = engines["fused + graph, FP16"]
+    return plan_round_trip(plan, d, build_s)
+
+
+def measure_cudnn() -> dict:
+    return cudnn_table(_built()[3])
+
+
+def measure_pytorch() -> dict:
+    g, stages, d, engines = _built()
+    return pytorch_table(g, engines, d)
+
+
+FIGURES = {  # run() builds the engines once for all of them; alone, each builds what it needs
+    "model": Figure(measure_model),
+    "engines": Figure(measure_engines, plot_engines, engine_text),
+    "calibration": Figure(measure_calibration),
+    "tuning": Figure(measure_tuning),
+    "plan": Figure(measure_plan),
+    "cudnn": Figure(measure_cudnn),
+    "pytorch": Figure(measure_pytorch, optional=True),
+}

@@ -482,15 +482,6 @@ def targets_met(t: dict) -> dict:
             for what, key in _comparisons(t) if key in t["speedups"]}
 
 
-def measure_or_recall(lesson: str, g: E.Graph, engines, d: dict, **kwargs) -> tuple:
-    """(table, source): measured here in GPU mode (``engines()``: the built engines), else figures["pytorch"]
-    of the lesson's newest record, which is None when PyTorch was not measured for that record."""
-    if runtime.is_gpu():
-        return table(g, engines(), d, **kwargs), f"measured here on {runtime.get().device['name']}"
-    rec = records.load(lesson)
-    return rec["figures"].get("pytorch"), records.label(rec)
-
-
 # ------------------------------------------------------------------------------------ text and plots
 
 def text(t: dict | None) -> str:

@@ -9,11 +9,11 @@ import math
 
 import numpy as np
 
+from gpucourse.records import Figure
 from gpucourse import bench, gpus, plots, runtime
 from kernels import tensor_cores as tc
 
 LESSON = "03_tensor_cores"
-FIGURES = ("peak", "kernels", "configs", "wgmma", "sizes", "errors", "accumulation")  # what run() records
 # What each wgmma configuration adds over the one before it (the notebook's "what each ingredient bought").
 WGMMA_STEPS = {
     "wgmma_128x256x64_s1_kn": "wgmma + TMA, 1 stage (copy, then compute)",
@@ -380,3 +380,29 @@ def plot_accumulation(model: dict, source: str, gpu: dict | None = None):
         series["FP16 accumulation (tensor cores)"] = (gpu["k"], gpu["gpu_fp16_acc"])
     return plots.lines(series, xlabel="K (length of each dot product)", ylabel="max error / max |C|",
                        source=source, title=f"Accumulation error against K ({model['dist']} inputs, FP16)")
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+def _best_configs() -> tuple:
+    """The fastest tiled WMMA configuration with float and with half sums (config_table), as run() picks them."""
+    rows = config_table()["rows"]
+    best = max((r for r in rows if r["acc"] == "float32"), key=lambda r: r["tflops"])
+    best16 = max((r for r in rows if r["acc"] == "float16"), key=lambda r: r["tflops"])
+    return best["name"], best16["name"]
+
+
+def measure_kernels() -> dict:
+    config, config16 = _best_configs()
+    return kernel_table(config=config, config16=config16)
+
+
+FIGURES = {  # run() records them together (the kernels and sizes use the configurations' best); alone, each
+    "peak": Figure(peak_table),  # measures what it needs
+    "kernels": Figure(measure_kernels, plot_kernels, kernel_text),
+    "configs": Figure(config_table, plot_configs),
+    "wgmma": Figure(wgmma_table, plot_wgmma, wgmma_text),
+    "sizes": Figure(lambda: size_sweep(config=_best_configs()[0]), plot_sizes),
+    "errors": Figure(lambda: error_table(config=_best_configs()[0])),
+    "accumulation": Figure(accumulation_on_gpu),
+}

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import vector_multiply as vm
 
@@ -19,7 +20,6 @@ BYTES_PER_ELEMENT = 3 * 4  # float32: read a, read b, write out
 # The kernel table and the numba sweep queue each launch behind a 1 ms hold kernel (bench.hold), so that the
 # events time the kernel and not the host's launch work (a numba launch with six arrays takes tens of µs).
 HOLD_MS = 1.0
-FIGURES = ("kernels", "grids", "numba", "transfers", "launch", "utilisation", "sweep")  # what run() records
 
 
 def _inputs(n: int):
@@ -268,3 +268,16 @@ def table_text(table: dict) -> str:
         lines.append(f"{r['name']:32} {bench.format_ms(r['median_ms']):>10} {r['gbps']:8.0f} "
                      f"{r['of_copy']:8.2f} {r['of_library']:8.2f}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+FIGURES = {  # what run() records, in this order; the notebook draws them with the plot functions above
+    "kernels": Figure(kernel_table, plot_kernels, table_text),
+    "grids": Figure(grid_sweep),
+    "numba": Figure(numba_sweep),
+    "transfers": Figure(transfer_table, plot_transfers),
+    "launch": Figure(launch_timing),
+    "utilisation": Figure(utilisation),
+    "sweep": Figure(size_sweep),
+}

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import warp_divergence as wd
 
 LESSON = "02_warp_divergence"
-FIGURES = ("order", "lanes", "data", "masks", "reductions", "reduce_grids")  # what run() records
 FRACTIONS = (0.0, 1 / 4096, 1 / 1024, 1 / 256, 1 / 64, 1 / 16, 1 / 4, 1 / 2)  # of lanes on the rare path
 BLOCKS_PER_SM = (1, 2, 4, 8, 16, 32)
 MASK_SEED, MASK_WARPS, MASK_THRESHOLD = 2, 8, 0.1
@@ -398,3 +398,15 @@ def plot_shuffle_tree():
                  "(NumPy model; blank: lanes whose values are never used)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+FIGURES = {  # what run() records, in this order
+    "order": Figure(order),
+    "lanes": Figure(lane_sweep, plot_lane_sweep),
+    "data": Figure(data_divergence, plot_data),
+    "masks": Figure(masks),
+    "reductions": Figure(reductions, plot_reductions, reduction_text),
+    "reduce_grids": Figure(reduce_grids),
+}

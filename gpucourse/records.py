@@ -157,11 +157,3 @@ def ceilings_or_recall(lesson: str) -> tuple:
         return bench.ceilings().as_dict(), f"measured here on {runtime.get().device['name']}"
     rec = load(lesson)
     return rec["ceilings"], label(rec)
-
-
-def measure_or_recall(lesson: str, key: str, measure) -> tuple:
-    """(figures, source): ``measure()`` on a GPU, else figures[key] of the lesson's newest record (the notebooks'
-    older idiom; benchmarks.figure replaces it)."""
-    if runtime.is_gpu():
-        return measure(), measured_here()
-    return recall(lesson, key)

@@ -170,7 +170,8 @@ def default_blocks_cuda_c(n: int, threads: int, variant: str) -> int:
     return min(full, 2**31 - 1)
 
 
-def multiply_cuda_c(a, b, out, *, variant: str = "vmul_vec4", threads: int = 256, blocks: int | None = None):
+def multiply_cuda_c(a, b, out, *, variant: str = "vmul_vec4", threads: int = 256, blocks: int | None = None,
+                    edits: dict | None = None):
     """Launch a CUDA C kernel from kernels/cuda/vector_multiply.cu on CuPy float32 arrays (GPU mode)."""
     runtime.require_gpu("a CUDA C kernel")
     cp = runtime.cupy()
@@ -185,7 +186,7 @@ def multiply_cuda_c(a, b, out, *, variant: str = "vmul_vec4", threads: int = 256
         if variant != "vmul_grid_stride" and x.data.ptr % 16:
             raise runtime.CourseInputError(f"{name} is not 16-byte aligned; {variant} loads float4")
     blocks = blocks or default_blocks_cuda_c(a.shape[0], threads, variant)
-    cuda_c.function("vector_multiply", variant)((blocks,), (threads,), (a, b, out, np.int64(a.shape[0])))
+    cuda_c.function("vector_multiply", variant, edits)((blocks,), (threads,), (a, b, out, np.int64(a.shape[0])))
     return out
 
 

@@ -383,6 +383,7 @@ CONV_IGEMM(64, 128, 32, 64, 3)   // 4 warps
 // the cores work on this one (two shared-memory buffers, one barrier a step). gridDim.z > 1 splits C*R*S among
 // blocks that add their partial sums into y (zeroed first): with 2 the sum 0 + a + b does not depend on the order.
 // Strict FP32: every product is an FMA on the CUDA cores.
+// region: conv_cores
 namespace cores {
 constexpr int BK = 8;
 
@@ -502,6 +503,7 @@ __device__ __forceinline__ void conv_igemm_f32(const float* __restrict__ x, cons
     }
 }
 }  // namespace cores
+// endregion
 
 // The configurations: conv_cores_<BM>x<BN>_b<B>_nchw_f32, (BM/8) x (BN/8) threads, compiled so that B blocks fit
 // on an SM (kernels/convolution.py parses the name): with B = 512 / threads, at most 128 registers a thread (16

@@ -47,6 +47,7 @@ __device__ __forceinline__ float to_acc(float v, float) { return v; }
 __device__ __forceinline__ float to_acc(half v, float) { return __half2float(v); }
 __device__ __forceinline__ int to_acc(int8 v, int) { return (int)v; }
 
+// region: epilogue
 // The epilogue of every convolution: value of output (m, k) from its accumulator.
 template <typename T, typename A>
 __device__ __forceinline__ void epilogue(A acc, long long m, int k, const float* bias, const float* scale,
@@ -88,6 +89,7 @@ __device__ __forceinline__ Tap tap(int r, int R, int C, int KH, int KW)
     t.dy = q / KW - KH / 2;
     return t;
 }
+// endregion
 
 // Element (r, m) of the implicit im2col matrix: input pixel (n, h + dy, w + dx), channel c, or zero.
 template <typename T>

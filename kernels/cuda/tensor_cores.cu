@@ -21,6 +21,7 @@ using namespace nvcuda;
 
 // ------------------------------------------------------------------------------- 1. one warp per tile
 
+// region: wmma_naive
 // Warp w computes tile (w / (N/16), w % (N/16)) of C: K/16 multiply-accumulates of 16x16x16, each reading its
 // 16x16 slices of A and B from global memory. Nothing is shared between warps except through the caches,
 // so every element of A is read N/16 times and every element of B M/16 times. M, N, K: multiples of 16.
@@ -43,6 +44,7 @@ __device__ void wmma_naive(const half* A, const half* B, Acc* C, int M, int N, i
     }
     wmma::store_matrix_sync(C + (size_t)tm * 16 * N + tn * 16, acc, N, wmma::mem_row_major);
 }
+// endregion
 
 extern "C" __global__ void wmma_naive_f32(const half* A, const half* B, float* C, int M, int N, int K)
 {
@@ -96,6 +98,7 @@ __device__ __forceinline__ void load_stage(half* As, half* Bs, const half* A, co
 // (BM/WM) x (BN/WN) warps; each warp holds (WM/16) x (WN/16) accumulator fragments. Every element of A is
 // read from global memory N/BN times (not N/16), every element of B M/BM times.
 // M, N, K: multiples of BM, BN, BK. Dynamic shared memory: TileShape<...>::SMEM_BYTES.
+// region: wmma_tiled
 template <int BM, int BN, int BK, int WM, int WN, int STAGES, typename Acc>
 __device__ __forceinline__ void wmma_tiled(const half* A, const half* B, Acc* C, int M, int N, int K)
 {
@@ -175,6 +178,7 @@ __device__ __forceinline__ void wmma_tiled(const half* A, const half* B, Acc* C,
             wmma::store_matrix_sync(C + (size_t)(bm + wm * WM + i * 16) * N + bn + wn * WN + j * 16, acc[i][j],
                                     N, wmma::mem_row_major);
 }
+// endregion
 
 // The configurations the course measures, named wmma_tiled_<BM>x<BN>x<BK>_w<WM>x<WN>_s<STAGES>_<acc>.
 // kernels/tensor_cores.py parses the name for the launch shape and shared-memory size.
@@ -204,6 +208,7 @@ WMMA_TILED(128, 256, 32, 64, 64, 3, half, f16)
 
 // ------------------------------------------------------------------------- 3. FP32 SIMT, register-tiled
 
+// region: sgemm_register_tiled
 // 256 threads compute a 128 x 128 tile of C, each an 8 x 8 block of it held in 64 registers: per step of
 // k, a thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs with them. Two buffers of
 // BK = 8 slices, one barrier per step, and four details that took it from 0.84 to 0.91 of cuBLAS on an H100:
@@ -332,6 +337,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 {
     sgemm_regs<8, true, 4, true>(A, B, C, M, N, K);
 }
+// endregion
 
 // FP32 GEMM through shared memory, one output per thread (16 x 16 threads, 16 x 16 tiles): the CUDA C twin
 // of the numba kernel gemm_tiled in kernels/tensor_cores.py. Any M, N, K.

@@ -1,6 +1,7 @@
 // Lesson 1: vector multiply, out[i] = a[i] * b[i], in CUDA C.
 // Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use).
 
+// region: vmul_grid_stride
 // One thread per element at a time, striding over the whole grid: any n works with any grid.
 extern "C" __global__ void vmul_grid_stride(const float* __restrict__ a, const float* __restrict__ b,
                                             float* __restrict__ out, long long n)
@@ -9,6 +10,7 @@ extern "C" __global__ void vmul_grid_stride(const float* __restrict__ a, const f
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = a[i] * b[i];
 }
+// endregion
 
 // The same, moving 16 bytes per load and store (float4): a quarter of the memory instructions.
 // Needs a, b and out 16-byte aligned (CuPy allocations are). The last n % 4 elements go one by one.

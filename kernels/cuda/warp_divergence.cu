@@ -23,6 +23,7 @@ __device__ void record(int event, int* ticket, int* events, int* lanes, unsigned
     masks[t] = active;
 }
 
+// region: order_model
 // Lanes 0-3 run A then B, the other lanes X then Y. A writes 100 + lane into shared memory, X 200 + lane;
 // B reads the value X wrote for lane + 4 (B needs X's result, as in the lecture), and lanes 4-7 read in Y
 // what A wrote for lanes 0-3. (A and X must write different values: identical stores on both sides of a
@@ -54,6 +55,7 @@ __device__ void order_of_events(int* ticket, int* events, int* lanes, unsigned* 
     __syncwarp();                                         // reconverge explicitly after the branch
     record(4, ticket, events, lanes, masks);              // Z
 }
+// endregion
 
 extern "C" __global__ void order_no_sync(int* ticket, int* events, int* lanes, unsigned* masks, float* seen)
 {
