@@ -3,7 +3,7 @@
 softmax: every row-softmax kernel against the device-to-device copy and torch.softmax on the same data;
 naive: attention with S and P in memory, time and peak memory against N, until it refuses;
 memory: FlashAttention's peak memory against Q + K + V + O + lse;
-field: the course's kernels (WMMA, Triton, Hopper's where present) against PyTorch's scaled_dot_product_attention
+field: the course's kernels (WMMA, Triton) against PyTorch's scaled_dot_product_attention
 with each backend forced, forward and forward + backward, in TFLOP/s and as a share of the dense FP16 peak.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
 FIELD_N = (1024, 4096, 16384)
 SDPA_BACKENDS = {"cuDNN": "CUDNN_ATTENTION", "FlashAttention-2": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION"}
-GOALS = {"softmax_of_copy": 0.9, "hopper_of_fastest": 1.0, "triton_fwd_of_fa2": 0.8, "bwd_of_fastest": 0.7,
+GOALS = {"softmax_of_copy": 0.9, "triton_fwd_of_fa2": 0.8, "bwd_of_fastest": 0.7,
          "wmma_of_fastest": 0.5, "flash_memory": 1.10}
 
 
@@ -165,13 +165,6 @@ def _flash_kernels(torch, causal: bool):
         out["WMMA (CUDA C)"] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
     if torch is not None and T.available() is None:
         out["Triton"] = lambda q, k, v: T.flash_forward(T.from_cupy(q), T.from_cupy(k), T.from_cupy(v), causal=causal)
-    try:
-        from kernels.attention import hopper
-
-        if gpus.status("09.wgmma").runs:
-            out["Hopper (wgmma + TMA)"] = lambda q, k, v: hopper.flash_forward_wgmma(q, k, v, causal=causal)
-    except ImportError:
-        pass
     return out
 
 

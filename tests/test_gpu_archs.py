@@ -136,7 +136,7 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
     for n, line in by_lesson.items():
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
-        assert synchronous is (cc == "7.5" and n in (3, 4, 5)), line
+        assert synchronous is (cc == "7.5" and n in (3, 4, 5, 9)), line
         hopper = {3: "lesson 3's Hopper GEMM (wgmma fed by the TMA)",
                   4: "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)"}
         no_wgmma = n in hopper and ("all steps but 1;" in line and f"; {hopper[n]} needs wgmma (" in line

@@ -8,7 +8,8 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
 * ``naive``: S = Q K^T, softmax, P V with S and P whole in memory (cuBLAS through CuPy);
 * ``flash``: FlashAttention's forward pass, a readable numba kernel and the WMMA tensor-core kernel;
 * ``triton_kernels``: the forward and the backward in Triton;
-* ``hopper`` (where present): the Hopper kernel, wgmma fed by the TMA.
+(Hopper's own step, wgmma fed by the TMA with warp-specialised pipelines, is not here yet: the lesson shows it
+through cuDNN's kernels in the field.)
 
 Layout everywhere: (batch, heads, N, d), contiguous; float16 on the GPU kernels.
 """

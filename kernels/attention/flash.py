@@ -18,6 +18,9 @@ BLOCK_M, BLOCK_N, MAX_D = 32, 32, 128  # the numba kernel: query rows a block, k
 WMMA_HEAD_DIMS = (64, 128)
 WMMA_WARPS, WMMA_BLOCK_N = 8, 64
 LOG2E = 1.4426950408889634
+# The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
+NUMBA_KERNELS = {"flash_forward_numba": "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
+                                        "float32[:, :, ::1], float32[:, ::1], float32, boolean)"}
 
 
 @cuda.jit

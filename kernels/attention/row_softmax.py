@@ -16,6 +16,9 @@ MAX_ROW = 32768  # the CUDA C one-pass kernel keeps a row in registers: up to 32
 CUDA_C = {("three_pass", "float32"): "softmax_three_pass_f32", ("three_pass", "float16"): "softmax_three_pass_f16",
           ("online", "float32"): "softmax_online_f32", ("online", "float16"): "softmax_online_f16"}
 ONLINE_VECS = {"float32": 8, "float16": 4}  # 16-byte loads a thread holds (the kernels' VECS)
+# The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
+NUMBA_KERNELS = {name: "void(float32[:, ::1], float32[:, ::1])"
+                 for name in ("softmax_three_pass_numba", "softmax_online_numba")}
 
 
 @cuda.jit
