@@ -34,17 +34,25 @@ def naive_attention(q, k, v, *, causal: bool = False, scale=None) -> tuple:
     B, H, N, D = check_qkv(q, k, v, "naive_attention")
     check_fits(B, H, N, q.dtype.itemsize)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    q4, k4, v4 = (x.reshape(B, H, N, D) for x in (q, k, v))
     try:
-        s = cp.matmul(q, k.swapaxes(-1, -2))  # cuBLAS, batched: B x H x N x N
-        s *= scale
-        if causal:
-            s[..., cp.triu(cp.ones((N, N), dtype=bool), 1)] = -cp.inf
+        s = cp.empty((B, H, N, N), dtype=q.dtype)
         p = cp.empty_like(s)
+        o = cp.empty_like(q4)
+        for b in range(B):  # one 2-D GEMM a head: cuBLAS in FP16 (CuPy's batched matmul would work in FP32 copies)
+            for h in range(H):
+                cp.matmul(q4[b, h], k4[b, h].T, out=s[b, h])
     except cp.cuda.memory.OutOfMemoryError as exc:  # what check_fits could not see (the pool's own layout)
         raise runtime.CourseError(f"naive attention at N = {N:,} ran out of GPU memory for S and P "
                                   f"({naive_bytes(B, H, N, q.dtype.itemsize) / 2**30:.1f} GiB): {exc}") from None
+    s *= scale
+    if causal:
+        s[..., cp.triu(cp.ones((N, N), dtype=bool), 1)] = -cp.inf
     rows = s.reshape(-1, N)
     kernel = "online" if N % (16 // s.itemsize) == 0 and N <= MAX_ROW else "three_pass"
     softmax_cuda_c(rows, p.reshape(-1, N), kernel)
-    del s
-    return cp.matmul(p, v), p
+    del s, rows
+    for b in range(B):
+        for h in range(H):
+            cp.matmul(p[b, h], v4[b, h], out=o[b, h])
+    return o.reshape(q.shape), p
