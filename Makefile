@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
 
-.PHONY: setup lab test notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
+.PHONY: setup lab test test-fast check-records notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -22,8 +22,14 @@ setup: $(BIN)/.installed                ## create .venv with everything the cour
 lab: setup                              ## open the course in JupyterLab (options: make lab ARGS=--no-browser)
 	$(BIN)/python -m gpucourse lab $(ARGS)
 
-test: setup                             ## run the test suite (CPU mode without a GPU)
+test: setup                             ## run the whole test suite (CPU mode without a GPU): what CI runs
 	$(BIN)/python -m pytest
+
+test-fast: setup                        ## the unit tests alone, for day-to-day work (no notebooks, grading, hub, archs, records)
+	$(BIN)/python -m pytest -q -m "not slow and not records and not archs"
+
+check-records: setup                    ## check the committed GPU records in results/
+	$(BIN)/python -m gpucourse check-records
 
 probe: setup                            ## GPU or CPU mode, what the GPU is, which lesson steps it runs
 	$(BIN)/python -m gpucourse probe

@@ -9,6 +9,8 @@
   grade NB              grade one exercise notebook with nbgrader; print the score and feedback
   grade-class FOLDER    autograde a class's submissions into nbgrader's gradebook; CSV and feedback HTML
   exercises [--check]   generate exercises/ from solutions/ (or check they are in sync)
+  check-records         check the committed GPU records in results/ (complete, every declared figure held,
+                        each lesson's checks of its recorded figures: the tests marked "records")
   hub --instructor NAME [--students A,B,...]
                         as root: a JupyterHub for a class, with nbgrader's exchange (Ctrl-C stops it)
   release-feedback LESSON
@@ -60,6 +62,7 @@ def main(argv=None) -> int:
     klass.add_argument("--notebook-timeout", type=int, help="seconds all cells of a notebook may run (default 600)")
     klass.add_argument("--workers", type=int, help="notebooks graded at a time (default 2)")
     klass.add_argument("--json", action="store_true", help="print the reports as JSON (progress goes to stderr)")
+    sub.add_parser("check-records")
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
     # hub: the classroom route (gpucourse.classroom, README "Classroom on JupyterHub")
@@ -207,6 +210,22 @@ def _release_feedback(args) -> int:
     return classroom.release_feedback_cli(args.assignment, course_dir=args.course_dir, graded=args.graded)
 
 
-COMMANDS = {"probe": _probe, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
+def _check_records(args) -> int:
+    import benchmarks
+    from . import records
+
+    problems = records.check_all({lesson: benchmarks.figures(lesson) for lesson in benchmarks.LESSONS})
+    for lesson in benchmarks.LESSONS:
+        gpus_ = sorted({r["gpu"]["name"] for r in records.all_records(lesson)})
+        mine = [p for p in problems if p.startswith(lesson)]
+        print(f"{lesson:22} {'ok' if not mine else 'PROBLEMS'}  ({', '.join(gpus_) or 'no record'})")
+    for p in problems:
+        print(f"  {p}")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "records", "-p", "no:cacheprovider",
+                           str(ROOT / "tests")], cwd=ROOT)
+    return 1 if problems or done.returncode != 0 else 0
+
+
+COMMANDS = {"probe": _probe, "check-records": _check_records, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
             "grade": _grade, "grade-class": _grade_class, "exercises": _exercises, "hub": _hub,
             "release-feedback": _release_feedback}

@@ -157,3 +157,29 @@ def ceilings_or_recall(lesson: str) -> tuple:
         return bench.ceilings().as_dict(), f"measured here on {runtime.get().device['name']}"
     rec = load(lesson)
     return rec["ceilings"], label(rec)
+
+
+def check_all(lessons: dict) -> list:
+    """Problems with the committed records: for every lesson ({lesson: its figures registry}), a record from a real
+    GPU exists; every record is complete (format, GPU, date, versions, ceilings); and every figure the registry does
+    not call optional is held by some record of the lesson. One line each; an empty list when all is well."""
+    problems = []
+    for lesson, figures in lessons.items():
+        recs = all_records(lesson)
+        if not recs:
+            problems.append(f"{lesson}: no record in {results_dir()}")
+            continue
+        for rec in recs:
+            where = f"{lesson} ({rec['path']})"
+            if not str(rec.get("gpu", {}).get("name", "")).startswith("NVIDIA") or not rec["gpu"].get("sms"):
+                problems.append(f"{where}: no GPU named")
+            if not rec.get("date") or not rec.get("versions"):
+                problems.append(f"{where}: no date or versions")
+            c = rec.get("ceilings") or {}
+            if not (c.get("copy_gbps", 0) > 0 and c.get("fp16_tflops", 0) > 0):
+                problems.append(f"{where}: no measured ceilings")
+        held = set().union(*(r["figures"] for r in recs))
+        required = {n for n, f in figures.items() if not f.optional} if isinstance(figures, dict) else set(figures)
+        if required - held:
+            problems.append(f"{lesson}: no record holds {', '.join(sorted(required - held))}")
+    return problems

@@ -34,6 +34,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(gpu_only)
+        if item.name.startswith(("test_recorded", "test_committed_records")):  # checks of results/, not of code
+            item.add_marker(pytest.mark.records)
 
 
 @pytest.fixture

@@ -278,11 +278,11 @@ def test_every_figure_is_declared_once_with_a_measure():
     from gpucourse import records
 
     assert list(bt.FIGURES) == ["mixed_precision", "scaler_run", "recompute", "largest_batch", "data_parallel",
-                                "overlap_standin"]
+                                "overlap_standin", "launchers"]
     for name, fig in bt.FIGURES.items():
         assert isinstance(fig, records.Figure) and callable(fig.measure), name
         assert all(p.default is not p.empty for p in inspect.signature(fig.measure).parameters.values()), name
-        assert callable(fig.text) and (fig.plot is not None or name == "largest_batch"), name
+        assert callable(fig.text) and (fig.plot is not None or name in ("largest_batch", "launchers")), name
     for rec in records.all_records(bt.LESSON):
         for name in set(rec["figures"]) & set(bt.FIGURES):
             assert bt.FIGURES[name].text(rec["figures"][name]).strip(), (rec["path"], name)

@@ -36,7 +36,7 @@ import nbformat
 import pytest
 from exercise_variants import fill_in_exercise, replace_in_cell
 
-pytestmark = pytest.mark.lesson01
+pytestmark = [pytest.mark.slow, pytest.mark.lesson01]
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSON = "01_vector_multiply"

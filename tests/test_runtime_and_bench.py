@@ -231,16 +231,20 @@ def test_records_latest_and_label(tmp_path, monkeypatch):
 
 
 def test_committed_records_are_complete():
-    """Every lesson with benchmarks has a record from a real GPU, holding every figure its notebook uses."""
+    """Every lesson with benchmarks has a record from a real GPU, and its records hold every figure it declares."""
     import benchmarks
 
-    for lesson in benchmarks.LESSONS:
-        rec = records.load(lesson)
-        assert rec["gpu"]["name"].startswith("NVIDIA") and rec["gpu"]["sms"] > 0
-        figs = benchmarks.module(lesson).FIGURES
-        required = {n for n, f in figs.items() if not f.optional} if isinstance(figs, dict) else set(figs)
-        assert set(rec["figures"]) >= required, (lesson, required - set(rec["figures"]))
-        assert rec["ceilings"]["copy_gbps"] > 0 and rec["ceilings"]["fp16_tflops"] > 0
+    assert records.check_all({lesson: benchmarks.figures(lesson) for lesson in benchmarks.LESSONS}) == []
+
+
+def test_check_all_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
+    figures = {"x": records.Figure(lambda: {}), "y": records.Figure(lambda: {}, optional=True),
+               "z": records.Figure(lambda: {})}
+    assert records.check_all({"99_test": figures}) == [f"99_test: no record in {tmp_path}"]
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-21 10:00 UTC", {"x": 1})
+    problems = records.check_all({"99_test": figures})
+    assert any("no measured ceilings" in p for p in problems) and any(p.endswith("no record holds z") for p in problems)
 
 
 @pytest.mark.gpu
