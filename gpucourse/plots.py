@@ -19,14 +19,6 @@ def _plt():
     return plt
 
 
-def source_of(rec: dict | None) -> str:
-    """The label for figures: measured on this GPU now, or the record's GPU and date."""
-    from . import records, runtime
-
-    if rec is not None:
-        return records.label(rec)
-    return f"measured here on {runtime.get().device['name']}"
-
 
 def _finish(ax, title: str, source: str):
     ax.set_title(f"{title}\n{source}", fontsize=10)

@@ -158,9 +158,13 @@ def test_deleted_locked_cells_go_back_in_source_order():
                         cell("test_b"), cell("task_2", locked=False, solution=True), cell("test_c")]}
     learner = {"cells": [{"cell_type": "code", "id": "mine", "metadata": {}, "source": "", "outputs": []},
                          cell("test_a")]}
-    nb, restored = grading.submissions._restore_locked_cells(learner, source)
-    assert restored == ["intro", "setup", "test_b", "test_c"]  # never the solution cells
-    assert [c["id"] for c in nb["cells"]] == ["intro", "setup", "mine", "test_a", "test_b", "test_c"]
+    nb, notes = grading.submissions.prepare_submission(learner, source)
+    ids = [c["id"] for c in nb["cells"]]
+    assert [i for i in ids if i in ("intro", "setup", "test_a", "test_b", "test_c")] == \
+        ["intro", "setup", "test_a", "test_b", "test_c"]  # every locked cell back, in the source's order
+    assert len(ids) == 8 and notes  # the learner's own cell kept
+    answers = [c for c in nb["cells"] if c["id"] in ("task", "task_2")]
+    assert answers and all("NotImplementedError" in "".join(c["source"]) for c in answers)  # never the solutions
 
 
 def test_exercises_match_generation():

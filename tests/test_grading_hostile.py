@@ -56,7 +56,7 @@ def source_nb(lesson: str) -> dict:
 
 
 def gid(cell) -> str | None:
-    return grading.submissions._gid(cell)
+    return grading.submissions.grade_id_of(cell)
 
 
 def filled_exercise(lesson: str) -> dict:
@@ -694,7 +694,7 @@ def test_gradebook_csv_and_feedback_agree_with_the_reports(corpus):
         [html] = report.feedback(student)
         page = html.read_text()
         for t in r.tests:
-            assert f"grader: {'-' if not t.gradable else grading.reports._num(t.points)} / {grading.reports._num(t.max_points)}" in page
+            assert f"grader: {'-' if not t.gradable else grading.reports.number(t.points)} / {grading.reports.number(t.max_points)}" in page
     page = report.feedback("kernel_exits")[0].read_text()
     assert "the kernel died while this cell ran (exit code 3)" in page
 
@@ -753,7 +753,7 @@ SAME = {"np": "numpy", "math": "math", "cuda": "numba.cuda"}
     "import time\ntime.sleep(0)",
 ])
 def test_integrity_allows_ordinary_code(code):
-    assert grading.integrity._integrity_findings(code, protected=PROTECTED, same=SAME) == []
+    assert grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME) == []
 
 
 @pytest.mark.parametrize("code, finding", [
@@ -786,7 +786,7 @@ def test_integrity_allows_ordinary_code(code):
      "may not)"),
 ])
 def test_integrity_refuses_the_routes_to_patching(code, finding):
-    assert finding in grading.integrity._integrity_findings(code, protected=PROTECTED, same=SAME)
+    assert finding in grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME)
 
 
 # A lesson's own functions that answer its tasks (the solution's metadata "gpucourse": {"answers": ...}).
@@ -814,7 +814,7 @@ SAME_7 = {"S": "kernels.feeding_the_gpu", "B": "systems.feeding_the_gpu.batching
 ])
 def test_integrity_refuses_the_lessons_own_answers(code, how):
     """A task the lesson's own function answers must be written, not called, imported, aliased or fetched."""
-    found = grading.integrity._integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
+    found = grading.integrity.integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
                                                   answers=ANSWERS)
     assert any(how in f and "the lesson's own answer to Task" in f for f in found), found
 
@@ -825,7 +825,7 @@ def test_integrity_refuses_the_lessons_own_answers(code, how):
     "overlap_fraction = 0.5\nprint(overlap_fraction)",  # the same name, not the function
 ])
 def test_integrity_allows_the_lessons_tools(code):
-    assert grading.integrity._integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
+    assert grading.integrity.integrity_findings(code, protected={"S", "B", "feeding", "tr", "np"}, same=SAME_7,
                                                  answers=ANSWERS) == []
 
 
@@ -836,7 +836,7 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
 
     for path in sorted(grading.SOLUTIONS.glob("*/*.ipynb")):
         nb = json.loads(path.read_text())
-        answers = grading.integrity._answers(nb)
+        answers = grading.integrity.solution_answers(nb)
         for key in answers:
             dotted = re.sub(r"\(\w+\)$", "", key)
             module, name = dotted.rsplit(".", 1)
@@ -845,16 +845,16 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
             defined = {n.name for n in ast.parse(f.read_text()).body
                        if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef))}
             assert name in defined, (path.name, key, "is not defined where it is named")
-        protected, same = grading.integrity._protected_names(nb["cells"])
+        protected, same = grading.integrity.protected_names(nb["cells"])
         for cell in nb["cells"]:
             meta = (cell.get("metadata") or {}).get("nbgrader") or {}
             if cell["cell_type"] == "code" and not meta.get("locked"):
-                assert grading.integrity._integrity_findings("".join(cell["source"]), protected=protected, same=same,
+                assert grading.integrity.integrity_findings("".join(cell["source"]), protected=protected, same=same,
                                                              answers=answers) == [], (path.name, meta.get("grade_id"))
 
 
 def test_protected_names_of_lesson_1():
-    protected, same = grading.integrity._protected_names(source_nb(L1)["cells"])
+    protected, same = grading.integrity.protected_names(source_nb(L1)["cells"])
     assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",
             "check_product", "run_kernel", "grading", "multiply", "perf_inputs", "perf_check"} <= protected
     assert {"isinstance", "globals", "bool", "float"} <= protected
@@ -887,14 +887,14 @@ def _value(text):
     ("check()", [{"output_type": "stream", "name": "stderr", "text": ""}], (0.0, "failed")),
 ])
 def test_verdicts_are_deterministic_and_never_credit_forgeries(source, outputs, verdict):
-    got_points, got_status, _ = grading.verdicts._verdict(_graded_cell(source, outputs), 3.0, "cpu")
+    got_points, got_status, _ = grading.verdicts.cell_verdict(_graded_cell(source, outputs), 3.0, "cpu")
     assert (got_points, got_status) == verdict
 
 
 def test_performance_tests_score_nothing_in_cpu_mode_whatever_they_show():
     cell = _graded_cell("performance_points()", [_value("3.0")], grade_id="perf_x")
-    assert grading.verdicts._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
-    assert grading.verdicts._verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
+    assert grading.verdicts.cell_verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert grading.verdicts.cell_verdict(cell, 3.0, "gpu")[:2] == (3.0, "passed")
 
 
 def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
@@ -909,7 +909,7 @@ def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
     assert line.endswith("0 of 3 points given here"), line
     said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
     cell = _graded_cell("grading.performance_points(...)", [said, _value("0.0")], grade_id="perf_x")
-    assert grading.verdicts._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_ARCH, line)
+    assert grading.verdicts.cell_verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_ARCH, line)
     assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_ARCH, line).gradable
     with pytest.raises(runtime.CourseInputError, match="no lesson step"):
         grading.step_missing("03.no_such_step", 3.0, cc="9.0")
@@ -928,13 +928,13 @@ def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
     line = grading.GPUS_PERF_MESSAGE.format(needed=2, have=1, points=3)
     said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
     cell = _graded_cell("check_on_gpus()", [said], grade_id="perf_x")
-    assert grading.verdicts._verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_GPUS, line)
-    assert grading.verdicts._verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
+    assert grading.verdicts.cell_verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_GPUS, line)
+    assert grading.verdicts.cell_verdict(cell, 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)
     assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_GPUS, line).gradable
     # an ordinary test that prints the line is graded as usual, and an error is still a failure
-    assert grading.verdicts._verdict(_graded_cell("check()", [said]), 3.0, "gpu")[:2] == (3.0, "passed")
+    assert grading.verdicts.cell_verdict(_graded_cell("check()", [said]), 3.0, "gpu")[:2] == (3.0, "passed")
     error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
-    assert grading.verdicts._verdict(_graded_cell("check()", [said, error], grade_id="perf_x"), 3.0, "gpu")[:2] \
+    assert grading.verdicts.cell_verdict(_graded_cell("check()", [said, error], grade_id="perf_x"), 3.0, "gpu")[:2] \
         == (0.0, "failed")
 
 
@@ -1022,6 +1022,24 @@ def _inputs(n=4096):
     return a, b, np.empty_like(a)
 
 
+class _HostClock:
+    """A clock for host (NumPy) work, held from the start: the harness tested without a GPU."""
+
+    def __init__(self):
+        self.now = time.perf_counter_ns
+
+    def verify(self) -> None:
+        pass
+
+    def time(self, fn, args: tuple) -> float:
+        t0 = self.now()
+        fn(*args)
+        return (self.now() - t0) / 1e6
+
+    def sample(self, x):
+        return np.asarray(x)
+
+
 def _check(a, b, out):
     return bool(np.array_equal(out, a * b))
 
@@ -1032,7 +1050,7 @@ def _reference(a, b, out):
 
 def _measure(candidate, make_inputs=_inputs, **kw):
     return grading.performance._measure(candidate, _reference, make_inputs=make_inputs, check=_check,
-                                        clock=grading.performance._HostClock(), repeats=kw.pop("repeats", 5),
+                                        clock=_HostClock(), repeats=kw.pop("repeats", 5),
                                         warmup=kw.pop("warmup", 1), **kw)
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .. import runtime
-from .course import _assignment_dirs, _claim_course_dir, _course_dir, _resolve_mode
-from .pool import _Course, _report_from
+from .course import assignment_dirs, claim_course_dir, make_course_dir, resolve_mode
+from .pool import Course, report_from
 from .reports import ClassReport, GradeReport
 from .settings import (
     DEFAULT_NOTEBOOK_TIMEOUT, DEFAULT_TIMEOUT, GradingError, Limits, REPO, SOLUTIONS, STUDENT, STUDENT_PATTERN)
-from .submissions import _gid, _read_notebook
+from .submissions import grade_id_of, read_notebook
 
 
 def grade(notebook_path, *, timeout: int = DEFAULT_TIMEOUT, mode: str | None = None, source=None,
@@ -40,20 +40,20 @@ def grade(notebook_path, *, timeout: int = DEFAULT_TIMEOUT, mode: str | None = N
     source = _source_for(learner, source)
     if learner.name != source.name:
         raise runtime.CourseInputError(f"the learner notebook must be named {source.name}, not {learner.name}")
-    nb = _read_notebook(learner)
-    if not any(_gid(c) for c in nb["cells"]):
+    nb = read_notebook(learner)
+    if not any(grade_id_of(c) for c in nb["cells"]):
         raise runtime.CourseInputError(
             f"{notebook_path} has none of the exercise's cells: work in a copy of "
             f"exercises/{source.parent.name}/{source.name}, which carries what the grader needs")
     limits = Limits(timeout=int(timeout), notebook_timeout=int(notebook_timeout))
-    resolved = _resolve_mode(mode)
-    with _course_dir(workdir) as root:
-        course = _Course(root, source, resolved, limits, deny=[learner.parent])
+    resolved = resolve_mode(mode)
+    with make_course_dir(workdir) as root:
+        course = Course(root, source, resolved, limits, deny=[learner.parent])
         with course.workers(1) as (worker,):
             course.generate(worker)
             answer = course.grade_one(worker, STUDENT, learner)
         if answer.get("ok"):
-            return _report_from(answer, learner, course.assignment)
+            return report_from(answer, learner, course.assignment)
         raise GradingError(f"{learner.name} could not be graded: {answer.get('error', 'no reason given')}",
                            answer.get("log", ""))
 
@@ -82,11 +82,11 @@ def grade_class(folder, *, assignment: str | None = None, course_dir=None, mode:
     submissions, skipped, assignment = _collect(folder, assignment)
     source = _source_for(None, SOLUTIONS / assignment)
     root = Path(course_dir).resolve() if course_dir else REPO / ".grading" / assignment
-    _claim_course_dir(root)
+    claim_course_dir(root)
     say = (lambda line: print(line, flush=True)) if progress is True else (progress or (lambda line: None))
     limits = Limits(timeout=int(timeout), notebook_timeout=int(notebook_timeout))
-    resolved = _resolve_mode(mode)
-    course = _Course(root, source, resolved, limits, deny=[folder])
+    resolved = resolve_mode(mode)
+    course = Course(root, source, resolved, limits, deny=[folder])
     report = ClassReport(assignment=assignment, course_dir=str(root), mode=resolved, errors=dict(skipped))
     count = workers or max(1, min(2, os.cpu_count() or 1))
     total = len(submissions)
@@ -102,7 +102,7 @@ def grade_class(folder, *, assignment: str | None = None, course_dir=None, mode:
         with lock:
             done += 1
             if answer.get("ok"):
-                r = _report_from(answer, submissions[student], assignment)
+                r = report_from(answer, submissions[student], assignment)
                 report.reports[student] = r
                 line = r.summary()
             else:
@@ -156,7 +156,7 @@ def _source_for(learner: Path | None, source) -> Path:
     if source is None:
         source = SOLUTIONS / learner.parent.name / learner.name
         if not source.is_file():
-            known = ", ".join(sorted(p.name for p in _assignment_dirs())) or "none"
+            known = ", ".join(sorted(p.name for p in assignment_dirs())) or "none"
             raise runtime.CourseInputError(
                 f"{learner.name} in folder {learner.parent.name!r} matches no solution notebook "
                 f"(looked for {_shown(source)}); the folder must be named after a lesson: {known}")
@@ -178,7 +178,7 @@ def _shown(path: Path) -> str:
 
 def _collect(folder: Path, assignment: str | None) -> tuple[dict[str, Path], dict[str, str], str]:
     """Student -> submitted notebook, student -> why skipped, and the assignment, from a class folder."""
-    known = [p.name for p in _assignment_dirs()]
+    known = [p.name for p in assignment_dirs()]
     if assignment is not None and assignment not in known:
         raise runtime.CourseInputError(f"no solutions/{assignment}/; known: {', '.join(known) or 'none'}")
     students = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))

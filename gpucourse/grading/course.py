@@ -3,6 +3,8 @@
 """
 from __future__ import annotations
 
+from .text import tail  # noqa: F401 (used here and by the rooms that import it from here)
+
 import contextlib
 import os
 import shutil
@@ -17,7 +19,7 @@ from .settings import ASSIGNMENT_PATTERN, COURSE_ID, SOLUTIONS
 _COURSE_MARKER = ".gpucourse-course"
 
 
-def _claim_course_dir(root: Path) -> None:
+def claim_course_dir(root: Path) -> None:
     """Empty ``root`` for a new grading run, refusing a folder the grader did not make."""
     if root.exists():
         if any(root.iterdir()) and not (root / _COURSE_MARKER).is_file():
@@ -28,7 +30,7 @@ def _claim_course_dir(root: Path) -> None:
 
 
 @contextlib.contextmanager
-def _course_dir(workdir):
+def make_course_dir(workdir):
     """A temporary course directory, or ``workdir`` emptied and kept."""
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="gpucourse-grade-") as tmp:
@@ -41,7 +43,7 @@ def _course_dir(workdir):
     yield root
 
 
-def _resolve_mode(mode: str | None) -> str:
+def resolve_mode(mode: str | None) -> str:
     """The mode the notebooks run in, decided here so that the kernel is told, not left to choose."""
     if mode is not None:
         mode = mode.lower()
@@ -59,7 +61,7 @@ def _resolve_mode(mode: str | None) -> str:
     return "gpu" if count and runtime._cupy_usable()[0] else "cpu"
 
 
-def _course_config(root: Path) -> dict:
+def course_config(root: Path) -> dict:
     """The nbgrader configuration of a course directory at root (nothing is read from nbgrader_config.py).
     The gradebook waits up to two minutes for a lock: several workers write it."""
     return {"CourseDirectory": {
@@ -74,38 +76,36 @@ def _course_config(root: Path) -> dict:
     }}
 
 
-def _prepend(first: list[str], rest: str) -> str:
+def prepend_paths(first: list[str], rest: str) -> str:
     return os.pathsep.join(dict.fromkeys([*first, *(p for p in rest.split(os.pathsep) if p)]))
 
 
 # What of the grader's environment the workers and kernels see (anything else, such as the grader's
 # PYTHONPATH, HOME, working folder or tokens, is left out).
-_ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "SYSTEMROOT", "OMP_NUM_THREADS",
+ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "SYSTEMROOT", "OMP_NUM_THREADS",
               "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TF_CPP_MIN_LOG_LEVEL", "SSL_CERT_FILE"}
-_ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUPY_", "NUMBA_", "NV_", "NCCL_", "NVSHMEM_")  # NCCL_NVLS_ENABLE=0 reaches the kernels
-
-
-def _tail(text: str, lines: int = 30) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
+ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "CUPY_", "NUMBA_", "NV_", "NCCL_", "NVSHMEM_")  # NCCL_NVLS_ENABLE=0 reaches the kernels
 
 
 
-def _assignment_dirs(root: Path = SOLUTIONS) -> list[Path]:
+
+
+def assignment_dirs(root: Path = SOLUTIONS) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and ASSIGNMENT_PATTERN.match(p.name)) \
         if root.is_dir() else []
 
 
-_IGNORED = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
+IGNORED = {".ipynb_checkpoints", "__pycache__", ".DS_Store"}
 
 
-def _assignment_files(folder: Path) -> list[Path]:
+def assignment_files(folder: Path) -> list[Path]:
     """Files of an assignment folder other than notebooks (data, helper modules), without editor litter."""
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".ipynb"
-                  and not _IGNORED & set(p.relative_to(folder).parts) and p.suffix != ".pyc")
+                  and not IGNORED & set(p.relative_to(folder).parts) and p.suffix != ".pyc")
 
 
-def _resolve_assignments(assignments: Sequence[str] | None) -> list[str]:
-    known = [p.name for p in _assignment_dirs()]
+def resolve_assignments(assignments: Sequence[str] | None) -> list[str]:
+    known = [p.name for p in assignment_dirs()]
     if assignments is None:
         return known
     unknown = [a for a in assignments if a not in known]

@@ -14,22 +14,22 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .course import _IGNORED, _assignment_dirs, _course_config, _prepend, _resolve_assignments, _tail
+from .course import IGNORED, assignment_dirs, course_config, prepend_paths, resolve_assignments, tail
 from .settings import EXERCISES, GradingError, REPO, SOLUTIONS
-from .verdicts import _text
+from .verdicts import as_text
 
 
 def _generate(assignments: list[str], root: Path) -> Path:
     """nbgrader generate_assignment for each assignment, source copied under root; returns the release dir."""
     for a in assignments:
-        shutil.copytree(SOLUTIONS / a, root / "source" / a, ignore=shutil.ignore_patterns(*_IGNORED, "*.pyc"))
-    _nbgrader(root, [["generate_assignment", a] for a in assignments], _course_config(root), _generation_env())
+        shutil.copytree(SOLUTIONS / a, root / "source" / a, ignore=shutil.ignore_patterns(*IGNORED, "*.pyc"))
+    _nbgrader(root, [["generate_assignment", a] for a in assignments], course_config(root), _generation_env())
     return root / "release"
 
 
 def generate_exercises(assignments: Sequence[str] | None = None) -> list[Path]:
     """Regenerate exercises/NN_*/ from solutions/NN_*/ (all of them by default); returns the folders written."""
-    names = _resolve_assignments(assignments)
+    names = resolve_assignments(assignments)
     written = []
     with tempfile.TemporaryDirectory(prefix="gpucourse-exercises-") as tmp:
         release = _generate(names, Path(tmp))
@@ -46,7 +46,7 @@ def check_exercises(assignments: Sequence[str] | None = None) -> list[str]:
     """Differences between the committed exercises/ and what generate_exercises would write now (empty when
     in step). Notebooks are compared as JSON; nbgrader's output is deterministic (its checksums are hashes
     of the cell sources), so nothing needs normalising beyond the JSON formatting."""
-    names = _resolve_assignments(assignments)
+    names = resolve_assignments(assignments)
     diffs = []
     with tempfile.TemporaryDirectory(prefix="gpucourse-exercises-") as tmp:
         release = _generate(names, Path(tmp))
@@ -54,7 +54,7 @@ def check_exercises(assignments: Sequence[str] | None = None) -> list[str]:
             want_dir, have_dir = release / a, EXERCISES / a
             want = {p.relative_to(want_dir) for p in want_dir.rglob("*") if p.is_file()}
             have = ({p.relative_to(have_dir) for p in have_dir.rglob("*")
-                     if p.is_file() and not _IGNORED & set(p.relative_to(have_dir).parts)}
+                     if p.is_file() and not IGNORED & set(p.relative_to(have_dir).parts)}
                     if have_dir.is_dir() else set())
             for rel in sorted(want - have):
                 diffs.append(f"exercises/{a}/{rel}: missing (run: python -m gpucourse exercises)")
@@ -65,7 +65,7 @@ def check_exercises(assignments: Sequence[str] | None = None) -> list[str]:
                 if diff:
                     diffs.append(f"exercises/{a}/{rel}: {diff}")
         if assignments is None:
-            for extra in sorted(p.name for p in _assignment_dirs(EXERCISES) if p.name not in names):
+            for extra in sorted(p.name for p in assignment_dirs(EXERCISES) if p.name not in names):
                 diffs.append(f"exercises/{extra}/: has no solutions/{extra}/")
     return diffs
 
@@ -103,7 +103,7 @@ def _nbgrader(root: Path, steps: list[list[str]], config: dict, env: dict) -> st
                           stdin=subprocess.DEVNULL, capture_output=True, text=True)
     result = root / ".nbgrader-result.json"
     if proc.returncode != 0 or not result.is_file():
-        raise GradingError(f"nbgrader could not be run (exit {proc.returncode}):\n{_tail(proc.stdout + proc.stderr)}",
+        raise GradingError(f"nbgrader could not be run (exit {proc.returncode}):\n{tail(proc.stdout + proc.stderr)}",
                            proc.stdout + proc.stderr)
     results = json.loads(result.read_text())
     log = "\n".join(r.get("log", "") for r in results)
@@ -115,7 +115,7 @@ def _nbgrader(root: Path, steps: list[list[str]], config: dict, env: dict) -> st
 
 def _step_failed(step: str, log: str) -> GradingError:
     """A short account of why nbgrader gave up; the whole log stays on the exception."""
-    errors = [line.strip() for line in _text(log).splitlines() if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
+    errors = [line.strip() for line in as_text(log).splitlines() if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
     why = next((e for e in reversed(errors) if "see the the above traceback" not in e), "see the log")
     return GradingError(f"nbgrader {step} failed: {why}", log)
 
@@ -143,6 +143,6 @@ def _run_steps(spec_path: str) -> None:
 def _generation_env() -> dict:
     """The environment of the child Python that generates exercises (it runs no learner code)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = _prepend([str(REPO)], env.get("PYTHONPATH", ""))
-    env["PATH"] = _prepend([sysconfig.get_path("scripts"), os.path.dirname(sys.executable)], env.get("PATH", ""))
+    env["PYTHONPATH"] = prepend_paths([str(REPO)], env.get("PYTHONPATH", ""))
+    env["PATH"] = prepend_paths([sysconfig.get_path("scripts"), os.path.dirname(sys.executable)], env.get("PATH", ""))
     return env

@@ -1,4 +1,4 @@
-"""Integrity rules for the cells a learner writes (``_integrity_findings``; checked on the text, so they cannot
+"""Integrity rules for the cells a learner writes (``integrity_findings``; checked on the text, so they cannot
 be tampered with at run time). A cell may not:
     * run code built at run time or reach the interpreter's machinery: exec, eval, compile, __import__,
       globals, vars, locals, setattr, delattr, breakpoint, get_ipython, getattr with a computed or special
@@ -10,7 +10,7 @@ be tampered with at run time). A cell may not:
     * set attributes other than on ``self`` in a method of its own class, use a module as a value, or
       assign into a module's mapping (os.environ[...]); that is how tests, timers and clocks get patched;
     * rebind a name a read-only cell defines (the helpers the tests call, the setup's imports) or a builtin
-      a read-only cell uses (``_protected_names``); importing the same thing again is fine;
+      a read-only cell uses (``protected_names``); importing the same thing again is fine;
     * use one of the course's own functions that already computes a task's answer (``answers``: the
       notebook's metadata "gpucourse": {"answers": {dotted name: task}}, read from the solution), called,
       imported, aliased or fetched with getattr: the task asks the learner to write it. A key of the form
@@ -27,7 +27,7 @@ from pathlib import Path
 
 
 
-def _source_text(cell) -> str:
+def source_text(cell) -> str:
     src = cell.get("source", "") if isinstance(cell, dict) else ""
     if isinstance(src, list):
         return "".join(s for s in src if isinstance(s, str))
@@ -152,7 +152,7 @@ def _canonical(dotted: str) -> str:
     return ".".join(parts)
 
 
-def _protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
+def protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
     """The names the learner's cells may not rebind, and for those bound by an import (or an equivalent
     course call), what that import gives: importing the same thing again is allowed.
 
@@ -170,7 +170,7 @@ def _protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
         if cell.get("cell_type") != "code" or not meta.get("locked"):
             continue
         try:
-            tree = ast.parse(_source_text(cell))
+            tree = ast.parse(source_text(cell))
         except SyntaxError:
             continue
         for node in tree.body:
@@ -205,7 +205,7 @@ def _protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
     return protected, same
 
 
-def _transform_ipython(code: str) -> str:
+def transform_ipython(code: str) -> str:
     """IPython's own translation of a cell (magics and shell escapes become get_ipython() calls)."""
     try:
         from IPython.core.inputtransformer2 import TransformerManager
@@ -217,18 +217,18 @@ def _transform_ipython(code: str) -> str:
         return code
 
 
-def _answers(notebook: dict) -> dict[str, str]:
+def solution_answers(notebook: dict) -> dict[str, str]:
     """The course functions that answer a task of this (solution) notebook: {dotted name: "Task N.M"}."""
     meta = (notebook.get("metadata") or {}).get("gpucourse") or {}
     answers = meta.get("answers") or {}
     return {str(k): str(v) for k, v in answers.items()} if isinstance(answers, dict) else {}
 
 
-def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozenset(),
+def integrity_findings(code: str, *, protected: set[str] | frozenset = frozenset(),
                         same: dict[str, str] | None = None, answers: dict[str, str] | None = None) -> list[str]:
     """Why a cell a learner wrote may not run (empty when it may): see this module's docstring.
     Each finding reads "line N: what it does (why that is refused)"."""
-    python = _transform_ipython(code)
+    python = transform_ipython(code)
     try:
         tree = compile(python, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     except SyntaxError as exc:
@@ -245,7 +245,7 @@ def _integrity_findings(code: str, *, protected: set[str] | frozenset = frozense
 
 
 class _Integrity(ast.NodeVisitor):
-    """The integrity rules as an AST walk (see ``_integrity_findings``)."""
+    """The integrity rules as an AST walk (see ``integrity_findings``)."""
 
     def __init__(self, protected, same, answers=None):
         self.protected, self.same, self.answers = set(protected), dict(same), dict(answers or {})
@@ -479,7 +479,7 @@ class _Integrity(ast.NodeVisitor):
             for arg in args[1:]:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     self.skip.add(id(arg))
-                    for finding in _integrity_findings(arg.value, protected=self.protected, same=self.same,
+                    for finding in integrity_findings(arg.value, protected=self.protected, same=self.same,
                                                        answers=self.answers):
                         self.findings.append(f"in %{magic}, {finding}")
                 else:

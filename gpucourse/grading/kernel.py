@@ -1,4 +1,4 @@
-"""What a notebook can reach (the guarded kernel, ``_kernel_main``)
+"""What a notebook can reach (the guarded kernel, ``kernel_main``)
     The kernel is started from the course's kernelspec whatever the notebook's metadata names; it imports
     a copy of the course's code (gpucourse, kernels, systems, benchmarks, results), not the repository; its working
     folder holds only the submission; its environment is rebuilt from a short list (no PYTHONPATH into the
@@ -28,10 +28,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .settings import _within
+from .settings import is_within
 
 
-def _kernel_main() -> None:
+def kernel_main() -> None:
     """The graded notebook's kernel (the kernelspec's argv): private folders, resource limits, stdout and
     stderr to a log, output caps, the audit hook, then ipykernel. See this module's docstring."""
     policy = json.loads(Path(os.environ["GPUCOURSE_GRADER_POLICY"]).read_text())
@@ -69,8 +69,8 @@ def _kernel_main() -> None:
 
     def hidden(entry: str) -> bool:  # inside a denied folder, and not inside Python's own folders there
         real = os.path.realpath(entry)
-        deny = max((len(d) for d in policy["deny"] if _within(real, d)), default=-1)
-        return deny > max((len(a) for a in python if _within(real, a)), default=-1)
+        deny = max((len(d) for d in policy["deny"] if is_within(real, d)), default=-1)
+        return deny > max((len(a) for a in python if is_within(real, a)), default=-1)
 
     sys.path[:] = [p for p in sys.path if p and not hidden(p)]
 

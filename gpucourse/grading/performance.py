@@ -10,13 +10,12 @@ The points: full marks up to ``FULL_AT`` times the reference's time, none from `
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from .. import gpus, runtime
-from .reports import _num
+from .reports import number
 from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
-from .verdicts import _first_lines
+from .verdicts import first_lines
 
 
 def performance_score(ratio: float, max_points: float) -> float:
@@ -90,25 +89,6 @@ class _CudaClock:
         return self.cp.asnumpy(x)
 
 
-class _HostClock:
-    """A clock for host (NumPy) work, held from the start: for testing the harness without a GPU."""
-
-    def __init__(self):
-        self.now = time.perf_counter_ns
-
-    def verify(self) -> None:
-        pass
-
-    def time(self, fn: Callable, args: tuple) -> float:
-        t0 = self.now()
-        fn(*args)
-        return (self.now() - t0) / 1e6
-
-    def sample(self, x):
-        import numpy as np
-
-        return np.asarray(x)
-
 
 def _poison(out, rng) -> None:
     """Fill ``out`` with values no correct run leaves behind: NaN, or a random integer for integer outputs
@@ -172,7 +152,7 @@ def _measure(candidate: Callable, reference: Callable, *, make_inputs: Callable,
         except Exception as exc:  # noqa: BLE001 - an output the check cannot even read is wrong too
             why = f"{type(exc).__name__}: {exc}"
         if why:
-            raise _WrongOutput(f"{who} gave a wrong result on run {state['runs']} ({_first_lines(why, 1, 200)})")
+            raise _WrongOutput(f"{who} gave a wrong result on run {state['runs']} ({first_lines(why, 1, 200)})")
         return ms
 
     times = {"candidate": [], "reference": [], "hopeless": False}
@@ -200,7 +180,7 @@ def gpus_missing(needed: int, max_points: float) -> bool:
     have = runtime.cupy().cuda.runtime.getDeviceCount()
     if have >= needed:
         return False
-    print(GPUS_PERF_MESSAGE.format(needed=needed, have=have, points=_num(max_points)))
+    print(GPUS_PERF_MESSAGE.format(needed=needed, have=have, points=number(max_points)))
     return True
 
 
@@ -214,7 +194,7 @@ def step_missing(step: str | None, max_points: float, cc=None) -> bool:
     st = gpus.status(step, cc)
     if st.runs:
         return False
-    print(STEP_PERF_MESSAGE.format(why=st.line(), points=_num(max_points)))
+    print(STEP_PERF_MESSAGE.format(why=st.line(), points=number(max_points)))
     return True
 
 
@@ -243,7 +223,7 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     if repeats < 1 or warmup < 0 or max_points < 0:
         raise runtime.CourseInputError("repeats must be at least 1, warmup and max_points at least 0")
     if not runtime.is_gpu():
-        print(CPU_PERF_MESSAGE.format(points=_num(max_points)))
+        print(CPU_PERF_MESSAGE.format(points=number(max_points)))
         return 0.0
     if gpus_missing(gpus, max_points) or step_missing(step, max_points):
         return 0.0
@@ -255,12 +235,12 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
         times = _measure(candidate, reference, make_inputs=make_inputs, check=check, clock=clock, repeats=repeats,
                          warmup=warmup, out_index=out_index, names=(name, f"the reference {ref_name}"))
     except _Tampered as exc:
-        print(f"performance: {exc}; 0 of {_num(max_points)} points")
+        print(f"performance: {exc}; 0 of {number(max_points)} points")
         return 0.0
     except _WrongOutput as exc:
         if str(exc).startswith("the reference"):
             raise runtime.CourseError(f"{exc}: the test's inputs or check are wrong, not your code") from None
-        print(f"performance: {exc}; 0 of {_num(max_points)} points")
+        print(f"performance: {exc}; 0 of {number(max_points)} points")
         return 0.0
     from .. import bench
 
@@ -269,9 +249,9 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     t_cand, t_ref = statistics.median(times["candidate"]), statistics.median(times["reference"])
     ratio = t_cand / t_ref
     points = performance_score(ratio, max_points)
-    runs = (f"timed once: over {_num(2 * ZERO_AT)}x slower, not repeated" if times["hopeless"]
+    runs = (f"timed once: over {number(2 * ZERO_AT)}x slower, not repeated" if times["hopeless"]
             else f"medians of {repeats} runs each, alternating")
     print(f"performance: {name} {bench.format_ms(t_cand)} vs reference {bench.format_ms(t_ref)} ({runs}): "
-          f"ratio {ratio:.2f} -> {_num(points)} of {_num(max_points)} points "
-          f"(all at <= {FULL_AT}, none at >= {_num(ZERO_AT)})")
+          f"ratio {ratio:.2f} -> {number(points)} of {number(max_points)} points "
+          f"(all at <= {FULL_AT}, none at >= {number(ZERO_AT)})")
     return float(points)

@@ -18,10 +18,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import runtime
-from .course import _ENV_NAMES, _ENV_PREFIXES, _IGNORED, _assignment_files, _course_config, _prepend, _tail
+from .course import ENV_NAMES, ENV_PREFIXES, IGNORED, assignment_files, course_config, prepend_paths, tail
 from .reports import GradeReport, TestResult
-from .settings import GradingError, KERNEL_CODE, KERNEL_NAME, Limits, REPO, SOLUTIONS, STARTUP_SLACK, _within
-from .worker import _guarded_config
+from .settings import GradingError, KERNEL_CODE, KERNEL_NAME, Limits, REPO, SOLUTIONS, STARTUP_SLACK, is_within
+from .worker import guarded_config
 
 
 def require_nbgrader() -> None:
@@ -34,7 +34,7 @@ def require_nbgrader() -> None:
                            "autograder. Install the course's environment (environment.yml, or pip install -e .)")
 
 
-class _Course:
+class Course:
     """One grading run's directories and workers.
 
         <root>/                 nbgrader's course directory: gradebook.db, source/, release/, submitted/,
@@ -56,17 +56,17 @@ class _Course:
         src_dir = root / "source" / self.assignment
         src_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, src_dir / source.name)
-        for extra in _assignment_files(source.parent):
+        for extra in assignment_files(source.parent):
             dest = src_dir / extra.relative_to(source.parent)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(extra, dest)
         for name in KERNEL_CODE:
             if (REPO / name).is_dir():
-                shutil.copytree(REPO / name, aux / "code" / name, ignore=shutil.ignore_patterns(*_IGNORED, "*.pyc"))
+                shutil.copytree(REPO / name, aux / "code" / name, ignore=shutil.ignore_patterns(*IGNORED, "*.pyc"))
         spec = aux / "jupyter/data/kernels" / KERNEL_NAME
         spec.mkdir(parents=True, exist_ok=True)
         (spec / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-c", "from gpucourse.grading.kernel import _kernel_main; _kernel_main()", "-f",
+            "argv": [sys.executable, "-c", "from gpucourse.grading.kernel import kernel_main; kernel_main()", "-f",
                      "{connection_file}"],
             "display_name": "Python 3 (graded)", "language": "python"}))
         home = Path.home()
@@ -80,20 +80,20 @@ class _Course:
         self.spec = aux / "worker.json"
         self.spec.write_text(json.dumps({
             "root": str(root), "assignment": self.assignment, "notebook": self.notebook, "mode": mode,
-            "limits": asdict(limits), "config": {**_course_config(root), **_guarded_config(limits)}}))
+            "limits": asdict(limits), "config": {**course_config(root), **guarded_config(limits)}}))
         self.started: list[_Worker] = []
 
     def _env(self) -> dict:
-        env = {k: v for k, v in os.environ.items() if k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)}
+        env = {k: v for k, v in os.environ.items() if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
         env = {k: v for k, v in env.items() if k not in ("NUMBA_CACHE_DIR", "CUPY_CACHE_DIR")}
         # nbgrader runs the `alembic` script when it creates a gradebook: find this Python's scripts even
         # when its environment is not activated.
-        env["PATH"] = _prepend([sysconfig.get_path("scripts"), os.path.dirname(sys.executable)], env.get("PATH", ""))
+        env["PATH"] = prepend_paths([sysconfig.get_path("scripts"), os.path.dirname(sys.executable)], env.get("PATH", ""))
         # The course's code comes from the copy; anything else on the grader's PYTHONPATH stays reachable,
         # except what lies in the repository or the folders the kernel may not read.
         hidden = [os.path.realpath(p) for p in (REPO, self.root, *self.denied)]
         kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                if p and not any(_within(os.path.realpath(p), h) for h in hidden)]
+                if p and not any(is_within(os.path.realpath(p), h) for h in hidden)]
         env.update({
             "PYTHONPATH": os.pathsep.join([str(self.aux / "code"), *kept]), "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
@@ -134,7 +134,7 @@ class _Course:
             if parent is not None and ppid != parent:
                 continue
             try:
-                ours = b"_kernel_main" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+                ours = b"kernel_main" in Path(f"/proc/{pid}/cmdline").read_bytes() and \
                     str(self.aux).encode() in Path(f"/proc/{pid}/environ").read_bytes()
             except OSError:
                 continue
@@ -174,17 +174,17 @@ class _Course:
 
 
 class _Worker:
-    """A child Python running nbgrader (``_worker_main``), asked one JSON request at a time over a pipe.
+    """A child Python running nbgrader (``worker_main``), asked one JSON request at a time over a pipe.
     Its own stdout and stderr go to a log file; the kernels it starts cannot reach the pipes."""
 
-    def __init__(self, course: _Course, index: int):
+    def __init__(self, course: Course, index: int):
         self.course, self.index = course, index
         cmd_r, cmd_w = os.pipe()
         res_r, res_w = os.pipe()
         self.log_path = course.aux / "logs" / f"worker-{index}.log"
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from gpucourse.grading.worker import _worker_main; _worker_main()", str(course.spec),
+                [sys.executable, "-c", "from gpucourse.grading.worker import worker_main; worker_main()", str(course.spec),
                  str(cmd_r), str(res_w)],
                 pass_fds=(cmd_r, res_w), cwd=course.root, env=course.env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -228,7 +228,7 @@ class _Worker:
 
     def log_tail(self) -> str:
         try:
-            return "\n" + _tail(self.log_path.read_text(errors="replace"), 40)
+            return "\n" + tail(self.log_path.read_text(errors="replace"), 40)
         except OSError:
             return ""
 
@@ -248,7 +248,7 @@ class _Worker:
                 closing()
 
 
-def _report_from(answer: dict, learner: Path, assignment: str) -> GradeReport:
+def report_from(answer: dict, learner: Path, assignment: str) -> GradeReport:
     r = answer["report"]
     return GradeReport(notebook=str(learner), assignment=assignment, mode=r["mode"],
                        tests=[TestResult(**t) for t in r["tests"]], notes=list(r["notes"]),

@@ -2,6 +2,8 @@
 """
 from __future__ import annotations
 
+from .text import number  # noqa: F401 (used here and by the rooms that import it from here)
+
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,9 +70,9 @@ class GradeReport:
 
     def summary(self) -> str:
         """One line: the score, out of what this mode can grade too."""
-        line = f"{_num(self.score)} / {_num(self.max_score)}"
+        line = f"{number(self.score)} / {number(self.max_score)}"
         if self.not_gradable:
-            line += f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here)"
+            line += f"  ({number(self.score)} / {number(self.gradable_max_score)} gradable here)"
         return line
 
     def format(self) -> str:
@@ -78,19 +80,19 @@ class GradeReport:
         lines = [f"{self.notebook}", f"assignment {self.assignment}, graded in {mode}", ""]
         width = max([len(t.grade_id) for t in self.tests] + [4])
         for t in self.tests:
-            got = "-" if not t.gradable else _num(t.points)
+            got = "-" if not t.gradable else number(t.points)
             detail = t.status if t.message in ("", t.status) or not t.gradable else f"{t.status}: {t.message}"
-            lines.append(f"  {t.grade_id:<{width}}  {got:>5} / {_num(t.max_points):<3}  {detail}")
+            lines.append(f"  {t.grade_id:<{width}}  {got:>5} / {number(t.max_points):<3}  {detail}")
         lines.append("")
-        total = f"Score: {_num(self.score)} / {_num(self.max_score)}"
+        total = f"Score: {number(self.score)} / {number(self.max_score)}"
         skipped = self.not_gradable
         if skipped:
             held = sum(t.max_points for t in skipped)
             kinds = {t.status for t in skipped}
             need = ("more GPUs" if kinds == {NOT_GRADABLE_GPUS} else "a newer GPU" if kinds == {NOT_GRADABLE_ARCH}
                     else "a GPU")
-            total += (f"  ({_num(self.score)} / {_num(self.gradable_max_score)} gradable here; "
-                      f"{_num(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
+            total += (f"  ({number(self.score)} / {number(self.gradable_max_score)} gradable here; "
+                      f"{number(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
         lines.append(total)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
@@ -143,5 +145,3 @@ class ClassReport:
         return self.format()
 
 
-def _num(x: float) -> str:
-    return f"{x:.2f}".rstrip("0").rstrip(".") if x != int(x) else str(int(x))

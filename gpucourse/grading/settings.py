@@ -19,6 +19,8 @@ Limits (``Limits``; ``timeout`` and ``notebook_timeout`` are arguments of ``grad
 """
 from __future__ import annotations
 
+from .text import ANSI  # noqa: F401 (used here and by the rooms that import it from here)
+
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -70,7 +72,7 @@ ZERO_AT = 10.0
 KERNEL_CODE = ("gpucourse", "kernels", "systems", "benchmarks", "results")
 KERNEL_NAME = "gpucourse-graded"
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
 
 
 class GradingError(runtime.CourseError):
@@ -100,5 +102,5 @@ class Limits:
                 raise runtime.CourseInputError(f"limit {name} must be a positive whole number, not {value!r}")
 
 
-def _within(path: str, root: str) -> bool:
+def is_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")

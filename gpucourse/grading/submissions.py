@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 
 from .. import runtime
-from .integrity import _answers, _integrity_findings, _protected_names, _source_text
+from .integrity import solution_answers, integrity_findings, protected_names, source_text
 from .settings import MAX_CODE_CHARS, MAX_NOTEBOOK_BYTES
 
 
-def _read_notebook(path: Path) -> dict:
+def read_notebook(path: Path) -> dict:
     """A submitted file as notebook JSON (nbformat 4), or CourseInputError saying why it is not one."""
     try:
         size = path.stat().st_size
@@ -37,7 +37,7 @@ def _read_notebook(path: Path) -> dict:
     return nb
 
 
-def _gid(cell) -> str | None:
+def grade_id_of(cell) -> str | None:
     """A cell's nbgrader grade_id, whatever shape the learner left its metadata in."""
     meta = cell.get("metadata") if isinstance(cell, dict) else None
     nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
@@ -57,36 +57,8 @@ def _new_cell(kind: str, text: str, metadata: dict | None = None) -> dict:
     return cell
 
 
-def _restore_locked_cells(nb: dict, source: dict) -> tuple[dict, list[str]]:
-    """Put back the locked cells (tests, read-only cells) the learner deleted, each after the cell that
-    precedes it in the source. nbgrader would put back only test cells (OverwriteCells.add_missing_cells),
-    and in 0.9.6 that fails with a KeyError when the cell before the deleted one is missing as well or is not
-    a test or solution cell. Solution cells are never put back. Returns the notebook and the grade_ids.
-    (``_prepare_submission`` does this and every other repair; this is the deletion repair alone.)"""
-    cells = list(nb["cells"])
-    have = {_gid(c) for c in cells} - {None}
-    ids = {c.get("id") for c in cells}
-    restored, previous = [], None
-    for cell in source["cells"]:
-        g = _gid(cell)
-        if g is None:
-            continue
-        if g not in have and cell["metadata"]["nbgrader"].get("locked"):
-            cell = json.loads(json.dumps(cell))
-            if cell.get("cell_type") == "code":
-                cell["outputs"], cell["execution_count"] = [], None
-            if "id" in cell and cell["id"] in ids:
-                cell["id"] = f"restored-{g}"[:64].replace("_", "-")
-            at = next((i + 1 for i, c in enumerate(cells) if previous is not None and _gid(c) == previous), 0)
-            cells.insert(at, cell)
-            have.add(g)
-            restored.append(g)
-        if g in have:
-            previous = g
-    return {**nb, "cells": cells}, restored
 
-
-def _prepare_submission(learner: dict, source: dict, release: dict | None = None) -> tuple[dict, list[str]]:
+def prepare_submission(learner: dict, source: dict, release: dict | None = None) -> tuple[dict, list[str]]:
     """The learner's notebook rebuilt on the exercise's skeleton, and a note for every repair.
 
     * The exercise's cells (those with a grade_id in the source) come in the source's order. Locked cells are
@@ -106,11 +78,11 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
         raise runtime.CourseInputError("the notebook has no list of cells")
     notes: list[str] = []
     src_cells = source["cells"]
-    src_by_gid = {g: c for c in src_cells if (g := _gid(c))}
-    if not any(_gid(c) in src_by_gid for c in raw):
+    src_by_gid = {g: c for c in src_cells if (g := grade_id_of(c))}
+    if not any(grade_id_of(c) in src_by_gid for c in raw):
         raise runtime.CourseInputError("it has none of the exercise's cells: work in a copy of the released "
                                        "exercise, which carries what the grader needs")
-    rel_by_gid = {g: c for c in (release or {}).get("cells", []) if (g := _gid(c))}
+    rel_by_gid = {g: c for c in (release or {}).get("cells", []) if (g := grade_id_of(c))}
 
     def nbg(cell):
         return cell["metadata"]["nbgrader"]
@@ -124,7 +96,7 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
         if not isinstance(cell, dict):
             dropped += 1
             continue
-        g = _gid(cell)
+        g = grade_id_of(cell)
         if g in src_by_gid and g not in known:
             known[g], current = cell, g
             order.append(g)
@@ -139,17 +111,17 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
         elif g is not None:
             notes.append(f"a cell claimed grade id {g!r}, which this exercise does not have; it ran as an "
                          "ordinary cell")
-        after[current].append(_new_cell(_cell_type(cell), _source_text(cell)))
+        after[current].append(_new_cell(_cell_type(cell), source_text(cell)))
     if dropped:
         notes.append(f"{dropped} entr{'y' if dropped == 1 else 'ies'} of the notebook's cell list "
                      f"{'was' if dropped == 1 else 'were'} not a cell and {'was' if dropped == 1 else 'were'} ignored")
-    if order != [g for g in (_gid(c) for c in src_cells) if g in known]:
+    if order != [g for g in (grade_id_of(c) for c in src_cells) if g in known]:
         notes.append("cells had been moved; the exercise's cells were put back in their order "
                      "(cells you added stay after the cell they followed)")
 
     cells = list(after[None])
     for scell in src_cells:
-        g = _gid(scell)
+        g = grade_id_of(scell)
         if g is None:  # a cell without nbgrader metadata: the learner's copy, if any, is an added cell
             continue
         meta, mine, kind = nbg(scell), known.get(g), scell["cell_type"]
@@ -159,32 +131,32 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
                         f'notebook")' if kind == "code" else "(deleted)")
                 notes.append(f"your answer cell {g} had been deleted; the tests that need it fail")
             else:
-                text = _source_text(mine)
+                text = source_text(mine)
                 if _cell_type(mine) != kind:
                     notes.append(f"your answer cell {g} had been changed to {_cell_type(mine)}; it ran as {kind}")
             cells.append(_new_cell(kind, text, scell["metadata"]))
         else:
-            cells.append(_new_cell(kind, _source_text(scell), scell["metadata"]))
+            cells.append(_new_cell(kind, source_text(scell), scell["metadata"]))
             if mine is None:
                 notes.append(f"cell {g} had been deleted; it was put back and run")
             elif _cell_type(mine) != kind:
                 notes.append(f"cell {g} had been changed to {_cell_type(mine)}; it was put back as {kind}")
-            elif _source_text(mine) not in (_source_text(scell), _source_text(rel_by_gid.get(g, scell))):
+            elif source_text(mine) not in (source_text(scell), source_text(rel_by_gid.get(g, scell))):
                 notes.append(f"cell {g} had been edited; it was run as written in the solution")
         cells.extend(after.get(g, []))
 
     # The integrity rules, on every code cell the learner wrote.
-    protected, same = _protected_names(src_cells)
-    answers = _answers(source)
-    written = sum(len(c["source"]) for c in cells if not (_gid(c) and nbg(c).get("locked")))
+    protected, same = protected_names(src_cells)
+    answers = solution_answers(source)
+    written = sum(len(c["source"]) for c in cells if not (grade_id_of(c) and nbg(c).get("locked")))
     if written > MAX_CODE_CHARS:
         raise runtime.CourseInputError(f"the notebook holds {written} characters of your cells; the grader runs "
                                        f"at most {MAX_CODE_CHARS}")
     for number, cell in enumerate(cells, 1):
-        g = _gid(cell)
+        g = grade_id_of(cell)
         if cell["cell_type"] != "code" or (g and nbg(cell).get("locked")):
             continue
-        findings = _integrity_findings(cell["source"], protected=protected, same=same, answers=answers)
+        findings = integrity_findings(cell["source"], protected=protected, same=same, answers=answers)
         if findings:
             name = f"cell {g}" if g else f"cell {number} (one you added)"
             why = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
@@ -194,7 +166,7 @@ def _prepare_submission(learner: dict, source: dict, release: dict | None = None
                               f"# Your code, not run:\n{commented}")
     used: set[str] = set()
     for number, cell in enumerate(cells):
-        base = re.sub(r"[^A-Za-z0-9_-]", "-", _gid(cell) or f"cell-{number}")[:60] or f"cell-{number}"
+        base = re.sub(r"[^A-Za-z0-9_-]", "-", grade_id_of(cell) or f"cell-{number}")[:60] or f"cell-{number}"
         cid, k = base, 1
         while cid in used:
             cid, k = f"{base[:56]}-{k}", k + 1

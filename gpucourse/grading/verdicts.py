@@ -1,4 +1,4 @@
-"""Scores are deterministic (``_verdict``; nbgrader's ``determine_grade`` is replaced)
+"""Scores are deterministic (``cell_verdict``; nbgrader's ``determine_grade`` is replaced)
     * A test cell that shows an error, or any output on stderr other than a Python warning
       (``WARNING_PATTERN``), scores 0 (nbgrader's rule).
     * Otherwise its value is its score only when the test's own source ends with an expression, and then
@@ -17,16 +17,18 @@
 """
 from __future__ import annotations
 
+from .text import as_text, first_lines  # noqa: F401 (used here and by the rooms that import it from here)
+
 import ast
 import re
 
-from .integrity import _transform_ipython
-from .reports import _num
+from .integrity import transform_ipython
+from .reports import number
 from .settings import (CPU_PERF_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS,
-                       PERF_PREFIX, STEP_PERF_MESSAGE, _ANSI)
+                       PERF_PREFIX, STEP_PERF_MESSAGE, ANSI)
 
 
-def _clip(text: str, chars: int) -> str:
+def clip_text(text: str, chars: int) -> str:
     return text if len(text) <= chars else text[:chars] + f"... [{len(text) - chars} more characters]"
 
 
@@ -34,18 +36,18 @@ def _clip(text: str, chars: int) -> str:
 _PLAIN_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$|^[+-]?(?:nan|inf)$")
 
 
-def _verdict(cell, max_points: float, mode: str | None, event=None) -> tuple[float | None, str, str]:
+def cell_verdict(cell, max_points: float, mode: str | None, event=None) -> tuple[float | None, str, str]:
     """Points (None: needs manual grading), status and message for one graded cell of an autograded
     notebook; the rules are in this module's docstring. ``event``: (status, message) the guarded executor
     recorded for this cell (kernel died, timed out, not run)."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
     grade_id = meta.get("grade_id", "")
     outputs = cell.get("outputs", [])
-    stdout = _text([_text(o.get("text")) for o in outputs
+    stdout = as_text([as_text(o.get("text")) for o in outputs
                     if o.get("output_type") == "stream" and o.get("name") == "stdout"])
     said = [line for line in stdout.splitlines() if line.startswith("performance:")]
     if grade_id.startswith(PERF_PREFIX) and mode == "cpu":
-        line = said[-1] if said and "not gradable" in said[-1] else CPU_PERF_MESSAGE.format(points=_num(max_points))
+        line = said[-1] if said and "not gradable" in said[-1] else CPU_PERF_MESSAGE.format(points=number(max_points))
         return 0.0, NOT_GRADABLE, line
     if event:
         return 0.0, event[0], event[1]
@@ -62,42 +64,32 @@ def _verdict(cell, max_points: float, mode: str | None, event=None) -> tuple[flo
         if any(e.get("ename") == "CellTimeoutError" for e in errors):
             return 0.0, "timed out", "no result in time; the cell was interrupted"
         e = errors[0]
-        message = e.get("ename", "Error") + (f": {_first_lines(e.get('evalue', ''))}" if e.get("evalue") else "")
+        message = e.get("ename", "Error") + (f": {first_lines(e.get('evalue', ''))}" if e.get("evalue") else "")
         return 0.0, "failed", message
-    stderr = [_text(o.get("text")) for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    stderr = [as_text(o.get("text")) for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stderr"]
     if stderr:
         return 0.0, "failed", ("wrote to stderr, which nbgrader scores as a failure: "
-                               + (_first_lines("".join(stderr)) or "(empty)"))
+                               + (first_lines("".join(stderr)) or "(empty)"))
     message = said[-1] if said else ""
     results = [o for o in outputs if o.get("output_type") == "execute_result"]
-    if results and _ends_with_expression(_text(cell.get("source"))):
-        shown = _text((results[-1].get("data") or {}).get("text/plain")).strip()
+    if results and _ends_with_expression(as_text(cell.get("source"))):
+        shown = as_text((results[-1].get("data") or {}).get("text/plain")).strip()
         if _PLAIN_NUMBER.match(shown):
             value = float(shown)
             if not 0 <= value <= max_points:
-                return 0.0, "failed", (f"the test's value {_clip(shown, 40)} is not a number of points between 0 "
-                                       f"and {_num(max_points)}")
+                return 0.0, "failed", (f"the test's value {clip_text(shown, 40)} is not a number of points between 0 "
+                                       f"and {number(max_points)}")
             if value < max_points:
                 return value, "partial" if value > 0 else "failed", \
-                    message or f"the cell's value gave {_num(value)} of {_num(max_points)} points"
+                    message or f"the cell's value gave {number(value)} of {number(max_points)} points"
             return float(max_points), "passed", message or "passed"
     return float(max_points), "passed", message or "passed"
 
 
 def _ends_with_expression(source: str) -> bool:
     try:
-        tree = compile(_transform_ipython(source), "<test>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        tree = compile(transform_ipython(source), "<test>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
     except (SyntaxError, ValueError):
         return False
     return bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";")
 
-
-def _text(x) -> str:
-    if isinstance(x, list):
-        x = "".join(s for s in x if isinstance(s, str))
-    return _ANSI.sub("", x if isinstance(x, str) else "")
-
-
-def _first_lines(text: str, lines: int = 3, chars: int = 400) -> str:
-    text = "\n".join(_text(text).strip().splitlines()[:lines])
-    return text if len(text) <= chars else text[: chars - 3] + "..."

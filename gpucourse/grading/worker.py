@@ -21,17 +21,17 @@ import time
 from pathlib import Path
 
 from .. import runtime
-from .course import _course_config, _tail
-from .reports import _num
+from .course import course_config, tail
+from .reports import number
 from .settings import (
     COURSE_ID, KERNEL_NAME, Limits, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, TRACEBACK_LINES, VALUE_CHARS,
     WARNING_PATTERN)
-from .submissions import _prepare_submission, _read_notebook
-from .verdicts import _clip, _first_lines, _text, _verdict
+from .submissions import prepare_submission, read_notebook
+from .verdicts import clip_text, first_lines, as_text, cell_verdict
 
 
-def _guarded_config(limits: Limits) -> dict:
-    """nbgrader settings of the worker (the guarded preprocessors are set in ``_worker_main``)."""
+def guarded_config(limits: Limits) -> dict:
+    """nbgrader settings of the worker (the guarded preprocessors are set in ``worker_main``)."""
     return {
         "Execute": {"timeout": limits.timeout, "interrupt_on_timeout": True, "kernel_name": KERNEL_NAME,
                     "iopub_timeout": 5, "raise_on_iopub_timeout": True, "shutdown_kernel": "immediate",
@@ -48,7 +48,7 @@ def _guarded_config(limits: Limits) -> dict:
 _RUN: dict = {}  # the notebook being autograded in this worker: its limits, mode and per-cell events
 
 
-def _worker_main() -> None:
+def worker_main() -> None:
     """The worker: read one JSON request a line from the command pipe, answer one JSON line on the result
     pipe. Requests: generate; grade {student, path}; finish {students}; ready; quit."""
     spec_path, cmd_fd, res_fd = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -66,7 +66,7 @@ def _worker_main() -> None:
     from nbconvert.preprocessors import ClearMetadataPreprocessor
     from traitlets.config import Config
 
-    guarded_execute, guarded_save = _guarded_preprocessors()
+    guarded_execute, guarded_save = guarded_preprocessors()
     config = Config(spec["config"])
     config.Autograde.autograde_preprocessors = [guarded_execute, IgnorePattern, ClearMetadataPreprocessor,
                                                 LimitOutput, guarded_save, AssignLatePenalties, CheckCellMetadata]
@@ -99,9 +99,9 @@ def _worker_main() -> None:
 def _why_failed(result: dict) -> str:
     if result.get("success"):
         return ""
-    log = _text(result.get("log", "")) + "\n" + _text(result.get("error", ""))
+    log = as_text(result.get("log", "")) + "\n" + as_text(result.get("error", ""))
     errors = [line.strip() for line in log.splitlines() if re.match(r"\s*[\w.]+(Error|Exception): ", line)]
-    return next((e for e in reversed(errors) if "see the the above traceback" not in e), _tail(log, 3) or "see the log")
+    return next((e for e in reversed(errors) if "see the the above traceback" not in e), tail(log, 3) or "see the log")
 
 
 def _worker_grade(api, spec: dict, student: str, raw: Path) -> dict:
@@ -109,11 +109,11 @@ def _worker_grade(api, spec: dict, student: str, raw: Path) -> dict:
     root, assignment, name = Path(spec["root"]), spec["assignment"], spec["notebook"]
     started = time.monotonic()
     try:
-        learner = _read_notebook(raw)
+        learner = read_notebook(raw)
         source = json.loads((root / "source" / assignment / f"{name}.ipynb").read_text(encoding="utf-8"))
         release_path = root / "release" / assignment / f"{name}.ipynb"
         release = json.loads(release_path.read_text(encoding="utf-8")) if release_path.is_file() else None
-        nb, notes = _prepare_submission(learner, source, release)
+        nb, notes = prepare_submission(learner, source, release)
     except runtime.CourseInputError as exc:
         message = str(exc)
         return {"ok": False, "error": message if message.startswith(f"{name}.ipynb") else f"{name}.ipynb: {message}"}
@@ -138,7 +138,7 @@ def _worker_report(root: Path, assignment: str, name: str, student: str, mode: s
 
     graded = root / "autograded" / student / assignment / f"{name}.ipynb"
     cells = json.loads(graded.read_text(encoding="utf-8"))["cells"]
-    with Gradebook(_course_config(root)["CourseDirectory"]["db_url"], course_id=COURSE_ID) as gb:
+    with Gradebook(course_config(root)["CourseDirectory"]["db_url"], course_id=COURSE_ID) as gb:
         sub = gb.find_submission_notebook(name, assignment, student)
         grades = {g.name: (g.score, float(g.max_score), bool(g.needs_manual_grade)) for g in sub.grades}
     tests, notes = [], []
@@ -148,7 +148,7 @@ def _worker_report(root: Path, assignment: str, name: str, student: str, mode: s
         if not meta.get("grade") or grade_id not in grades:
             continue
         score, max_score, manual = grades.pop(grade_id)
-        _, status, message = _verdict(cell, max_score, mode, events.get(index))
+        _, status, message = cell_verdict(cell, max_score, mode, events.get(index))
         if manual:
             status, message = "needs manual grading", ""
         tests.append({"grade_id": grade_id, "points": float(score or 0.0), "max_points": max_score,
@@ -164,9 +164,9 @@ def _worker_report(root: Path, assignment: str, name: str, student: str, mode: s
             notes.append(f"cell {_cell_label(cell, index)}: {stop[1]}")
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error" and out.get("ename") == "PermissionError" and \
-                    _text(out.get("evalue")).startswith("the grader ") and \
-                    not _text(out.get("evalue")).startswith("the grader did not run"):
-                notes.append(f"cell {_cell_label(cell, index)}: PermissionError: {_first_lines(out['evalue'], 1)}")
+                    as_text(out.get("evalue")).startswith("the grader ") and \
+                    not as_text(out.get("evalue")).startswith("the grader did not run"):
+                notes.append(f"cell {_cell_label(cell, index)}: PermissionError: {first_lines(out['evalue'], 1)}")
     return {"mode": mode, "tests": tests, "notes": notes}
 
 
@@ -182,10 +182,10 @@ def _annotate(graded: Path, tests: list[dict]) -> None:
         t = verdicts.get(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
         if t is None or cell.get("cell_type") != "code":
             continue
-        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH) else _num(t["points"])
+        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH) else number(t["points"])
         detail = t["status"] if t["message"] in ("", t["status"]) else f"{t['status']}: {t['message']}"
         cell.setdefault("outputs", []).append({"output_type": "stream", "name": "stdout",
-                                               "text": f"grader: {got} / {_num(t['max_points'])}, {detail}\n"})
+                                               "text": f"grader: {got} / {number(t['max_points'])}, {detail}\n"})
     graded.write_text(json.dumps(nb, indent=1), encoding="utf-8")
 
 
@@ -201,12 +201,12 @@ def _worker_finish(api, spec: dict, students: list[str]) -> dict:
         log.append(r.get("log", ""))
         if not r["success"]:
             return {"ok": False, "error": f"feedback for {student}: {_why_failed(r)}", "log": "\n".join(log)}
-    with Gradebook(_course_config(root)["CourseDirectory"]["db_url"], course_id=COURSE_ID) as gb:
+    with Gradebook(course_config(root)["CourseDirectory"]["db_url"], course_id=COURSE_ID) as gb:
         CsvExportPlugin(to=str(root / "grades.csv")).export(gb)
     return {"ok": True, "csv": str(root / "grades.csv")}
 
 
-def _guarded_preprocessors():
+def guarded_preprocessors():
     """nbgrader's executor and score keeper with the grader's limits and rules (defined here, in the
     worker, because they subclass nbgrader's classes)."""
     import nbformat
@@ -264,7 +264,7 @@ def _guarded_preprocessors():
                         stop = "an earlier cell could not be interrupted"
                     except Exception as exc:  # noqa: BLE001 - a grader failure on one cell, not the notebook
                         events[index] = ("failed", f"the grader could not run this cell ({type(exc).__name__}: "
-                                         f"{_first_lines(str(exc), 1, 200)}); the cells after it were not run")
+                                         f"{first_lines(str(exc), 1, 200)}); the cells after it were not run")
                         cell.outputs.append(error_output("GraderError", events[index][1]))
                         stop = "the grader could not run an earlier cell"
                     else:
@@ -297,14 +297,14 @@ def _guarded_preprocessors():
             limits: Limits = _RUN["limits"]
             kind = out.get("output_type")
             if kind == "error":
-                out["evalue"] = _clip(str(out.get("evalue", "")), 4000)
+                out["evalue"] = clip_text(str(out.get("evalue", "")), 4000)
                 tb = list(out.get("traceback", []))
                 out["traceback"] = tb[:TRACEBACK_LINES] + ([f"... {len(tb) - TRACEBACK_LINES} more lines"]
                                                            if len(tb) > TRACEBACK_LINES else [])
                 return out
             if kind == "execute_result":
                 data = out.get("data", {})
-                plain = _clip(_text(data.get("text/plain", "")), VALUE_CHARS)
+                plain = clip_text(as_text(data.get("text/plain", "")), VALUE_CHARS)
                 out["data"] = {"text/plain": plain} if _output_chars(out) > VALUE_CHARS * 2 else data
                 return out
             size = _output_chars(out)
@@ -316,7 +316,7 @@ def _guarded_preprocessors():
                 return out
             stream = out.get("name") if kind == "stream" else "stdout"
             if kind == "stream" and budget > 0:
-                out["text"] = _text(out.get("text"))[:budget]
+                out["text"] = as_text(out.get("text"))[:budget]
                 self._chars["cell"] += budget
                 self._chars["notebook"] += budget
             elif display_id:
@@ -333,7 +333,7 @@ def _guarded_preprocessors():
             return out
 
     class GuardedSaveAutoGrades(SaveAutoGrades):
-        """SaveAutoGrades scoring with ``_verdict`` instead of nbgrader's determine_grade."""
+        """SaveAutoGrades scoring with ``cell_verdict`` instead of nbgrader's determine_grade."""
 
         def preprocess_cell(self, cell, resources, cell_index):
             self._index = cell_index
@@ -342,7 +342,7 @@ def _guarded_preprocessors():
         def _add_score(self, cell, resources):
             grade = self.gradebook.find_grade(cell.metadata["nbgrader"]["grade_id"], self.notebook_id,
                                               self.assignment_id, self.student_id)
-            points, _, _ = _verdict(cell, float(cell.metadata["nbgrader"]["points"]), _RUN["mode"],
+            points, _, _ = cell_verdict(cell, float(cell.metadata["nbgrader"]["points"]), _RUN["mode"],
                                     _RUN.get("events", {}).get(self._index))
             grade.auto_score = points
             grade.needs_manual_grade = grade.manual_score is not None or points is None
@@ -368,5 +368,5 @@ def _describe_exit(code) -> str:
 
 def _output_chars(out) -> int:
     if out.get("output_type") == "stream":
-        return len(_text(out.get("text")))
+        return len(as_text(out.get("text")))
     return sum(len(v) if isinstance(v, str) else len(json.dumps(v)) for v in (out.get("data") or {}).values())
