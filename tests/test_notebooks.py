@@ -32,6 +32,12 @@ def test_lesson_is_a_complete_slice(lesson):
     assert list(ROOT.glob(f"solutions/{lesson}/*.ipynb")), "no nbgrader source in solutions/"
     assert list(ROOT.glob(f"exercises/{lesson}/*.ipynb")), "no generated exercise in exercises/"
     assert list(ROOT.glob(f"tests/test_{number}_*.py")), "no tests/test_NN_*.py"
+    topic = lesson[3:]  # one name in every room: kernels, benchmarks, tests, solutions, results
+    assert (ROOT / "kernels" / f"{topic}.py").exists() or (ROOT / "kernels" / topic).is_dir(), f"no kernels/{topic}"
+    assert (ROOT / "benchmarks" / f"{topic}.py").exists(), f"no benchmarks/{topic}.py"
+    assert list(ROOT.glob(f"tests/test_{lesson}*.py")), f"no tests/test_{lesson}*.py"
+    assert list(ROOT.glob(f"solutions/{lesson}/{topic}.ipynb")), f"no solutions/{lesson}/{topic}.ipynb"
+    assert list(ROOT.glob(f"results/*/{lesson}.json")), f"no results/<gpu>/{lesson}.json"
 
 
 @pytest.mark.parametrize("path", [ROOT / f"notebooks/{n}.ipynb" for n in LESSONS]
