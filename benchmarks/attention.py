@@ -9,6 +9,7 @@ with each backend forced, forward and forward + backward, in TFLOP/s and as a sh
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -16,8 +17,10 @@ from gpucourse import bench, plots, runtime
 from gpucourse.records import Figure
 from kernels import attention as A
 from kernels.attention import triton_kernels as T
+from kernels.attention.flash import WGMMA_DEFAULT
 
 LESSON = "09_attention"
+ROOT = Path(__file__).resolve().parents[1]
 ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
@@ -156,11 +159,22 @@ def plot_naive(t: dict, source: str):
 
 # ------------------------------------------------------------------------------------ flash's memory
 
-def _flash_kernels(torch, causal: bool):
+def wgmma_variants(d: int = HEAD_DIM) -> list:
+    """The Hopper kernel's variants the field times at head dim d: serial, pipelined and ping-pong, in that order."""
+    from kernels.attention.flash import WGMMA_VARIANTS
+
+    return list(WGMMA_VARIANTS[d])
+
+
+def _flash_kernels(torch, causal: bool, q_dim: int = HEAD_DIM):
     """name -> forward on CuPy (q, k, v), for the course's kernels this GPU runs."""
     out = {}
     from gpucourse import gpus
 
+    if gpus.status("09.wgmma").runs:  # Hopper: each step of FlashAttention-3's structure, so the figure shows what it buys
+        for variant in wgmma_variants(q_dim):
+            out[f"wgmma {variant} (CUDA C)"] = (lambda variant: lambda q, k, v: A.flash_wgmma(
+                q, k, v, causal=causal, variant=variant))(variant)
     if gpus.status("09.wmma").runs:
         out["WMMA (CUDA C)"] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
     if torch is not None and T.available() is None:
@@ -176,7 +190,10 @@ def measure_memory(n: int = 16384, batch: int = 2, heads: int = HEADS, d: int = 
     pool = cp.get_default_memory_pool()
     need = 4 * batch * heads * n * d * 2 + batch * heads * n * 4
     rows = {}
-    for name, fwd in _flash_kernels(torch, False).items():
+    kernels = _flash_kernels(torch, False, d)
+    for name, fwd in kernels.items():
+        if name.startswith("wgmma") and name != f"wgmma {WGMMA_DEFAULT[d]} (CUDA C)":
+            continue  # the variants differ in the order of their work, not in what they hold
         q, k, v = (cp.random.standard_normal((batch, heads, n, d), dtype=cp.float32).astype(cp.float16) for _ in range(3))
         fwd(q, k, v)  # compiled (and, for Triton, autotuned, which borrows a buffer) before the measurement
         pool.free_all_blocks()  # the float32 draws' blocks: not the kernel's
@@ -251,7 +268,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                         run["fwd_bwd"][name] = t.tflops(3.5 * fwd_flops)
                 except RuntimeError as exc:  # a backend that does not take this shape says so
                     run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
-            for name, fwd in _flash_kernels(torch, causal).items():
+            for name, fwd in _flash_kernels(torch, causal, d).items():
                 o = fwd(q, k, v)[0]
                 o = torch.from_dlpack(o) if not isinstance(o, torch.Tensor) else o
                 run["errors"][name] = float((o.float() - ref).abs().max())
@@ -322,9 +339,78 @@ def plot_field(t: dict, source: str, causal: bool = False, part: str = "fwd"):
                              f"{'causal' if causal else 'full'}, d = {t['d']}")
 
 
+# -------------------------------------------------------------------------------------------- ncu
+
+PROFILE_N, PROFILE_BATCH = 4096, 8
+PROFILE_METRICS = {
+    "gpu__time_duration.sum": "duration",
+    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active": "wgmma pipe (%)",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "mma.sync pipe (%)",
+    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": "exp2 (XU) pipe (%)",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy (%)",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM (%)",
+    "launch__registers_per_thread": "registers",
+}
+PROFILE_SNIPPET = f"""
+import gpucourse
+gpucourse.setup("gpu", quiet=True)
+import cupy as cp, torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+from gpucourse import gpus
+from kernels import attention as A
+rs = cp.random.RandomState(0)
+q, k, v = ((rs.standard_normal(({PROFILE_BATCH}, {HEADS}, {PROFILE_N}, {HEAD_DIM}), dtype=cp.float32) * 0.5).astype(cp.float16)
+           for _ in range(3))
+if gpus.status("09.wgmma").runs:
+    A.flash_wgmma(q, k, v)
+A.flash_wmma(q, k, v)
+tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+    with sdpa_kernel(backend):
+        sdpa(tq, tk, tv)
+torch.cuda.synchronize()
+"""
+
+
+def measure_profile() -> dict:
+    """ncu on each forward kernel at N = 4096 (batch 8, 16 heads of 128, not causal): the course's Hopper and WMMA
+    kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2 unit, with
+    how many warps and registers."""
+    import os
+
+    from gpucourse import profile
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    try:
+        rows = profile.ncu(PROFILE_SNIPPET, metrics=PROFILE_METRICS, kernel="flash|fmha|sdpa|cudnn", timeout=300, env=env)
+        return {"ok": True, "why": "", "rows": rows, "N": PROFILE_N, "batch": PROFILE_BATCH, "heads": HEADS,
+                "d": HEAD_DIM, "flops": A.attention_flops(PROFILE_BATCH, HEADS, PROFILE_N, HEAD_DIM)}
+    except profile.ProfilerUnavailable as exc:
+        return {"ok": False, "why": str(exc), "rows": []}
+
+
+def text_profile(p: dict) -> str:
+    """A row per kernel: TFLOP/s from ncu's duration, and its counters."""
+    from gpucourse import profile
+
+    if not p["ok"]:
+        return f"ncu: {p['why']}"
+    keys = [k for k in PROFILE_METRICS if k != "gpu__time_duration.sum"]
+    lines = [f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, not causal)",
+             f"{'kernel':44} {'TFLOP/s':>8} " + " ".join(f"{PROFILE_METRICS[k]:>19}" for k in keys)]
+    for r in p["rows"]:
+        dur = r.get("gpu__time_duration.sum")
+        tf = p["flops"] / (dur * 1e-9) / 1e12 if isinstance(dur, float) and dur > 0 else float("nan")
+        lines.append(f"{profile.short_name(r['kernel'], 44):44} {tf:8.0f} " + " ".join(
+            f"{r[k]:19.1f}" if isinstance(r.get(k), float) else f"{'-':>19}" for k in keys))
+    return "\n".join(lines)
+
+
 FIGURES = {
     "softmax": Figure(measure_softmax, plot_softmax, text_softmax),
     "naive": Figure(measure_naive, plot_naive, text_naive),
     "memory": Figure(measure_memory, None, text_memory),
     "field": Figure(measure_field, plot_field, text_field),
+    "profile": Figure(measure_profile, None, text_profile, optional=True),
 }

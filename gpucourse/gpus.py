@@ -93,6 +93,7 @@ STEPS = {s.key: s for s in (
     Step("04.wgmma", "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
     Step("09.wmma", "lesson 9's FlashAttention on the tensor cores (WMMA)", needs=("fp16-wmma",),
          prefers=("cp.async",), fallback="copies the K and V tiles with ordinary loads, synchronously (no overlap)"),
+    Step("09.wgmma", "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
 )}
 
 LESSONS = {

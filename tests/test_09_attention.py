@@ -174,6 +174,84 @@ def test_every_region_compiles_when_edited():
         assert ".entry flash_wmma_d64(" in ptx
 
 
+def test_hopper_kernel_compiles_with_its_instructions():
+    """Every variant the launcher names is in the source, built from wgmma, the TMA, mbarriers and setmaxnreg."""
+    from kernels.attention.flash import WGMMA_VARIANTS
+
+    ptx = cuda_c.compile_ptx("attention_wgmma", "sm_90a")
+    for d, variants in WGMMA_VARIANTS.items():
+        for variant in variants:
+            for suffix in ("", "_causal"):
+                assert f".entry flash_wgmma_d{d}_{variant}{suffix}(" in ptx
+    body = cuda_c.ptx_entry(ptx, "flash_wgmma_d128_pingpong")
+    for instruction in ("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16", "cp.async.bulk.tensor.2d",
+                        "mbarrier.try_wait.parity", "setmaxnreg.inc", "bar.arrive"):
+        assert instruction in body, instruction
+    assert "trap;" in cuda_c.ptx_entry(cuda_c.compile_ptx("attention_wgmma", "sm_80"), "flash_wgmma_d64_serial")
+
+
+def test_every_hopper_region_compiles_when_edited():
+    for name in cuda_c.regions("attention_wgmma"):
+        ptx = cuda_c.compile_ptx("attention_wgmma", "sm_90a", edits={name: cuda_c.region("attention_wgmma", name)})
+        assert ".entry flash_wgmma_d128_serial(" in ptx
+
+
+def _hopper_or_skip():
+    from gpucourse import gpus
+
+    st = gpus.status("09.wgmma")
+    if not st.runs:
+        pytest.skip(st.line())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,variant", [(d, v) for d, vs in A.flash.WGMMA_VARIANTS.items() for v in vs])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(2, 3, 384), (1, 1, 1024)])
+def test_wgmma_flash_on_gpu(rng, d, variant, causal, shape):
+    _hopper_or_skip()
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((*shape, d)).astype(np.float16) for _ in range(3))
+    o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+    assert err < 1e-2, err
+    np.testing.assert_allclose(lse.get(), rl, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_wgmma_probes_check_each_product(rng):
+    """S = Q K^T alone (both operands from shared memory), and (Q K^T) V with P from registers: each GEMM's layout."""
+    _hopper_or_skip()
+    cp = runtime.cupy()
+    q, k, v = ((rng.standard_normal((1, 2, 256, 128)) * 0.3).astype(np.float16) for _ in range(3))
+    g = [cp.asarray(x) for x in (q, k, v)]
+    s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2)
+    o, _ = A.flash_wgmma(*g, probe="scores")
+    np.testing.assert_allclose(o.get(), s[..., :128], atol=2e-2)
+    o, _ = A.flash_wgmma(*g, probe="pv")
+    ref = s.astype(np.float16).astype(np.float64) @ v.astype(np.float64)
+    assert np.abs(o.get() - ref).max() / np.abs(ref).max() < 1e-2
+
+
+@pytest.mark.gpu
+def test_wgmma_flash_refuses_bad_input():
+    _hopper_or_skip()
+    cp = runtime.cupy()
+    with pytest.raises(runtime.CourseInputError, match="N = 200 is not a multiple"):
+        a = cp.zeros((1, 1, 200, 64), cp.float16)
+        A.flash_wgmma(a, a, a)
+    with pytest.raises(runtime.CourseInputError, match="head dim 96"):
+        a = cp.zeros((1, 1, 128, 96), cp.float16)
+        A.flash_wgmma(a, a, a)
+    with pytest.raises(runtime.CourseInputError, match="float16"):
+        b = cp.zeros((1, 1, 128, 64), cp.float32)
+        A.flash_wgmma(b, b, b)
+    with pytest.raises(runtime.CourseInputError, match="no variant 'fast'"):
+        a = cp.zeros((1, 1, 128, 64), cp.float16)
+        A.flash_wgmma(a, a, a, variant="fast")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["three_pass", "online"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -279,17 +357,46 @@ def test_triton_forward_and_backward_against_numpy_and_autograd():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
 
 
+TRITON_REFUSALS = """
+import sys
+sys.path.insert(0, {root!r})
+import numpy as np, torch
+from gpucourse import runtime
+from kernels.attention import triton_kernels as T
+a = torch.zeros((1, 1, 16, 24), dtype=torch.float16)
+b = torch.zeros((1, 1, 16, 16), dtype=torch.float32)
+for args, words in (((a, a, a), "head dim 24"), ((b, b, b), "float16 or bfloat16"),
+                    ((np.zeros((1, 1, 16, 16)), b, b), "PyTorch tensor")):
+    try:
+        T.flash_forward(*args)
+    except runtime.CourseInputError as exc:
+        assert words in str(exc), (words, str(exc))
+    else:
+        raise AssertionError(f"no error for {{words}}")
+print("ok")
+"""
+
+
 def test_triton_refuses_bad_input():
-    _triton_env()
-    import torch
+    """In a fresh Python, as the other Triton test: a process of the test suite may hold TensorFlow, with which
+    Triton cannot share one (test_triton_beside_tensorflow_is_a_clear_error)."""
+    done = subprocess.run([sys.executable, "-c", TRITON_REFUSALS.format(root=str(ROOT))], env=_triton_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
 
-    from kernels.attention import triton_kernels as T
 
-    a = torch.zeros((1, 1, 16, 24), dtype=torch.float16)
-    with pytest.raises(runtime.CourseInputError, match="head dim 24"):
-        T.flash_forward(a, a, a)
-    b = torch.zeros((1, 1, 16, 16), dtype=torch.float32)
-    with pytest.raises(runtime.CourseInputError, match="float16 or bfloat16"):
-        T.flash_forward(b, b, b)
-    with pytest.raises(runtime.CourseInputError, match="PyTorch tensor"):
-        T.flash_forward(np.zeros((1, 1, 16, 16)), b, b)
+def test_triton_beside_tensorflow_is_a_clear_error():
+    """Triton and TensorFlow each carry LLVM, and importing the second aborts the process; the course says so instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorflow") is None:
+        pytest.skip("TensorFlow is not installed here")
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import tensorflow, torch\n"
+            "from gpucourse import runtime\n"
+            "from kernels.attention import triton_kernels as T\n"
+            "a = torch.zeros((1, 1, 16, 16), dtype=torch.float16)\n"
+            "try:\n    T.flash_forward(a, a, a)\n"
+            "except runtime.CourseError as exc:\n    print('refused:', exc)\n") % str(ROOT)
+    done = subprocess.run([sys.executable, "-c", code], env=_triton_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "refused: Triton cannot be loaded" in done.stdout, done.stdout + done.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Lesson 9, FlashAttention's forward pass: a readable numba kernel (one thread per query row, K and V tiles
-through shared memory; it also runs in the simulator), and the tensor-core kernel of kernels/cuda/attention.cu
-(WMMA, sm_80+) with its launcher. Both return (o, lse) as specs.attention_spec does."""
+through shared memory; it also runs in the simulator), the tensor-core kernel of kernels/cuda/attention.cu
+(WMMA, sm_80+) and Hopper's of kernels/cuda/attention_wgmma.cu (wgmma fed by the TMA, a producer warpgroup and two
+consumers), with their launchers. All return (o, lse) as specs.attention_spec does."""
 from __future__ import annotations
 
 import math
@@ -17,6 +18,17 @@ SOURCE = "attention"
 BLOCK_M, BLOCK_N, MAX_D = 32, 32, 128  # the numba kernel: query rows a block, keys a tile, the largest head dim
 WMMA_HEAD_DIMS = (64, 128)
 WMMA_WARPS, WMMA_BLOCK_N = 8, 64
+WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
+# Hopper's variants (kernels/cuda/attention_wgmma.cu): keys a tile, stages of K and V, and how a consumer orders its
+# work: "serial" (S, softmax, P V, each waiting for the last), "pipelined" (S of the next tile and P V of this one
+# issued together, the softmax of the next while P V runs), "pingpong" (pipelined, and the two consumers take turns
+# at the tensor cores). "_n64": tiles of 64 keys, where 128 would not leave the registers it needs.
+WGMMA_VARIANTS = {
+    64: {"serial": (128, 4), "pipelined": (128, 4), "pingpong": (128, 4)},
+    128: {"serial": (128, 2), "pipelined": (128, 2), "pingpong": (128, 2), "pipelined_n64": (64, 4),
+          "pingpong_n64": (64, 4)},
+}
+WGMMA_DEFAULT = {64: "serial", 128: "serial"}  # the fastest on an H100 (records: the field)
 LOG2E = 1.4426950408889634
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
 NUMBA_KERNELS = {"flash_forward_numba": "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
@@ -117,3 +129,75 @@ def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None 
     fn((math.ceil(N / (16 * WMMA_WARPS)), B * H), (32 * WMMA_WARPS,),
        (q, k, v, o, lse, np.int32(N), np.float32(_scale(D, scale) * LOG2E)), shared_mem=smem)
     return o, lse
+
+
+def wgmma_smem_bytes(d: int, block_n: int, stages: int) -> int:
+    """Shared memory of one block of the Hopper kernel: 1 KiB to align the swizzled tiles, Q's tile, the stages of
+    K and V, and the mbarriers (Q full; K full, V full and empty per stage)."""
+    return 1024 + WGMMA_BLOCK_M * d * 2 + 2 * stages * block_n * d * 2 + 8 * (1 + 3 * stages)
+
+
+def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | None = None, edits: dict | None = None,
+                probe: str | None = None) -> tuple:
+    """FlashAttention forward on Hopper (compute capability 9.0): wgmma fed by the TMA, one producer warpgroup and
+    two consumer warpgroups of 64 query rows each, for CuPy float16 arrays of shape (batch, heads, N, d) (or
+    (heads, N, d), (N, d)), d 64 or 128, N a multiple of 128: (o, lse) with lse float32. ``variant``: one of
+    WGMMA_VARIANTS[d] (default WGMMA_DEFAULT[d]). ``probe`` ("scores" or "pv", d = 128, for the tests of the
+    parts): o is S = Q K^T of the first 128 keys, or (Q K^T) V without the softmax."""
+    import ctypes
+
+    cp = runtime.cupy()
+    from gpucourse import gpus
+    from kernels.tensor_cores import launch_hopper, tensor_map
+
+    B, H, N, D = check_qkv(q, k, v, "flash_wgmma")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, cp.ndarray) or a.dtype != cp.float16 or not a.flags.c_contiguous:
+            raise runtime.CourseInputError(f"flash_wgmma: {name} must be a contiguous CuPy float16 array")
+    if D not in WGMMA_HEAD_DIMS:
+        raise runtime.CourseInputError(f"flash_wgmma: head dim {D} is not one the kernel is built for "
+                                       f"({', '.join(map(str, WGMMA_HEAD_DIMS))})")
+    if N % WGMMA_BLOCK_M:
+        raise runtime.CourseInputError(f"flash_wgmma: N = {N} is not a multiple of the kernel's {WGMMA_BLOCK_M}-row "
+                                       f"tiles; pad the sequence (and mask the padding) or use flash_wmma")
+    variant = variant or WGMMA_DEFAULT[D]
+    if variant not in WGMMA_VARIANTS[D]:
+        raise runtime.CourseInputError(f"flash_wgmma: no variant {variant!r} for head dim {D}; there are "
+                                       f"{', '.join(WGMMA_VARIANTS[D])}")
+    block_n, stages = WGMMA_VARIANTS[D][variant]
+    if probe is not None:
+        if probe not in ("scores", "pv") or D != 128 or causal:
+            raise runtime.CourseInputError("flash_wgmma: probe is 'scores' or 'pv', for d = 128, not causal")
+        name, block_n, stages = f"flash_wgmma_d128_probe_{probe}", 128, 2
+    else:
+        name = f"flash_wgmma_d{D}_{variant}" + ("_causal" if causal else "")
+    gpus.step("09.wgmma")
+    smem = wgmma_smem_bytes(D, block_n, stages)
+    fn = _wgmma_function(name, smem, tuple(sorted((edits or {}).items())))
+    o = cp.empty_like(q)
+    lse = cp.empty(q.shape[:-1], dtype=cp.float32)
+    rows = B * H * N
+    maps = [tensor_map(x.reshape(rows, D), (box, 64)) for x, box in ((q, WGMMA_BLOCK_M), (k, block_n), (v, block_n))]
+    args = [*maps, ctypes.c_uint64(o.data.ptr), ctypes.c_uint64(lse.data.ptr), ctypes.c_int32(N),
+            ctypes.c_float(_scale(D, scale) * LOG2E)]
+    launch_hopper(fn, (N // WGMMA_BLOCK_M, B * H), 384, smem, args, name)
+    return o, lse
+
+
+_wgmma_ready: dict = {}
+
+
+def _wgmma_function(name: str, smem: int, edits: tuple):
+    """Kernel ``name`` of attention_wgmma.cu compiled for sm_90a (with ``edits`` in place of those regions),
+    allowed ``smem`` bytes of dynamic shared memory once this GPU is known to give a block that much."""
+    key = (name, edits)
+    if key not in _wgmma_ready:
+        cp = runtime.cupy()
+        optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
+        if smem > optin:
+            raise runtime.CourseInputError(f"{name} needs {smem} bytes of shared memory; this GPU allows {optin} "
+                                           "per block")
+        fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a", dict(edits)).get_function(name)
+        fn.max_dynamic_shared_size_bytes = smem
+        _wgmma_ready[key] = fn
+    return _wgmma_ready[key]

@@ -23,19 +23,28 @@ LOG2E = 1.4426950408889634
 
 
 def available() -> str | None:
-    """None where Triton and PyTorch can run these kernels here (a GPU, or the interpreter); else why not."""
-    try:
-        import torch  # noqa: F401
-        import triton  # noqa: F401
-    except ImportError as exc:
-        return f"Triton's kernels need triton and PyTorch, and {exc.name} is not installed"
+    """None where Triton and PyTorch can run these kernels here (a GPU, or the interpreter); else why not. Asks
+    without importing either (importing Triton into a process that holds TensorFlow aborts it: see ``_lib``)."""
+    import importlib.util
+
+    for name in ("torch", "triton"):
+        if importlib.util.find_spec(name) is None:
+            return f"Triton's kernels need triton and PyTorch, and {name} is not installed"
     return None
 
 
 def _lib():
+    import sys
+
     why = available()
     if why:
         raise runtime.CourseError(why)
+    if "triton" not in sys.modules and "tensorflow" in sys.modules:
+        # Both carry their own LLVM; loading the second registers LLVM's options twice and LLVM aborts the process
+        # ("CommandLine Error: Option ... registered more than once!"), taking a notebook's kernel with it.
+        raise runtime.CourseError("Triton cannot be loaded into a Python process that has imported TensorFlow (both "
+                                  "carry LLVM, and the second one loaded aborts the process): restart the kernel, or "
+                                  "run Triton's kernels in a process without TensorFlow")
     import torch
     import triton
     import triton.language as tl

@@ -1,0 +1,402 @@
+// gpucourse-arch: sm_90a
+// Lesson 9, the Hopper step: FlashAttention's forward pass on warpgroup MMA (wgmma.mma_async), fed by the Tensor
+// Memory Accelerator, in FlashAttention-3's shape (Shah et al., 2024). Launched by kernels/attention/flash.py
+// (flash_wgmma).
+//
+// Q, K, V, O: (batch x heads) x N x D, FP16, row-major; LSE: (batch x heads) x N, FP32 (natural log). D is 64 or
+// 128; N a multiple of 128 (the launcher refuses others). One block computes BM = 128 rows of O for one head with
+// three warpgroups of 128 threads:
+//   * warpgroup 0 is the PRODUCER: one thread asks the TMA for Q's tile once, then for K's and V's tiles of
+//     BN = 128 keys into a ring of STAGES stages, each with its own "K full", "V full" and "empty" mbarrier; the
+//     copy engine writes them in the 128-byte swizzle the MMAs read. It never computes.
+//   * warpgroups 1 and 2 are CONSUMERS, 64 rows of Q each: S = Q K^T (wgmma, both operands in shared memory),
+//     the online softmax on S in registers, then O += P V (wgmma with P as the A operand straight from
+//     registers: the accumulator's layout of S is the A operand's layout of P, so P never touches shared memory).
+// In the PIPELINED variant a consumer issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) together and does the
+// softmax of tile t while the tensor cores still work on P(t-1) V(t-1) (FlashAttention-3's intra-warpgroup
+// overlap); with PINGPONG the two consumers also take turns at the tensor cores (named barriers), so that one's
+// softmax runs while the other's GEMMs do. Causal: tiles wholly above the diagonal are never loaded, the
+// diagonal tile is masked, and the blocks with the most tiles are launched first.
+//
+// Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
+#include <cuda_fp16.h>
+#include "hopper.cuh"
+
+namespace hopper {
+
+#ifdef GPUCOURSE_WGMMA
+// ------------------------------------------------------------------- wgmma with A from registers
+// D (64 x 64 or 64 x 128, FP32) += A (64 x 16, FP16, four 32-bit registers a thread: the same places as an
+// accumulator's 16 columns) B (16 x N, FP16 in shared memory, its descriptor). TB: B stored K-major (0) or MN-major (1).
+template <int TB>
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[4][8], const unsigned (&a)[4], unsigned long long db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, %37;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[8][8], const unsigned (&a)[4], unsigned long long db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, %69;\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[4][4]), "+f"(d[4][5]), "+f"(d[4][6]), "+f"(d[4][7]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[5][4]), "+f"(d[5][5]), "+f"(d[5][6]), "+f"(d[5][7]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+
+template <int N, int TB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 16][8], const unsigned (&a)[4], unsigned long long db) {
+  if constexpr (N == 128) {
+    wgmma_rs_m64n128k16<TB>(d, a, db);
+  } else {
+    static_assert(N == 64, "the P V product here is 64 or 128 columns wide (the head dim)");
+    wgmma_rs_m64n64k16<TB>(d, a, db);
+  }
+}
+
+// The registers an asynchronous wgmma reads or writes must stay where they are until its wait: the compiler does
+// not know the instruction is still running, and would otherwise reuse them or move arithmetic on them across
+// the wait. An empty asm that "reads and writes" each one pins it (CUTLASS's warpgroup_fence_operand).
+template <int R, int C>
+__device__ __forceinline__ void pin(float (&x)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+f"(x[i][j])::"memory");
+}
+template <int R, int C>
+__device__ __forceinline__ void pin(unsigned (&x)[R][C]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < C; ++j) asm volatile("" : "+r"(x[i][j])::"memory");
+}
+
+// Named barriers 1 and 2 (0 is __syncthreads): consumer c waits on its own, the other consumer arrives on it.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+
+// What the two consumers' threads know of their rows: the running max m (log2 units, scaled), and the running
+// sum l of this thread's own columns (the four threads of a row add theirs together only at the end).
+struct RowState {
+  float m[2], l[2];
+};
+
+// region: flash_wgmma_softmax
+// The online softmax of one 64 x BN tile of scores S held as wgmma accumulators. Thread (warp w, lane) holds rows
+// r = 16w + lane/4 (h = 0) and r + 8 (h = 1); element e of column block j is row h = (e / 2) % 2, column
+// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. Masks the keys past the diagonal when ``diag`` (causal), updates the
+// running max and sum, overwrites S with exp2(S scale - m), and returns the factor alpha[h] by which the output's
+// rows must be scaled to the new max.
+template <int BN>
+__device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState& st, float (&alpha)[2],
+                                               float scale_log2, bool diag, int row0, int key0) {
+  const int lane = threadIdx.x % 32;
+  if (diag) {  // keys past the row are not seen: -inf
+#pragma unroll
+    for (int j = 0; j < BN / 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int row = row0 + 8 * ((e >> 1) & 1), key = key0 + 16 * j + 8 * (e >> 2) + 2 * (lane % 4) + (e & 1);
+        if (key > row) s[j][e] = __int_as_float(0xff800000);
+      }
+  }
+  float mx[2] = {__int_as_float(0xff800000), __int_as_float(0xff800000)};
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[j][e]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // the row's four threads agree on its max
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
+    const float m_new = fmaxf(st.m[h], mx[h] * scale_log2);
+    alpha[h] = exp2f(st.m[h] - m_new);  // 0 on a row's first tile (m = -inf)
+    st.m[h] = m_new;
+    st.l[h] *= alpha[h];
+  }
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const int h = (e >> 1) & 1;
+      s[j][e] = exp2f(fmaf(s[j][e], scale_log2, -st.m[h]));
+      st.l[h] += s[j][e];
+    }
+}
+
+// P as wgmma's A operand: register i of block j holds elements 2i and 2i + 1 of the accumulator's block j, as two
+// FP16 (the accumulator's places are the A operand's places, so no thread exchanges anything).
+template <int BN>
+__device__ __forceinline__ void to_operand(const float (&s)[BN / 16][8], unsigned (&p)[BN / 16][4]) {
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[j][i] = pack_half2(s[j][2 * i], s[j][2 * i + 1]);
+}
+// endregion
+
+template <int D, int BN>
+__device__ __forceinline__ void scale_rows(float (&o)[D / 16][8], const float (&alpha)[2]) {
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[j][e] *= alpha[(e >> 1) & 1];
+}
+
+// S = Q K^T for this consumer's 64 rows: D / 16 wgmmas of k = 16. Q's and K's tiles are D / 64 boxes of 64 columns
+// (128 bytes: one row of the swizzle) each; k steps 32 bytes within a box, then to the next box.
+template <int D, int BM, int BN>
+__device__ __forceinline__ void issue_scores(float (&s)[BN / 16][8], unsigned q_addr, unsigned k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const unsigned long long da = make_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
+    const unsigned long long db = make_desc(k_addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
+    wgmma_k16<BN, 0>(s, da, db, kk > 0);
+  }
+}
+
+// O += P V: BN / 16 wgmmas of k = 16 (16 keys each), P from registers, V's tile MN-major (a key's D values are
+// contiguous): k steps 16 rows of 128 bytes; the next 64 columns of V are the next box, BN * 128 bytes on.
+template <int D, int BN>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 16][8], const unsigned (&p)[BN / 16][4], unsigned v_addr) {
+#pragma unroll
+  for (int j = 0; j < BN / 16; ++j) wgmma_rs<D, 1>(o, p[j], make_desc(v_addr + j * 16 * 128, BN * 128, 1024));
+}
+#endif  // GPUCOURSE_WGMMA
+
+// region: flash_wgmma
+// MODE 0: attention. Two probes for tests of the parts: MODE 1 writes S = Q K^T of the first tile as O (D = BN);
+// MODE 2 writes O = sum over tiles of (Q K^T) V, P = S without the softmax.
+template <int D, int BN, int STAGES, bool CAUSAL, bool PIPELINED, bool PINGPONG, int MODE>
+__device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
+                                            half* __restrict__ O, float* __restrict__ LSE, int N, float scale_log2) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int BM = 128;
+  static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
+  constexpr unsigned Q_BYTES = BM * D * 2, KV_BYTES = BN * D * 2;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1024-byte period
+  unsigned char* sQ = smem;                          // D/64 boxes of [BM][64]
+  unsigned char* sK = sQ + Q_BYTES;                  // STAGES x D/64 boxes of [BN][64]
+  unsigned char* sV = sK + STAGES * KV_BYTES;        // the same for V
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + STAGES * KV_BYTES);
+  unsigned long long *q_full = bars, *k_full = bars + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int mb = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: the longest rows first
+  const int m0 = mb * BM, head_row = blockIdx.y * N;                // rows of this head in the 2-D views
+  const int tiles = CAUSAL ? (m0 + BM) / BN : N / BN;  // causal: tiles reaching past row m0 are masked
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (tid == 0) {
+      mbar_expect_tx(q_full, Q_BYTES);
+      for (int c = 0; c < D / 64; ++c) tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % STAGES;
+        if (t >= STAGES) mbar_wait(&empty[s], ((t / STAGES) + 1) & 1);  // both consumers are done with it
+        mbar_expect_tx(&k_full[s], KV_BYTES);
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_2d(sK + s * KV_BYTES + c * BN * 128, tmK, &k_full[s], 64 * c, head_row + t * BN);
+        mbar_expect_tx(&v_full[s], KV_BYTES);
+        for (int c = 0; c < D / 64; ++c)
+          tma_load_2d(sV + s * KV_BYTES + c * BN * 128, tmV, &v_full[s], 64 * c, head_row + t * BN);
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8 (in the head)
+    const unsigned q_addr = smem_addr(sQ) + c * 64 * 128;
+    float o[D / 16][8];
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
+    RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
+    float s[BN / 16][8], alpha[2];
+    unsigned p[BN / 16][4];
+    mbar_wait(q_full, 0);
+
+    if constexpr (MODE == 0 && PIPELINED) {
+      // tile 0: S, then its softmax; each later tile t: S(t) and P(t-1) V(t-1) issued together, the softmax of
+      // S(t) while P(t-1) V(t-1) runs, then O rescaled and P(t) made for the next round. PINGPONG: consumer 0
+      // issues first; each consumer, having issued, lets the other issue (named barriers 1 and 2).
+      const int mine = 1 + c, other = 2 - c;
+      mbar_wait(&k_full[0], 0);
+      if (PINGPONG && c == 1) named_sync(mine, 256);
+      wgmma_fence();
+      issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK));
+      wgmma_commit();
+      if (PINGPONG) named_arrive(other, 256);
+      wgmma_wait<0>();
+      pin(s);
+      online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
+      to_operand<BN>(s, p);
+      for (int t = 1; t < tiles; ++t) {
+        const int sc = t % STAGES, sp = (t - 1) % STAGES;
+        mbar_wait(&k_full[sc], (t / STAGES) & 1);
+        mbar_wait(&v_full[sp], ((t - 1) / STAGES) & 1);
+        if (PINGPONG) named_sync(mine, 256);
+        wgmma_fence();
+        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
+        wgmma_commit();
+        issue_pv<D, BN>(o, p, smem_addr(sV + sp * KV_BYTES));
+        wgmma_commit();
+        if (PINGPONG) named_arrive(other, 256);
+        wgmma_wait<1>();  // S(t) has landed; P(t-1) V(t-1) may still run
+        pin(s);
+        online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && t * BN + BN > m0, row0, t * BN);
+        wgmma_wait<0>();
+        pin(o);
+        pin(p);
+        if (tid == 0) mbar_arrive(&empty[sp]);  // K(t-1) and V(t-1) are no longer read
+        scale_rows<D, BN>(o, alpha);
+        to_operand<BN>(s, p);
+      }
+      if (PINGPONG && c == 0) named_sync(mine, 256);  // consumer 1's last turn-giving
+      const int sl = (tiles - 1) % STAGES;
+      mbar_wait(&v_full[sl], ((tiles - 1) / STAGES) & 1);
+      wgmma_fence();
+      issue_pv<D, BN>(o, p, smem_addr(sV + sl * KV_BYTES));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(o);
+      pin(p);
+      if (tid == 0) mbar_arrive(&empty[sl]);
+    } else {
+      // one tile at a time: S, its softmax, O rescaled, O += P V, each step waiting for the last
+      for (int t = 0; t < tiles; ++t) {
+        const int sc = t % STAGES, ph = (t / STAGES) & 1;
+        mbar_wait(&k_full[sc], ph);
+        wgmma_fence();
+        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s);
+        if constexpr (MODE == 1) {  // probe: S of tile 0 is the output
+          if (t == 0) {
+#pragma unroll
+            for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+              for (int e = 0; e < 8; ++e) o[j][e] = s[j % (BN / 16)][e];
+          }
+        } else if constexpr (MODE == 2) {  // probe: P = S, no softmax
+          to_operand<BN>(s, p);
+        } else {
+          online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && t * BN + BN > m0, row0, t * BN);
+          scale_rows<D, BN>(o, alpha);
+          to_operand<BN>(s, p);
+        }
+        mbar_wait(&v_full[sc], ph);
+        if constexpr (MODE != 1) {
+          wgmma_fence();
+          issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
+          wgmma_commit();
+          wgmma_wait<0>();
+          pin(o);
+          pin(p);
+        }
+        if (tid == 0) mbar_arrive(&empty[sc]);
+      }
+    }
+
+    // the four threads of a row add their sums; O normalised once; the log-sum-exp in natural log
+    float inv[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
+      st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
+      inv[h] = MODE != 0 ? 1.0f : (st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f);
+    }
+    half* out = O + static_cast<size_t>(head_row) * D;
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; e += 2) {
+        const int h = (e >> 1) & 1, row = row0 + 8 * h, col = 16 * j + 8 * (e >> 2) + 2 * (lane % 4);
+        *reinterpret_cast<__half2*>(out + static_cast<size_t>(row) * D + col) =
+            __floats2half2_rn(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+      }
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        LSE[head_row + row0 + 8 * h] =
+            st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h])) * 0.6931471805599453f : __int_as_float(0xff800000);
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+// endregion
+
+}  // namespace hopper
+
+// The kernels the course launches (kernels/attention/flash.py, WGMMA_VARIANTS): head dim, stages, causal, variant.
+#define FLASH_WGMMA(NAME, D, BN, S, C, PIPE, PP, MODE)                                                                \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+      NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
+           const __grid_constant__ TensorMap tmV, half* O, float* LSE, int N, float scale_log2) {               \
+    hopper::flash_wgmma<D, BN, S, C, PIPE, PP, MODE>(&tmQ, &tmK, &tmV, O, LSE, N, scale_log2);                      \
+  }
+
+// name: head dim, variant, keys a tile (where not 128), causal
+FLASH_WGMMA(flash_wgmma_d64_pingpong, 64, 128, 4, false, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d64_pingpong_causal, 64, 128, 4, true, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d64_pipelined, 64, 128, 4, false, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_pipelined_causal, 64, 128, 4, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_serial, 64, 128, 4, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_serial_causal, 64, 128, 4, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong, 128, 128, 2, false, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_causal, 128, 128, 2, true, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_n64, 128, 64, 4, false, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_n64_causal, 128, 64, 4, true, true, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined, 128, 128, 2, false, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_causal, 128, 128, 2, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_n64, 128, 64, 4, false, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_n64_causal, 128, 64, 4, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 2, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 2, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, 1)
+FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, 2)
