@@ -20,13 +20,14 @@ WMMA_HEAD_DIMS = (64, 128)
 WMMA_WARPS, WMMA_BLOCK_N = 8, 64
 WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
 # Hopper's variants (kernels/cuda/attention_wgmma.cu): keys a tile, stages of K and V, and how a consumer orders its
-# work: "serial" (S, softmax, P V, each waiting for the last), "pipelined" (S of the next tile and P V of this one
-# issued together, the softmax of the next while P V runs), "pingpong" (pipelined, and the two consumers take turns
-# at the tensor cores). "_n64": tiles of 64 keys, where 128 would not leave the registers it needs.
+# work: "serial" (S, softmax, P V, each waiting for the last), "ahead" (S of the next tile issued right behind P V of
+# this one, one wait for both), "pipelined" (S of the next tile and P V of this one issued together, the softmax of
+# the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores). "_n64":
+# tiles of 64 keys, where 128 would not leave the registers it needs.
 WGMMA_VARIANTS = {
-    64: {"serial": (128, 4), "pipelined": (128, 4), "pingpong": (128, 4)},
-    128: {"serial": (128, 2), "pipelined": (128, 2), "pingpong": (128, 2), "pipelined_n64": (64, 4),
-          "pingpong_n64": (64, 4)},
+    64: {"serial": (128, 4), "ahead": (128, 4), "pipelined": (128, 4), "pingpong": (128, 4)},
+    128: {"serial": (128, 2), "ahead_n64": (64, 4), "pipelined": (128, 2), "pingpong": (128, 2),
+          "pipelined_n64": (64, 4), "pingpong_n64": (64, 4)},
 }
 WGMMA_DEFAULT = {64: "serial", 128: "serial"}  # the fastest on an H100 (records: the field)
 LOG2E = 1.4426950408889634

@@ -12,7 +12,8 @@
 //   * warpgroups 1 and 2 are CONSUMERS, 64 rows of Q each: S = Q K^T (wgmma, both operands in shared memory),
 //     the online softmax on S in registers, then O += P V (wgmma with P as the A operand straight from
 //     registers: the accumulator's layout of S is the A operand's layout of P, so P never touches shared memory).
-// In the PIPELINED variant a consumer issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) together and does the
+// In the AHEAD variant a consumer issues S(t+1) right behind P(t) V(t) and waits once for both. In the PIPELINED
+// variant a consumer issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) together and does the
 // softmax of tile t while the tensor cores still work on P(t-1) V(t-1) (FlashAttention-3's intra-warpgroup
 // overlap); with PINGPONG the two consumers also take turns at the tensor cores (named barriers), so that one's
 // softmax runs while the other's GEMMs do. Causal: tiles wholly above the diagonal are never loaded, the
@@ -197,7 +198,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 16][8], const unsigned (
 // region: flash_wgmma
 // MODE 0: attention. Two probes for tests of the parts: MODE 1 writes S = Q K^T of the first tile as O (D = BN);
 // MODE 2 writes O = sum over tiles of (Q K^T) V, P = S without the softmax.
-template <int D, int BN, int STAGES, bool CAUSAL, bool PIPELINED, bool PINGPONG, int MODE>
+template <int D, int BN, int STAGES, bool CAUSAL, bool PIPELINED, bool PINGPONG, bool AHEAD, int MODE>
 __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
                                             half* __restrict__ O, float* __restrict__ LSE, int N, float scale_log2) {
 #ifdef GPUCOURSE_WGMMA
@@ -304,6 +305,41 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
       pin(o);
       pin(p);
       if (tid == 0) mbar_arrive(&empty[sl]);
+    } else if constexpr (MODE == 0 && AHEAD) {
+      // S of the next tile issued right behind P V of this one, one wait for both: the tensor cores get the two
+      // GEMMs back to back, and no register is needed beyond the serial order's (S is free once P is made)
+      mbar_wait(&k_full[0], 0);
+      wgmma_fence();
+      issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(s);
+      online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
+      to_operand<BN>(s, p);
+      for (int t = 0; t < tiles; ++t) {
+        const int sc = t % STAGES, sn = (t + 1) % STAGES;
+        mbar_wait(&v_full[sc], (t / STAGES) & 1);
+        wgmma_fence();
+        issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
+        wgmma_commit();
+        const bool more = t + 1 < tiles;
+        if (more) {
+          mbar_wait(&k_full[sn], ((t + 1) / STAGES) & 1);
+          wgmma_fence();
+          issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sn * KV_BYTES));
+          wgmma_commit();
+        }
+        wgmma_wait<0>();
+        pin(o);
+        pin(p);
+        pin(s);
+        if (tid == 0) mbar_arrive(&empty[sc]);  // K(t) and V(t) are no longer read
+        if (more) {
+          online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && (t + 1) * BN + BN > m0, row0, (t + 1) * BN);
+          scale_rows<D, BN>(o, alpha);
+          to_operand<BN>(s, p);
+        }
+      }
     } else {
       // one tile at a time: S, its softmax, O rescaled, O += P V, each step waiting for the last
       for (int t = 0; t < tiles; ++t) {
@@ -374,29 +410,33 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 }  // namespace hopper
 
 // The kernels the course launches (kernels/attention/flash.py, WGMMA_VARIANTS): head dim, stages, causal, variant.
-#define FLASH_WGMMA(NAME, D, BN, S, C, PIPE, PP, MODE)                                                                \
+#define FLASH_WGMMA(NAME, D, BN, S, C, PIPE, PP, AHEAD, MODE)                                                  \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
            const __grid_constant__ TensorMap tmV, half* O, float* LSE, int N, float scale_log2) {               \
-    hopper::flash_wgmma<D, BN, S, C, PIPE, PP, MODE>(&tmQ, &tmK, &tmV, O, LSE, N, scale_log2);                      \
+    hopper::flash_wgmma<D, BN, S, C, PIPE, PP, AHEAD, MODE>(&tmQ, &tmK, &tmV, O, LSE, N, scale_log2);              \
   }
 
 // name: head dim, variant, keys a tile (where not 128), causal
-FLASH_WGMMA(flash_wgmma_d64_pingpong, 64, 128, 4, false, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d64_pingpong_causal, 64, 128, 4, true, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d64_pipelined, 64, 128, 4, false, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d64_pipelined_causal, 64, 128, 4, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d64_serial, 64, 128, 4, false, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d64_serial_causal, 64, 128, 4, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong, 128, 128, 2, false, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_causal, 128, 128, 2, true, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_n64, 128, 64, 4, false, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_n64_causal, 128, 64, 4, true, true, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined, 128, 128, 2, false, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_causal, 128, 128, 2, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_n64, 128, 64, 4, false, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_n64_causal, 128, 64, 4, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 2, false, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 2, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, 1)
-FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, 2)
+FLASH_WGMMA(flash_wgmma_d64_pingpong, 64, 128, 4, false, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_pingpong_causal, 64, 128, 4, true, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_pipelined, 64, 128, 4, false, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_pipelined_causal, 64, 128, 4, true, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_ahead, 64, 128, 4, false, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d64_ahead_causal, 64, 128, 4, true, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d64_serial, 64, 128, 4, false, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d64_serial_causal, 64, 128, 4, true, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong, 128, 128, 2, false, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_causal, 128, 128, 2, true, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_n64, 128, 64, 4, false, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_n64_causal, 128, 64, 4, true, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined, 128, 128, 2, false, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_causal, 128, 128, 2, true, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_n64, 128, 64, 4, false, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_n64_causal, 128, 64, 4, true, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_ahead_n64, 128, 64, 4, false, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_ahead_n64_causal, 128, 64, 4, true, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 2, false, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 2, true, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, false, 1)
+FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, false, 2)
