@@ -26,6 +26,7 @@ Its rooms follow the lesson's story, each a floor above those it imports (a test
     tuning     which kernels fit a step, and timing them to keep the fastest
     build      build_plan: a graph to a plan
     fused      the numba CBR kernel learners write
+    resnet     ResNet-50 as a graph built with NumPy, its batch-norm calibration, and what each layer costs
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from .graph import Graph, graph_from_keras, Node, SUPPORTED_LAYERS
 from .model import (build_keras_model, dataset, digits_images, load_model_file, MODEL_FILE, save_model_file,
                     train_and_export)
 from .specs import (avgpool_spec, batchnorm_spec, cbr_spec, conv_spec, fold_bn_weights, im2col, maxpool_spec,
-                    run_graph)
-from .passes import eliminate_concat, fold_batchnorm, fuse_horizontal, fuse_vertical, optimize, PASSES
+                    node_spec, run_graph, softmax_spec)
+from .passes import eliminate_concat, fold_batchnorm, fold_padding, fuse_horizontal, fuse_vertical, optimize, PASSES
 from .precision import (calibrate, CALIBRATIONS, dequantize, DTYPES, entropy_scale, minmax_scale, percentile_scale,
                         PRECISIONS, Q, quantize, SCALE_METHODS, SUFFIX)
 from .plan import check_target, load_plan, Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
@@ -43,4 +44,6 @@ from .executor import accuracy, Engine, predict
 from .tuning import autotune, candidates, kernel_fits
 from .build import build_plan
 from .fused import cbr_direct, cbr_numba
-from . import build, catalog, executor, fused, graph, model, passes, plan, precision, specs, tuning  # noqa: F401  the rooms
+from .resnet import calibrate_batchnorm, floors, layer_costs, resnet50
+from . import (build, catalog, executor, fused, graph, model, passes, plan, precision, resnet, specs,  # noqa: F401
+               tuning)  # the rooms

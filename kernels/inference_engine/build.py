@@ -18,6 +18,21 @@ from .precision import _root, calibrate, DTYPES, minmax_scale, PRECISIONS, quant
 from .tuning import autotune
 
 
+def _not_runnable(n) -> str | None:
+    """What a node asks that the plan's kernels do not do (ResNet-50's strided and residual convolutions, its
+    zero-padded pool, its global pool and softmax), or None."""
+    if n.op in ("Pad", "Add", "GlobalAvgPool", "Softmax"):
+        return f"a {n.op}"
+    if n.op in ("Conv", "CBR", "MaxPool") and ("stride" in n.attrs or "pad" in n.attrs):
+        stride, pad = n.attrs.get("stride", 1), n.attrs.get("pad")
+        return f"a {'convolution' if n.op != 'MaxPool' else 'max pool'} of stride {stride} with padding {pad}"
+    if n.attrs.get("residual"):
+        return "a residual added in the epilogue"
+    if n.op == "Head" and n.attrs.get("global"):
+        return "a global average pool"
+    return None
+
+
 def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_calib=None,
                calibration: str = "percentile", tune: bool = True, name: str = "", graphs: bool = True) -> Plan:
     """Buffers, steps and weights for graph ``g`` (optimised or not) in ``precision``. INT8 needs
@@ -26,6 +41,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
     runtime replays the launches of each batch size as one CUDA graph (an Engine can override it)."""
     if precision not in PRECISIONS:
         raise runtime.CourseInputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    for n in g.nodes:
+        why = _not_runnable(n)
+        if why:
+            raise runtime.CourseError(f"node {n.name!r} ({n.op}): {why} has no kernel in this engine yet; the NumPy "
+                                      "reference (run_graph) runs it")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise runtime.CourseInputError(f"max_batch must be a positive int, got {max_batch!r}")
     h, w, _ = g.shapes[g.input]

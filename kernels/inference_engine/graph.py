@@ -1,5 +1,9 @@
-"""The engine's graph: primitive ops (Conv, BiasAdd, BatchNorm, Relu, pools, Concat, Dense...) as nodes, and
+"""The engine's graph: primitive ops (Conv, BiasAdd, BatchNorm, Relu, pools, Concat, Add, Dense...) as nodes, and
 the import of a Keras model into one (``graph_from_keras``).
+
+A convolution's attributes: ``kh``, ``kw``; where they are not the digits network's (stride 1, "same" padding of
+kh // 2 and kw // 2), also ``stride`` and ``pad`` = [top, bottom, left, right] (zeros). A max pool's: ``size``, and
+where it is not stride 1 with the window clipped at the edges, ``stride`` and ``pad`` (zeros).
 """
 from __future__ import annotations
 
@@ -63,7 +67,24 @@ class Graph:
 
 
 SUPPORTED_LAYERS = ("InputLayer", "Conv2D", "BatchNormalization", "ReLU", "Activation", "MaxPooling2D",
-                    "AveragePooling2D", "Flatten", "Concatenate", "Dense")
+                    "AveragePooling2D", "Flatten", "Concatenate", "Dense", "ZeroPadding2D", "Add",
+                    "GlobalAveragePooling2D")
+
+
+def conv_geometry(attrs: dict) -> tuple:
+    """(stride, [top, bottom, left, right]) of a Conv, CBR or MaxPool node (the defaults where unset: stride 1,
+    the window centred: "same" for an odd window)."""
+    kh = attrs.get("kh", attrs.get("size"))
+    kw = attrs.get("kw", attrs.get("size"))
+    return int(attrs.get("stride", 1)), list(attrs.get("pad", [kh // 2, kh // 2, kw // 2, kw // 2]))
+
+
+def _same_pad(size: int, k: int, stride: int) -> list:
+    """Keras' "same" padding along one axis: the output has ceil(size / stride) elements, the extra pixel of an
+    odd total at the end."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return [total // 2, total - total // 2]
 
 
 def _unsupported(layer, what: str):
@@ -104,13 +125,22 @@ def graph_from_keras(model) -> Graph:
         weights = [np.asarray(w, np.float32) for w in layer.get_weights()]
         if cls == "Conv2D":
             kh, kw = cfg["kernel_size"]
-            if tuple(cfg["strides"]) != (1, 1) or tuple(cfg["dilation_rate"]) != (1, 1) or cfg.get("groups", 1) != 1:
+            stride = tuple(cfg["strides"])
+            if stride[0] != stride[1] or tuple(cfg["dilation_rate"]) != (1, 1) or cfg.get("groups", 1) != 1:
                 raise _unsupported(layer, f"strides {cfg['strides']}, dilation {cfg['dilation_rate']} or groups")
-            if kh % 2 == 0 or kw % 2 == 0 or (cfg["padding"] != "same" and (kh, kw) != (1, 1)):
-                raise _unsupported(layer, f"a {kh}x{kw} kernel with padding {cfg['padding']!r}")
             if cfg["activation"] not in ("linear", "relu"):
                 raise _unsupported(layer, f"activation {cfg['activation']!r}")
-            add("Conv", {"kh": kh, "kw": kw}, {"w": weights[0]})
+            h, w, _ = shapes[x]
+            if cfg["padding"] == "same":
+                pad = _same_pad(h, kh, stride[0]) + _same_pad(w, kw, stride[0])
+            elif cfg["padding"] == "valid":
+                pad = [0, 0, 0, 0]
+            else:
+                raise _unsupported(layer, f"padding {cfg['padding']!r}")
+            attrs = {"kh": kh, "kw": kw}
+            if stride[0] != 1 or pad != [kh // 2, kh // 2, kw // 2, kw // 2]:
+                attrs.update(stride=stride[0], pad=pad)
+            add("Conv", attrs, {"w": weights[0]})
             if cfg["use_bias"]:
                 add("BiasAdd", weights={"b": weights[1]})
             if cfg["activation"] == "relu":
@@ -128,11 +158,27 @@ def graph_from_keras(model) -> Graph:
                 raise _unsupported(layer, "a ReLU with max_value, negative_slope or threshold")
             add("Relu")
         elif cls == "MaxPooling2D":
-            p = cfg["pool_size"]
-            if p[0] != p[1] or p[0] % 2 == 0 or tuple(cfg["strides"]) != (1, 1) or cfg["padding"] != "same":
-                raise _unsupported(layer, f"pool {p}, strides {cfg['strides']}, padding {cfg['padding']!r} "
-                                          "(want an odd square window, stride 1, 'same')")
-            add("MaxPool", {"size": p[0]})
+            p, st = cfg["pool_size"], tuple(cfg["strides"] or cfg["pool_size"])
+            if p[0] != p[1] or st[0] != st[1]:
+                raise _unsupported(layer, f"pool {p}, strides {st} (want a square window and stride)")
+            if st[0] == 1 and cfg["padding"] == "same" and p[0] % 2:
+                add("MaxPool", {"size": p[0]})
+            elif cfg["padding"] == "valid":
+                add("MaxPool", {"size": p[0], "stride": st[0], "pad": [0, 0, 0, 0]})
+            else:
+                raise _unsupported(layer, f"pool {p}, strides {st}, padding {cfg['padding']!r} (want an odd window "
+                                          "of stride 1 and 'same', or 'valid')")
+        elif cls == "ZeroPadding2D":
+            (t, b), (l, r) = cfg["padding"]
+            add("Pad", {"pad": [int(t), int(b), int(l), int(r)]})
+        elif cls == "Add":
+            if len(ins) != 2:
+                raise _unsupported(layer, f"an Add of {len(ins)} tensors (want 2)")
+            add("Add", inputs=ins)
+        elif cls == "GlobalAveragePooling2D":
+            if cfg.get("keepdims"):
+                raise _unsupported(layer, "keepdims")
+            add("GlobalAvgPool")
         elif cls == "AveragePooling2D":
             p = cfg["pool_size"]
             s = cfg["strides"] or p
@@ -147,9 +193,11 @@ def graph_from_keras(model) -> Graph:
                 raise _unsupported(layer, f"concatenation along axis {cfg['axis']}")
             add("Concat", inputs=ins)
         elif cls == "Dense":
-            if cfg["activation"] != "linear" or len(shapes[x]) != 1:
+            if cfg["activation"] not in ("linear", "softmax") or len(shapes[x]) != 1:
                 raise _unsupported(layer, f"activation {cfg['activation']!r} or an input of shape {shapes[x]}")
             add("Dense", weights={"w": weights[0], "b": weights[1]})
+            if cfg["activation"] == "softmax":
+                add("Softmax")
         for node in chain:
             shapes[node.outputs[0]] = _shape_of(node, [shapes[t] for t in node.inputs])
         nodes += chain
@@ -159,8 +207,16 @@ def graph_from_keras(model) -> Graph:
 
 def _shape_of(node: Node, in_shapes: list) -> tuple:
     s = in_shapes[0]
-    if node.op in ("Conv", "CBR"):
-        return (s[0], s[1], node.weights["w"].shape[-1])
+    if node.op in ("Conv", "CBR", "MaxPool"):
+        stride, (t, b, l, r) = conv_geometry(node.attrs)
+        kh, kw = (node.attrs["kh"], node.attrs["kw"]) if node.op != "MaxPool" else (node.attrs["size"],) * 2
+        c = node.weights["w"].shape[-1] if node.op != "MaxPool" else s[2]
+        return ((s[0] + t + b - kh) // stride + 1, (s[1] + l + r - kw) // stride + 1, c)
+    if node.op == "Pad":
+        t, b, l, r = node.attrs["pad"]
+        return (s[0] + t + b, s[1] + l + r, s[2])
+    if node.op == "GlobalAvgPool":
+        return (s[2],)
     if node.op == "Concat":
         return (s[0], s[1], sum(t[2] for t in in_shapes))
     if node.op == "AvgPool":
@@ -169,7 +225,7 @@ def _shape_of(node: Node, in_shapes: list) -> tuple:
     if node.op == "Flatten":
         return (int(np.prod(s)),)
     if node.op in ("Dense", "Head"):
-        return (node.weights["w"].shape[1],)
+        return (node.weights["w"].shape[1],)  # Softmax, Add, BiasAdd, BatchNorm, Relu: their input's shape
     return s
 
 

@@ -7,28 +7,40 @@ import numpy as np
 
 from gpucourse import runtime
 
-from .graph import Graph
+from .graph import conv_geometry, Graph
 
 
-def im2col(x: np.ndarray, kh: int, kw: int) -> np.ndarray:
-    """N x H x W x C -> N x H x W x (kh kw C): every output pixel's receptive field ("same" padding), ordered
-    (dy, dx, c) like a Keras kernel kh x kw x C x K reshaped to (kh kw C) x K."""
+def im2col(x: np.ndarray, kh: int, kw: int, stride: int = 1, pad=None) -> np.ndarray:
+    """N x H x W x C -> N x Ho x Wo x (kh kw C): every output pixel's receptive field, ordered (dy, dx, c) like a
+    Keras kernel kh x kw x C x K reshaped to (kh kw C) x K. ``pad`` = [top, bottom, left, right] zeros (default
+    "same" for stride 1: kh // 2 and kw // 2); ``stride`` the step between output pixels."""
     n, h, w, c = x.shape
-    xp = np.pad(x, ((0, 0), (kh // 2, kh // 2), (kw // 2, kw // 2), (0, 0)))
-    return np.concatenate([xp[:, dy:dy + h, dx:dx + w, :] for dy in range(kh) for dx in range(kw)], axis=-1)
+    t, b, l, r = pad if pad is not None else (kh // 2, kh // 2, kw // 2, kw // 2)
+    xp = np.pad(x, ((0, 0), (t, b), (l, r), (0, 0)))
+    ho, wo = (h + t + b - kh) // stride + 1, (w + l + r - kw) // stride + 1
+    return np.concatenate([xp[:, dy:dy + stride * (ho - 1) + 1:stride, dx:dx + stride * (wo - 1) + 1:stride, :]
+                           for dy in range(kh) for dx in range(kw)], axis=-1)
 
 
-def conv_spec(x, w) -> np.ndarray:
-    """The convolution of a Keras Conv2D (stride 1, "same"), NHWC, in float64: N x H x W x K."""
+def conv_spec(x, w, stride: int = 1, pad=None) -> np.ndarray:
+    """The convolution of a Keras Conv2D (default: stride 1, "same"), NHWC, in float64: N x Ho x Wo x K."""
     x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
     kh, kw, c, k = w.shape
-    return im2col(x, kh, kw) @ w.reshape(kh * kw * c, k)
+    return im2col(x, kh, kw, stride, pad) @ w.reshape(kh * kw * c, k)
 
 
-def cbr_spec(x, w, b, relu: bool = True) -> np.ndarray:
-    """conv + bias + ReLU in float64: what one fused CBR kernel computes."""
-    y = conv_spec(x, w) + np.asarray(b, np.float64)
+def cbr_spec(x, w, b, relu: bool = True, stride: int = 1, pad=None, residual=None) -> np.ndarray:
+    """conv + bias (+ a residual tensor) + ReLU in float64: what one fused CBR kernel computes."""
+    y = conv_spec(x, w, stride, pad) + np.asarray(b, np.float64)
+    if residual is not None:
+        y = y + np.asarray(residual, np.float64)
     return np.maximum(y, 0.0) if relu else y
+
+
+def softmax_spec(z) -> np.ndarray:
+    z = np.asarray(z, np.float64)
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def batchnorm_spec(y, gamma, beta, mean, var, eps) -> np.ndarray:
@@ -59,45 +71,71 @@ def run_graph(g: Graph, x, *, keep: bool = False):
 
     for n in g.nodes:
         ins = [get(t) for t in n.inputs]
-        v = ins[0]
-        W = n.weights
-        if n.op == "Conv":
-            out = [conv_spec(v, W["w"])]
-        elif n.op == "BiasAdd":
-            out = [v + W["b"]]
-        elif n.op == "BatchNorm":
-            out = [batchnorm_spec(v, W["gamma"], W["beta"], W["mean"], W["var"], n.attrs["eps"])]
-        elif n.op == "Relu":
-            out = [np.maximum(v, 0.0)]
-        elif n.op == "MaxPool":
-            out = [maxpool_spec(v, n.attrs["size"])]
-        elif n.op == "Concat":
-            out = [np.concatenate(ins, axis=-1)]
-        elif n.op == "AvgPool":
-            out = [avgpool_spec(v, n.attrs["size"])]
-        elif n.op == "Flatten":
-            out = [v.reshape(len(v), -1)]
-        elif n.op == "Dense":
-            out = [v @ W["w"].astype(np.float64) + W["b"]]
-        elif n.op == "CBR":
-            y = cbr_spec(v, W["w"], W["b"], n.attrs["relu"])
-            out = np.split(y, np.cumsum(n.attrs["splits"])[:-1], axis=-1)
-        elif n.op == "Head":
-            p = avgpool_spec(v, n.attrs["size"])
-            out = [p.reshape(len(p), -1) @ W["w"].astype(np.float64) + W["b"]]
-        else:
-            raise runtime.CourseError(f"node {n.name!r}: op {n.op!r} has no NumPy reference")
+        out = node_spec(n, ins)
         vals.update(zip(n.outputs, out))
     result = get(g.output)
     return (result, vals) if keep else result
 
 
-def maxpool_spec(x, size: int) -> np.ndarray:
-    """Max over a size x size window, stride 1, "same" (the window clipped at the edges)."""
+def node_spec(n, ins: list) -> list:
+    """The outputs of node ``n`` on its inputs ``ins`` (NumPy arrays, in float64): one op of ``run_graph``."""
+    v = ins[0]
+    W = n.weights
+    if n.op == "Conv":
+        out = [conv_spec(v, W["w"], *conv_geometry(n.attrs))]
+    elif n.op == "BiasAdd":
+        out = [v + W["b"]]
+    elif n.op == "BatchNorm":
+        out = [batchnorm_spec(v, W["gamma"], W["beta"], W["mean"], W["var"], n.attrs["eps"])]
+    elif n.op == "Relu":
+        out = [np.maximum(v, 0.0)]
+    elif n.op == "MaxPool":
+        out = [maxpool_spec(v, n.attrs["size"], n.attrs.get("stride", 1), n.attrs.get("pad"))]
+    elif n.op == "Pad":
+        t, b, l, r = n.attrs["pad"]
+        out = [np.pad(v, ((0, 0), (t, b), (l, r), (0, 0)))]
+    elif n.op == "Add":
+        out = [ins[0] + ins[1]]
+    elif n.op == "GlobalAvgPool":
+        out = [v.mean(axis=(1, 2))]
+    elif n.op == "Softmax":
+        out = [softmax_spec(v)]
+    elif n.op == "Concat":
+        out = [np.concatenate(ins, axis=-1)]
+    elif n.op == "AvgPool":
+        out = [avgpool_spec(v, n.attrs["size"])]
+    elif n.op == "Flatten":
+        out = [v.reshape(len(v), -1)]
+    elif n.op == "Dense":
+        out = [v @ W["w"].astype(np.float64) + W["b"]]
+    elif n.op == "CBR":
+        y = cbr_spec(v, W["w"], W["b"], n.attrs["relu"], *conv_geometry(n.attrs),
+                     residual=ins[1] if n.attrs.get("residual") else None)
+        out = np.split(y, np.cumsum(n.attrs["splits"])[:-1], axis=-1)
+    elif n.op == "Head":
+        p = v.mean(axis=(1, 2)) if n.attrs.get("global") else avgpool_spec(v, n.attrs["size"])
+        z = p.reshape(len(p), -1) @ W["w"].astype(np.float64) + W["b"]
+        out = [softmax_spec(z) if n.attrs.get("softmax") else z]
+    else:
+        raise runtime.CourseError(f"node {n.name!r}: op {n.op!r} has no NumPy reference")
+    return out
+
+
+def maxpool_spec(x, size: int, stride: int = 1, pad=None) -> np.ndarray:
+    """Max over a size x size window: by default stride 1, "same", the window clipped at the edges; with ``pad``
+    = [top, bottom, left, right], the input padded with that many zeros (as Keras' ZeroPadding2D before a
+    "valid" pool) and the windows ``stride`` apart."""
     n, h, w, c = x.shape
-    r = size // 2
-    xp = np.pad(x, ((0, 0), (r, r), (r, r), (0, 0)), constant_values=-np.inf)
-    return np.max([xp[:, dy:dy + h, dx:dx + w, :] for dy in range(size) for dx in range(size)], axis=0)
+    if pad is None:
+        r = size // 2
+        t = b = l = rr = r
+        xp = np.pad(x, ((0, 0), (r, r), (r, r), (0, 0)), constant_values=-np.inf)
+    else:
+        t, b, l, rr = pad
+        xp = np.pad(x, ((0, 0), (t, b), (l, rr), (0, 0)))
+    ho, wo = (h + t + b - size) // stride + 1, (w + l + rr - size) // stride + 1
+    return np.max([xp[:, dy:dy + stride * (ho - 1) + 1:stride, dx:dx + stride * (wo - 1) + 1:stride, :]
+                   for dy in range(size) for dx in range(size)], axis=0)
 
 
 def avgpool_spec(x, size: int) -> np.ndarray:
