@@ -51,6 +51,23 @@ def no_clip(nb):
                     "np.rint(x / np.float32(scale))")
 
 
+def relu_before_residual(nb):
+    """Task 5.4: the ReLU applied to conv + b and the residual added after it."""
+    replace_in_cell(nb, "task-5-4-conv", """    y = y + b
+    if residual is not None:
+        y = y + residual
+    return np.maximum(y, 0.0) if relu else y""", """    y = y + b
+    if relu:
+        y = np.maximum(y, 0.0)
+    return y + residual if residual is not None else y""")
+
+
+def symmetric_padding(nb):
+    """Task 5.4: the top and left padding used for the bottom and right too (right only where they agree)."""
+    replace_in_cell(nb, "task-5-4-conv", "xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))",
+                    "xp = np.pad(x, ((0, 0), (top, top), (left, left), (0, 0)))")
+
+
 # variant -> the tests it fails (all others pass)
 
 
@@ -60,7 +77,8 @@ class TestExercises(LessonExercises):
     TIMEOUT = 60  # seconds per cell; the slowest, Task 5.1's hidden layers in the simulator, takes a few
     POINTS = {"test_5_1_results": 3, "test_5_1_fused": 1, "perf_5_1_speed": 2,
               "test_5_2_fold": 3, "test_5_2_stem": 1,
-              "test_5_3_scale": 1, "test_5_3_quantize": 2, "test_5_3_roundtrip": 1, "perf_5_3_speed": 1}
+              "test_5_3_scale": 1, "test_5_3_quantize": 2, "test_5_3_roundtrip": 1, "perf_5_3_speed": 1,
+              "test_5_4_results": 2, "test_5_4_residual": 2}
     VARIANTS = {
         no_relu: ["test_5_1_results"],
         relu_in_a_second_pass: ["test_5_1_fused"],
@@ -69,11 +87,13 @@ class TestExercises(LessonExercises):
         zero_scale: ["test_5_3_scale"],
         round_half_up: ["test_5_3_quantize"],
         no_clip: ["test_5_3_quantize", "test_5_3_roundtrip"],
+        relu_before_residual: ["test_5_4_residual"],
+        symmetric_padding: ["test_5_4_results"],
     }
     UNANSWERED = {"test_5_1_results": "NotImplementedError", "test_5_2_fold": "NotImplementedError",
-                  "test_5_3_scale": "NotImplementedError"}
+                  "test_5_3_scale": "NotImplementedError", "test_5_4_results": "NotImplementedError"}
     ANSWERS = ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
-               "acc += x[n, hh, ww, c]"]
+               "acc += x[n, hh, ww, c]", "stride * (ho - 1) + 1:stride"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -83,3 +103,4 @@ class TestExercises(LessonExercises):
         assert "reading y back" in message("relu_in_a_second_pass", "test_5_1_fused")
         assert "batchnorm(conv(x, w) + b)" in message("mean_not_subtracted", "test_5_2_fold")
         assert "round half to even" in message("round_half_up", "test_5_3_quantize")  # a hidden test
+        assert "goes in before the ReLU" in message("relu_before_residual", "test_5_4_residual")
