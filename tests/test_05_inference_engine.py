@@ -369,7 +369,7 @@ def test_numba_cbr_checks_its_input():
 
 
 @needs_compiler
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch", ["sm_80", pytest.param("sm_90", marks=pytest.mark.archs)])  # sm_90: make test only
 def test_cuda_c_compiles(arch):
     ptx = cuda_c.compile_ptx(E.SOURCE, arch)
     for k in E.CONV_KERNELS:
