@@ -9,7 +9,6 @@ with each backend forced, forward and forward + backward, in TFLOP/s and as a sh
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -20,7 +19,6 @@ from kernels.attention import triton_kernels as T
 from kernels.attention.flash import WGMMA_DEFAULT
 
 LESSON = "09_attention"
-ROOT = Path(__file__).resolve().parents[1]
 ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
@@ -378,13 +376,10 @@ def measure_profile() -> dict:
     """ncu on each forward kernel at N = 4096 (batch 8, 16 heads of 128, not causal): the course's Hopper and WMMA
     kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2 unit, with
     how many warps and registers."""
-    import os
-
     from gpucourse import profile
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     try:
-        rows = profile.ncu(PROFILE_SNIPPET, metrics=PROFILE_METRICS, kernel="flash|fmha|sdpa|cudnn", timeout=300, env=env)
+        rows = profile.ncu(PROFILE_SNIPPET, metrics=PROFILE_METRICS, kernel="flash|fmha|sdpa|cudnn", timeout=300)
         return {"ok": True, "why": "", "rows": rows, "N": PROFILE_N, "batch": PROFILE_BATCH, "heads": HEADS,
                 "d": HEAD_DIM, "flops": A.attention_flops(PROFILE_BATCH, HEADS, PROFILE_N, HEAD_DIM)}
     except profile.ProfilerUnavailable as exc:

@@ -25,7 +25,6 @@ from systems.feeding_the_gpu import serving
 LESSON = "07_feeding_the_gpu"
 OVERLAP_GOAL = 1.15  # pipelined total <= 1.15 x the longer copy direction alone
 SEED_MPS_GAIN, SEED_BATCHING_GAIN = 7.0, 1.6  # the seed's claims: MPS 7x inference throughput, batching +60%
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _rng_fill(host: np.ndarray, seed: int) -> None:
@@ -583,8 +582,7 @@ cp.cuda.Device().synchronize()
 def measure_profile() -> dict:
     """ncu on lesson 1's multiply (memory-bound), an FP32 GEMM (FMA pipes) and an FP16 GEMM (tensor cores)."""
     try:
-        rows = profile.ncu(PROFILE_SNIPPET, kernel="multiply|gemm|nvjet|sm90|sm80|xmma|cutlass", timeout=240,
-                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+        rows = profile.ncu(PROFILE_SNIPPET, kernel="multiply|gemm|nvjet|sm90|sm80|xmma|cutlass", timeout=240)
         return {"ok": True, "why": "", "rows": rows}
     except profile.ProfilerUnavailable as exc:
         return {"ok": False, "why": str(exc), "rows": []}

@@ -72,7 +72,8 @@ def parse_csv(output: str) -> list[dict]:
 def ncu(code: str, *, metrics=DEFAULT_METRICS, kernel: str | None = None, launch_count: int | None = None,
         timeout: float = 300, env: dict | None = None) -> list[dict]:
     """Profile the kernels a Python snippet launches (``kernel``: a regular expression their names must
-    match; ``launch_count``: stop after that many). Returns ``parse_csv``'s rows."""
+    match; ``launch_count``: stop after that many), with the course's root on its PYTHONPATH (the snippet imports
+    kernels/ and benchmarks/). Returns ``parse_csv``'s rows."""
     exe = find_ncu()
     if exe is None:
         raise ProfilerUnavailable("Nsight Compute (ncu) is not installed here: it comes with the CUDA toolkit "
@@ -87,6 +88,9 @@ def ncu(code: str, *, metrics=DEFAULT_METRICS, kernel: str | None = None, launch
         if launch_count:
             cmd += ["--launch-count", str(launch_count)]
         cmd += [sys.executable, script]
+        env = dict(os.environ if env is None else env)
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                                cwd=os.getcwd())

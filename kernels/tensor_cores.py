@@ -612,18 +612,20 @@ def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple)
 _hopper_ready: set = set()
 
 
-def hopper_kernel(source: str, name: str, smem_bytes: int):
-    """Kernel ``name`` of kernels/cuda/<source>.cu compiled for sm_90a (GPU mode), allowed ``smem_bytes`` of
-    dynamic shared memory once, after checking this GPU gives a block that much."""
-    fn = cuda_c.module_arch(source, "sm_90a").get_function(name)
-    if (source, name) not in _hopper_ready:
+def hopper_kernel(source: str, name: str, smem_bytes: int, edits: dict | None = None):
+    """Kernel ``name`` of kernels/cuda/<source>.cu compiled for sm_90a (GPU mode; with ``edits`` in place of those
+    regions, a notebook cell's version), allowed ``smem_bytes`` of dynamic shared memory once, after checking this
+    GPU gives a block that much."""
+    key = (source, name, tuple(sorted((edits or {}).items())))
+    fn = cuda_c.module_arch(source, "sm_90a", edits).get_function(name)
+    if key not in _hopper_ready:
         cp = runtime.cupy()
         optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
         if smem_bytes > optin:
             raise runtime.CourseInputError(f"{name} needs {smem_bytes} bytes of shared memory; this "
                                            f"GPU allows {optin} per block")
         fn.max_dynamic_shared_size_bytes = smem_bytes
-        _hopper_ready.add((source, name))
+        _hopper_ready.add(key)
     return fn
 
 

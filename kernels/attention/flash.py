@@ -108,6 +108,20 @@ def wmma_smem_bytes(d: int, warps: int = WMMA_WARPS) -> int:
     return 2 * 2 * WMMA_BLOCK_N * ld * 2 + max(bm * ld * 2, warps * 16 * 68 * 4) + 3 * bm * 4 + 16 * 16 * 4
 
 
+def _fp16_inputs(q, k, v, what: str, head_dims: tuple) -> tuple:
+    """(B, H, N, D) of q, k, v, which a CUDA C kernel takes as contiguous CuPy float16 arrays of a head dim it is
+    built for; a clear error otherwise."""
+    cp = runtime.cupy()
+    B, H, N, D = check_qkv(q, k, v, what)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, cp.ndarray) or a.dtype != cp.float16 or not a.flags.c_contiguous:
+            raise runtime.CourseInputError(f"{what}: {name} must be a contiguous CuPy float16 array")
+    if D not in head_dims:
+        raise runtime.CourseInputError(f"{what}: head dim {D} is not one the kernel is built for "
+                                       f"({', '.join(map(str, head_dims))})")
+    return B, H, N, D
+
+
 def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None = None) -> tuple:
     """FlashAttention forward on the tensor cores (WMMA, sm_80+) for CuPy float16 arrays of shape (batch, heads, N, d)
     (or (heads, N, d), (N, d)), d 64 or 128, any N (the last tiles are masked): (o, lse) with lse float32."""
@@ -115,13 +129,7 @@ def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None 
     from gpucourse import gpus
 
     gpus.step("09.wmma")
-    B, H, N, D = check_qkv(q, k, v, "flash_wmma")
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(a, cp.ndarray) or a.dtype != cp.float16 or not a.flags.c_contiguous:
-            raise runtime.CourseInputError(f"flash_wmma: {name} must be a contiguous CuPy float16 array")
-    if D not in WMMA_HEAD_DIMS:
-        raise runtime.CourseInputError(f"flash_wmma: head dim {D} is not one the kernel is built for "
-                                       f"({', '.join(map(str, WMMA_HEAD_DIMS))})")
+    B, H, N, D = _fp16_inputs(q, k, v, "flash_wmma", WMMA_HEAD_DIMS)
     o = cp.empty_like(q)
     lse = cp.empty(q.shape[:-1], dtype=cp.float32)
     fn = cuda_c.function(SOURCE, f"flash_wmma_d{D}" + ("_causal" if causal else ""), edits)
@@ -149,15 +157,9 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
 
     cp = runtime.cupy()
     from gpucourse import gpus
-    from kernels.tensor_cores import launch_hopper, tensor_map
+    from kernels.tensor_cores import hopper_kernel, launch_hopper, tensor_map
 
-    B, H, N, D = check_qkv(q, k, v, "flash_wgmma")
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(a, cp.ndarray) or a.dtype != cp.float16 or not a.flags.c_contiguous:
-            raise runtime.CourseInputError(f"flash_wgmma: {name} must be a contiguous CuPy float16 array")
-    if D not in WGMMA_HEAD_DIMS:
-        raise runtime.CourseInputError(f"flash_wgmma: head dim {D} is not one the kernel is built for "
-                                       f"({', '.join(map(str, WGMMA_HEAD_DIMS))})")
+    B, H, N, D = _fp16_inputs(q, k, v, "flash_wgmma", WGMMA_HEAD_DIMS)
     if N % WGMMA_BLOCK_M:
         raise runtime.CourseInputError(f"flash_wgmma: N = {N} is not a multiple of the kernel's {WGMMA_BLOCK_M}-row "
                                        f"tiles; pad the sequence (and mask the padding) or use flash_wmma")
@@ -174,7 +176,7 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
         name = f"flash_wgmma_d{D}_{variant}" + ("_causal" if causal else "")
     gpus.step("09.wgmma")
     smem = wgmma_smem_bytes(D, block_n, stages)
-    fn = _wgmma_function(name, smem, tuple(sorted((edits or {}).items())))
+    fn = hopper_kernel(WGMMA_SOURCE, name, smem, edits)
     o = cp.empty_like(q)
     lse = cp.empty(q.shape[:-1], dtype=cp.float32)
     rows = B * H * N
@@ -184,21 +186,3 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
     launch_hopper(fn, (N // WGMMA_BLOCK_M, B * H), 384, smem, args, name)
     return o, lse
 
-
-_wgmma_ready: dict = {}
-
-
-def _wgmma_function(name: str, smem: int, edits: tuple):
-    """Kernel ``name`` of attention_wgmma.cu compiled for sm_90a (with ``edits`` in place of those regions),
-    allowed ``smem`` bytes of dynamic shared memory once this GPU is known to give a block that much."""
-    key = (name, edits)
-    if key not in _wgmma_ready:
-        cp = runtime.cupy()
-        optin = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id).get("sharedMemPerBlockOptin", 0)
-        if smem > optin:
-            raise runtime.CourseInputError(f"{name} needs {smem} bytes of shared memory; this GPU allows {optin} "
-                                           "per block")
-        fn = cuda_c.module_arch(WGMMA_SOURCE, "sm_90a", dict(edits)).get_function(name)
-        fn.max_dynamic_shared_size_bytes = smem
-        _wgmma_ready[key] = fn
-    return _wgmma_ready[key]

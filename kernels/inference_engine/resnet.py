@@ -17,7 +17,7 @@ import numpy as np
 from gpucourse import runtime
 
 from .graph import _shape_of, conv_geometry, Graph, Node
-from .specs import node_spec
+from .specs import run_graph
 
 # (stage, bottleneck width, blocks, stride of its first block)
 STAGES = (("conv2", 64, 3, 1), ("conv3", 128, 4, 2), ("conv4", 256, 6, 2), ("conv5", 512, 3, 2))
@@ -90,24 +90,18 @@ def calibrate_batchnorm(g: Graph, images, *, progress: bool = True) -> Graph:
     """A copy of ``g`` whose batch norms hold the mean and variance of what reaches them when ``images`` (N x H x
     W x 3) go through the network, each set before the layers after it run (a calibration pass: what training's
     running statistics would settle to on these images). Runs the NumPy reference, node by node."""
-    from gpucourse import bench
-
     g = g.copy()
     x = np.asarray(images, np.float64)
     if x.ndim != 4 or tuple(x.shape[1:]) != tuple(g.shapes[g.input]):
         raise runtime.CourseInputError(f"calibration images must be N x {' x '.join(map(str, g.shapes[g.input]))}, "
                                        f"got {x.shape}")
-    vals = {g.input: x}
-    nodes = bench.progress(g.nodes, desc="calibrating batch norms") if progress else g.nodes
-    for n in nodes:
-        ins = [vals[t] for t in n.inputs]
+
+    def set_statistics(n, ins):
         if n.op == "BatchNorm":
             n.weights["mean"] = ins[0].mean(axis=(0, 1, 2)).astype(np.float32)
             n.weights["var"] = ins[0].var(axis=(0, 1, 2)).astype(np.float32)
-        vals.update(zip(n.outputs, node_spec(n, ins)))
-        for t in n.inputs:  # keep what later nodes still read
-            if t != g.input and not any(t in m.inputs for m in g.nodes[g.nodes.index(n) + 1:]):
-                vals.pop(t, None)
+
+    run_graph(g, x, before=set_statistics, progress="calibrating batch norms" if progress else None)
     return g
 
 

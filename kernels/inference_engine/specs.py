@@ -57,11 +57,14 @@ def fold_bn_weights(w, b, gamma, beta, mean, var, eps):
     return w2.astype(np.asarray(w).dtype), ((b0 - mean) * s + beta).astype(np.asarray(w).dtype)
 
 
-def run_graph(g: Graph, x, *, keep: bool = False):
+def run_graph(g: Graph, x, *, keep: bool = False, before=None, progress: str | None = None):
     """Execute a graph (imported or optimised) in float64 with NumPy: the reference for every pass. Returns
-    the output, or (output, {tensor: value}) with ``keep``."""
+    the output, or (output, {tensor: value}) with ``keep`` (without it, each tensor is let go after its last
+    reader). ``before(node, inputs)`` is called before each node runs (a calibration sets a node's weights from
+    its inputs there); ``progress``: show a progress bar with this description."""
     x = np.asarray(x, np.float64)
     vals = {g.input: x}
+    last_read = {t: i for i, n in enumerate(g.nodes) for t in n.inputs}
 
     def get(t):
         if t not in vals:  # a tensor assembled from the slices written into it (concatenation elimination)
@@ -69,10 +72,21 @@ def run_graph(g: Graph, x, *, keep: bool = False):
             vals[t] = np.concatenate([get(s) for _, s in parts], axis=-1)
         return vals[t]
 
-    for n in g.nodes:
+    nodes = g.nodes
+    if progress:
+        from gpucourse import bench
+
+        nodes = bench.progress(nodes, desc=progress)
+    for i, n in enumerate(nodes):
         ins = [get(t) for t in n.inputs]
+        if before is not None:
+            before(n, ins)
         out = node_spec(n, ins)
         vals.update(zip(n.outputs, out))
+        if not keep:
+            for t in n.inputs:
+                if last_read[t] == i and t != g.output and t not in g.aliases:
+                    vals.pop(t, None)
     result = get(g.output)
     return (result, vals) if keep else result
 
