@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import inference_engine_pytorch as pytorch_reference
+from benchmarks import inference_engine_resnet
 from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import inference_engine as E
@@ -461,4 +462,8 @@ FIGURES = {  # run() builds the engines once for all of them; alone, each builds
     "plan": Figure(measure_plan),
     "cudnn": Figure(measure_cudnn),
     "pytorch": Figure(measure_pytorch, optional=True),
+    # ResNet-50 at 224 x 224 beside PyTorch (benchmarks/inference_engine_resnet.py): its own run, not part of run()'s
+    "resnet": Figure(inference_engine_resnet.measure, inference_engine_resnet.plot, inference_engine_resnet.text,
+                     optional=True),
+    "resnet_compile": Figure(inference_engine_resnet.measure_compile, optional=True),
 }

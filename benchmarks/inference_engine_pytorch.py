@@ -99,6 +99,8 @@ def _module_class():
             for kind, i, inputs, output in self.steps:
                 if kind == "concat":
                     vals[output] = torch.cat([vals[t] for t in inputs], dim=1)
+                elif kind == "add":  # a residual block's shortcut
+                    vals[output] = vals[inputs[0]] + vals[inputs[1]]
                 elif kind == "flatten":  # Keras flattens (H, W, C): channels_last memory makes this a view
                     vals[output] = vals[inputs[0]].permute(0, 2, 3, 1).flatten(1)
                 else:
@@ -123,10 +125,11 @@ def _module_class():
 def torch_model(g: E.Graph, *, precision: str = "fp32", device: str = "cpu", layout: str = "channels_last"):
     """A ``torch.nn.Module`` computing the imported graph ``g`` (``E.load_model_file()``) with its weights, in
     eval mode: input N x C x H x W, output the logits. Each Keras layer becomes the PyTorch layer a port would
-    use: a Conv2D (Conv, then its BiasAdd) one ``nn.Conv2d`` with "same" padding (kh // 2: stride 1, odd kernels);
+    use: a Conv2D (Conv, then its BiasAdd) one ``nn.Conv2d`` with its stride and padding ("same": kh // 2);
     BatchNorm ``nn.BatchNorm2d`` with Keras's eps and running statistics; MaxPool ``nn.MaxPool2d`` with stride 1
     and padding size // 2 (padded values never win a max, as in Keras's "same"); AvgPool ``nn.AvgPool2d``;
-    Concat along channels; Flatten in Keras's (H, W, C) order; Dense ``nn.Linear``. Keras's kernels are
+    Concat along channels; Flatten in Keras's (H, W, C) order; Dense ``nn.Linear``; and ResNet-50's Pad
+    (``nn.ZeroPad2d``), strided max pool, residual Add, global average pool and Softmax. Keras's kernels are
     kh x kw x C x K, PyTorch's K x C x kh x kw. precision "fp32" or "fp16" (``model.half()``); layout
     "contiguous" (NCHW in memory) or "channels_last" (NHWC in memory, the engine's layout)."""
     torch = _torch()
@@ -153,7 +156,10 @@ def torch_model(g: E.Graph, *, precision: str = "fp32", device: str = "cpu", lay
                 kh, kw, c, k = n.weights["w"].shape
                 bias = nodes[i + 1] if i + 1 < len(nodes) and nodes[i + 1].op == "BiasAdd" \
                     and nodes[i + 1].inputs == [out] and len(g.consumers(out)) == 1 else None
-                layer = nn.Conv2d(c, k, (kh, kw), padding=(kh // 2, kw // 2), bias=bias is not None)
+                stride, (pt, pb, pl, pr) = E.conv_geometry(n.attrs)
+                if pt != pb or pl != pr:
+                    raise runtime.CourseError(f"node {n.name!r}: uneven padding {[pt, pb, pl, pr]} has no nn.Conv2d")
+                layer = nn.Conv2d(c, k, (kh, kw), stride=stride, padding=(pt, pl), bias=bias is not None)
                 layer.weight.copy_(t(n.weights["w"].transpose(3, 2, 0, 1)))
                 if bias is not None:
                     layer.bias.copy_(t(bias.weights["b"]))
@@ -168,8 +174,17 @@ def torch_model(g: E.Graph, *, precision: str = "fp32", device: str = "cpu", lay
                     getattr(layer, name).copy_(t(W[key]))
             elif n.op == "Relu":
                 layer = nn.ReLU()
+            elif n.op == "MaxPool" and "stride" in n.attrs:  # after a Pad of zeros (ResNet's): a "valid" pool
+                layer = nn.MaxPool2d(n.attrs["size"], stride=n.attrs["stride"])
             elif n.op == "MaxPool":
                 layer = nn.MaxPool2d(n.attrs["size"], stride=1, padding=n.attrs["size"] // 2)
+            elif n.op == "Pad":  # Keras' ZeroPadding2D: (left, right, top, bottom) in torch's order
+                t_, b_, l_, r_ = n.attrs["pad"]
+                layer = nn.ZeroPad2d((l_, r_, t_, b_))
+            elif n.op == "GlobalAvgPool":
+                layer = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())
+            elif n.op == "Softmax":
+                layer = nn.Softmax(dim=1)
             elif n.op == "AvgPool":
                 layer = nn.AvgPool2d(n.attrs["size"])
             elif n.op == "Dense":
@@ -177,7 +192,7 @@ def torch_model(g: E.Graph, *, precision: str = "fp32", device: str = "cpu", lay
                 layer = nn.Linear(w.shape[0], w.shape[1])
                 layer.weight.copy_(t(w.T))
                 layer.bias.copy_(t(n.weights["b"]))
-            elif n.op not in ("Concat", "Flatten"):
+            elif n.op not in ("Concat", "Flatten", "Add"):
                 raise runtime.CourseError(f"node {n.name!r}: op {n.op!r} has no PyTorch layer here; build the "
                                           "reference from the imported graph (E.load_model_file()), not an "
                                           "optimised one")

@@ -91,6 +91,8 @@ STEPS = {s.key: s for s in (
     # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
     Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
     Step("04.wgmma", "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
+    Step("05.wgmma", "lesson 5's engine's Hopper convolutions (lesson 4's wgmma kernel with the engine's epilogue)",
+         needs=("wgmma",)),
     Step("09.wmma", "lesson 9's FlashAttention on the tensor cores (WMMA)", needs=("fp16-wmma",),
          prefers=("cp.async",), fallback="copies the K and V tiles with ordinary loads, synchronously (no overlap)"),
     Step("09.wgmma", "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),

@@ -512,6 +512,7 @@ def wgmma_config(name: str) -> dict:
 
 # cuTensorMapEncodeTiled's enums (cuda.h)
 _TMA_FLOAT16, _TMA_SWIZZLE_128B, _TMA_L2_256B = 6, 3, 3
+_TMA_UINT8, _TMA_SWIZZLE_64B = 0, 2  # CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_64B
 
 
 _tensor_maps: dict = {}
@@ -572,14 +573,47 @@ def tensor_map(x, box: tuple) -> "object":
     import ctypes
 
     def encode(tmap):
-        dims, strides, boxes = tensor_map_args(tuple(x.shape), tuple(box), 2)
-        rank = len(dims)
-        cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeTiled(
-            tmap, _TMA_FLOAT16, rank, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * rank)(*dims),
-            (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*boxes),
-            (ctypes.c_uint32 * rank)(*([1] * rank)), 0, _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
+        encode_tiled(tmap, x.data.ptr, *tensor_map_args(tuple(x.shape), tuple(box), 2))
 
     return _cached_map(x, ("tiled", tuple(box)), encode)
+
+
+def _tma_type(itemsize: int) -> tuple:
+    """(the TMA's element type, its swizzle) for elements of ``itemsize`` bytes read 64 to a row: FP16 rows of 128
+    bytes in the 128-byte swizzle; 8-bit ones (INT8, FP8, moved as bytes) of 64 bytes in the 64-byte swizzle."""
+    if itemsize not in (1, 2):
+        raise runtime.CourseInputError(f"the tensor maps here hold 1- or 2-byte elements, not {itemsize}-byte ones")
+    return (_TMA_FLOAT16, _TMA_SWIZZLE_128B) if itemsize == 2 else (_TMA_UINT8, _TMA_SWIZZLE_64B)
+
+
+def encode_tiled(tmap, ptr: int, dims: tuple, strides: tuple, box: tuple, itemsize: int = 2) -> None:
+    """cuTensorMapEncodeTiled into ``tmap`` (128 bytes, ``_map_buffer``) for FP16 elements (``itemsize`` 1: bytes)
+    at address ``ptr``: ``dims`` fastest first, the byte ``strides`` of every dimension but the fastest (any
+    multiple of 16 bytes: a view that skips pixels or rows is a tensor too), ``box`` fastest first; 128-byte swizzle
+    (64-byte for bytes), zeros outside."""
+    import ctypes
+
+    rank = len(dims)
+    kind, swizzle = _tma_type(itemsize)
+    cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeTiled(
+        tmap, kind, rank, ctypes.c_void_p(ptr), (ctypes.c_uint64 * rank)(*dims),
+        (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box),
+        (ctypes.c_uint32 * rank)(*([1] * rank)), 0, swizzle, _TMA_L2_256B, 0), "cuTensorMapEncodeTiled")
+
+
+def encode_im2col(tmap, ptr: int, dims: tuple, strides: tuple, pixels: int, channels: int, lower: tuple,
+                  upper: tuple, itemsize: int = 2) -> None:
+    """cuTensorMapEncodeIm2col into ``tmap`` for an NHWC FP16 image (``itemsize`` 1: bytes) at ``ptr``: ``dims``
+    (C, W, H, N) and the byte strides of W, H and N; ``pixels`` x ``channels`` a load; the window from ``lower`` to
+    ``upper`` (both (rows, columns)) as ``tensor_map_im2col`` says."""
+    import ctypes
+
+    kind, swizzle = _tma_type(itemsize)
+    cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeIm2col(
+        tmap, kind, 4, ctypes.c_void_p(ptr), (ctypes.c_uint64 * 4)(*dims),
+        (ctypes.c_uint64 * 3)(*strides), (ctypes.c_int * 2)(lower[1], lower[0]),  # the driver wants W first
+        (ctypes.c_int * 2)(upper[1], upper[0]), channels, pixels, (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0,
+        swizzle, _TMA_L2_256B, 0), "cuTensorMapEncodeIm2col")
 
 
 def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple) -> "object":
@@ -600,11 +634,7 @@ def tensor_map_im2col(x, pixels: int, channels: int, lower: tuple, upper: tuple)
 
     def encode(tmap):
         dims, strides, _ = tensor_map_args(tuple(x.shape), (1, 1, 1, 1), 2)  # (C, W, H, N) and byte strides
-        cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeIm2col(
-            tmap, _TMA_FLOAT16, 4, ctypes.c_void_p(x.data.ptr), (ctypes.c_uint64 * 4)(*dims),
-            (ctypes.c_uint64 * 3)(*strides), (ctypes.c_int * 2)(lower[1], lower[0]),  # the driver wants W first
-            (ctypes.c_int * 2)(upper[1], upper[0]), channels, pixels, (ctypes.c_uint32 * 4)(1, 1, 1, 1), 0,
-            _TMA_SWIZZLE_128B, _TMA_L2_256B, 0), "cuTensorMapEncodeIm2col")
+        encode_im2col(tmap, x.data.ptr, dims, strides, pixels, channels, lower, upper)
 
     return _cached_map(x, ("im2col", pixels, channels, tuple(lower), tuple(upper)), encode)
 

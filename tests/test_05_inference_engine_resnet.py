@@ -81,10 +81,77 @@ def test_costs_and_floors_per_layer(calibrated):
         assert r["bound"] == ("compute" if r["intensity"] >= 100 else "memory")
 
 
-def test_the_plan_builder_names_what_it_cannot_run_yet(calibrated):
-    g = E.optimize(calibrated[0])[-1][1]
-    with pytest.raises(runtime.CourseError, match=r"node 'conv1_conv' .*stride 2"):
-        E.build_plan(g, max_batch=2, tune=False)
+def test_the_engine_runs_resnet50_step_by_step(calibrated):
+    """An FP16 plan of ResNet-50 in CPU mode (the NumPy runtime, the GPU kernels' arithmetic): the stem reads the
+    input's im2col matrix, every convolution (strided, padded, with a residual) gives what the NumPy spec gives on
+    the values it read, to FP16 rounding; the pool, the classifier and the softmax too; and end to end the plan
+    agrees with the float64 graph (the random network amplifies each layer's rounding: a few percent at the logits)."""
+    g, x = calibrated
+    x = x[:2]
+    final = E.optimize(g)[-1][1]
+    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False)
+    kinds = [s["kind"] for s in plan.steps]
+    assert kinds[:3] == ["input", "conv", "maxpool"] and kinds[-3:] == ["gpool", "classifier", "softmax"]
+    assert kinds.count("conv") == 53 and plan.steps[0]["im2col"]["R"] == 192  # 7 x 7 x 3 = 147 taps, padded to 192
+    eng = E.Engine(plan)
+    eng._x = x
+    arrays = plan.arrays
+    for s in plan.steps:
+        eng.run_step(s["id"], 2)
+        if s["kind"] == "input":
+            cols = E.im2col(x, 7, 7, 2, [3, 3, 3, 3])
+            got = eng._view(s["dst"], 2).astype(np.float64)
+            np.testing.assert_array_equal(got[..., :147], cols.astype(np.float16))
+            assert not got[..., 147:].any()
+        elif s["kind"] == "conv":
+            xin = eng._view(s["src"], 2).astype(np.float64)
+            w = arrays[f"{s['id']}/w"].astype(np.float64).reshape(s["kh"], s["kw"], -1, s["K"])
+            res = eng._view(s["res"], 2).astype(np.float64) if s.get("res") else None
+            want = E.cbr_spec(xin, w, arrays[f"{s['id']}/b"], s["relu"], s["stride"], s["pad"], residual=res)
+            got = eng._view(s["dests"][0], 2).astype(np.float64)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max(), err_msg=s["name"])
+        elif s["kind"] == "maxpool":
+            want = E.maxpool_spec(eng._view(s["src"], 2).astype(np.float64), 3, 2, [1, 1, 1, 1])
+            np.testing.assert_array_equal(eng._view(s["dst"], 2).astype(np.float64), want)
+    pooled = eng._view(plan.steps[-3]["src"], 2).astype(np.float64).mean(axis=(1, 2))
+    np.testing.assert_allclose(eng.pooled[:2], pooled, rtol=1e-5, atol=1e-5)
+    z = pooled @ arrays[f"{plan.steps[-2]['id']}/w"] + arrays[f"{plan.steps[-2]['id']}/b"]
+    np.testing.assert_allclose(eng.logits[:2], z, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(eng.out[:2], E.softmax_spec(z), rtol=1e-4, atol=1e-6)
+    _, vals = E.run_graph(g, x, keep=True)
+    ref = vals["predictions"]
+    assert np.abs(eng.logits[:2] - ref).max() < 0.25 * np.abs(ref).max()
+    assert (eng.logits[:2].argmax(1) == ref.argmax(1)).all()
+
+
+def test_the_plan_builder_refuses_what_no_kernel_runs(calibrated):
+    final = E.optimize(calibrated[0])[-1][1]
+    with pytest.raises(runtime.CourseError, match=r"node 'conv1_conv': a convolution of stride 2.*fp16 or int8"):
+        E.build_plan(final, precision="fp32", max_batch=2, tune=False)
+    with pytest.raises(runtime.CourseError, match=r"node 'conv1_pad' \(Pad\).*optimisation passes"):
+        E.build_plan(calibrated[0], precision="fp16", max_batch=2, tune=False)
+
+
+def test_which_kernels_take_resnets_convolutions(calibrated):
+    """Only the tc kernels and the Hopper wg kernels take a stride, padding or residual; wg needs whole slices of 64
+    channels and runs a strided convolution only as a 1 x 1 without padding."""
+    final = E.optimize(calibrated[0])[-1][1]
+    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False)
+    by = {s["name"]: s for s in plan.steps if s["kind"] == "conv"}
+    stem, proj, res3 = by["conv1_conv"], by["conv3_block1_0_conv"], by["conv2_block1_3_conv"]
+    assert E.plain(stem) and stem["kh"] == 1  # the im2col stem is a 1 x 1 convolution of 192 channels
+    assert E.wg_fits(stem) and E.wg_fits(proj) and E.wg_fits(res3) and proj["stride"] == 2
+    assert not E.plain(proj) and not E.plain(res3) and res3["res"]
+    for k in ("wmma_64x64", "simt_64x64", "direct3_16x16x32_8x4", "pix_32"):
+        assert not E.kernel_fits(proj, k, "fp16") and not E.kernel_fits(res3, k, "fp16")
+    assert E.kernel_fits(res3, "tc_64x64", "fp16") and E.kernel_fits(res3, "wg_128x128_s4", "int8")
+    assert not E.kernel_fits(res3, "wg_128x128_s4", "fp32")  # wgmma's FP16 and 8-bit paths only
+    # INT8 through the TMA: the input's pixels 16 bytes apart, 16 INT8 channels
+    odd = dict(res3, src=dict(res3["src"], ld=res3["src"]["ld"] + 8))
+    assert E.wg_fits(odd, itemsize=2) and not E.wg_fits(odd, itemsize=1)
+    three = by["conv2_block1_2_conv"]
+    assert E.wg_fits(three) and E.wg_fits(dict(three, stride=2)) is False  # a strided 3 x 3: not through the TMA view
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +187,39 @@ def test_keras_resnet50_imports_as_the_same_graph(keras_resnet, calibrated):
     got = E.run_graph(g, x)
     assert np.abs(got - want).max() < 1e-5 * 1000 * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precision):
+    """On a GPU: each tensor-core kernel that takes ResNet-50's convolutions (tc, and on Hopper the wg kernels in
+    FP16 and INT8), put on every convolution it fits, gives the NumPy runtime's logits from an arena poisoned
+    beforehand: INT8 to the order of a float sum (the integer sums are exact); FP16 to a few percent, as the 53
+    layers amplify each one's last-bit differences of summation order (measured on an H100: 1.7e-2 for every
+    kernel), with the same top-1 classes."""
+    from gpucourse import gpus
+
+    g, x = calibrated
+    final = E.optimize(g)[-1][1]
+    plan = E.build_plan(final, precision=precision, max_batch=len(x), tune=False,
+                        x_calib=x if precision == "int8" else None)
+    ref = E.Engine(plan, numpy=True)
+    ref.infer(x)
+    want = np.asarray(ref.logits[:len(x)], np.float64)
+    eng = E.Engine(plan, graphs=False)
+    kernels = E.catalog.TC + (tuple(E.WG) if gpus.status("05.wgmma").runs else ())
+    convs = [s for s in plan.steps if s["kind"] == "conv"]
+    defaults = {s["id"]: s["kernel"] for s in convs}
+    for kernel in kernels:
+        used = 0
+        for s in convs:
+            s["kernel"] = kernel if E.kernel_fits(s, kernel, precision) else defaults[s["id"]]
+            used += s["kernel"] == kernel
+            eng.refresh(s["id"])
+        eng.arena.fill(np.nan if precision == "fp16" else -128)
+        eng.infer(x)
+        got = eng.logits[:len(x)].get().astype(np.float64)
+        assert used > 0, kernel
+        tol = 5e-2 if precision == "fp16" else 1e-5
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(), (kernel, np.abs(got - want).max())
+        assert (got.argmax(1) == want.argmax(1)).all(), kernel

@@ -102,7 +102,7 @@ def test_every_step_names_known_features_and_lessons():
     # every supported GPU runs every step of the course, some with a fallback, except the steps built on one
     # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere
     specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
-    assert specific == {"03.wgmma", "04.wgmma", "09.wgmma"}
+    assert specific == {"03.wgmma", "04.wgmma", "05.wgmma", "09.wgmma"}
     for cc in gpus.GPUS:
         for steps in gpus.plan(cc).values():
             for st in steps:
@@ -139,6 +139,7 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
         assert synchronous is (cc == "7.5" and n in (3, 4, 5, 9)), line
         hopper = {3: "lesson 3's Hopper GEMM (wgmma fed by the TMA)",
                   4: "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)",
+                  5: "lesson 5's engine's Hopper convolutions (lesson 4's wgmma kernel with the engine's epilogue)",
                   9: "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
         no_wgmma = n in hopper and ("all steps but 1;" in line and f"; {hopper[n]} needs wgmma (" in line
                                     and line.endswith("does not have it"))
@@ -146,7 +147,7 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
     if cc == "9.0":
         assert all(line.endswith("all steps") for line in by_lesson.values())
     elif cc != "7.5":
-        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n not in (3, 4, 9))
+        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n not in (3, 4, 5, 9))
 
 
 def test_probe_without_a_gpu_points_at_cc(capsys, monkeypatch):

@@ -48,15 +48,17 @@ __device__ __forceinline__ float to_acc(half v, float) { return __half2float(v);
 __device__ __forceinline__ int to_acc(int8 v, int) { return (int)v; }
 
 // region: epilogue
-// The epilogue of every convolution: value of output (m, k) from its accumulator.
+// The epilogue of every convolution: value of output (m, k) from its accumulator. ``residual``: what a ResNet
+// block's shortcut adds at (m, k), in real units, before the ReLU (0 for every other convolution).
 template <typename T, typename A>
 __device__ __forceinline__ void epilogue(A acc, long long m, int k, const float* bias, const float* scale,
                                          T* y, const long long* y_off, const int* y_ld, const float* y_inv_scale,
-                                         int relu)
+                                         int relu, float residual = 0.0f)
 {
     float v = (float)acc;
     if (scale) v *= scale[k];  // INT8: s_x s_w[k] turns the int32 sum back into real units
     if (bias) v += bias[k];
+    v += residual;
     if (relu) v = fmaxf(v, 0.0f);
     store(y + y_off[k] + m * (long long)y_ld[k], v, y_inv_scale ? y_inv_scale[k] : 1.0f);
 }
@@ -369,25 +371,50 @@ __device__ __forceinline__ void store8(float* p, const float (&v)[8], const floa
     reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
 }
 
+// res: the residual's element (m, k) (its next 7 follow it), or null; res_scale its INT8 scale (1 otherwise).
+// 8 residual values in real units (zeros without a residual), in one load where it is aligned
+template <typename T>
+__device__ __forceinline__ void load8(float (&r)[8], const T* res, float res_scale)
+{
+    if (!res) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) r[j] = 0.0f;
+        return;
+    }
+    __align__(16) T v[8];
+    if (sizeof(T) == 2 && (size_t)res % 16 == 0)
+        *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(res);
+    else if (sizeof(T) == 1 && (size_t)res % 8 == 0)
+        *reinterpret_cast<uint2*>(v) = *reinterpret_cast<const uint2*>(res);
+    else
+        for (int j = 0; j < 8; ++j) v[j] = res[j];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r[j] = to_f(v[j]) * res_scale;
+}
+
 template <typename T, typename A>
 __device__ __forceinline__ void epilogue8(const A* acc, long long m, int k, int K, const float* bias,
                                           const float* scale, T* y, const long long* y_off, const int* y_ld,
-                                          const float* y_inv_scale, int relu)
+                                          const float* y_inv_scale, int relu, const T* res = nullptr,
+                                          float res_scale = 1.0f)
 {
     long long at = y_off[k] + m * (long long)y_ld[k];
     bool vec = k + 8 <= K && y_ld[k + 7] == y_ld[k] && y_off[k + 7] == y_off[k] + 7 && at % 8 == 0 &&
                (sizeof(T) != 1 || y_inv_scale);
     if (!vec) {
         for (int j = 0; j < 8 && k + j < K; ++j)
-            epilogue(acc[j], m, k + j, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+            epilogue(acc[j], m, k + j, bias, scale, y, y_off, y_ld, y_inv_scale, relu,
+                     res ? to_f(res[j]) * res_scale : 0.0f);
         return;
     }
-    float v[8];
+    float v[8], r[8];
+    load8(r, res, res_scale);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         v[j] = (float)acc[j];
         if (scale) v[j] *= scale[k + j];
         if (bias) v[j] += bias[k + j];
+        v[j] += r[j];
         if (relu) v[j] = fmaxf(v[j], 0.0f);
     }
     store8(y + at, v, y_inv_scale, k);
@@ -497,7 +524,8 @@ __device__ void maxpool(const T* x, int ldx, T* y, int ldy, int N, int H, int W,
 // goes to shared memory (V channels of a pixel per load where the strides allow, as maxpool), then each
 // thread multiplies its share of it by the rows of the dense weights it needs (D x O: row d is O contiguous
 // floats) into O partial sums, which the block adds up. x_scale dequantises INT8 (1 otherwise).
-#define HEAD_O 16  // outputs kept in registers; a wider layer takes one warp per output instead
+#define HEAD_O 16  // outputs kept in registers; a wider layer takes HEAD_CHUNK outputs a block instead
+#define HEAD_CHUNK 64
 template <typename T, int V>
 __device__ __forceinline__ void head_pool(const T* img, int ldx, int H, int W, int C, int P, float x_scale,
                                           float* pooled)
@@ -538,11 +566,19 @@ __device__ void head(const T* x, int ldx, int H, int W, int C, int P, float x_sc
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
     if (O > HEAD_O) {
-        for (int o = warp; o < O; o += warps) {  // one warp per output: a dot product of length D
-            float s = 0.0f;
-            for (int d = lane; d < D; d += 32) s += pooled[d] * wd[(long long)d * O + o];
-            for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
-            if (lane == 0) out[(long long)n * O + o] = s + bd[o];
+        // a wide layer (ResNet's 2048 -> 1000): block (n, j) computes outputs HEAD_CHUNK j .. HEAD_CHUNK (j + 1) - 1,
+        // thread t output o = t % HEAD_CHUNK over a quarter of D; a warp reads 32 consecutive weights of a row
+        __shared__ float part[256 / HEAD_CHUNK][HEAD_CHUNK];
+        int o = blockIdx.y * HEAD_CHUNK + threadIdx.x % HEAD_CHUNK, q = threadIdx.x / HEAD_CHUNK;
+        int parts = blockDim.x / HEAD_CHUNK;
+        float s = 0.0f;
+        if (o < O)
+            for (int d = q; d < D; d += parts) s += pooled[d] * wd[(long long)d * O + o];
+        part[q][threadIdx.x % HEAD_CHUNK] = s;
+        __syncthreads();
+        if (q == 0 && o < O) {
+            for (int j = 1; j < parts; ++j) s += part[j][threadIdx.x];
+            out[(long long)n * O + o] = s + bd[o];
         }
         return;
     }
@@ -570,12 +606,197 @@ __device__ void head(const T* x, int ldx, int H, int W, int C, int P, float x_sc
     }
 }
 
-// The network's float input into the arena's type (INT8: quantised with the input's scale).
+// The network's float input (M pixels x C) into the arena's type (INT8: quantised with the input's scale), ldy
+// channels a pixel: channels C .. ldy - 1 are zeros (the stem's 3 channels padded to a whole 16-byte load).
 template <typename T>
-__device__ void convert_in(const float* x, long long n, T* y, float inv_scale)
+__device__ void convert_in(const float* x, long long M, int C, T* y, int ldy, float inv_scale)
 {
     long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n) store(y + e, x[e], inv_scale);
+    if (e >= M * ldy) return;
+    long long m = e / ldy;
+    int c = (int)(e % ldy);
+    store(y + e, c < C ? x[m * C + c] : 0.0f, inv_scale);
+}
+
+// The network's float input (N x H x W x C) as the stem's im2col matrix (N P Q x R, R = KH KW C rounded up to a
+// multiple of 8, zeros past the KH KW C taps and outside the image): what a stem of 3 channels reads as a 1 x 1
+// convolution. One thread per 8 consecutive elements of a row (one 16-byte store of half). The indices are
+// decomposed once a thread, in 32 bits (the plan refuses tensors of 2^31 elements), and then stepped: integer
+// division by a value known only at run time costs tens of instructions, and 8 elements a thread each dividing
+// by C and KW made this step compute-bound at several times its memory floor.
+template <typename T>
+__device__ void convert_in_im2col(const float* x, int N, int H, int W, int C, int KW, int stride, int pad_t,
+                                  int pad_l, int P, int Q, int R, int taps, T* y, float inv_scale)
+{
+    const unsigned groups = R / 8, g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= (unsigned)N * P * Q * groups) return;
+    const unsigned m = g / groups, r0 = (g - m * groups) * 8, pq = m / Q, q = m - pq * Q, n = pq / P, p = pq - n * P;
+    int tap = r0 / C, c = r0 - tap * C, dy = tap / KW, dx = tap - dy * KW;
+    const int h0 = p * stride - pad_t, w0 = q * stride - pad_l;
+    const float* xn = x + (size_t)n * H * W * C;
+    __align__(16) T v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int hh = h0 + dy, ww = w0 + dx;
+        const float f = (int)r0 + j < taps && hh >= 0 && hh < H && ww >= 0 && ww < W ? xn[(hh * W + ww) * C + c] : 0.0f;
+        store(v + j, f, inv_scale);
+        if (++c == C) {  // the next tap: the next column of the window, or the first of its next row
+            c = 0;
+            if (++dx == KW) {
+                dx = 0;
+                ++dy;
+            }
+        }
+    }
+    T* out = y + (size_t)g * 8;
+    if constexpr (sizeof(T) == 2) *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(v);
+    else if constexpr (sizeof(T) == 1) *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(v);
+    else for (int j = 0; j < 8; ++j) out[j] = v[j];
+}
+
+// Max over a P x P window, ``stride`` apart, of the input padded with zeros (pad_t rows above, pad_l columns to
+// the left, as Keras' ZeroPadding2D before a "valid" pool: ResNet-50's pool1): N x Ho x Wo x C. One thread per
+// output pixel and V channels, as maxpool_v.
+template <typename T, int V>
+__device__ __forceinline__ void maxpool_pad_v(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C,
+                                              int P, int stride, int pad_t, int pad_l, int Ho, int Wo)
+{
+    int groups = C / V, work = N * Ho * Wo * groups;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < work; e += gridDim.x * blockDim.x) {
+        int c = (e % groups) * V, m = e / groups;
+        int wo = m % Wo, ho = (m / Wo) % Ho, n = m / (Wo * Ho);
+        float best[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) best[j] = -3.0e38f;
+        for (int dy = 0; dy < P; ++dy)
+            for (int dx = 0; dx < P; ++dx) {
+                int hh = ho * stride - pad_t + dy, ww = wo * stride - pad_l + dx;
+                __align__(16) T v[V];
+                if (hh < 0 || hh >= H || ww < 0 || ww >= W) {
+#pragma unroll
+                    for (int j = 0; j < V; ++j) v[j] = (T)0;  // the padding's zeros take part in the max
+                } else {
+                    const T* src = x + ((long long)(n * H + hh) * W + ww) * ldx + c;
+                    if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(src);
+                    else v[0] = *src;
+                }
+#pragma unroll
+                for (int j = 0; j < V; ++j) best[j] = fmaxf(best[j], to_f(v[j]));
+            }
+        __align__(16) T out[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) store(out + j, best[j], 1.0f);
+        if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(y + (long long)m * ldy + c) = *reinterpret_cast<uint4*>(out);
+        else y[(long long)m * ldy + c] = out[0];
+    }
+}
+
+template <typename T>
+__device__ void maxpool_pad(const T* x, int ldx, T* y, int ldy, int N, int H, int W, int C, int P, int stride,
+                            int pad_t, int pad_l, int Ho, int Wo)
+{
+    constexpr int V = 16 / sizeof(T);
+    if (C % V == 0 && ldx % V == 0 && ldy % V == 0 && (size_t)x % 16 == 0 && (size_t)y % 16 == 0)
+        maxpool_pad_v<T, V>(x, ldx, y, ldy, N, H, W, C, P, stride, pad_t, pad_l, Ho, Wo);
+    else
+        maxpool_pad_v<T, 1>(x, ldx, y, ldy, N, H, W, C, P, stride, pad_t, pad_l, Ho, Wo);
+}
+
+// A wide classifier after a global pool (ResNet-50's 2048 -> 1000), in two kernels. global_pool: the mean of each
+// image's HW pixels, channel by channel, in float (x_scale dequantises INT8): one thread per image and V channels.
+template <typename T, int V>
+__device__ __forceinline__ void global_pool_v(const T* x, int ldx, int HW, int C, float x_scale, float* pooled,
+                                              int N)
+{
+    int groups = C / V;
+    int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= N * groups) return;
+    int n = e / groups, c = (e % groups) * V;
+    float s[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) s[j] = 0.0f;
+    const T* img = x + (long long)n * HW * ldx + c;
+    for (int i = 0; i < HW; ++i) {
+        __align__(16) T v[V];
+        if constexpr (V * sizeof(T) == 16) *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(img + (long long)i * ldx);
+        else v[0] = img[(long long)i * ldx];
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[j] += to_f(v[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) pooled[(long long)n * C + c + j] = s[j] * x_scale / HW;
+}
+
+template <typename T>
+__device__ void global_pool(const T* x, int ldx, int HW, int C, float x_scale, float* pooled, int N)
+{
+    constexpr int V = 16 / sizeof(T);
+    if (C % V == 0 && ldx % V == 0 && (size_t)x % 16 == 0)
+        global_pool_v<T, V>(x, ldx, HW, C, x_scale, pooled, N);
+    else
+        global_pool_v<T, 1>(x, ldx, HW, C, x_scale, pooled, N);
+}
+
+// classifier: out (N x O) = pooled (N x D, float) wd (D x O) + bd. Block (j, i): outputs 32 j .. 32 j + 31 (a lane
+// each) of images 8 i .. 8 i + 7; its 8 warps split D, so each weight is read once per block and used for 8 images
+// (kept in registers), the pooled values broadcast from shared memory; the warps' partial sums meet in shared memory.
+#define CLS_IMAGES 8
+extern "C" __global__ void __launch_bounds__(256) classifier(const float* pooled, int N, int D, const float* wd,
+                                                             const float* bd, float* out, int O)
+{
+    extern __shared__ float xs[];  // CLS_IMAGES x D
+    __shared__ float red[8][CLS_IMAGES][32];
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int o = blockIdx.x * 32 + lane, i0 = blockIdx.y * CLS_IMAGES, ni = min(CLS_IMAGES, N - i0);
+    for (int e = threadIdx.x; e < ni * D; e += blockDim.x) xs[e] = pooled[(long long)i0 * D + e];
+    __syncthreads();
+    float s[CLS_IMAGES];
+#pragma unroll
+    for (int i = 0; i < CLS_IMAGES; ++i) s[i] = 0.0f;
+    int per = (D + 7) / 8, d0 = warp * per, d1 = min(D, d0 + per);
+    if (o < O)
+        for (int d = d0; d < d1; ++d) {
+            float w = wd[(long long)d * O + o];
+#pragma unroll
+            for (int i = 0; i < CLS_IMAGES; ++i)
+                if (i < ni) s[i] += xs[i * D + d] * w;
+        }
+#pragma unroll
+    for (int i = 0; i < CLS_IMAGES; ++i) red[warp][i][lane] = s[i];
+    __syncthreads();
+    if (warp < ni && o < O) {  // warp i adds up image i's sums
+        float t = bd[o];
+        for (int w = 0; w < 8; ++w) t += red[w][warp][lane];
+        out[(long long)(i0 + warp) * O + o] = t;
+    }
+}
+
+// Softmax of each row of the logits (N x O, float) into out: one block per row (the classifier's probabilities).
+extern "C" __global__ void softmax_rows(const float* logits, float* out, int O)
+{
+    __shared__ float red[32];
+    const float* row = logits + (long long)blockIdx.x * O;
+    float* prob = out + (long long)blockIdx.x * O;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    auto reduce = [&](float v, bool is_max) {
+        for (int off = 16; off > 0; off /= 2) {
+            float o = __shfl_xor_sync(0xffffffffu, v, off);
+            v = is_max ? fmaxf(v, o) : v + o;
+        }
+        if (lane == 0) red[warp] = v;
+        __syncthreads();
+        v = red[0];
+        for (int w = 1; w < warps; ++w) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+        __syncthreads();
+        return v;
+    };
+    float mx = -3.0e38f;
+    for (int o = threadIdx.x; o < O; o += blockDim.x) mx = fmaxf(mx, row[o]);
+    mx = reduce(mx, true);
+    float sum = 0.0f;
+    for (int o = threadIdx.x; o < O; o += blockDim.x) sum += __expf(row[o] - mx);
+    sum = reduce(sum, false);
+    for (int o = threadIdx.x; o < O; o += blockDim.x) prob[o] = __expf(row[o] - mx) / sum;
 }
 
 // ------------------------------------------------------------------ 3. the layer-by-layer engine's kernels
@@ -650,8 +871,13 @@ __device__ void dense(const T* x, int N, int D, const float* wd, const float* bd
     extern "C" __global__ void head_##SUFFIX(const T* x, int ldx, int H, int W, int C, int P, float x_scale,  \
                                              const float* wd, const float* bd, float* out, int O)             \
     { head<T>(x, ldx, H, W, C, P, x_scale, wd, bd, out, O); }                                                  \
-    extern "C" __global__ void convert_in_##SUFFIX(const float* x, long long n, T* y, float inv_scale)        \
-    { convert_in<T>(x, n, y, inv_scale); }                                                                     \
+    extern "C" __global__ void convert_in_##SUFFIX(const float* x, long long M, int C, T* y, int ldy,         \
+                                                   float inv_scale)                                            \
+    { convert_in<T>(x, M, C, y, ldy, inv_scale); }                                                             \
+    extern "C" __global__ void maxpool_pad_##SUFFIX(const T* x, int ldx, T* y, int ldy, int N, int H, int W,   \
+                                                    int C, int P, int stride, int pad_t, int pad_l, int Ho,    \
+                                                    int Wo)                                                    \
+    { maxpool_pad<T>(x, ldx, y, ldy, N, H, W, C, P, stride, pad_t, pad_l, Ho, Wo); }                           \
     extern "C" __global__ void bias_add_##SUFFIX(T* y, long long M, int C, const float* b)                   \
     { bias_add<T>(y, M, C, b); }                                                                               \
     extern "C" __global__ void batchnorm_##SUFFIX(T* y, long long M, int C, const float* gamma,               \
@@ -659,6 +885,13 @@ __device__ void dense(const T* x, int N, int D, const float* wd, const float* bd
                                                   float eps)                                                   \
     { batchnorm<T>(y, M, C, gamma, beta, mean, var, eps); }                                                    \
     extern "C" __global__ void relu_##SUFFIX(T* y, long long n) { relu<T>(y, n); }                            \
+    extern "C" __global__ void convert_in_im2col_##SUFFIX(const float* x, int N, int H, int W, int C, int KW,  \
+                                                          int stride, int pad_t, int pad_l, int P, int Q, int R, \
+                                                          int taps, T* y, float inv_scale)                   \
+    { convert_in_im2col<T>(x, N, H, W, C, KW, stride, pad_t, pad_l, P, Q, R, taps, y, inv_scale); }            \
+    extern "C" __global__ void global_pool_##SUFFIX(const T* x, int ldx, int HW, int C, float x_scale,         \
+                                                    float* pooled, int N)                                      \
+    { global_pool<T>(x, ldx, HW, C, x_scale, pooled, N); }                                                     \
     extern "C" __global__ void concat_copy_##SUFFIX(const T* src, long long M, int Cs, T* dst, int ldd)       \
     { concat_copy<T>(src, M, Cs, dst, ldd); }                                                                  \
     extern "C" __global__ void avgpool_##SUFFIX(const T* x, int N, int H, int W, int C, int P, T* y)          \

@@ -190,10 +190,30 @@ template <typename T> struct Tile;  // pitch of a plane row in shared memory, in
 template <> struct Tile<half> { static constexpr int PITCH = 24; };  // 48 bytes: rows spread over the banks
 template <> struct Tile<int8> { static constexpr int PITCH = 16; };  // 16 bytes: 8 rows fill the 32 banks
 
+//
+// These kernels also take any geometry (ResNet-50's): an output of P x Q pixels, the input read ``stride`` pixels
+// apart from (-pad_t, -pad_l), zeros outside the image; and a residual tensor (res, pixel stride ldres, INT8 scale
+// res_scale) added before the ReLU. The digits network's "same" convolutions pass P = H, Q = W, stride 1,
+// pad KH / 2 and KW / 2, and no residual.
+struct PixelG { int h, w, base; bool valid; };  // an output pixel's input origin (h, w) and its index there
+
+__device__ __forceinline__ PixelG pixel_g(int m, int M, int P, int Q, int H, int W, int stride, int pad_t,
+                                          int pad_l)
+{
+    PixelG p;
+    p.valid = m < M;
+    int q = m % Q, t = m / Q, r = t % P, n = t / P;
+    p.h = r * stride - pad_t;
+    p.w = q * stride - pad_l;
+    p.base = (n * H + p.h) * W + p.w;  // may point before the image: only used for taps inside it
+    return p;
+}
+
 template <typename T, int WARPS_M, int WARPS_N, int FM, int FN, int STAGES>
 __device__ void conv_tc(const T* __restrict__ x, int ldx, const T* __restrict__ w /* K x R */, const float* bias,
                         const float* scale, T* y, const long long* y_off, const int* y_ld, const float* y_inv_scale,
-                        int N, int H, int W, int C, int K, int KH, int KW, int relu)
+                        int N, int H, int W, int C, int K, int KH, int KW, int relu, int P, int Q, int stride,
+                        int pad_t, int pad_l, const T* res, int ldres, float res_scale)
 {
     typedef typename Acc<T>::type A;
     constexpr int BM = WARPS_M * FM * 16, BN = WARPS_N * FN * 16, THREADS = WARPS_M * WARPS_N * 32;
@@ -208,13 +228,13 @@ __device__ void conv_tc(const T* __restrict__ x, int ldx, const T* __restrict__ 
     A* cs = reinterpret_cast<A*>(smem);                  // [BM][BN + 4], after the last step
 
     int tid = threadIdx.x, warp = tid / 32, wm = warp / WARPS_N, wn = warp % WARPS_N;
-    int M = N * H * W, R = KH * KW * C;
+    int M = N * P * Q, R = KH * KW * C;
     int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
     constexpr int A_CHUNKS = BM * 4 / THREADS, B_ALL = BN * 4, B_CHUNKS = (B_ALL + THREADS - 1) / THREADS;
     static_assert(BM * 4 % THREADS == 0, "the tile's rows and the threads do not divide");
-    Pixel px[A_CHUNKS];  // the pixels this thread loads, the same at every step
+    PixelG px[A_CHUNKS];  // the pixels this thread loads, the same at every step
 #pragma unroll
-    for (int i = 0; i < A_CHUNKS; ++i) px[i] = pixel(m0 + (tid + i * THREADS) / 4, M, H, W);
+    for (int i = 0; i < A_CHUNKS; ++i) px[i] = pixel_g(m0 + (tid + i * THREADS) / 4, M, P, Q, H, W, stride, pad_t, pad_l);
 
     auto load = [&](int stage, int r0) {
         T* xa = xs + stage * A_STAGE;
@@ -223,6 +243,8 @@ __device__ void conv_tc(const T* __restrict__ x, int ldx, const T* __restrict__ 
         for (int i = 0; i < A_CHUNKS; ++i) {
             int e = tid + i * THREADS, mm = e / 4, q = e % 4;
             Tap t = tap(r0 + q * CH, R, C, KH, KW);
+            t.dy += KH / 2;  // tap() counts from the kernel's centre; here from its corner
+            t.dx += KW / 2;
             int hh = px[i].h + t.dy, ww = px[i].w + t.dx;
             bool ok = px[i].valid && t.valid && hh >= 0 && hh < H && ww >= 0 && ww < W;
             const T* src = ok ? x + (long long)(px[i].base + t.dy * W + t.dx) * ldx + t.c : x;
@@ -286,17 +308,20 @@ __device__ void conv_tc(const T* __restrict__ x, int ldx, const T* __restrict__ 
         int mm = e / (BN / 8), kk = (e % (BN / 8)) * 8;
         int m = m0 + mm, k = k0 + kk;
         if (m < M && k < K)
-            epilogue8(cs + mm * (BN + 4) + kk, (long long)m, k, K, bias, scale, y, y_off, y_ld, y_inv_scale, relu);
+            epilogue8(cs + mm * (BN + 4) + kk, (long long)m, k, K, bias, scale, y, y_off, y_ld, y_inv_scale, relu,
+                      res ? res + (long long)m * ldres + k : nullptr, res_scale);
     }
 }
 
 #define CONV_TC(NAME, T, WARPS_M, WARPS_N, FM, FN, STAGES)                                                     \
     extern "C" __global__ void __launch_bounds__(WARPS_M * WARPS_N * 32)                                      \
     NAME(const T* x, int ldx, const T* w, const float* bias, const float* scale, T* y, const long long* y_off, \
-         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu) \
+         const int* y_ld, const float* y_inv_scale, int N, int H, int W, int C, int K, int KH, int KW, int relu, \
+         int P, int Q, int stride, int pad_t, int pad_l, const T* res, int ldres, float res_scale)             \
     {                                                                                                          \
         conv_tc<T, WARPS_M, WARPS_N, FM, FN, STAGES>(x, ldx, w, bias, scale, y, y_off, y_ld, y_inv_scale, N, H, \
-                                                     W, C, K, KH, KW, relu);                                   \
+                                                     W, C, K, KH, KW, relu, P, Q, stride, pad_t, pad_l, res,   \
+                                                     ldres, res_scale);                                        \
     }
 #define CONV_TC_ALL(SUFFIX, T)                                                                                 \
     CONV_TC(conv_tc_64x32_##SUFFIX, T, 4, 1, 1, 2, 3)                                                          \

@@ -30,8 +30,8 @@ Its rooms follow the lesson's story, each a floor above those it imports (a test
 """
 from __future__ import annotations
 
-from .catalog import CANDIDATES, CONV_KERNELS, DEFAULT_KERNEL, DIRECT, SIMT, SOURCE, THREADS, VECTOR
-from .graph import Graph, graph_from_keras, Node, SUPPORTED_LAYERS
+from .catalog import CANDIDATES, CONV_KERNELS, DEFAULT_KERNEL, DIRECT, SIMT, SOURCE, THREADS, VECTOR, WG
+from .graph import conv_geometry, Graph, graph_from_keras, Node, SUPPORTED_LAYERS
 from .model import (build_keras_model, dataset, digits_images, load_model_file, MODEL_FILE, save_model_file,
                     train_and_export)
 from .specs import (avgpool_spec, batchnorm_spec, cbr_spec, conv_spec, fold_bn_weights, im2col, maxpool_spec,
@@ -41,7 +41,7 @@ from .precision import (calibrate, CALIBRATIONS, dequantize, DTYPES, entropy_sca
                         PRECISIONS, Q, quantize, SCALE_METHODS, SUFFIX)
 from .plan import check_target, load_plan, Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
 from .executor import accuracy, Engine, predict
-from .tuning import autotune, candidates, kernel_fits
+from .tuning import autotune, candidates, kernel_fits, plain, wg_fits
 from .build import build_plan
 from .fused import cbr_direct, cbr_numba
 from .resnet import calibrate_batchnorm, floors, layer_costs, resnet50

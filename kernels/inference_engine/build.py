@@ -10,26 +10,21 @@ import numpy as np
 
 from gpucourse import gpus, runtime
 
-from .catalog import DEFAULT_KERNEL
-from .graph import Graph
+from .catalog import DEFAULT_KERNEL, GENERAL_DEFAULT, HEAD_O
+from .graph import conv_geometry, Graph
 from .passes import _single_consumer
 from .plan import Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
 from .precision import _root, calibrate, DTYPES, minmax_scale, PRECISIONS, quantize
-from .tuning import autotune
+from .tuning import autotune, kernel_fits, plain
 
 
 def _not_runnable(n) -> str | None:
-    """What a node asks that the plan's kernels do not do (ResNet-50's strided and residual convolutions, its
-    zero-padded pool, its global pool and softmax), or None."""
+    """What a node asks that the plan's kernels do not do (a Pad, Add, global pool or softmax the passes did not fold
+    into a convolution or the head), or None."""
     if n.op in ("Pad", "Add", "GlobalAvgPool", "Softmax"):
-        return f"a {n.op}"
-    if n.op in ("Conv", "CBR", "MaxPool") and ("stride" in n.attrs or "pad" in n.attrs):
-        stride, pad = n.attrs.get("stride", 1), n.attrs.get("pad")
-        return f"a {'convolution' if n.op != 'MaxPool' else 'max pool'} of stride {stride} with padding {pad}"
-    if n.attrs.get("residual"):
-        return "a residual added in the epilogue"
-    if n.op == "Head" and n.attrs.get("global"):
-        return "a global average pool"
+        return f"a {n.op} on its own (the optimisation passes fold it)"
+    if n.op == "Conv" and ("stride" in n.attrs or "pad" in n.attrs):
+        return "an unfused convolution of stride or padding other than 'same' at stride 1"
     return None
 
 
@@ -44,12 +39,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
     for n in g.nodes:
         why = _not_runnable(n)
         if why:
-            raise runtime.CourseError(f"node {n.name!r} ({n.op}): {why} has no kernel in this engine yet; the NumPy "
-                                      "reference (run_graph) runs it")
+            raise runtime.CourseError(f"node {n.name!r} ({n.op}): {why} has no kernel in this engine; run the "
+                                      "optimisation passes (E.optimize) first, or the NumPy reference (run_graph)")
     if not isinstance(max_batch, int) or max_batch < 1:
         raise runtime.CourseInputError(f"max_batch must be a positive int, got {max_batch!r}")
-    h, w, _ = g.shapes[g.input]
-    if max_batch * h * w * max(s[-1] for s in g.shapes.values()) >= 2**31:
+    if max_batch * max(int(np.prod(s)) for s in g.shapes.values()) >= 2**31:
         raise runtime.CourseInputError(f"max_batch {max_batch} is too large: the kernels index a tensor with "
                                        "32-bit integers")
     if precision == "fp16" and runtime.is_gpu():
@@ -68,10 +62,12 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
             g.aliases[n.outputs[0]] = (n.inputs[0], 0)  # in place: the same memory
     buffers, base = {}, 0
     produced = [g.input] + [t for n in g.nodes for t in n.outputs]
+    stem = _stem_im2col(g, precision)
     for t in produced + [_root(g, t)[0] for t in produced]:
         if t in g.aliases or t == g.output or t in buffers:
             continue
-        buffers[t] = {"base": base, "per_image": int(np.prod(g.shapes[t])), "ld": g.shapes[t][-1]}
+        shape = (stem["P"], stem["Q"], stem["R"]) if stem and t == g.input else g.shapes[t]
+        buffers[t] = {"base": base, "per_image": int(np.prod(shape)), "ld": shape[-1], "shape": shape}
         base += max_batch * buffers[t]["per_image"]
 
     def loc(t):
@@ -81,8 +77,9 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
         if len(g.shapes[t]) == 1:  # a flat vector per image (after Flatten): contiguous
             d = g.shapes[t][0]
             return {"base": buffers[root]["base"], "ld": d, "off": 0, "C": d, "H": 1, "W": 1, "tensor": root}
-        s = g.shapes[root]
-        return {"base": buffers[root]["base"], "ld": buffers[root]["ld"], "off": off, "C": g.shapes[t][-1],
+        s = buffers[root]["shape"]
+        return {"base": buffers[root]["base"], "ld": buffers[root]["ld"], "off": off,
+                "C": s[-1] if t == g.input else g.shapes[t][-1],
                 "H": s[0] if len(s) == 3 else 1, "W": s[1] if len(s) == 3 else 1, "tensor": root}
 
     steps, arrays = [], {}
@@ -99,18 +96,39 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
             if v is not None:
                 arrays[f"{i}/{k}"] = v
 
-    add({"kind": "input", "dst": loc(g.input), "inv_scale": 1.0 / scale_of(g.input)})
+    add({"kind": "input", "dst": loc(g.input), "inv_scale": 1.0 / scale_of(g.input), **({"im2col": stem} if stem else {})})
     for n in g.nodes:
         W = n.weights
         if n.op in ("Conv", "CBR"):
-            w = W["w"].reshape(-1, W["w"].shape[-1]).astype(np.float32)
+            src = loc(n.inputs[0])
+            w4 = W["w"]
+            attrs = n.attrs
+            if stem and n.name == stem["node"]:  # the stem reads the input's im2col matrix: a 1 x 1 convolution
+                w2 = w4.reshape(-1, w4.shape[-1])
+                w4 = np.concatenate([w2, np.zeros((stem["R"] - len(w2), w2.shape[1]), w2.dtype)])[None, None]
+                attrs = {"kh": 1, "kw": 1}
+            w = w4.reshape(-1, w4.shape[-1]).astype(np.float32)
             k_total = w.shape[1]
             splits = n.attrs.get("splits", [k_total])
             dests = [loc(t) for t in n.outputs]
             dest_of_k = np.repeat(np.arange(len(dests)), splits)
-            step = {"kind": "conv", "name": n.name, "src": loc(n.inputs[0]), "K": k_total, "kh": int(W["w"].shape[0]),
-                    "kw": int(W["w"].shape[1]), "relu": bool(n.attrs.get("relu", False)), "dests": dests,
-                    "bias": n.op == "CBR", "kernel": DEFAULT_KERNEL[precision], "tuning": {}}
+            stride, pad = conv_geometry(attrs)
+            P, Q = g.shapes[n.outputs[0]][:2]
+            step = {"kind": "conv", "name": n.name, "src": src, "K": k_total, "kh": int(w4.shape[0]),
+                    "kw": int(w4.shape[1]), "relu": bool(n.attrs.get("relu", False)), "dests": dests,
+                    "bias": n.op == "CBR", "kernel": DEFAULT_KERNEL[precision], "tuning": {},
+                    "stride": stride, "pad": pad, "P": int(P), "Q": int(Q)}
+            if n.attrs.get("residual"):
+                step["res"] = loc(n.inputs[1])
+                step["res_scale"] = float(scale_of(n.inputs[1]))
+            if not plain(step):
+                step["kernel"] = GENERAL_DEFAULT
+                if not kernel_fits(step, GENERAL_DEFAULT, precision) or precision == "fp32":
+                    raise runtime.CourseError(
+                        f"node {n.name!r}: a convolution of stride {stride}, padding {pad}"
+                        f"{' and a residual' if 'res' in step else ''} runs on the engine's tensor-core kernels only, "
+                        f"FP16 or INT8 (input channels, pixel stride and output channels in whole 16 bytes); "
+                        f"build this network in fp16 or int8")
             y_off = np.array([dests[d]["base"] + dests[d]["off"] for d in dest_of_k], np.int64)
             y_off += np.concatenate([np.arange(s) for s in splits]).astype(np.int64)
             y_ld = np.array([dests[d]["ld"] for d in dest_of_k], np.int32)
@@ -134,8 +152,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
         elif n.op == "MaxPool":
             if scales and not math.isclose(scale_of(n.inputs[0]), scale_of(n.outputs[0])):
                 raise runtime.CourseError(f"{n.name}: a max pool's output must keep its input's INT8 scale")
-            add({"kind": "maxpool", "name": n.name, "src": loc(n.inputs[0]), "dst": loc(n.outputs[0]),
-                 "size": n.attrs["size"]})
+            step = {"kind": "maxpool", "name": n.name, "src": loc(n.inputs[0]), "dst": loc(n.outputs[0]),
+                    "size": n.attrs["size"]}
+            if "stride" in n.attrs or "pad" in n.attrs:  # ResNet's: windows `stride` apart over zero padding
+                step.update(stride=int(n.attrs.get("stride", 1)), pad=list(n.attrs["pad"]))
+            add(step)
         elif n.op == "Concat":
             for t in n.inputs:
                 dst = loc(n.outputs[0])
@@ -151,9 +172,21 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
             add({"kind": "dense", "name": n.name, "src": loc(n.inputs[0]), "O": int(W["w"].shape[1])},
                 w=W["w"].astype(np.float32), b=W["b"].astype(np.float32))
         elif n.op == "Head":
-            add({"kind": "head", "name": n.name, "src": loc(n.inputs[0]), "size": n.attrs["size"],
-                 "O": int(W["w"].shape[1]), "x_scale": scale_of(n.inputs[0])},
-                w=W["w"].astype(np.float32), b=W["b"].astype(np.float32))
+            src = loc(n.inputs[0])
+            size = n.attrs["size"] if not n.attrs.get("global") else src["H"]
+            if n.attrs.get("global") and src["H"] != src["W"]:
+                raise runtime.CourseError(f"node {n.name!r}: the head's global pool takes square images, got "
+                                          f"{src['H']} x {src['W']}")
+            O = int(W["w"].shape[1])
+            if n.attrs.get("global") and O > HEAD_O:  # a wide classifier (ResNet's): the pool, then a matrix product
+                add({"kind": "gpool", "name": f"{n.name}/pool", "src": src, "x_scale": scale_of(n.inputs[0])})
+                add({"kind": "classifier", "name": n.name, "D": src["C"], "O": O},
+                    w=W["w"].astype(np.float32), b=W["b"].astype(np.float32))
+            else:
+                add({"kind": "head", "name": n.name, "src": src, "size": size, "O": O,
+                     "x_scale": scale_of(n.inputs[0])}, w=W["w"].astype(np.float32), b=W["b"].astype(np.float32))
+            if n.attrs.get("softmax"):
+                add({"kind": "softmax", "name": f"{n.name}/softmax", "O": int(W["w"].shape[1])})
         else:
             raise runtime.CourseError(f"node {n.name!r}: op {n.op!r} has no kernel in this engine")
         if n.outputs[-1] == g.output and n.op not in ("Dense", "Head"):
@@ -162,8 +195,34 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
               "max_batch": max_batch, "arena": base, "input_shape": list(g.shapes[g.input]),
               "outputs": int(g.shapes[g.output][0]), "calibration": calibration if scales else None,
               "name": name, "built": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "graphs": bool(graphs), "steps": steps}
+              "graphs": bool(graphs), "softmax": any(st["kind"] == "softmax" for st in steps),
+              "pooled": max([st["D"] for st in steps if st["kind"] == "classifier"], default=0), "steps": steps}
     plan = Plan(header, arrays)
     if tune and runtime.is_gpu():
         autotune(plan)
     return plan
+
+
+def _stem_im2col(g: Graph, precision: str) -> dict | None:
+    """Where the first convolution reads the input with another geometry than "same" at stride 1 (ResNet-50's 7 x 7
+    stem of stride 2) and the input's channels are not whole 16 bytes (3 colours), the plan lowers it as TensorRT
+    does such a stem: the input step writes the input's im2col matrix (every output pixel's 7 x 7 x 3 receptive
+    field, padded with zeros to a multiple of 64), and the stem becomes a 1 x 1 convolution of it, which the
+    tensor-core kernels run at full width. Returns the stem's geometry, or None."""
+    if precision == "fp32":
+        return None
+    c = g.shapes[g.input][-1]
+    per16 = 16 // np.dtype(DTYPES[precision]).itemsize
+    readers = [n for n in g.nodes if n.op in ("Conv", "CBR") and n.inputs[0] == g.input]
+    if len(readers) != 1 or c % per16 == 0 or not any(n in readers for n in g.consumers(g.input)):
+        return None
+    n = readers[0]
+    stride, pad = conv_geometry(n.attrs)
+    if (stride, pad) == (1, [n.attrs["kh"] // 2] * 2 + [n.attrs["kw"] // 2] * 2) and not n.attrs.get("residual"):
+        return None  # the digits network's stem: its own kernels read it as it is
+    if len(g.consumers(g.input)) != 1:
+        return None
+    (h, w, _), (p, q) = g.shapes[g.input], g.shapes[n.outputs[0]][:2]
+    r = n.attrs["kh"] * n.attrs["kw"] * c
+    return {"node": n.name, "kh": n.attrs["kh"], "kw": n.attrs["kw"], "stride": stride, "pad": pad, "C": c, "H": h,
+            "W": w, "P": int(p), "Q": int(q), "taps": r, "R": -(-r // 64) * 64}

@@ -33,12 +33,26 @@ CONV_KERNELS.update({k: (th * 16, bn, 128) for k, (_, th, bn, _) in TCD.items()}
 PIX = {"pix_32": 32, "pix_16": 16}  # name -> channels per thread
 PIX_R = 64  # the longest reduction (KH KW C) they take: their weights tile in shared memory
 CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
+# Hopper (sm_90a, inference_engine_wgmma.cu): lesson 4's wgmma convolution with the engine's epilogue, in FP16 and
+# (wgmma's 8-bit path, rows of 64 bytes in the 64-byte swizzle) INT8: kernels conv_<name>_f16 and _i8. name ->
+# lesson 4's kernel of the same tile (kernels/convolution.py: wgmma_conv_config gives its threads and shared memory);
+# "i2c" tiles are BM consecutive output pixels gathered in the TMA's im2col mode, the others boxes of one image.
+WG_SOURCE = "inference_engine_wgmma"
+WG = {f"wg_{mode}{bm}x{bn}_s{st}": f"conv_wgmma_{mode}{bm}x{bn}_s{st}_nhwc_f16"
+      for mode, bm, bn, st in [("", 128, 128, 4), ("", 128, 64, 4), ("", 64, 128, 4), ("", 64, 64, 6),
+                               ("i2c_", 128, 128, 4), ("i2c_", 128, 64, 4), ("i2c_", 128, 256, 3),
+                               ("i2c_", 64, 128, 4), ("i2c_", 64, 64, 6)]}
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
         "simtv_64x16") + tuple(DIRECT)
 CANDIDATES = {"fp32": SIMT + tuple(PIX),
               "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
-                       "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX),
-              "int8": TC + tuple(TCD) + SIMT + tuple(PIX)}
+                       "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG),
+              "int8": TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG)}
 DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64"}
+# a convolution of another geometry than "same" at stride 1, or with a residual (ResNet-50's): only the tc and wg
+# kernels take those, and tc_64x64 is the default
+GENERAL_DEFAULT = "tc_64x64"
 THREADS = 256  # elementwise kernels
+HEAD_O, HEAD_CHUNK = 16, 64  # the head kernel: outputs kept in registers; outputs a block of a wider layer (as in the .cu)
+CLS_IMAGES = 8  # the classifier kernel: images a block (as in the .cu)
 VECTOR = 8  # the wmmav kernels load 8 halves (16 bytes) at a time

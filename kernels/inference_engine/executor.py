@@ -10,7 +10,8 @@ import numpy as np
 from gpucourse import runtime
 
 from gpucourse import cuda_c
-from .catalog import CONV_KERNELS, DIRECT, SOURCE, TC, TCD, THREADS
+from kernels import tensor_cores
+from .catalog import CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, TC, TCD, THREADS, WG, WG_SOURCE
 from .plan import check_target, Plan
 from .precision import DTYPES, Q, SUFFIX
 from .specs import avgpool_spec, im2col, maxpool_spec
@@ -49,6 +50,9 @@ class Engine:
             self.dev = plan.arrays
         self.arena = self.xp.zeros(plan.header["arena"], self.dtype)
         self.out = self.xp.zeros((self.max_batch, plan.header["outputs"]), np.float32)
+        # the head's logits: the output itself, or, where the plan ends in a softmax, what the softmax reads
+        self.logits = self.xp.zeros_like(self.out) if plan.header.get("softmax") else self.out
+        self.pooled = self.xp.zeros((self.max_batch, max(plan.header.get("pooled", 0), 1)), np.float32)  # global pool
         # the input binding: where a CUDA graph reads the input (its kernels' arguments are fixed pointers)
         self.input = self.xp.zeros((self.max_batch, *plan.header["input_shape"]), np.float32)
         self._x = None
@@ -69,13 +73,13 @@ class Engine:
         """Logits (N x outputs, float32) of a batch of inputs N x H x W x C float32 (a NumPy array, or a
         CuPy array in GPU mode), N <= the plan's max_batch."""
         shape = tuple(self.plan.header["input_shape"])
-        if self.gpu and not runtime.is_device_array(x):
-            x = self.xp.asarray(np.asarray(x, np.float32))
         if getattr(x, "ndim", 0) != 4 or tuple(x.shape[1:]) != shape:
             raise runtime.CourseInputError(f"the input must be N x {' x '.join(map(str, shape))}, got "
                                            f"{tuple(getattr(x, 'shape', ()))}")
-        if np.dtype(x.dtype) != np.float32:
+        if np.dtype(x.dtype) != np.float32:  # checked before any copy to the GPU: both modes refuse the same inputs
             raise runtime.CourseInputError(f"the input must be float32, got {np.dtype(x.dtype)}")
+        if self.gpu and not runtime.is_device_array(x):
+            x = self.xp.asarray(x)
         n = x.shape[0]
         if not 1 <= n <= self.max_batch:
             raise runtime.CourseInputError(f"a batch of {n}: this plan takes 1 to {self.max_batch} inputs")
@@ -137,12 +141,19 @@ class Engine:
         a = self.dev
         i = s["id"]
         kind = s["kind"]
-        if kind == "input":
-            v = self._x.reshape(self._view(s["dst"], n).shape)
-            self._view(s["dst"], n)[...] = _store(v.astype(np.float32), self.dtype, s["inv_scale"])
+        if kind == "input" and "im2col" in s:  # the stem's im2col matrix, zeros past its taps
+            st, d = s["im2col"], s["dst"]
+            cols = im2col(self._x.reshape(n, st["H"], st["W"], st["C"]).astype(np.float32), st["kh"], st["kw"],
+                          st["stride"], st["pad"])
+            cols = np.concatenate([cols, np.zeros((*cols.shape[:3], st["R"] - st["taps"]), np.float32)], axis=-1)
+            self._view(d, n)[...] = _store(cols, self.dtype, s["inv_scale"])
+        elif kind == "input":
+            d = s["dst"]
+            v = self._x.reshape(self._view(d, n).shape)
+            self._view(d, n)[...] = _store(v.astype(np.float32), self.dtype, s["inv_scale"])
         elif kind == "conv":
             x = self._view(s["src"], n)
-            cols = im2col(x, s["kh"], s["kw"]).reshape(-1, a[f"{i}/w"].shape[0])
+            cols = im2col(x, s["kh"], s["kw"], s.get("stride", 1), s.get("pad")).reshape(-1, a[f"{i}/w"].shape[0])
             if self.precision == "int8":
                 # integer products summed exactly (float64 holds every such sum exactly), as int32 on a GPU
                 acc = (cols.astype(np.float64) @ a[f"{i}/w"].astype(np.float64)).astype(np.float32) * a[f"{i}/scale"]
@@ -150,6 +161,8 @@ class Engine:
                 acc = cols.astype(np.float32) @ a[f"{i}/w"].astype(np.float32)
             if s["bias"]:
                 acc = acc + a[f"{i}/b"]
+            if s.get("res"):  # the residual, in real units
+                acc = acc + self._view(s["res"], n).reshape(acc.shape).astype(np.float32) * np.float32(s["res_scale"])
             if s["relu"]:
                 acc = np.maximum(acc, 0)
             start = 0
@@ -169,8 +182,8 @@ class Engine:
                 v = np.maximum(v, 0)
             self._view(s["dst"], n)[...] = v.astype(self.dtype)
         elif kind == "maxpool":
-            self._view(s["dst"], n)[...] = maxpool_spec(self._view(s["src"], n).astype(np.float32),
-                                                        s["size"]).astype(self.dtype)
+            self._view(s["dst"], n)[...] = maxpool_spec(self._view(s["src"], n).astype(np.float32), s["size"],
+                                                        s.get("stride", 1), s.get("pad")).astype(self.dtype)
         elif kind == "concat_copy":
             self._view(s["dst"], n)[...] = self._view(s["src"], n)
         elif kind == "avgpool":
@@ -182,7 +195,16 @@ class Engine:
         elif kind == "head":
             x = self._view(s["src"], n).astype(np.float32) * np.float32(s["x_scale"])
             p = avgpool_spec(x, s["size"]).reshape(n, -1)
-            self.out[:n] = p @ a[f"{i}/w"] + a[f"{i}/b"]
+            self.logits[:n] = p @ a[f"{i}/w"] + a[f"{i}/b"]
+        elif kind == "gpool":
+            src = s["src"]
+            self.pooled[:n, :src["C"]] = self._view(src, n).astype(np.float32).mean(axis=(1, 2)) * np.float32(s["x_scale"])
+        elif kind == "classifier":
+            self.logits[:n] = self.pooled[:n, :s["D"]] @ a[f"{i}/w"] + a[f"{i}/b"]
+        elif kind == "softmax":
+            z = self.logits[:n] - self.logits[:n].max(axis=1, keepdims=True)
+            e = np.exp(z)
+            self.out[:n] = e / e.sum(axis=1, keepdims=True)
 
     # ------------------------------------------------------------------ GPU
     def _kernel(self, name: str):
@@ -200,6 +222,9 @@ class Engine:
         fn, grid, block, args, shared = prep
         if s["kind"] == "input":
             args = (self._x,) + args[1:]
+        if s["kind"] == "conv" and s["kernel"] in WG:  # tensor maps are passed by value: the driver's launch
+            tensor_cores.launch_hopper(fn, grid, block[0], shared, args, s["name"])
+            return
         fn(grid, block, args, shared_mem=shared)
 
     def _prepare(self, s, n):
@@ -215,13 +240,15 @@ class Engine:
         def grid(count):
             return (math.ceil(count / THREADS),)
 
+        if kind == "conv" and s["kernel"] in WG:
+            return self._prepare_wg(s, n)
         if kind == "conv":
             fn = self._fn.get(i)
             if fn is None:
                 fn = self._fn[i] = self._kernel(f"conv_{s['kernel']}_{sfx}")
             bm, bn, threads = CONV_KERNELS[s["kernel"]]
             src = s["src"]
-            M = n * src["H"] * src["W"]
+            M = n * s.get("P", src["H"]) * s.get("Q", src["W"])
             blocks = math.ceil(M / bm)
             if s["kernel"] in DIRECT:  # one block per TH x TW tile of an image
                 _, th, tw = DIRECT[s["kernel"]][:3]
@@ -233,15 +260,29 @@ class Engine:
                 if f"{i}/wt" not in a:
                     a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(w.reshape(-1, s["K"]).T)
                 w = a[f"{i}/wt"]
-            return (fn, (blocks, math.ceil(s["K"] / bn)), (threads,),
-                    (self._ptr(src), i32(src["ld"]), w, a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
-                     self.arena, a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n), i32(src["H"]),
-                     i32(src["W"]), i32(src["C"]), i32(s["K"]), i32(s["kh"]), i32(s["kw"]), i32(s["relu"])), 0)
+            args = (self._ptr(src), i32(src["ld"]), w, a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
+                    self.arena, a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n), i32(src["H"]),
+                    i32(src["W"]), i32(src["C"]), i32(s["K"]), i32(s["kh"]), i32(s["kw"]), i32(s["relu"]))
+            if s["kernel"] in TC:  # any geometry, and a residual
+                kh, kw = s["kh"], s["kw"]
+                pad = s.get("pad", [kh // 2, kh // 2, kw // 2, kw // 2])
+                res = s.get("res")
+                args += (i32(s.get("P", src["H"])), i32(s.get("Q", src["W"])), i32(s.get("stride", 1)), i32(pad[0]),
+                         i32(pad[2]), self._ptr(res) if res else null, i32(res["ld"] if res else 0),
+                         np.float32(s.get("res_scale", 1.0)))
+            return (fn, (blocks, math.ceil(s["K"] / bn)), (threads,), args, 0)
+        if kind == "input" and "im2col" in s:
+            st, d = s["im2col"], s["dst"]
+            count = n * st["P"] * st["Q"] * st["R"] // 8  # 8 elements a thread
+            return (self._kernel(f"convert_in_im2col_{sfx}"), grid(count), block,
+                    (None, i32(n), i32(st["H"]), i32(st["W"]), i32(st["C"]), i32(st["kw"]), i32(st["stride"]),
+                     i32(st["pad"][0]), i32(st["pad"][2]), i32(st["P"]), i32(st["Q"]), i32(st["R"]), i32(st["taps"]),
+                     self._ptr(d), np.float32(s["inv_scale"])), 0)
         if kind == "input":
             d = s["dst"]
-            count = n * d["H"] * d["W"] * d["C"]
-            return (self._kernel(f"convert_in_{sfx}"), grid(count), block,
-                    (None, i64(count), self._ptr(d), np.float32(s["inv_scale"])), 0)
+            M = n * d["H"] * d["W"]
+            return (self._kernel(f"convert_in_{sfx}"), grid(M * d["ld"]), block,
+                    (None, i64(M), i32(d["C"]), self._ptr(d), i32(d["ld"]), np.float32(s["inv_scale"])), 0)
         if kind in ("biasadd", "batchnorm", "relu"):
             d = s["dst"]
             M = n * d["H"] * d["W"]
@@ -254,6 +295,14 @@ class Engine:
                 args = (self._ptr(d), i64(M * d["C"]))
             name = {"biasadd": "bias_add", "batchnorm": "batchnorm", "relu": "relu"}[kind]
             return (self._kernel(f"{name}_{sfx}"), grid(M * d["C"]), block, args, 0)
+        if kind == "maxpool" and "stride" in s:
+            src, d = s["src"], s["dst"]
+            v = vector_width(self.arena.itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
+                             d["base"] + d["off"])
+            return (self._kernel(f"maxpool_pad_{sfx}"), grid(n * d["H"] * d["W"] * src["C"] // v), block,
+                    (self._ptr(src), i32(src["ld"]), self._ptr(d), i32(d["ld"]), i32(n), i32(src["H"]), i32(src["W"]),
+                     i32(src["C"]), i32(s["size"]), i32(s["stride"]), i32(s["pad"][0]), i32(s["pad"][2]),
+                     i32(d["H"]), i32(d["W"])), 0)
         if kind == "maxpool":
             src, d = s["src"], s["dst"]
             v = vector_width(self.arena.itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
@@ -279,10 +328,67 @@ class Engine:
         if kind == "head":
             src, p = s["src"], s["size"]
             D = (src["H"] // p) * (src["W"] // p) * src["C"]
-            return (self._kernel(f"head_{sfx}"), (n,), block,
+            chunks = 1 if s["O"] <= HEAD_O else math.ceil(s["O"] / HEAD_CHUNK)  # a wide classifier: chunks of outputs
+            return (self._kernel(f"head_{sfx}"), (n, chunks), block,
                     (self._ptr(src), i32(src["ld"]), i32(src["H"]), i32(src["W"]), i32(src["C"]), i32(p),
-                     np.float32(s["x_scale"]), a[f"{i}/w"], a[f"{i}/b"], self.out, i32(s["O"])), 4 * D)
+                     np.float32(s["x_scale"]), a[f"{i}/w"], a[f"{i}/b"], self.logits, i32(s["O"])), 4 * D)
+        if kind == "softmax":
+            return (self._kernel("softmax_rows"), (n,), block, (self.logits, self.out, i32(s["O"])), 0)
+        if kind == "gpool":
+            src = s["src"]
+            v = vector_width(self.arena.itemsize, src["C"], src["ld"], src["base"] + src["off"])
+            return (self._kernel(f"global_pool_{sfx}"), grid(n * src["C"] // v), block,
+                    (self._ptr(src), i32(src["ld"]), i32(src["H"] * src["W"]), i32(src["C"]), np.float32(s["x_scale"]),
+                     self.pooled, i32(n)), 0)
+        if kind == "classifier":
+            fn, smem = self._kernel("classifier"), CLS_IMAGES * s["D"] * 4
+            fn.max_dynamic_shared_size_bytes = smem
+            return (fn, (math.ceil(s["O"] / 32), math.ceil(n / CLS_IMAGES)), block,
+                    (self.pooled, i32(n), i32(s["D"]), a[f"{i}/w"], a[f"{i}/b"], self.logits, i32(s["O"])), smem)
         raise runtime.CourseError(f"step {i}: no kernel for {kind!r}")
+
+    def _prepare_wg(self, s, n):
+        """A Hopper convolution (inference_engine_wgmma.cu): its tensor maps, made once per (step, batch size) and
+        kept with the arguments: the input as an N x H x W x C image of the arena (for a 1 x 1 convolution of stride
+        s, the pixels s apart: W and H steps s times the pixel and row pitch), the weights K x R."""
+        import ctypes
+
+        from kernels import convolution as cv
+
+        i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
+        cfg = cv.wgmma_conv_config(WG[s["kernel"]])
+        item = self.arena.itemsize  # 2 (FP16) or 1 (INT8): a stage's rows are 64 elements, 128 or 64 bytes
+        smem = 1024 + cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cv.WGMMA_BK * item + 2 * cfg["stages"] * 8
+        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{'f16' if item == 2 else 'i8'}", smem)
+        if f"{i}/wt" not in a:
+            a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(a[f"{i}/w"].reshape(-1, s["K"]).T)
+        wt = a[f"{i}/wt"]
+        st, P, Q = s["stride"], s["P"], s["Q"]
+        pix, row = st * src["ld"] * item, st * src["W"] * src["ld"] * item
+        dims = (src["C"], src["W"] if st == 1 else Q, src["H"] if st == 1 else P, n)
+        strides = (pix, row, src["H"] * src["W"] * src["ld"] * item)
+        ptr = self._ptr(src).data.ptr
+        pad = s["pad"] if st == 1 else [0, 0, 0, 0]
+        R, S = (s["kh"], s["kw"]) if st == 1 else (1, 1)
+        t = cv.wgmma_conv_tiles(n, P, Q, s["K"], cfg["bm"], cfg["bn"], cfg["im2col"])
+        map_x = tensor_cores._map_buffer()
+        if cfg["im2col"]:  # the window of tap (0, 0) around each image: P x Q pixels from (-pad_t, -pad_l)
+            H, W = dims[2], dims[1]
+            tensor_cores.encode_im2col(map_x, ptr, dims, strides, cfg["bm"], cv.WGMMA_BK, (-pad[0], -pad[2]),
+                                       (P - H - pad[0], Q - W - pad[2]), itemsize=item)
+        else:
+            tensor_cores.encode_tiled(map_x, ptr, dims, strides, (cv.WGMMA_BK, t["TW"], t["TH"], 1), itemsize=item)
+        map_w = tensor_cores._map_buffer()
+        tensor_cores.encode_tiled(map_w, wt.data.ptr, (wt.shape[1], wt.shape[0]), (wt.shape[1] * item,),
+                                  (cv.WGMMA_BK, cfg["bn"]), itemsize=item)
+        c64, c32 = ctypes.c_uint64, ctypes.c_int32
+        ptr_of = lambda key: c64(a[key].data.ptr if a.get(key) is not None else 0)  # noqa: E731
+        args = [map_x, map_w, ptr_of(f"{i}/b"), ptr_of(f"{i}/scale"), ptr_of(f"{i}/inv"), c64(self._ptr(d).data.ptr),
+                c32(d["ld"]), c64(self._ptr(res).data.ptr if res else 0), c32(res["ld"] if res else 0),
+                ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])),
+                *(c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
+                                   t["tiles_p"]))]
+        return fn, t["grid"], (cfg["threads"],), args, smem
 
 
 def vector_width(itemsize: int, channels: int, *strides_and_offsets: int) -> int:

@@ -1,0 +1,320 @@
+"""Lesson 5's engine on a real network: ResNet-50 at 224 x 224 (``E.resnet50``, seeded weights, batch norms calibrated
+on a few images) built into plans and timed beside PyTorch on the same weights and images, in one run.
+
+What ``measure()`` records (figure "resnet" of 05_inference_engine):
+
+* the build: seconds of the passes and of building and tuning each plan (goal: under a minute), apart from the
+  kernels' one-time compilation;
+* the engine's FP16 plans (tuned at batch 1 and at batch 64) and its INT8 plan (batch 64): end to end (fresh inputs
+  written untimed into the input buffer before every call; CUDA events around the call) and GPU only
+  (``bench.time_per_call``), with the kernel each convolution got;
+* each step's GPU time at batch 64 beside its floors (the FP16 peak and the copy bandwidth measured in the same
+  run): a roofline per layer;
+* PyTorch (``benchmarks/inference_engine_pytorch.py``'s model of the same graph, FP16): eager NCHW and channels_last
+  and a CUDA graph of each, at batch 1 and 64, timed the same way; PyTorch's best is the fastest of them.
+  ``torch.compile`` (max-autotune) in a CUDA graph is its own figure, "resnet_compile" (``measure_compile``), with
+  the engine timed again in that run: its autotuning alone takes minutes;
+* agreement: the top-1 class of the engine's FP16 and INT8 plans against PyTorch in FP32 on a fixed set of inputs,
+  and the logits' relative error.
+
+The goals (issue: FP16 >= 1.2x PyTorch's best at batch 1 and 64; INT8 >= 1.3x FP16 at batch 64 with the top-1 class
+agreeing on >= 99% of the inputs) are in ``GOALS`` and ``ratios``; nothing here asserts them.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+
+from gpucourse import bench, runtime
+from kernels import inference_engine as E
+
+SIZE = 224
+BATCH = 64
+GOALS = {"fp16_vs_pytorch": 1.2, "int8_vs_fp16": 1.3, "top1_agreement": 0.99, "build_s": 60.0}
+PYTORCH_VARIANTS = ("eager, NCHW", "eager, NHWC", "CUDA graph, NCHW", "CUDA graph, NHWC")
+# torch.compile's max-autotune times Triton templates and cuDNN for every convolution of ResNet-50 at each batch size
+# (minutes): its own figure, "resnet_compile", with the engine timed again in that run
+COMPILED = ("torch.compile + CUDA graph",)
+CALIBRATION_IMAGES = 8  # batch-norm statistics and INT8 scales: the NumPy reference runs them, 3.9 G MACs an image
+AGREEMENT_IMAGES = 1000  # the fixed set the top-1 classes are compared on
+
+
+def images(n: int, seed: int) -> np.ndarray:
+    """n fixed inputs, N x 224 x 224 x 3 float32, standard normal (what a normalised photograph's pixels look like
+    to the network's first layer; nothing is downloaded)."""
+    return np.random.default_rng(seed).standard_normal((n, SIZE, SIZE, 3)).astype(np.float32)
+
+
+def network(progress: bool = True) -> tuple:
+    """(imported graph with calibrated batch norms, optimised graph, seconds to import + calibrate, seconds of the
+    passes)."""
+    t0 = time.perf_counter()
+    g = E.calibrate_batchnorm(E.resnet50(SIZE, seed=0), images(CALIBRATION_IMAGES, 1), progress=progress)
+    t1 = time.perf_counter()
+    final = E.optimize(g)[-1][1]
+    return g, final, t1 - t0, time.perf_counter() - t1
+
+
+def _engine_timings(eng, n: int, xs: list, repeats: int) -> dict:
+    buf = eng.input_buffer(n)
+    it = iter(range(10**9))
+
+    def setup():
+        buf[...] = xs[next(it) % len(xs)][:n]
+        return buf
+
+    e2e = bench.time_gpu(lambda b: eng.infer(b), setup=setup, repeats=repeats, warmup=3)
+    gpu = bench.time_per_call(lambda: eng.infer(buf), batch=8, repeats=max(repeats // 2, 5))
+    return {"ms": e2e.median_ms, "timing": e2e.summary(), "gpu_ms": gpu.median_ms, "gpu_timing": gpu.summary(),
+            "images_per_s": n / (e2e.median_ms * 1e-3)}
+
+
+def _kernels(plan) -> dict:
+    out = {}
+    for s in plan.steps:
+        if s["kind"] == "conv":
+            out[s["kernel"]] = out.get(s["kernel"], 0) + 1
+    return out
+
+
+def _layers(plan, eng, n: int, ceilings: dict) -> list:
+    """Each step's GPU time at batch n, and for a convolution its FLOPs, bytes and the two floors."""
+    rows = []
+    costs = {r["name"]: r for r in E.layer_costs(_optimised_for_costs(), n)}
+    for s in plan.steps:
+        t = bench.time_per_call(lambda s=s: eng.run_step(s["id"], n), batch=8, repeats=5).median_ms
+        row = {"name": s.get("name", s["kind"]), "kind": s["kind"], "kernel": s.get("kernel"), "ms": t}
+        c = costs.get(s.get("name"))
+        if c:
+            row.update(flops=c["flops"], bytes=c["bytes"], compute_ms=c["flops"] / (ceilings["fp16_tflops"] * 1e9),
+                       memory_ms=c["bytes"] / (ceilings["copy_gbps"] * 1e6))
+        rows.append(row)
+    return rows
+
+
+@functools.cache
+def _optimised_for_costs():
+    return E.optimize(E.resnet50(SIZE))[-1][1]  # shapes only: the counts do not depend on the weights
+
+
+def _pytorch(g, xs: list, repeats: int, variants: tuple = PYTORCH_VARIANTS) -> dict:
+    """PyTorch's rows at batch 1 and BATCH, FP16, beside the engine rows (timed again here, in the same run)."""
+    from benchmarks import inference_engine_pytorch as PT
+
+    why = PT.unavailable()
+    if why:
+        return {"available": False, "why": f"skipped: {why}"}
+    torch = PT._torch()
+    cp = runtime.cupy()
+    dev = torch.device("cuda", cp.cuda.Device().id)
+    rows = []
+    with PT._settings(torch), torch.cuda.device(dev), torch.cuda.stream(PT.torch_stream()), torch.inference_mode():
+        models = {layout: PT.torch_model(g, precision="fp16", device=dev, layout=layout)
+                  for layout in ("contiguous", "channels_last")}
+        compiled, compile_s = {}, 0.0
+        for v in bench.progress(variants, desc="PyTorch beside the engine"):
+            layout = "contiguous" if "NCHW" in v else "channels_last"
+            row = {"name": f"PyTorch {v}, FP16", "variant": v}
+            for n in (1, BATCH):
+                staged = [PT.as_input(a[:n].get(), precision="fp16", device=dev, layout=layout) for a in xs]
+                x = torch.empty_like(staged[0])
+                x.copy_(staged[0])
+                try:
+                    fn = models[layout]
+                    if v.startswith("torch.compile"):
+                        t0 = time.perf_counter()
+                        if "fn" not in compiled:
+                            compiled["fn"] = torch.compile(fn, mode=PT.COMPILE_MODE, dynamic=False, fullgraph=True)
+                        fn = compiled["fn"]
+                        import contextlib
+                        import io
+
+                        with contextlib.redirect_stderr(io.StringIO()):  # max-autotune's tables of candidates
+                            fn(x)
+                            torch.cuda.synchronize()
+                        compile_s += time.perf_counter() - t0
+                        row[f"compile_s_b{n}"] = time.perf_counter() - t0
+                    call = PT.capture(fn, x) if "graph" in v else functools.partial(fn, x)
+                    for _ in range(3):
+                        call()
+                    e2e, gpu = PT._timings(call, PT._cycle_into(x, staged), repeats)
+                    row[f"b{n}"] = {"ms": e2e.median_ms, "timing": e2e.summary(), "gpu_ms": gpu.median_ms,
+                                    "gpu_timing": gpu.summary()}
+                    del call
+                except Exception as exc:
+                    row[f"b{n}"] = {"ms": None, "why": f"failed: {PT._one_line(exc)}"}
+            rows.append(row)
+        torch.compiler.reset()
+        torch.cuda.empty_cache()
+    return {"available": True, "torch": torch.__version__, "compile_mode": PT.COMPILE_MODE, "compile_s": compile_s,
+            "rows": rows}
+
+
+def _agreement(g, engines: dict) -> dict:
+    """Top-1 classes and logits of the engine's plans against PyTorch in FP32 (the reference) on AGREEMENT_IMAGES
+    fixed inputs; without PyTorch, against the NumPy reference on a few of them."""
+    x = images(AGREEMENT_IMAGES, 2)
+    out = {"images": len(x)}
+    ref = None
+    try:
+        from benchmarks import inference_engine_pytorch as PT
+
+        if PT.unavailable() is None:
+            torch = PT._torch()
+            m = PT.torch_model(g, precision="fp32", device="cuda", layout="channels_last")
+            m.layers[-1] = torch.nn.Identity()  # the logits, before the softmax
+            with PT._settings(torch):
+                ref = PT.logits(m, x, batch=BATCH)
+            out["reference"] = "PyTorch FP32 (cuDNN, no TF32)"
+    except Exception as exc:  # the comparison is recorded as missing, not raised
+        out["why"] = f"PyTorch reference failed: {type(exc).__name__}: {exc}"[:300]
+    if ref is None:
+        x = x[:4]
+        _, vals = E.run_graph(g, x, keep=True)
+        ref = vals["predictions"]
+        out.update(images=len(x), reference="NumPy float64 (run_graph)")
+    for name, eng in engines.items():
+        z = []
+        for s in range(0, len(x), eng.max_batch):
+            eng.infer(x[s:s + eng.max_batch])
+            z.append(eng.logits[:len(x[s:s + eng.max_batch])].get().copy())
+        z = np.concatenate(z)
+        out[name] = {"top1": float(np.mean(z.argmax(1) == ref.argmax(1))),
+                     "logits_rel_error": float(np.abs(z - ref).max() / np.abs(ref).max())}
+    return out
+
+
+def measure(repeats: int = 20) -> dict:
+    """Figure "resnet" (GPU mode): see the module's docstring."""
+    runtime.require_gpu("timing ResNet-50 through the engine")
+    cp = runtime.cupy()
+    ceilings = bench.measure_ceilings().as_dict()
+    g, final, import_s, passes_s = network()
+    t0 = time.perf_counter()  # the kernels' compilation, once per machine (CuPy keeps them on disk): not the build's
+    from gpucourse import cuda_c, gpus
+
+    cuda_c.module(E.SOURCE)
+    if gpus.status("05.wgmma").runs:
+        cuda_c.module_arch(E.catalog.WG_SOURCE, "sm_90a")
+    compile_s = time.perf_counter() - t0
+    xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
+    calib = images(CALIBRATION_IMAGES, 3)
+    plans, engines, rows = {}, {}, {}
+    for name, precision, batch in (("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1),
+                                   ("INT8, batch 64", "int8", BATCH)):
+        t0 = time.perf_counter()
+        plan = E.build_plan(final, precision=precision, max_batch=batch, name=f"ResNet-50 {name}",
+                            x_calib=calib if precision == "int8" else None)
+        build_s = time.perf_counter() - t0
+        eng = E.Engine(plan)
+        plans[name], engines[name] = plan, eng
+        rows[name] = {"precision": precision, "batch": batch, "build_s": build_s, "steps": len(plan.steps),
+                      "kernels": _kernels(plan), **_engine_timings(eng, batch, xs, repeats)}
+        print(f"engine {name}: built in {build_s:.0f} s, {rows[name]['ms']:.3f} ms", flush=True)
+    layers = _layers(plans["FP16, batch 64"], engines["FP16, batch 64"], BATCH, ceilings)
+    pytorch = _pytorch(g, xs, repeats)
+    print(f"PyTorch: {[(r['name'], r['b1'].get('ms'), r[f'b{BATCH}'].get('ms')) for r in pytorch.get('rows', [])]}",
+          flush=True)
+    # the engines once more, after PyTorch, so that a drift of the GPU's clocks over the run shows
+    for name in ("FP16, batch 64", "FP16, batch 1"):
+        rows[name]["again"] = _engine_timings(engines[name], rows[name]["batch"], xs, repeats)
+    agreement = _agreement(g, {k: engines[k] for k in ("FP16, batch 64", "INT8, batch 64")})
+    out = {"size": SIZE, "batch": BATCH, "ceilings": ceilings, "import_s": import_s, "passes_s": passes_s,
+           "compile_s": compile_s,
+           "nodes": {"imported": len(g.nodes), "optimised": len(final.nodes)}, "engine": rows, "layers": layers,
+           "pytorch": pytorch, "agreement": agreement}
+    out["ratios"] = ratios(out)
+    return out
+
+
+def measure_compile(repeats: int = 20) -> dict:
+    """Figure "resnet_compile" (GPU mode): torch.compile (max-autotune) in a CUDA graph at batch 1 and 64, FP16, beside
+    the engine's FP16 plans built and timed again in the same run."""
+    runtime.require_gpu("timing ResNet-50 through the engine")
+    cp = runtime.cupy()
+    g, final, _, _ = network()
+    xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
+    rows = {}
+    for name, batch in (("FP16, batch 64", BATCH), ("FP16, batch 1", 1)):
+        eng = E.Engine(E.build_plan(final, precision="fp16", max_batch=batch))
+        rows[name] = {"batch": batch, **_engine_timings(eng, batch, xs, repeats)}
+        del eng
+    out = {"size": SIZE, "batch": BATCH, "engine": rows, "pytorch": _pytorch(g, xs, repeats, COMPILED)}
+    for n, key in ((1, "FP16, batch 1"), (BATCH, "FP16, batch 64")):
+        name, ms = best_pytorch(out, n)
+        if ms:
+            out[f"fp16_vs_compile_b{n}"] = {"ratio": ms / rows[key]["ms"], "goal": GOALS["fp16_vs_pytorch"]}
+    return out
+
+
+def best_pytorch(t: dict, n: int) -> tuple:
+    """(name, ms) of PyTorch's fastest row at batch n, end to end."""
+    rows = [(r["name"], r[f"b{n}"]["ms"]) for r in t.get("pytorch", {}).get("rows", []) if r[f"b{n}"].get("ms")]
+    return min(rows, key=lambda r: r[1]) if rows else (None, None)
+
+
+def ratios(t: dict) -> dict:
+    """Each goal's ratio (higher is better) beside the goal."""
+    e = t["engine"]
+    out = {}
+    for n, key in ((1, "FP16, batch 1"), (BATCH, "FP16, batch 64")):
+        name, ms = best_pytorch(t, n)
+        if ms:
+            out[f"fp16_vs_pytorch_b{n}"] = {"ratio": ms / e[key]["ms"], "goal": GOALS["fp16_vs_pytorch"],
+                                            "against": name}
+    out["int8_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e["INT8, batch 64"]["ms"],
+                               "goal": GOALS["int8_vs_fp16"]}
+    for key in ("FP16, batch 64", "INT8, batch 64"):
+        a = t.get("agreement", {}).get(key)
+        if a:
+            out[f"top1_{key.split(',')[0].lower()}"] = {"ratio": a["top1"], "goal": GOALS["top1_agreement"],
+                                                        "against": f"{t['agreement'].get('reference', 'FP32')}, "
+                                                                   f"{t['agreement'].get('images', '?')} images"}
+    out["build_s_fp16_b64"] = {"seconds": t["passes_s"] + e["FP16, batch 64"]["build_s"], "goal": GOALS["build_s"]}
+    for v in out.values():
+        if "ratio" in v:
+            v["met"] = v["ratio"] >= v["goal"]
+        else:
+            v["met"] = v["seconds"] <= v["goal"]
+    return out
+
+
+def text(t: dict) -> str:
+    e = t["engine"]
+    lines = [f"ResNet-50, {t['size']} x {t['size']}: {t['nodes']['imported']} nodes imported, "
+             f"{t['nodes']['optimised']} after the passes"]
+    for name, r in e.items():
+        lines.append(f"  engine {name:15s}: {r['ms']:7.3f} ms end to end ({r['gpu_ms']:.3f} GPU only), "
+                     f"{r['images_per_s']:8,.0f} images/s; built in {r['build_s']:.0f} s; "
+                     + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1])))
+    pt = t.get("pytorch", {})
+    if not pt.get("available"):
+        lines.append(f"  PyTorch: {pt.get('why', 'not measured')}")
+    for r in pt.get("rows", []):
+        cells = [f"{r[f'b{n}']['ms']:7.3f} ms" if r[f"b{n}"].get("ms") else r[f"b{n}"].get("why", "-")[:60]
+                 for n in (1, t["batch"])]
+        lines.append(f"  {r['name']:38s}: batch 1 {cells[0]}, batch {t['batch']} {cells[1]}")
+    for k, v in t.get("ratios", {}).items():
+        if k.startswith("top1"):  # a share of the images, not a speed-up
+            val, goal = f"{100 * v['ratio']:.1f}%", f"{100 * v['goal']:.0f}%"
+        else:
+            val = f"{v['ratio']:.2f}x" if "ratio" in v else f"{v['seconds']:.0f} s"
+            goal = f"{v['goal']:.2f}x" if "ratio" in v else f"{v['goal']:.0f} s"
+        lines.append(f"  {k:22s} {val:>7s} (goal {goal}){'' if v['met'] else '  NOT MET'}"
+                     + (f" against {v['against']}" if v.get("against") else ""))
+    return "\n".join(lines)
+
+
+def plot(t: dict, source: str, **_):
+    """Per-layer time at batch 64 against each layer's floor (the larger of its compute and memory floors)."""
+    from gpucourse import plots
+
+    convs = [r for r in t["layers"] if r["kind"] == "conv"]
+    xs = list(range(1, len(convs) + 1))
+    return plots.lines({"measured": (xs, [r["ms"] * 1e3 for r in convs]),
+                        "floor: max(FLOPs / peak, bytes / bandwidth)":
+                            (xs, [max(r["compute_ms"], r["memory_ms"]) * 1e3 for r in convs])},
+                       xlabel="convolution (in network order)", ylabel="µs at batch 64", logx=False, source=source,
+                       title="ResNet-50 FP16 through the engine: each convolution against its floor")

@@ -1,0 +1,184 @@
+// Lesson 4's Hopper convolution, the tile a block computes (conv_tile): lesson 3's wgmma GEMM with its A tiles
+// gathered from the image by the TMA. Shared by convolution_wgmma.cu (lesson 4) and inference_engine_wgmma.cu
+// (lesson 5's engine, which ends it with its own epilogue); gpucourse/cuda_c.py copies it into each.
+// What it computes and how is told in convolution_wgmma.cu.
+
+#include <cuda_fp16.h>
+
+#include "hopper.cuh"
+
+namespace hopper {
+
+// What a tile's elements are, and what the tensor cores accumulate them in. A stage holds BK = 64 channels of each
+// row: 128 bytes in FP16 (the 128-byte swizzle), 64 bytes in the 8-bit types (the 64-byte swizzle, which the
+// launcher's tensor maps ask the TMA for). wgmma takes 32 bytes of a row a step either way: K = 16 FP16 or K = 32
+// INT8 / FP8. Lesson 4 uses FP16; lesson 5's engine all three (INT8 into INT32 sums, FP8 e4m3 into FP32).
+struct F16 {
+  static constexpr int kBytes = 2, kFloat = 1;
+  using Acc = float;
+};
+struct S8 {
+  static constexpr int kBytes = 1, kFloat = 0;
+  using Acc = int;
+};
+struct E4M3 {
+  static constexpr int kBytes = 1, kFloat = 1;
+  using Acc = float;
+};
+
+// ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 4
+// rounds them into y. A Store with kStaged true is called as ``store.row8(m, k, v)`` for 8 channels k .. k + 7
+// instead, after the tile went through shared memory: lesson 5's engine, which reads a residual and adds its bias
+// first (inference_engine_wgmma.cu).
+template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16>
+__device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
+                                          int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
+                                          int tiles_q, int tiles_p) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int CONSUMERS = BM / 64;
+  constexpr int ROW = BK * E::kBytes;  // bytes of a row in a stage: 128 (FP16) or 64 (8-bit)
+  constexpr unsigned A_BYTES = BM * ROW, B_BYTES = BN * ROW;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1 KiB
+  unsigned char* sA = smem;                     // STAGES x [BM][64] elements: TH x TW pixels x 64 channels
+  unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] elements: output channels x 64 of R S C
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_BYTES);
+  unsigned long long* empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  // Which tile: blockIdx.x walks the images' tiles (column tiles fastest) or, im2col, the runs of BM output
+  // pixels; blockIdx.y the output channels. (n, p0, q0) is the tile's first output pixel.
+  int n, p0, q0;
+  const int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
+  if constexpr (I2C) {
+    n = m0 / (P * Q);
+    p0 = (m0 % (P * Q)) / Q;
+    q0 = m0 % Q;
+  } else {
+    const int qt = blockIdx.x % tiles_q, pt = (blockIdx.x / tiles_q) % tiles_p;
+    n = blockIdx.x / (tiles_q * tiles_p);
+    p0 = pt * (BM / TW);
+    q0 = qt * TW;
+  }
+  const int slices = C / BK;  // slices of 64 channels in one tap
+  const int kblocks = R * S * slices;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      for (int kb = 0; kb < kblocks; ++kb) {
+        const int s = kb % STAGES;
+        const int tap = kb / slices, c0 = (kb % slices) * BK;
+        const int r = tap / S, sx = tap % S;
+        if (kb >= STAGES) mbar_wait(&empty[s], ((kb / STAGES) + 1) & 1);
+        mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
+        if constexpr (I2C)  // BM pixels from the tile's first one, moved by the tap
+          tma_load_im2col_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 - pw, p0 - ph, n, sx, r);
+        else  // im2col as a box: TH x TW pixels
+          tma_load_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 + sx - pw, p0 + r - ph, n);
+        tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BK, k0);  // w's columns (r S + s) C + c0 ..
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1;
+    typename E::Acc d[BN / 16][8];
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[i][j] = 0;
+    for (int kb = 0; kb < kblocks; ++kb) {
+      const int s = kb % STAGES;
+      mbar_wait(&full[s], (kb / STAGES) & 1);
+      const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * ROW);
+      const unsigned b0 = smem_addr(sB + s * B_BYTES);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < ROW / 32; ++kk) {  // both K-major, as the GEMM's "nk"; 8 rows a core block
+        if constexpr (E::kBytes == 2) {
+          wgmma_k16<BN, 0>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+        } else if constexpr (!E::kFloat) {
+          wgmma_k32_s8<BN>(d, make_desc_64b(a0 + kk * 32, 16, 512), make_desc_64b(b0 + kk * 32, 16, 512), 1);
+        } else {
+          wgmma_k32_e4m3<BN>(d, make_desc_64b(a0 + kk * 32, 16, 512), make_desc_64b(b0 + kk * 32, 16, 512), 1);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      if (tid == 0) mbar_arrive(&empty[s]);
+    }
+    // Which output pixel row i of the tile is: (p0 + i / TW, q0 + i % TW) inside the image, or, im2col, row m0 + i
+    // of y inside y; -1 for a row computed for nothing.
+    auto pixel_of = [&](int i) -> long long {
+      if constexpr (I2C) return m0 + i < N * P * Q ? static_cast<long long>(m0 + i) : -1;
+      const int p = p0 + i / TW, q = q0 + i % TW;
+      return p < P && q < Q ? (static_cast<long long>(n) * P + p) * Q + q : -1;
+    };
+    const int warp = tid / 32, lane = tid % 32;
+    if constexpr (Store::kStaged) {
+      // Through shared memory: this consumer's rows of A in every stage are free now (the other consumer reads only
+      // its own rows and B), STAGES pieces of 64 rows x CW FP32 columns (CW = a row's bytes / 4: 32 for FP16, 16
+      // for the 8-bit types). In rounds, the fragments go there (their layout: rows l/4 and l/4 + 8 of the warp's
+      // 16, 2 columns a thread), then each thread takes 8 consecutive columns of a row, so a warp reads and writes
+      // whole runs of a row: 16-byte loads of the residual and stores of the output instead of 4-byte ones. The
+      // groups of 8 columns are swizzled by the row against bank conflicts.
+      constexpr int CW = ROW / 4, UNITS = CW / 8, CHUNKS = BN / CW;
+#pragma unroll
+      for (int j0 = 0; j0 < CHUNKS; j0 += STAGES) {
+        const int nch = CHUNKS - j0 < STAGES ? CHUNKS - j0 : STAGES;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = 8 * j + 2 * (lane % 4), ch = col / CW - j0;
+          if (ch < 0 || ch >= nch) continue;
+          float* buf = reinterpret_cast<float*>(sA + ch * A_BYTES + c * 64 * ROW);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 + lane / 4 + 8 * h;
+            const auto* v = &d[j / 2][(j % 2) * 4 + 2 * h];
+            *reinterpret_cast<float2*>(buf + row * CW + ((col % CW) ^ ((row & (UNITS - 1)) << 3))) =
+                make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
+          }
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");  // this warpgroup's own barrier
+        for (int u = tid; u < nch * 64 * UNITS; u += 128) {  // 8 columns a unit: a row's nch x CW side by side
+          const int row = u / (UNITS * nch), rest = u % (UNITS * nch), ch = rest / UNITS, c8 = (rest % UNITS) * 8;
+          const float* src = reinterpret_cast<const float*>(sA + ch * A_BYTES + c * 64 * ROW) + row * CW +
+                             (c8 ^ ((row & (UNITS - 1)) << 3));
+          const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
+          const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+          const long long m = pixel_of(c * 64 + row);
+          const int col = k0 + (j0 + ch) * CW + c8;
+          if (m >= 0 && col < K) store.row8(static_cast<size_t>(m), col, v);  // K a multiple of 8
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
+      }
+    } else {
+      // Straight from the fragments: rows l/4 and l/4 + 8 of the warp's 16, columns 8j + 2 (l % 4) and the next.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const long long m = pixel_of(c * 64 + warp * 16 + lane / 4 + 8 * h);
+        if (m < 0) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = k0 + 8 * j + 2 * (lane % 4);
+          const auto* v = &d[j / 2][(j % 2) * 4 + 2 * h];
+          if (col < K) store(static_cast<size_t>(m), col, static_cast<float>(v[0]), static_cast<float>(v[1]));  // K is a multiple of 8, so col + 1 < K too
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+
+}  // namespace hopper

@@ -1,0 +1,106 @@
+// gpucourse-arch: sm_90a
+// Lesson 5's engine on Hopper: its convolutions as lesson 4's wgmma kernel (conv_wgmma.cuh: A tiles gathered from
+// the image by the TMA, wgmma from shared memory, a producer warpgroup and one or two consumers), ended with the
+// engine's epilogue instead of lesson 4's plain rounding: + bias, + the residual (a ResNet block's shortcut),
+// ReLU, FP16, into the output's place in the arena (pixel stride ldy). The tile goes through shared memory first
+// (conv_tile's staged store), so the residual is read and the output written 16 bytes a thread, in runs along a row.
+//
+// Strides: a 1 x 1 convolution of stride 2 without padding (ResNet-50's projections) reads every other pixel of
+// every other row. The launcher (kernels/inference_engine/executor.py) describes exactly those pixels to the TMA
+// as the image: a tensor map whose W and H steps are twice the pixel and row pitch. To the kernel it is a 1 x 1
+// convolution of stride 1, P x Q pixels.
+//
+// INT8 (the _i8 kernels): the same tile on wgmma's 8-bit path (INT32 sums), and the epilogue of the engine's other
+// INT8 kernels: the sums times s_x s_w[k] back into real units, + bias, + the residual (its INT8 values times its
+// scale), ReLU, then quantised with the output's 1 / scale into -127 .. 127. Activations stay INT8 between layers.
+//
+// Needs C a multiple of 64, K of 8, one destination (no horizontal fusion's split) and the output's and residual's
+// pixels and first elements multiples of 8 elements (kernel_fits says so).
+
+#include "conv_wgmma.cuh"
+
+typedef signed char int8;
+
+template <typename T>
+struct EngineEpilogue {
+  static constexpr bool kStaged = true;  // conv_tile hands over 8 channels of a row at a time: one access each
+  const float* bias;       // K, or null
+  const float* scale;      // INT8: s_x s_w[k] (K), turning INT32 sums into real units; null for FP16
+  const float* inv;        // INT8: 1 / the output's scale, per channel (K); null for FP16
+  T* y;                    // the output's first channel; pixel m at y + m ldy
+  int ldy;
+  const T* res;            // the residual's first channel, pixel stride ldres, or null
+  int ldres;
+  float res_scale;         // INT8: the residual's scale (1 for FP16)
+  int relu;
+
+  __device__ __forceinline__ void row8(size_t m, int k, const float (&acc)[8]) const {
+    float v[8], r[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) r[j] = 0.0f;
+    if (res) {
+      if constexpr (sizeof(T) == 2) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(res + m * ldres + k);
+        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __half22float2(h[j]);
+          r[2 * j] = f.x;
+          r[2 * j + 1] = f.y;
+        }
+      } else {
+        const uint2 raw = *reinterpret_cast<const uint2*>(res + m * ldres + k);
+        const int8* q = reinterpret_cast<const int8*>(&raw);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) r[j] = static_cast<float>(q[j]) * res_scale;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // in the order of the engine's other kernels (epilogue8): the same roundings
+      v[j] = acc[j];
+      if (scale) v[j] *= scale[k + j];
+      if (bias) v[j] += bias[k + j];
+      v[j] += r[j];
+      if (relu) v[j] = fmaxf(v[j], 0.0f);
+    }
+    if constexpr (sizeof(T) == 2) {
+      uint4 out;
+      __half2* o = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+      *reinterpret_cast<uint4*>(y + m * ldy + k) = out;
+    } else {
+      uint2 out;
+      int8* q = reinterpret_cast<int8*>(&out);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) q[j] = static_cast<int8>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
+      *reinterpret_cast<uint2*>(y + m * ldy + k) = out;
+    }
+  }
+};
+
+// conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8}: kernels/inference_engine/catalog.py lists them (WG)
+#define ENGINE_WGMMA(NAME, I2C, BM, BN, S, SFX, T, E)                                                           \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      conv_wg_##NAME##BM##x##BN##_s##S##_##SFX(                                                                 \
+          const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW, const float* bias,     \
+          const float* scale, const float* inv, T* y, int ldy, const T* res, int ldres, float res_scale,        \
+          int relu, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, int TW, int tiles_q,      \
+          int tiles_p) {                                                                                        \
+    hopper::conv_tile<BM, BN, S, I2C, EngineEpilogue<T>, hopper::E>(                                           \
+        &tmX, &tmW, EngineEpilogue<T>{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}, N, P, Q, K, C, R,  \
+        Sw, ph, pw, TW, tiles_q, tiles_p);                                                                      \
+  }
+#define ENGINE_WGMMA_BOTH(NAME, I2C, BM, BN, S)         \
+  ENGINE_WGMMA(NAME, I2C, BM, BN, S, f16, __half, F16) \
+  ENGINE_WGMMA(NAME, I2C, BM, BN, S, i8, int8, S8)
+
+ENGINE_WGMMA_BOTH(, false, 128, 128, 4)
+ENGINE_WGMMA_BOTH(, false, 128, 64, 4)
+ENGINE_WGMMA_BOTH(, false, 64, 128, 4)
+ENGINE_WGMMA_BOTH(, false, 64, 64, 6)
+ENGINE_WGMMA_BOTH(i2c_, true, 128, 128, 4)
+ENGINE_WGMMA_BOTH(i2c_, true, 128, 64, 4)
+ENGINE_WGMMA_BOTH(i2c_, true, 128, 256, 3)
+ENGINE_WGMMA_BOTH(i2c_, true, 64, 128, 4)
+ENGINE_WGMMA_BOTH(i2c_, true, 64, 64, 6)
