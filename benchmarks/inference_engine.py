@@ -465,5 +465,6 @@ FIGURES = {  # run() builds the engines once for all of them; alone, each builds
     # ResNet-50 at 224 x 224 beside PyTorch (benchmarks/inference_engine_resnet.py): its own run, not part of run()'s
     "resnet": Figure(inference_engine_resnet.measure, inference_engine_resnet.plot, inference_engine_resnet.text,
                      optional=True),
-    "resnet_compile": Figure(inference_engine_resnet.measure_compile, optional=True),
+    "resnet_compile": Figure(inference_engine_resnet.measure_compile, text=inference_engine_resnet.compile_text,
+                             optional=True),
 }

@@ -5,7 +5,8 @@ What ``measure()`` records (figure "resnet" of 05_inference_engine):
 
 * the build: seconds of the passes and of building and tuning each plan (goal: under a minute), apart from the
   kernels' one-time compilation;
-* the engine's FP16 plans (tuned at batch 1 and at batch 64) and its INT8 plan (batch 64): end to end (fresh inputs
+* the engine's FP16 plans (tuned at batch 1 and at batch 64), its INT8 plan and, on Hopper, its FP8 plan (batch 64):
+  end to end (fresh inputs
   written untimed into the input buffer before every call; CUDA events around the call) and GPU only
   (``bench.time_per_call``), with the kernel each convolution got;
 * each step's GPU time at batch 64 beside its floors (the FP16 peak and the copy bandwidth measured in the same
@@ -17,8 +18,8 @@ What ``measure()`` records (figure "resnet" of 05_inference_engine):
 * agreement: the top-1 class of the engine's FP16 and INT8 plans against PyTorch in FP32 on a fixed set of inputs,
   and the logits' relative error.
 
-The goals (issue: FP16 >= 1.2x PyTorch's best at batch 1 and 64; INT8 >= 1.3x FP16 at batch 64 with the top-1 class
-agreeing on >= 99% of the inputs) are in ``GOALS`` and ``ratios``; nothing here asserts them.
+The goals (issue: FP16 >= 1.2x PyTorch's best at batch 1 and 64; INT8 and FP8 >= 1.3x FP16 at batch 64 with the top-1
+class agreeing on >= 99% of the inputs) are in ``GOALS`` and ``ratios``; nothing here asserts them.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from kernels import inference_engine as E
 
 SIZE = 224
 BATCH = 64
-GOALS = {"fp16_vs_pytorch": 1.2, "int8_vs_fp16": 1.3, "top1_agreement": 0.99, "build_s": 60.0}
+GOALS = {"fp16_vs_pytorch": 1.2, "int8_vs_fp16": 1.3, "fp8_vs_fp16": 1.3, "top1_agreement": 0.99, "build_s": 60.0}
 PYTORCH_VARIANTS = ("eager, NCHW", "eager, NHWC", "CUDA graph, NCHW", "CUDA graph, NHWC")
 # torch.compile's max-autotune times Triton templates and cuDNN for every convolution of ResNet-50 at each batch size
 # (minutes): its own figure, "resnet_compile", with the engine timed again in that run
@@ -202,11 +203,13 @@ def measure(repeats: int = 20) -> dict:
     xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
     calib = images(CALIBRATION_IMAGES, 3)
     plans, engines, rows = {}, {}, {}
-    for name, precision, batch in (("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1),
-                                   ("INT8, batch 64", "int8", BATCH)):
+    configs = [("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1), ("INT8, batch 64", "int8", BATCH)]
+    if gpus.status("05.wgmma").runs:  # FP8 runs on Hopper's wgmma kernels only
+        configs.append(("FP8, batch 64", "fp8", BATCH))
+    for name, precision, batch in configs:
         t0 = time.perf_counter()
         plan = E.build_plan(final, precision=precision, max_batch=batch, name=f"ResNet-50 {name}",
-                            x_calib=calib if precision == "int8" else None)
+                            x_calib=calib if precision in ("int8", "fp8") else None)
         build_s = time.perf_counter() - t0
         eng = E.Engine(plan)
         plans[name], engines[name] = plan, eng
@@ -220,7 +223,8 @@ def measure(repeats: int = 20) -> dict:
     # the engines once more, after PyTorch, so that a drift of the GPU's clocks over the run shows
     for name in ("FP16, batch 64", "FP16, batch 1"):
         rows[name]["again"] = _engine_timings(engines[name], rows[name]["batch"], xs, repeats)
-    agreement = _agreement(g, {k: engines[k] for k in ("FP16, batch 64", "INT8, batch 64")})
+    agreement = _agreement(g, {k: engines[k] for k in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64")
+                               if k in engines})
     out = {"size": SIZE, "batch": BATCH, "ceilings": ceilings, "import_s": import_s, "passes_s": passes_s,
            "compile_s": compile_s,
            "nodes": {"imported": len(g.nodes), "optimised": len(final.nodes)}, "engine": rows, "layers": layers,
@@ -266,7 +270,10 @@ def ratios(t: dict) -> dict:
                                             "against": name}
     out["int8_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e["INT8, batch 64"]["ms"],
                                "goal": GOALS["int8_vs_fp16"]}
-    for key in ("FP16, batch 64", "INT8, batch 64"):
+    if "FP8, batch 64" in e:
+        out["fp8_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e["FP8, batch 64"]["ms"],
+                                  "goal": GOALS["fp8_vs_fp16"]}
+    for key in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64"):
         a = t.get("agreement", {}).get(key)
         if a:
             out[f"top1_{key.split(',')[0].lower()}"] = {"ratio": a["top1"], "goal": GOALS["top1_agreement"],
@@ -304,6 +311,23 @@ def text(t: dict) -> str:
             goal = f"{v['goal']:.2f}x" if "ratio" in v else f"{v['goal']:.0f} s"
         lines.append(f"  {k:22s} {val:>7s} (goal {goal}){'' if v['met'] else '  NOT MET'}"
                      + (f" against {v['against']}" if v.get("against") else ""))
+    return "\n".join(lines)
+
+
+def compile_text(t: dict) -> str:
+    """Figure "resnet_compile": the engine's FP16 plans beside torch.compile (max-autotune) in a CUDA graph."""
+    pt = t.get("pytorch", {})
+    if not pt.get("available"):
+        return f"torch.compile: {pt.get('why', 'not measured')}"
+    lines = [f"ResNet-50 FP16 beside torch.compile ({pt.get('compile_mode')}, then a CUDA graph; PyTorch "
+             f"{pt.get('torch')}, {pt.get('compile_s', 0):.0f} s compiling):"]
+    for n, key in ((1, "FP16, batch 1"), (t["batch"], "FP16, batch 64")):
+        row = next((r for r in pt["rows"] if r[f"b{n}"].get("ms")), None)
+        ratio = t.get(f"fp16_vs_compile_b{n}", {})
+        if row:
+            lines.append(f"  batch {n:2d}: engine {t['engine'][key]['ms']:.3f} ms, torch.compile {row[f'b{n}']['ms']:.3f} ms: "
+                         f"the engine {ratio.get('ratio', float('nan')):.2f}x its speed (goal {ratio.get('goal', 1.2):.2f}x)"
+                         + ("" if ratio.get("ratio", 0) >= ratio.get("goal", 1.2) else "  NOT MET"))
     return "\n".join(lines)
 
 

@@ -108,6 +108,20 @@ def test_quantize_rounds_to_even_and_saturates():
     assert E.minmax_scale(np.zeros(5)) == 1.0
 
 
+def test_e4m3_codes_round_to_even_and_saturate():
+    """FP8 e4m3, as the GPU's cvt.rn.satfinite: 3 mantissa bits, bias 7, subnormals, +-448 at most, no infinity."""
+    from kernels.inference_engine.precision import E4M3, from_e4m3, to_e4m3
+
+    assert E4M3[0x38] == 1.0 and E4M3[0x7E] == 448.0 and E4M3[0x01] == 2.0 ** -9 and E4M3[0xB8] == -1.0
+    assert np.isnan(E4M3[0x7F]) and np.isnan(E4M3[0xFF])
+    finite = np.arange(256)[~np.isnan(E4M3)].astype(np.uint8)
+    assert np.array_equal(from_e4m3(to_e4m3(from_e4m3(finite))), from_e4m3(finite))  # every value is its own code
+    x = np.array([1.0625, 1.1875, 2.0 ** -10, 3 * 2.0 ** -11, 460.0, 1e9, -1e9, 0.3], np.float32)
+    # halfway cases go to the even code (1.0, 1.25, 0); past 448 saturates; 0.3 to its nearest, 0.3125
+    assert from_e4m3(to_e4m3(x)).tolist() == [1.0, 1.25, 0.0, 2.0 ** -9, 448.0, 448.0, -448.0, 0.3125]
+    assert to_e4m3(np.array([np.nan], np.float32))[0] == 0x7F
+
+
 def test_percentile_and_entropy_clip_outliers(rng):
     x = np.concatenate([rng.standard_normal(100_000), [60.0]])
     m, p, e = E.minmax_scale(x), E.percentile_scale(x), E.entropy_scale(x)
@@ -214,6 +228,12 @@ def test_builder_checks_its_input(model):
         E.build_plan(g, precision="bf16")
     with pytest.raises(runtime.CourseInputError, match="x_calib"):
         E.build_plan(stages[-1][1], precision="int8")
+    with pytest.raises(runtime.CourseInputError, match="FP8 needs x_calib"):
+        E.build_plan(stages[-1][1], precision="fp8")
+    # FP8 runs on the Hopper kernels only, which take whole slices of 64 input channels: the digits' stem has 1
+    with pytest.raises(runtime.CourseError, match=r"node 'stem': FP8 convolutions run on the Hopper wgmma kernels "
+                                                  r"only.*this one has 1"):
+        E.build_plan(stages[-1][1], precision="fp8", x_calib=d["x_calib"][:8], tune=False)
     with pytest.raises(runtime.CourseError, match="fused into its convolution"):
         E.build_plan(g, precision="int8", x_calib=d["x_calib"][:8])
     with pytest.raises(runtime.CourseInputError, match="max_batch"):
@@ -385,7 +405,9 @@ def test_cuda_c_compiles(arch):
     tc_f16 = ptx.split(".entry conv_tc_64x32_f16(")[1].split(".entry ")[0]
     assert "wmma.mma.sync.aligned.row.col.m16n16k16.f32.f32" in tc_f16 and "cp.async.wait_group 1" in tc_f16
     direct = {line.split("conv_", 1)[1].split("(")[0] for line in ptx.splitlines() if ".entry conv_direct" in line}
-    assert direct == {f"{k}_{sfx}" for k in E.DIRECT for sfx in E.SUFFIX.values()}  # the table is the source's
+    assert direct == {f"{k}_{E.SUFFIX[p]}" for k in E.DIRECT for p in E.PRECISIONS}  # the table is the source's
+    # FP8 plans: their convolutions are the Hopper kernels', the rest these (e4m3 codes converted by cuda_fp8.h)
+    assert all(f".entry {k}_f8(" in ptx for k in ("convert_in_im2col", "maxpool_pad", "global_pool"))
 
 
 # ----------------------------------------------- what a GPU recorded, against the lesson's targets (either mode)

@@ -20,16 +20,25 @@
 
 #include <mma.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include "async_copy.cuh"  // cp.async, and what a T4 does instead (gpus.py: "05.tc")
 
 using namespace nvcuda;
 
 typedef signed char int8;
 
+// FP8 e4m3 (Hopper's FP8 plans): the code's byte; cuda_fp8.h converts, in hardware from sm_89, emulated before.
+struct fp8 {
+    unsigned char b;
+    fp8() = default;
+    __device__ explicit fp8(int) : b(0) {}  // (T)0: +0
+};
+
 // ------------------------------------------------------------------------- conversions to and from float
 __device__ __forceinline__ float to_f(float v) { return v; }
 __device__ __forceinline__ float to_f(half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f(int8 v) { return (float)v; }
+__device__ __forceinline__ float to_f(fp8 v) { return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.b, __NV_E4M3))); }
 
 // float -> activation type; inv_scale is 1 / the tensor's INT8 scale (ignored for float and half)
 __device__ __forceinline__ void store(float* p, float v, float) { *p = v; }
@@ -38,6 +47,11 @@ __device__ __forceinline__ void store(int8* p, float v, float inv_scale)
 {
     int q = __float2int_rn(v * inv_scale);
     *p = (int8)max(-127, min(127, q));
+}
+// FP8: v / scale to the nearest e4m3 (ties to even), saturated to +-448
+__device__ __forceinline__ void store(fp8* p, float v, float inv_scale)
+{
+    p->b = __nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, __NV_E4M3);
 }
 
 // what the reduction accumulates in: float for float and half, int32 for int8 (exact)
@@ -903,3 +917,4 @@ __device__ void dense(const T* x, int N, int D, const float* wd, const float* bd
 ENGINE_KERNELS(f32, float)
 ENGINE_KERNELS(f16, half)
 ENGINE_KERNELS(i8, int8)
+ENGINE_KERNELS(f8, fp8)  // FP8 plans: their convolutions are Hopper's (inference_engine_wgmma.cu), the rest these

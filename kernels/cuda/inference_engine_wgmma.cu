@@ -13,25 +13,31 @@
 // INT8 (the _i8 kernels): the same tile on wgmma's 8-bit path (INT32 sums), and the epilogue of the engine's other
 // INT8 kernels: the sums times s_x s_w[k] back into real units, + bias, + the residual (its INT8 values times its
 // scale), ReLU, then quantised with the output's 1 / scale into -127 .. 127. Activations stay INT8 between layers.
+// FP8 (the _f8 kernels): e4m3 activations and weights on wgmma's e4m3 path (FP32 sums), the same epilogue, the
+// result rounded to the nearest e4m3 of v / scale (saturated to +-448).
 //
 // Needs C a multiple of 64, K of 8, one destination (no horizontal fusion's split) and the output's and residual's
 // pixels and first elements multiples of 8 elements (kernel_fits says so).
 
 #include "conv_wgmma.cuh"
 
+#include <cuda_fp8.h>
+
 typedef signed char int8;
+typedef unsigned char fp8;  // an FP8 e4m3 code (the engine's FP8 plans)
 
 template <typename T>
 struct EngineEpilogue {
   static constexpr bool kStaged = true;  // conv_tile hands over 8 channels of a row at a time: one access each
+  static constexpr bool kFp8 = sizeof(T) == 1 && static_cast<T>(-1) > static_cast<T>(0);  // unsigned: e4m3 codes
   const float* bias;       // K, or null
-  const float* scale;      // INT8: s_x s_w[k] (K), turning INT32 sums into real units; null for FP16
-  const float* inv;        // INT8: 1 / the output's scale, per channel (K); null for FP16
+  const float* scale;      // INT8, FP8: s_x s_w[k] (K), turning the sums into real units; null for FP16
+  const float* inv;        // INT8, FP8: 1 / the output's scale, per channel (K); null for FP16
   T* y;                    // the output's first channel; pixel m at y + m ldy
   int ldy;
   const T* res;            // the residual's first channel, pixel stride ldres, or null
   int ldres;
-  float res_scale;         // INT8: the residual's scale (1 for FP16)
+  float res_scale;         // INT8, FP8: the residual's scale (1 for FP16)
   int relu;
 
   __device__ __forceinline__ void row8(size_t m, int k, const float (&acc)[8]) const {
@@ -50,9 +56,12 @@ struct EngineEpilogue {
         }
       } else {
         const uint2 raw = *reinterpret_cast<const uint2*>(res + m * ldres + k);
-        const int8* q = reinterpret_cast<const int8*>(&raw);
+        const T* q = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) r[j] = static_cast<float>(q[j]) * res_scale;
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (kFp8) r[j] = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[j], __NV_E4M3))) * res_scale;
+          else r[j] = static_cast<float>(q[j]) * res_scale;
+        }
       }
     }
 #pragma unroll
@@ -71,15 +80,20 @@ struct EngineEpilogue {
       *reinterpret_cast<uint4*>(y + m * ldy + k) = out;
     } else {
       uint2 out;
-      int8* q = reinterpret_cast<int8*>(&out);
+      unsigned char* q = reinterpret_cast<unsigned char*>(&out);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) q[j] = static_cast<int8>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
+      for (int j = 0; j < 8; ++j) {
+        if constexpr (kFp8)  // the nearest e4m3 code of v / scale, saturated to +-448
+          q[j] = __nv_cvt_float_to_fp8(v[j] * inv[k + j], __NV_SATFINITE, __NV_E4M3);
+        else  // INT8: round to the nearest integer, clip to -127 .. 127
+          q[j] = static_cast<unsigned char>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
+      }
       *reinterpret_cast<uint2*>(y + m * ldy + k) = out;
     }
   }
 };
 
-// conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8}: kernels/inference_engine/catalog.py lists them (WG)
+// conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8,f8}: kernels/inference_engine/catalog.py lists them (WG)
 #define ENGINE_WGMMA(NAME, I2C, BM, BN, S, SFX, T, E)                                                           \
   extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
       conv_wg_##NAME##BM##x##BN##_s##S##_##SFX(                                                                 \
@@ -93,7 +107,8 @@ struct EngineEpilogue {
   }
 #define ENGINE_WGMMA_BOTH(NAME, I2C, BM, BN, S)         \
   ENGINE_WGMMA(NAME, I2C, BM, BN, S, f16, __half, F16) \
-  ENGINE_WGMMA(NAME, I2C, BM, BN, S, i8, int8, S8)
+  ENGINE_WGMMA(NAME, I2C, BM, BN, S, i8, int8, S8)      \
+  ENGINE_WGMMA(NAME, I2C, BM, BN, S, f8, fp8, E4M3)
 
 ENGINE_WGMMA_BOTH(, false, 128, 128, 4)
 ENGINE_WGMMA_BOTH(, false, 128, 64, 4)

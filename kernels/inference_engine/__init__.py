@@ -20,7 +20,7 @@ Its rooms follow the lesson's story, each a floor above those it imports (a test
     model      the trained digits network and its file
     specs      NumPy specs of every op, and the reference run_graph
     passes     batch-norm folding, vertical and horizontal fusion, concat elimination; optimize
-    precision  FP16 / INT8 storage, INT8 calibration, quantise / dequantise
+    precision  FP16 / INT8 / FP8 storage, INT8 and FP8 calibration, quantise / dequantise, e4m3 codes
     plan       the plan file: its format, checksum and the check that it runs here
     executor   Engine: running a plan (CUDA C kernels one by one or as one CUDA graph; NumPy on a CPU)
     tuning     which kernels fit a step, and timing them to keep the fastest
@@ -37,8 +37,8 @@ from .model import (build_keras_model, dataset, digits_images, load_model_file, 
 from .specs import (avgpool_spec, batchnorm_spec, cbr_spec, conv_spec, fold_bn_weights, im2col, maxpool_spec,
                     node_spec, run_graph, softmax_spec)
 from .passes import eliminate_concat, fold_batchnorm, fold_padding, fuse_horizontal, fuse_vertical, optimize, PASSES
-from .precision import (calibrate, CALIBRATIONS, dequantize, DTYPES, entropy_scale, minmax_scale, percentile_scale,
-                        PRECISIONS, Q, quantize, SCALE_METHODS, SUFFIX)
+from .precision import (ALL_PRECISIONS, calibrate, CALIBRATIONS, dequantize, DTYPES, E4M3_MAX, entropy_scale, from_e4m3,
+                        minmax_scale, percentile_scale, PRECISIONS, Q, quantize, SCALE_METHODS, SUFFIX, to_e4m3)
 from .plan import check_target, load_plan, Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
 from .executor import accuracy, Engine, predict
 from .tuning import autotune, candidates, kernel_fits, plain, wg_fits

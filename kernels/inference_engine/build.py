@@ -1,4 +1,4 @@
-"""Building a plan from a graph (``build_plan``): buffers and steps, weights in the plan's precision, INT8
+"""Building a plan from a graph (``build_plan``): buffers and steps, weights in the plan's precision, INT8 and FP8
 calibration, a kernel for each convolution (auto-tuned on a GPU).
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from .catalog import DEFAULT_KERNEL, GENERAL_DEFAULT, HEAD_O
 from .graph import conv_geometry, Graph
 from .passes import _single_consumer
 from .plan import Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
-from .precision import _root, calibrate, DTYPES, minmax_scale, PRECISIONS, quantize
-from .tuning import autotune, kernel_fits, plain
+from .precision import _root, ALL_PRECISIONS, calibrate, DTYPES, E4M3_MAX, minmax_scale, quantize, SCALED, to_e4m3
+from .tuning import autotune, kernel_fits, plain, wg_fits
 
 
 def _not_runnable(n) -> str | None:
@@ -30,12 +30,14 @@ def _not_runnable(n) -> str | None:
 
 def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_calib=None,
                calibration: str = "percentile", tune: bool = True, name: str = "", graphs: bool = True) -> Plan:
-    """Buffers, steps and weights for graph ``g`` (optimised or not) in ``precision``. INT8 needs
-    ``x_calib`` (a sample of inputs) and a ``calibration`` method. On a GPU with ``tune``, every
+    """Buffers, steps and weights for graph ``g`` (optimised or not) in ``precision``. INT8 and FP8 need
+    ``x_calib`` (a sample of inputs) and a ``calibration`` method. FP8 (e4m3 activations and weights, per-tensor
+    activation and per-channel weight scales, FP32 sums) runs on Hopper's wgmma kernels only: on a GPU it needs
+    one, and every convolution must be one they take (``wg_fits``). On a GPU with ``tune``, every
     convolution's kernel is chosen by timing each candidate on this GPU at ``max_batch``. ``graphs``: the
     runtime replays the launches of each batch size as one CUDA graph (an Engine can override it)."""
-    if precision not in PRECISIONS:
-        raise runtime.CourseInputError(f"precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if precision not in ALL_PRECISIONS:
+        raise runtime.CourseInputError(f"precision must be one of {', '.join(ALL_PRECISIONS)}, not {precision!r}")
     for n in g.nodes:
         why = _not_runnable(n)
         if why:
@@ -50,11 +52,14 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
         gpus.step("05.wmma")  # its convolutions run on the tensor cores: which GPU that needs is said in gpus.py
     if precision in ("fp16", "int8") and runtime.is_gpu():
         gpus.step("05.tc")
+    if precision == "fp8" and runtime.is_gpu():
+        gpus.step("05.wgmma")  # FP8 runs on the Hopper kernels only: one line saying so elsewhere
     scales = None
-    if precision == "int8":
+    if precision in SCALED:
         if x_calib is None:
-            raise runtime.CourseInputError("INT8 needs x_calib: a sample of inputs to calibrate the scales on")
-        scales = calibrate(g, x_calib, calibration)
+            raise runtime.CourseInputError(f"{precision.upper()} needs x_calib: a sample of inputs to calibrate the "
+                                           "scales on")
+        scales = calibrate(g, x_calib, calibration, precision)
     # ---- buffers: one per tensor that is not a slice of another, all in one arena
     g = g.copy()
     for n in g.nodes:
@@ -123,12 +128,19 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
                 step["res_scale"] = float(scale_of(n.inputs[1]))
             if not plain(step):
                 step["kernel"] = GENERAL_DEFAULT
-                if not kernel_fits(step, GENERAL_DEFAULT, precision) or precision == "fp32":
+                if precision != "fp8" and (not kernel_fits(step, GENERAL_DEFAULT, precision) or precision == "fp32"):
                     raise runtime.CourseError(
                         f"node {n.name!r}: a convolution of stride {stride}, padding {pad}"
                         f"{' and a residual' if 'res' in step else ''} runs on the engine's tensor-core kernels only, "
                         f"FP16 or INT8 (input channels, pixel stride and output channels in whole 16 bytes); "
                         f"build this network in fp16 or int8")
+            if precision == "fp8" and not wg_fits(step, 1):
+                raise runtime.CourseError(
+                    f"node {n.name!r}: FP8 convolutions run on the Hopper wgmma kernels only, which need input "
+                    f"channels in whole slices of 64 (this one has {src['C']}), pixels in whole 16 bytes, output "
+                    f"channels in multiples of 8 and one destination; build this network in fp16 or int8")
+            if precision == "fp8":
+                step["kernel"] = DEFAULT_KERNEL["fp8"]
             y_off = np.array([dests[d]["base"] + dests[d]["off"] for d in dest_of_k], np.int64)
             y_off += np.concatenate([np.arange(s) for s in splits]).astype(np.int64)
             y_ld = np.array([dests[d]["ld"] for d in dest_of_k], np.int32)
@@ -139,19 +151,26 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
                 scale = (scale_of(n.inputs[0]) * sw).astype(np.float32)
                 inv = np.array([1.0 / scale_of(n.outputs[d]) for d in dest_of_k], np.float32)
                 w = wq
+            elif precision == "fp8":  # e4m3 weights with a scale per output channel: w ~ sw[k] e4m3(w / sw[k])
+                amax = np.abs(w).max(axis=0)
+                sw = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
+                scale = (scale_of(n.inputs[0]) * sw).astype(np.float32)
+                inv = np.array([1.0 / scale_of(n.outputs[d]) for d in dest_of_k], np.float32)
+                w = to_e4m3(w / sw)
             add(step, w=w.astype(dtype), b=W["b"].astype(np.float32) if n.op == "CBR" else None, scale=scale,
                 inv=inv, y_off=y_off, y_ld=y_ld)
         elif n.op in ("BiasAdd", "BatchNorm", "Relu"):
-            if precision == "int8":
-                raise runtime.CourseError(f"node {n.name!r} ({n.op}): INT8 plans need every bias, batch norm and "
-                                          "ReLU fused into its convolution; run the optimisation passes first")
+            if precision in SCALED:
+                raise runtime.CourseError(f"node {n.name!r} ({n.op}): {precision.upper()} plans need every bias, "
+                                          "batch norm and ReLU fused into its convolution; run the optimisation "
+                                          "passes first")
             if n.outputs[0] not in g.aliases:
                 raise runtime.CourseError(f"node {n.name!r} ({n.op}) works in place and its input has other readers")
             step = {"kind": n.op.lower(), "name": n.name, "dst": loc(n.inputs[0]), "eps": n.attrs.get("eps", 0.0)}
             add(step, **{k: v.astype(np.float32) for k, v in W.items()})
         elif n.op == "MaxPool":
             if scales and not math.isclose(scale_of(n.inputs[0]), scale_of(n.outputs[0])):
-                raise runtime.CourseError(f"{n.name}: a max pool's output must keep its input's INT8 scale")
+                raise runtime.CourseError(f"{n.name}: a max pool's output must keep its input's scale")
             step = {"kind": "maxpool", "name": n.name, "src": loc(n.inputs[0]), "dst": loc(n.outputs[0]),
                     "size": n.attrs["size"]}
             if "stride" in n.attrs or "pad" in n.attrs:  # ResNet's: windows `stride` apart over zero padding

@@ -34,7 +34,8 @@ PIX = {"pix_32": 32, "pix_16": 16}  # name -> channels per thread
 PIX_R = 64  # the longest reduction (KH KW C) they take: their weights tile in shared memory
 CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 # Hopper (sm_90a, inference_engine_wgmma.cu): lesson 4's wgmma convolution with the engine's epilogue, in FP16 and
-# (wgmma's 8-bit path, rows of 64 bytes in the 64-byte swizzle) INT8: kernels conv_<name>_f16 and _i8. name ->
+# (wgmma's 8-bit paths, rows of 64 bytes in the 64-byte swizzle) INT8 and FP8 e4m3: kernels conv_<name>_f16, _i8
+# and _f8. name ->
 # lesson 4's kernel of the same tile (kernels/convolution.py: wgmma_conv_config gives its threads and shared memory);
 # "i2c" tiles are BM consecutive output pixels gathered in the TMA's im2col mode, the others boxes of one image.
 WG_SOURCE = "inference_engine_wgmma"
@@ -47,8 +48,9 @@ SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32"
 CANDIDATES = {"fp32": SIMT + tuple(PIX),
               "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
                        "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG),
-              "int8": TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG)}
-DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64"}
+              "int8": TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG),
+              "fp8": tuple(WG)}  # FP8: wgmma's e4m3 path, Hopper only
+DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64", "fp8": "wg_i2c_128x128_s4"}
 # a convolution of another geometry than "same" at stride 1, or with a residual (ResNet-50's): only the tc and wg
 # kernels take those, and tc_64x64 is the default
 GENERAL_DEFAULT = "tc_64x64"

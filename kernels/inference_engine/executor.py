@@ -13,7 +13,7 @@ from gpucourse import cuda_c
 from kernels import tensor_cores
 from .catalog import CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, TC, TCD, THREADS, WG, WG_SOURCE
 from .plan import check_target, Plan
-from .precision import DTYPES, Q, SUFFIX
+from .precision import DTYPES, from_e4m3, Q, SCALED, SUFFIX, to_e4m3
 from .specs import avgpool_spec, im2col, maxpool_spec
 
 
@@ -153,22 +153,27 @@ class Engine:
             self._view(d, n)[...] = _store(v.astype(np.float32), self.dtype, s["inv_scale"])
         elif kind == "conv":
             x = self._view(s["src"], n)
+            if self.precision == "fp8":
+                x = from_e4m3(x)
             cols = im2col(x, s["kh"], s["kw"], s.get("stride", 1), s.get("pad")).reshape(-1, a[f"{i}/w"].shape[0])
             if self.precision == "int8":
                 # integer products summed exactly (float64 holds every such sum exactly), as int32 on a GPU
                 acc = (cols.astype(np.float64) @ a[f"{i}/w"].astype(np.float64)).astype(np.float32) * a[f"{i}/scale"]
+            elif self.precision == "fp8":  # e4m3 products are exact in float64; the GPU sums them in FP32
+                acc = (cols.astype(np.float64) @ from_e4m3(a[f"{i}/w"]).astype(np.float64)).astype(np.float32) \
+                    * a[f"{i}/scale"]
             else:
                 acc = cols.astype(np.float32) @ a[f"{i}/w"].astype(np.float32)
             if s["bias"]:
                 acc = acc + a[f"{i}/b"]
             if s.get("res"):  # the residual, in real units
-                acc = acc + self._view(s["res"], n).reshape(acc.shape).astype(np.float32) * np.float32(s["res_scale"])
+                acc = acc + self._f32(self._view(s["res"], n)).reshape(acc.shape) * np.float32(s["res_scale"])
             if s["relu"]:
                 acc = np.maximum(acc, 0)
             start = 0
             for d in s["dests"]:
                 part = acc[:, start:start + d["C"]]
-                inv = a[f"{i}/inv"][start] if self.precision == "int8" else 1.0
+                inv = a[f"{i}/inv"][start] if self.precision in SCALED else 1.0
                 self._view(d, n)[...] = _store(part, self.dtype, inv).reshape(self._view(d, n).shape)
                 start += d["C"]
         elif kind in ("biasadd", "batchnorm", "relu"):
@@ -182,8 +187,8 @@ class Engine:
                 v = np.maximum(v, 0)
             self._view(s["dst"], n)[...] = v.astype(self.dtype)
         elif kind == "maxpool":
-            self._view(s["dst"], n)[...] = maxpool_spec(self._view(s["src"], n).astype(np.float32), s["size"],
-                                                        s.get("stride", 1), s.get("pad")).astype(self.dtype)
+            self._view(s["dst"], n)[...] = _store(maxpool_spec(self._f32(self._view(s["src"], n)), s["size"],
+                                                               s.get("stride", 1), s.get("pad")), self.dtype, 1.0)
         elif kind == "concat_copy":
             self._view(s["dst"], n)[...] = self._view(s["src"], n)
         elif kind == "avgpool":
@@ -193,18 +198,22 @@ class Engine:
             x = self._view(s["src"], n).reshape(n, -1).astype(np.float32)
             self.out[:n] = x @ a[f"{i}/w"] + a[f"{i}/b"]
         elif kind == "head":
-            x = self._view(s["src"], n).astype(np.float32) * np.float32(s["x_scale"])
+            x = self._f32(self._view(s["src"], n)) * np.float32(s["x_scale"])
             p = avgpool_spec(x, s["size"]).reshape(n, -1)
             self.logits[:n] = p @ a[f"{i}/w"] + a[f"{i}/b"]
         elif kind == "gpool":
             src = s["src"]
-            self.pooled[:n, :src["C"]] = self._view(src, n).astype(np.float32).mean(axis=(1, 2)) * np.float32(s["x_scale"])
+            self.pooled[:n, :src["C"]] = self._f32(self._view(src, n)).mean(axis=(1, 2)) * np.float32(s["x_scale"])
         elif kind == "classifier":
             self.logits[:n] = self.pooled[:n, :s["D"]] @ a[f"{i}/w"] + a[f"{i}/b"]
         elif kind == "softmax":
             z = self.logits[:n] - self.logits[:n].max(axis=1, keepdims=True)
             e = np.exp(z)
             self.out[:n] = e / e.sum(axis=1, keepdims=True)
+
+    def _f32(self, v):
+        """Arena values as float32 (FP8: the values its e4m3 codes stand for)."""
+        return from_e4m3(v) if self.precision == "fp8" else v.astype(np.float32)
 
     # ------------------------------------------------------------------ GPU
     def _kernel(self, name: str):
@@ -357,9 +366,9 @@ class Engine:
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
         cfg = cv.wgmma_conv_config(WG[s["kernel"]])
-        item = self.arena.itemsize  # 2 (FP16) or 1 (INT8): a stage's rows are 64 elements, 128 or 64 bytes
+        item = self.arena.itemsize  # 2 (FP16) or 1 (INT8, FP8): a stage's rows are 64 elements, 128 or 64 bytes
         smem = 1024 + cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cv.WGMMA_BK * item + 2 * cfg["stages"] * 8
-        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{'f16' if item == 2 else 'i8'}", smem)
+        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{SUFFIX[self.precision]}", smem)
         if f"{i}/wt" not in a:
             a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(a[f"{i}/w"].reshape(-1, s["K"]).T)
         wt = a[f"{i}/wt"]
@@ -400,7 +409,10 @@ def vector_width(itemsize: int, channels: int, *strides_and_offsets: int) -> int
 
 
 def _store(v, dtype, inv_scale):
-    """float32 values into the arena's type (INT8: quantised with 1 / scale), as the kernels' store()."""
+    """float32 values into the arena's type (INT8: quantised with 1 / scale; FP8: e4m3 codes of v / scale), as the
+    kernels' store()."""
+    if dtype == np.uint8:
+        return to_e4m3(v * np.float32(inv_scale))
     if dtype == np.int8:
         return np.clip(np.rint(v * np.float32(inv_scale)), -Q, Q).astype(np.int8)
     return v.astype(dtype)

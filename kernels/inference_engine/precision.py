@@ -1,5 +1,5 @@
-"""Precision: FP32, FP16 and INT8 storage; INT8 calibration (min-max, percentile, entropy scales) and
-quantise / dequantise.
+"""Precision: FP32, FP16, INT8 and FP8 (e4m3) storage; INT8 calibration (min-max, percentile, entropy scales) and
+quantise / dequantise; FP8's codes (``to_e4m3``, ``from_e4m3``), which NumPy has no type for.
 """
 from __future__ import annotations
 
@@ -13,11 +13,49 @@ from .graph import Graph
 from .specs import run_graph
 
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8")  # what any network gets, on any GPU the course supports
+ALL_PRECISIONS = PRECISIONS + ("fp8",)  # and FP8: on Hopper's wgmma kernels, for networks whose convolutions they take
 CALIBRATIONS = ("minmax", "percentile", "entropy")
-DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
-SUFFIX = {"fp32": "f32", "fp16": "f16", "int8": "i8"}
+DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8, "fp8": np.uint8}  # FP8: e4m3 codes, as bytes
+SUFFIX = {"fp32": "f32", "fp16": "f16", "int8": "i8", "fp8": "f8"}
+SCALED = ("int8", "fp8")  # the precisions with calibrated scales: x ~ scale q
 Q = 127  # symmetric INT8: values -127 .. 127
+E4M3_MAX = 448.0  # FP8 e4m3's largest finite value (1.75 x 2^8); it has no infinity, and 0x7F / 0xFF are NaN
+
+
+def _e4m3_table() -> np.ndarray:
+    """The value of each of the 256 e4m3 codes: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0 holds
+    the subnormals (m / 8 x 2^-6)."""
+    code = np.arange(256)
+    e, m = (code >> 3) & 0xF, code & 7
+    mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
+    v = np.where(code & 0x80, -mag, mag)
+    v[(code & 0x7F) == 0x7F] = np.nan
+    return v.astype(np.float32)
+
+
+E4M3 = _e4m3_table()
+
+
+def from_e4m3(codes) -> np.ndarray:
+    """float32 values of e4m3 codes (uint8)."""
+    return E4M3[np.asarray(codes, np.uint8)]
+
+
+def to_e4m3(x) -> np.ndarray:
+    """e4m3 codes (uint8) of float values, as the GPU converts them (cvt.rn.satfinite: to nearest, ties to the even
+    code, magnitudes beyond 448 to 448; NaN to NaN)."""
+    x = np.asarray(x, np.float32)
+    pos = E4M3[:0x7F]  # codes 0 .. 126: the non-negative finite values, increasing
+    a = np.minimum(np.abs(x), np.float32(E4M3_MAX))
+    hi = np.clip(np.searchsorted(pos, a), 1, 126)
+    lo = hi - 1
+    dlo, dhi = a - pos[lo], pos[hi] - a
+    code = np.where((dhi < dlo) | ((dhi == dlo) & (hi % 2 == 0)), hi, lo)
+    code = np.where(a >= pos[126], 126, code)
+    out = (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
+    out[np.isnan(x)] = 0x7F
+    return out
 
 
 def minmax_scale(x) -> float:
@@ -76,12 +114,15 @@ def dequantize(q, scale: float):
     return q.astype(np.float32) * np.float32(scale)
 
 
-def calibrate(g: Graph, x_calib, method: str = "percentile") -> dict:
-    """{tensor: INT8 scale} for every tensor that gets a buffer, from the FP32 activations of a sample."""
+def calibrate(g: Graph, x_calib, method: str = "percentile", precision: str = "int8") -> dict:
+    """{tensor: scale} for every tensor that gets a buffer, from the FP32 activations of a sample: INT8's (the
+    largest magnitude kept, by ``method``, over 127), or FP8's (the same magnitude over 448: e4m3's range)."""
     if method not in SCALE_METHODS:
         raise runtime.CourseInputError(f"calibration must be one of {', '.join(SCALE_METHODS)}, not {method!r}")
     _, vals = run_graph(g, x_calib, keep=True)
     scales = {t: SCALE_METHODS[method](v) for t, v in vals.items() if t not in g.aliases}
+    if precision == "fp8":
+        scales = {t: s * Q / E4M3_MAX for t, s in scales.items()}
     for n in g.nodes:  # a max pool keeps the scale of its input: the max of integers is exact
         if n.op == "MaxPool":
             scales[_root(g, n.outputs[0])[0]] = scales[_root(g, n.inputs[0])[0]]

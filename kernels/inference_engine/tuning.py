@@ -10,7 +10,7 @@ from gpucourse import bench, gpus, runtime
 from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR, WG
 from .executor import Engine, vector_width
 from .plan import Plan
-from .precision import DTYPES
+from .precision import DTYPES, E4M3
 
 
 FINALISTS, ROUNDS = 3, 3  # autotune: how many candidates are timed again, in turn, and how many rounds
@@ -24,9 +24,10 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
     16 / itemsize; a tcd kernel (a direct convolution on the tensor cores) only its kernel size, images at most
     16 pixels wide, and input channels in whole fragments of 16 up to its CMAX; a pix kernel keeps the whole
     reduction KH x KW x C (at most PIX_R) in shared memory. A convolution of another geometry than "same" at stride 1,
-    or with a residual (ResNet-50's), runs only on the tc kernels and, FP16 or INT8 on Hopper, the wg kernels (``wg_fits``)."""
+    or with a residual (ResNet-50's), runs only on the tc kernels and, FP16 or INT8 on Hopper, the wg kernels (``wg_fits``).
+    FP8 runs on the wg kernels only."""
     if kernel in WG:
-        return precision in ("fp16", "int8") and wg_fits(step, np.dtype(DTYPES[precision]).itemsize)
+        return precision in ("fp16", "int8", "fp8") and wg_fits(step, np.dtype(DTYPES[precision]).itemsize)
     if not plain(step) and kernel not in TC:
         return False
     if kernel in DIRECT:
@@ -93,10 +94,12 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
     precision = plan.header["precision"]
     n = plan.header["max_batch"]
     x = cp.asarray(np.random.default_rng(0).random((n, *plan.header["input_shape"]), np.float32))
-    poison = -128 if precision == "int8" else np.nan  # never a kernel's output: INT8 clips to -127 .. 127
+    # never a kernel's output: INT8 clips to -127 .. 127; FP8's 0x7F is NaN, which a finite value never becomes
+    poison = {"int8": -128, "fp8": 0x7F}.get(precision, np.nan)
+    table = cp.asarray(E4M3) if precision == "fp8" else None  # FP8 codes compared as the values they stand for
 
     def logits():  # the head's logits (before the softmax, where the plan ends in one)
-        eng.arena.fill(0 if precision == "int8" else np.nan)  # every value read must have been written
+        eng.arena.fill({"int8": 0, "fp8": 0x7F}.get(precision, np.nan))  # every value read must have been written
         eng.infer(x)
         return eng.logits[:len(x)].get().astype(np.float64)
 
@@ -104,7 +107,8 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
         for d in step["dests"]:
             eng._view(d, n)[...] = poison
         eng.run_step(step["id"], n)
-        return [eng._view(d, n).astype(cp.float32) for d in step["dests"]]
+        return [table[eng._view(d, n)] if table is not None else eng._view(d, n).astype(cp.float32)
+                for d in step["dests"]]
 
     def same(got, ref, bound) -> bool:  # compared on the GPU: a layer's output is up to ~100 MB at batch 64
         return all(bool(cp.all(cp.abs(g - r) <= b)) for g, r, b in zip(got, ref, bound))  # NaN compares False
@@ -116,7 +120,9 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
         default, times, rejected = step["kernel"], {}, []
         eng.refresh(step["id"])
         ref = run(step)
-        bound = [1.0 if precision == "int8" else 1e-2 * (float(cp.abs(r).max()) + 1e-3) for r in ref]
+        # INT8: one step; FP8: one step of e4m3's 3-bit mantissa at the largest value; FP16: 1%
+        rel = {"fp8": 0.125}.get(precision, 1e-2)
+        bound = [1.0 if precision == "int8" else rel * (float(cp.abs(r).max()) + 1e-3) for r in ref]
         for kernel in candidates(step, precision):
             step["kernel"] = kernel
             eng.refresh(step["id"])
