@@ -27,9 +27,9 @@ struct E4M3 {
 };
 
 // ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 4
-// rounds them into y. A Store with kStaged true is called as ``store.row8(m, k, v)`` for 8 channels k .. k + 7
-// instead, after the tile went through shared memory: lesson 5's engine, which reads a residual and adds its bias
-// first (inference_engine_wgmma.cu).
+// rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw)`` for Store::kVec channels
+// k, k + 1, ... (16 bytes of its output) instead, after the tile went through shared memory, with ``raw =
+// store.load(m, k)`` (a Store::Raw) what it reads there, loaded earlier: lesson 5's engine, which reads a residual and adds its bias first (inference_engine_wgmma.cu).
 template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16>
 __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
                                           int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
@@ -128,13 +128,38 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       // Through shared memory: this consumer's rows of A in every stage are free now (the other consumer reads only
       // its own rows and B), STAGES pieces of 64 rows x CW FP32 columns (CW = a row's bytes / 4: 32 for FP16, 16
       // for the 8-bit types). In rounds, the fragments go there (their layout: rows l/4 and l/4 + 8 of the warp's
-      // 16, 2 columns a thread), then each thread takes 8 consecutive columns of a row, so a warp reads and writes
-      // whole runs of a row: 16-byte loads of the residual and stores of the output instead of 4-byte ones. The
-      // groups of 8 columns are swizzled by the row against bank conflicts.
-      constexpr int CW = ROW / 4, UNITS = CW / 8, CHUNKS = BN / CW;
+      // 16, 2 columns a thread), then each thread takes a unit: V = Store::kVec consecutive columns of a row, so a
+      // warp reads and writes whole runs of a row, V elements a thread, instead of 2. The columns are swizzled by
+      // the row, in groups of 8 floats (FP16) or 4 (8-bit), against bank conflicts.
+      constexpr int CW = ROW / 4, V = Store::kVec, UNITS = CW / V, CHUNKS = BN / CW, SW = CW == 32 ? 3 : 2;
+      constexpr int PER = (STAGES * 64 * UNITS + 127) / 128;  // the units a thread takes in a round, at most
+      // Unit u of a round: row u / (UNITS nch) of the tile, chunk and V columns from the rest; its output pixel
+      // and first output channel.
+      auto unit = [&](int u, int nch, int j0, int& row, int& ch, int& c8, long long& m, int& col) {
+        row = u / (UNITS * nch);
+        const int rest = u % (UNITS * nch);
+        ch = rest / UNITS;
+        c8 = (rest % UNITS) * V;
+        m = pixel_of(c * 64 + row);
+        col = k0 + (j0 + ch) * CW + c8;
+      };
 #pragma unroll
       for (int j0 = 0; j0 < CHUNKS; j0 += STAGES) {
         const int nch = CHUNKS - j0 < STAGES ? CHUNKS - j0 : STAGES;
+        // What the epilogue reads from memory (a residual), for all of this thread's units at once, before the
+        // fragments go to shared memory: PER loads in flight a thread instead of one. (One at a time, load then
+        // store, the loads wait one after another: the compiler cannot move a load above the previous unit's
+        // store, which might write the same memory, and a memory-bound layer then runs at a few times its floor.)
+        typename Store::Raw raw[PER];
+#pragma unroll
+        for (int t = 0; t < PER; ++t) {
+          int row, ch, c8, col;
+          long long m;
+          const int u = tid + t * 128;
+          unit(u, nch, j0, row, ch, c8, m, col);
+          raw[t] = u < nch * 64 * UNITS && m >= 0 && col < K ? store.load(static_cast<size_t>(m), col)
+                                                             : typename Store::Raw{};
+        }
 #pragma unroll
         for (int j = 0; j < BN / 8; ++j) {
           const int col = 8 * j + 2 * (lane % 4), ch = col / CW - j0;
@@ -144,20 +169,29 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + lane / 4 + 8 * h;
             const auto* v = &d[j / 2][(j % 2) * 4 + 2 * h];
-            *reinterpret_cast<float2*>(buf + row * CW + ((col % CW) ^ ((row & (UNITS - 1)) << 3))) =
+            *reinterpret_cast<float2*>(buf + row * CW + ((col % CW) ^ ((row & 3) << SW))) =
                 make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
           }
         }
         asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");  // this warpgroup's own barrier
-        for (int u = tid; u < nch * 64 * UNITS; u += 128) {  // 8 columns a unit: a row's nch x CW side by side
-          const int row = u / (UNITS * nch), rest = u % (UNITS * nch), ch = rest / UNITS, c8 = (rest % UNITS) * 8;
-          const float* src = reinterpret_cast<const float*>(sA + ch * A_BYTES + c * 64 * ROW) + row * CW +
-                             (c8 ^ ((row & (UNITS - 1)) << 3));
-          const float4 a = reinterpret_cast<const float4*>(src)[0], b = reinterpret_cast<const float4*>(src)[1];
-          const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-          const long long m = pixel_of(c * 64 + row);
-          const int col = k0 + (j0 + ch) * CW + c8;
-          if (m >= 0 && col < K) store.row8(static_cast<size_t>(m), col, v);  // K a multiple of 8
+#pragma unroll
+        for (int t = 0; t < PER; ++t) {  // 8 columns a unit: a row's nch x CW side by side
+          int row, ch, c8, col;
+          long long m;
+          const int u = tid + t * 128;
+          unit(u, nch, j0, row, ch, c8, m, col);
+          if (u >= nch * 64 * UNITS || m < 0 || col >= K) continue;  // K a multiple of V (the plan checks)
+          const float* src = reinterpret_cast<const float*>(sA + ch * A_BYTES + c * 64 * ROW) + row * CW;
+          float v[V];
+#pragma unroll
+          for (int q = 0; q < V / 4; ++q) {
+            const float4 f = *reinterpret_cast<const float4*>(src + ((c8 + 4 * q) ^ ((row & 3) << SW)));
+            v[4 * q] = f.x;
+            v[4 * q + 1] = f.y;
+            v[4 * q + 2] = f.z;
+            v[4 * q + 3] = f.w;
+          }
+          store.row(static_cast<size_t>(m), col, v, raw[t]);
         }
         asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
       }

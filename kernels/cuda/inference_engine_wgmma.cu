@@ -26,10 +26,18 @@
 typedef signed char int8;
 typedef unsigned char fp8;  // an FP8 e4m3 code (the engine's FP8 plans)
 
+template <int BYTES> struct RawOf { using type = uint2; };  // 8 elements of 1 byte
+template <> struct RawOf<2> { using type = uint4; };          // 8 of 2 bytes
+
 template <typename T>
 struct EngineEpilogue {
-  static constexpr bool kStaged = true;  // conv_tile hands over 8 channels of a row at a time: one access each
+  // conv_tile hands over 8 channels of a row at a time: one access each, 16 bytes of FP16 or 8 of INT8 and FP8.
+  // (16 INT8 channels a call measured slower on an H100: the 8-bit tiles' staging space holds half as many columns,
+  // and whole 16-byte runs took twice the rounds.)
+  static constexpr bool kStaged = true;
+  static constexpr int kVec = 8;
   static constexpr bool kFp8 = sizeof(T) == 1 && static_cast<T>(-1) > static_cast<T>(0);  // unsigned: e4m3 codes
+  using Raw = typename RawOf<sizeof(T)>::type;  // 8 elements of the residual, as stored
   const float* bias;       // K, or null
   const float* scale;      // INT8, FP8: s_x s_w[k] (K), turning the sums into real units; null for FP16
   const float* inv;        // INT8, FP8: 1 / the output's scale, per channel (K); null for FP16
@@ -40,56 +48,43 @@ struct EngineEpilogue {
   float res_scale;         // INT8, FP8: the residual's scale (1 for FP16)
   int relu;
 
-  __device__ __forceinline__ void row8(size_t m, int k, const float (&acc)[8]) const {
-    float v[8], r[8];
+  // The residual's channels k .. k + kVec - 1 of pixel m, as stored (zeros without one)
+  __device__ __forceinline__ Raw load(size_t m, int k) const {
+    return res ? *reinterpret_cast<const Raw*>(res + m * ldres + k) : Raw{};
+  }
+
+  __device__ __forceinline__ void row(size_t m, int k, const float (&acc)[kVec], const Raw& raw) const {
+    float v[kVec], r[kVec];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) r[j] = 0.0f;
+    for (int j = 0; j < kVec; ++j) r[j] = 0.0f;
     if (res) {
-      if constexpr (sizeof(T) == 2) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(res + m * ldres + k);
-        const __half2* h = reinterpret_cast<const __half2*>(&raw);
+      const T* q = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(h[j]);
-          r[2 * j] = f.x;
-          r[2 * j + 1] = f.y;
-        }
-      } else {
-        const uint2 raw = *reinterpret_cast<const uint2*>(res + m * ldres + k);
-        const T* q = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if constexpr (kFp8) r[j] = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[j], __NV_E4M3))) * res_scale;
-          else r[j] = static_cast<float>(q[j]) * res_scale;
-        }
+      for (int j = 0; j < kVec; ++j) {
+        if constexpr (sizeof(T) == 2) r[j] = __half2float(q[j]);
+        else if constexpr (kFp8) r[j] = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[j], __NV_E4M3))) * res_scale;
+        else r[j] = static_cast<float>(q[j]) * res_scale;
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {  // in the order of the engine's other kernels (epilogue8): the same roundings
+    for (int j = 0; j < kVec; ++j) {  // in the order of the engine's other kernels (epilogue8): the same roundings
       v[j] = acc[j];
       if (scale) v[j] *= scale[k + j];
       if (bias) v[j] += bias[k + j];
       v[j] += r[j];
       if (relu) v[j] = fmaxf(v[j], 0.0f);
     }
-    if constexpr (sizeof(T) == 2) {
-      uint4 out;
-      __half2* o = reinterpret_cast<__half2*>(&out);
+    Raw out;
+    T* o = reinterpret_cast<T*>(&out);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) o[j] = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
-      *reinterpret_cast<uint4*>(y + m * ldy + k) = out;
-    } else {
-      uint2 out;
-      unsigned char* q = reinterpret_cast<unsigned char*>(&out);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if constexpr (kFp8)  // the nearest e4m3 code of v / scale, saturated to +-448
-          q[j] = __nv_cvt_float_to_fp8(v[j] * inv[k + j], __NV_SATFINITE, __NV_E4M3);
-        else  // INT8: round to the nearest integer, clip to -127 .. 127
-          q[j] = static_cast<unsigned char>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
-      }
-      *reinterpret_cast<uint2*>(y + m * ldy + k) = out;
+    for (int j = 0; j < kVec; ++j) {
+      if constexpr (sizeof(T) == 2) o[j] = __float2half_rn(v[j]);
+      else if constexpr (kFp8)  // the nearest e4m3 code of v / scale, saturated to +-448
+        o[j] = __nv_cvt_float_to_fp8(v[j] * inv[k + j], __NV_SATFINITE, __NV_E4M3);
+      else  // INT8: round to the nearest integer, clip to -127 .. 127
+        o[j] = static_cast<T>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
     }
+    *reinterpret_cast<Raw*>(y + m * ldy + k) = out;
   }
 };
 
@@ -105,17 +100,19 @@ struct EngineEpilogue {
         &tmX, &tmW, EngineEpilogue<T>{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}, N, P, Q, K, C, R,  \
         Sw, ph, pw, TW, tiles_q, tiles_p);                                                                      \
   }
-#define ENGINE_WGMMA_BOTH(NAME, I2C, BM, BN, S)         \
+#define ENGINE_WGMMA_ALL(NAME, I2C, BM, BN, S)         \
   ENGINE_WGMMA(NAME, I2C, BM, BN, S, f16, __half, F16) \
   ENGINE_WGMMA(NAME, I2C, BM, BN, S, i8, int8, S8)      \
   ENGINE_WGMMA(NAME, I2C, BM, BN, S, f8, fp8, E4M3)
 
-ENGINE_WGMMA_BOTH(, false, 128, 128, 4)
-ENGINE_WGMMA_BOTH(, false, 128, 64, 4)
-ENGINE_WGMMA_BOTH(, false, 64, 128, 4)
-ENGINE_WGMMA_BOTH(, false, 64, 64, 6)
-ENGINE_WGMMA_BOTH(i2c_, true, 128, 128, 4)
-ENGINE_WGMMA_BOTH(i2c_, true, 128, 64, 4)
-ENGINE_WGMMA_BOTH(i2c_, true, 128, 256, 3)
-ENGINE_WGMMA_BOTH(i2c_, true, 64, 128, 4)
-ENGINE_WGMMA_BOTH(i2c_, true, 64, 64, 6)
+ENGINE_WGMMA_ALL(, false, 128, 128, 4)
+ENGINE_WGMMA_ALL(, false, 128, 64, 4)
+ENGINE_WGMMA_ALL(, false, 64, 128, 4)
+ENGINE_WGMMA_ALL(, false, 64, 64, 6)
+ENGINE_WGMMA_ALL(i2c_, true, 128, 128, 4)
+ENGINE_WGMMA_ALL(i2c_, true, 128, 64, 4)
+ENGINE_WGMMA_ALL(i2c_, true, 128, 256, 3)
+ENGINE_WGMMA_ALL(i2c_, true, 64, 128, 4)
+ENGINE_WGMMA_ALL(i2c_, true, 64, 64, 6)
+ENGINE_WGMMA_ALL(i2c_, true, 64, 128, 2)  // fewer stages, more blocks an SM: for short reductions
+ENGINE_WGMMA_ALL(i2c_, true, 64, 64, 3)

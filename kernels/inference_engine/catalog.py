@@ -35,14 +35,15 @@ PIX_R = 64  # the longest reduction (KH KW C) they take: their weights tile in s
 CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 # Hopper (sm_90a, inference_engine_wgmma.cu): lesson 4's wgmma convolution with the engine's epilogue, in FP16 and
 # (wgmma's 8-bit paths, rows of 64 bytes in the 64-byte swizzle) INT8 and FP8 e4m3: kernels conv_<name>_f16, _i8
-# and _f8. name ->
-# lesson 4's kernel of the same tile (kernels/convolution.py: wgmma_conv_config gives its threads and shared memory);
+# and _f8. name -> its tile: (im2col, BM, BN, stages), as lesson 4's (kernels/convolution.py, wgmma_conv_config), and
+# two of its own with fewer stages, so that a 1 x 1 layer with few slices of 64 channels to reduce (nothing for more
+# stages to overlap) fits two or three blocks on an SM, one's epilogue running while another's tiles load.
 # "i2c" tiles are BM consecutive output pixels gathered in the TMA's im2col mode, the others boxes of one image.
 WG_SOURCE = "inference_engine_wgmma"
-WG = {f"wg_{mode}{bm}x{bn}_s{st}": f"conv_wgmma_{mode}{bm}x{bn}_s{st}_nhwc_f16"
-      for mode, bm, bn, st in [("", 128, 128, 4), ("", 128, 64, 4), ("", 64, 128, 4), ("", 64, 64, 6),
-                               ("i2c_", 128, 128, 4), ("i2c_", 128, 64, 4), ("i2c_", 128, 256, 3),
-                               ("i2c_", 64, 128, 4), ("i2c_", 64, 64, 6)]}
+WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st)
+      for i2c, bm, bn, st in [(False, 128, 128, 4), (False, 128, 64, 4), (False, 64, 128, 4), (False, 64, 64, 6),
+                              (True, 128, 128, 4), (True, 128, 64, 4), (True, 128, 256, 3), (True, 64, 128, 4),
+                              (True, 64, 64, 6), (True, 64, 128, 2), (True, 64, 64, 3)]}
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
         "simtv_64x16") + tuple(DIRECT)
 CANDIDATES = {"fp32": SIMT + tuple(PIX),

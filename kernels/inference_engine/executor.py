@@ -365,9 +365,10 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        cfg = cv.wgmma_conv_config(WG[s["kernel"]])
+        i2c, bm, bn, stages = WG[s["kernel"]]
+        cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
         item = self.arena.itemsize  # 2 (FP16) or 1 (INT8, FP8): a stage's rows are 64 elements, 128 or 64 bytes
-        smem = 1024 + cfg["stages"] * (cfg["bm"] + cfg["bn"]) * cv.WGMMA_BK * item + 2 * cfg["stages"] * 8
+        smem = 1024 + stages * (bm + bn) * cv.WGMMA_BK * item + 2 * stages * 8  # alignment, tiles, mbarriers
         fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{SUFFIX[self.precision]}", smem)
         if f"{i}/wt" not in a:
             a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(a[f"{i}/w"].reshape(-1, s["K"]).T)

@@ -57,10 +57,11 @@ def plain(step: dict) -> bool:
 
 def wg_fits(step: dict, itemsize: int = 2) -> bool:
     """Whether the Hopper kernels (inference_engine_wgmma.cu) can run a conv step: whole slices of 64 input
-    channels in pixels aligned to 8 elements (16 bytes in FP16; the TMA's box), K a multiple of 8, one destination
-    written 8 channels at a time, a residual read the same way; stride 1, or a 1 x 1 convolution without padding at any stride (read
-    through a tensor map that skips the pixels between). The TMA reads the input: its pixel stride and first
-    element in whole 16 bytes (8 FP16 elements, 16 INT8 ones, ``itemsize`` 2 or 1)."""
+    channels read by the TMA (the input's pixel stride and first element in whole 16 bytes: 8 FP16 elements, 16
+    INT8 or FP8 ones, ``itemsize`` 2 or 1), one destination written and a residual read 8 channels at a time (K,
+    their pixel strides and first elements multiples of 8);
+    stride 1, or a 1 x 1 convolution without padding at any stride (read through a tensor map that skips the pixels
+    between)."""
     src, res, v = step["src"], step.get("res"), 16 // itemsize
     if src["C"] % 64 or src["ld"] % v or (src["base"] + src["off"]) % v or step["K"] % 8 or len(step["dests"]) != 1:
         return False
