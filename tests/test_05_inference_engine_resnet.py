@@ -82,14 +82,14 @@ def test_costs_and_floors_per_layer(calibrated):
 
 
 def test_the_engine_runs_resnet50_step_by_step(calibrated):
-    """An FP16 plan of ResNet-50 in CPU mode (the NumPy runtime, the GPU kernels' arithmetic): the stem reads the
-    input's im2col matrix, every convolution (strided, padded, with a residual) gives what the NumPy spec gives on
+    """An FP16 plan of ResNet-50 in CPU mode (the NumPy runtime, the GPU kernels' arithmetic), its stem not fused:
+    the stem reads the input's im2col matrix, every convolution (strided, padded, with a residual) gives what the NumPy spec gives on
     the values it read, to FP16 rounding; the pool, the classifier and the softmax too; and end to end the plan
     agrees with the float64 graph (the random network amplifies each layer's rounding: a few percent at the logits)."""
     g, x = calibrated
     x = x[:2]
     final = E.optimize(g)[-1][1]
-    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False)
+    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False, fuse_stem=False)
     kinds = [s["kind"] for s in plan.steps]
     assert kinds[:3] == ["input", "conv", "maxpool"] and kinds[-3:] == ["gpool", "classifier", "softmax"]
     assert kinds.count("conv") == 53 and plan.steps[0]["im2col"]["R"] == 192  # 7 x 7 x 3 = 147 taps, padded to 192
@@ -156,8 +156,65 @@ def test_an_fp8_plan_runs_resnet50_step_by_step(calibrated):
         got = from_e4m3(eng._view(s["dests"][0], 2)).astype(np.float64) * s_y
         want = np.clip(want, -E4M3_MAX * s_y, E4M3_MAX * s_y)  # saturated, as the kernels store
         assert np.all(np.abs(got - want) <= np.abs(want) / 16 + 2.0 ** -10 * s_y + 1e-6 * np.abs(want).max()), s["name"]
-    assert convs == 53
+    assert convs == 52 and plan.steps[0]["kind"] == "stem"  # the stem and its pool: one FP16 step (its own test)
     assert np.isfinite(eng.logits[:2]).all() and eng.out[:2].sum(axis=1) == pytest.approx(1.0, abs=1e-5)
+
+
+def _stem_spec(x, w, b, pad):
+    """The fused stem's arithmetic, from the layer specs: the input rounded to FP16, the convolution (7 x 7, stride
+    2) + bias + ReLU rounded to FP16, then the 3 x 3 max pool of stride 2 over one row and column of zeros."""
+    xh = x.astype(np.float16).astype(np.float64)
+    y = E.cbr_spec(xh, w.astype(np.float64).reshape(7, 7, 3, 64), b, True, 2, pad).astype(np.float16)
+    return E.maxpool_spec(y.astype(np.float64), 3, 2, [1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
+def test_the_fused_stem_is_the_convolution_then_the_pool(calibrated, precision):
+    """ResNet-50's stem and its max pool are one step in every plan but FP32's (one kernel on a GPU): it writes the
+    pool's output, quantised with the pool's scale in INT8 and FP8, and neither the input nor the convolution's
+    output gets a buffer. In FP16 it writes exactly what the unfused plan's pool writes."""
+    from kernels.inference_engine.precision import from_e4m3
+
+    g, x = calibrated
+    final = E.optimize(g)[-1][1]
+    calib = x if precision != "fp16" else None
+    plan = E.build_plan(final, precision=precision, max_batch=2, tune=False, x_calib=calib)
+    unfused = E.build_plan(final, precision=precision, max_batch=2, tune=False, x_calib=calib, fuse_stem=False)
+    stem = plan.steps[0]
+    assert stem["kind"] == "stem" and stem["name"] == "conv1_conv+pool1_pool" and "input" not in [
+        s["kind"] for s in plan.steps]
+    assert [s["kind"] for s in plan.steps].count("conv") == 52 and not any(s["kind"] == "maxpool" for s in plan.steps)
+    # the input's im2col matrix (32 x 32 x 192) and the convolution's output (32 x 32 x 64) are gone from the arena
+    assert unfused.header["arena"] - plan.header["arena"] == 2 * (32 * 32 * 192 + 32 * 32 * 64)
+    eng = E.Engine(plan, numpy=True)
+    eng._x = x[:2]
+    eng.run_step(0, 2)
+    got = eng._f32(eng._view(stem["dst"], 2)).astype(np.float64)
+    want = _stem_spec(x[:2], plan.arrays["0/w"], plan.arrays["0/b"], [3, 3, 3, 3])
+    assert got.shape == want.shape == (2, 16, 16, 64)
+    # the spec sums in float64, the runtime in float32 as the kernel does: a rare value rounds to the next FP16
+    if precision == "fp16":
+        np.testing.assert_allclose(got, want, rtol=2.0 ** -10)
+        assert np.mean(got != want) < 1e-2
+        ref = E.Engine(unfused, numpy=True)
+        ref._x = x[:2]
+        for s in unfused.steps[:3]:
+            ref.run_step(s["id"], 2)
+        np.testing.assert_array_equal(eng._view(stem["dst"], 2), ref._view(unfused.steps[2]["dst"], 2))
+    elif precision == "int8":
+        diff = np.abs(got - np.clip(np.rint(want * stem["inv_scale"]), -127, 127))
+        assert diff.max() <= 1 and diff.mean() < 1e-2
+    else:
+        codes = eng._view(stem["dst"], 2)
+        assert np.isfinite(from_e4m3(codes)).all()
+        assert np.mean(codes != E.to_e4m3(want * stem["inv_scale"])) < 1e-2
+        np.testing.assert_allclose(got, from_e4m3(E.to_e4m3(want * stem["inv_scale"])), rtol=1 / 8)
+    if precision == "fp8":  # the digits network has no FP8 plan (its channels are no whole slices of 64)
+        return
+    # a network whose first convolution is not this stem keeps its own steps
+    digits = E.build_plan(E.optimize(E.load_model_file()[0])[-1][1], precision=precision, max_batch=1, tune=False,
+                          x_calib=np.zeros((1, 16, 16, 1), np.float32) if calib is not None else None)
+    assert digits.steps[0]["kind"] == "input" and "stem" not in [s["kind"] for s in digits.steps]
 
 
 def test_the_plan_builder_refuses_what_no_kernel_runs(calibrated):
@@ -172,7 +229,7 @@ def test_which_kernels_take_resnets_convolutions(calibrated):
     """Only the tc kernels and the Hopper wg kernels take a stride, padding or residual; wg needs whole slices of 64
     channels and runs a strided convolution only as a 1 x 1 without padding."""
     final = E.optimize(calibrated[0])[-1][1]
-    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False)
+    plan = E.build_plan(final, precision="fp16", max_batch=2, tune=False, fuse_stem=False)
     by = {s["name"]: s for s in plan.steps if s["kind"] == "conv"}
     stem, proj, res3 = by["conv1_conv"], by["conv3_block1_0_conv"], by["conv2_block1_3_conv"]
     assert E.plain(stem) and stem["kh"] == 1  # the im2col stem is a 1 x 1 convolution of 192 channels
@@ -241,8 +298,10 @@ def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precisio
         return
     g, x = calibrated
     final = E.optimize(g)[-1][1]
+    # the stem unfused: every convolution on the kernels under test (the fused stem, which sums in FP32 in every
+    # plan, has its own test)
     plan = E.build_plan(final, precision=precision, max_batch=len(x), tune=False,
-                        x_calib=x if precision in ("int8", "fp8") else None)
+                        x_calib=x if precision in ("int8", "fp8") else None, fuse_stem=False)
     ref = E.Engine(plan, numpy=True)
     ref.infer(x)
     want = np.asarray(ref.logits[:len(x)], np.float64)
@@ -273,3 +332,56 @@ def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precisio
         assert np.abs(got - want).max() <= tol * np.abs(want).max(), (kernel, np.abs(got - want).max())
         if precision == "int8":  # FP16's close leading logits may swap (see the step-by-step test); INT8's sums are exact
             assert (got.argmax(1) == want.argmax(1)).all(), kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
+@pytest.mark.parametrize("tile", [4, 8])
+def test_the_fused_stem_kernel_gives_the_numpy_runtimes_output(precision, tile, monkeypatch):
+    """On a GPU: the fused stem kernel (inference_engine_stem.cuh), in both its tiles, writes what the NumPy runtime
+    writes, into an arena poisoned beforehand, at a size whose pool tiles overhang the image (72 x 72: a pool output
+    of 18 x 18): FP16 to one rounding of the FP32 sums' order, INT8 and FP8 codes at most one step apart, and
+    those rare."""
+    from gpucourse import gpus
+    from kernels.inference_engine import executor
+    from kernels.inference_engine.precision import from_e4m3
+
+    if precision == "fp8" and not gpus.status("05.wgmma").runs:
+        pytest.skip("FP8 plans run on Hopper's wgmma kernels only")
+    cp = runtime.cupy()
+    size, n = 72, 3
+    rng = np.random.default_rng(4)
+    g = E.calibrate_batchnorm(E.resnet50(size, seed=0), rng.standard_normal((2, size, size, 3)).astype(np.float32),
+                              progress=False)
+    x = rng.standard_normal((n, size, size, 3)).astype(np.float32)
+    plan = E.build_plan(E.optimize(g)[-1][1], precision=precision, max_batch=n, tune=False,
+                        x_calib=x if precision != "fp16" else None)
+    stem = plan.steps[0]
+    assert stem["kind"] == "stem" and (stem["Ho"], stem["Wo"]) == (18, 18)
+    ref = E.Engine(plan, numpy=True)
+    ref._x = x
+    ref.run_step(0, n)
+    want = np.asarray(ref._view(stem["dst"], n))
+    # the tile: 8 x 8 where the batch gives every SM two blocks, else 4 x 4; here chosen by the SM count seen
+    monkeypatch.setattr(executor, "_sms", lambda: 1 if tile == 8 else 10**6)
+    eng = E.Engine(plan, graphs=False)
+    eng.arena.fill({"fp16": np.nan, "int8": -128, "fp8": 0x7F}[precision])
+    eng._x = cp.asarray(x)
+    eng.run_step(0, n)
+    cp.cuda.Device().synchronize()
+    assert eng._prepared[(0, n)][0].name == f"stem_pool{tile}_{E.SUFFIX[precision]}"
+    got = eng._view(stem["dst"], n).get()
+    for _ in range(3):  # and the same again, whatever shared memory held before (the padded taps read only the patch)
+        eng.run_step(0, n)
+        assert np.array_equal(eng._view(stem["dst"], n).get(), got)
+    if precision == "fp16":
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2.0 ** -10, atol=1e-3)
+    elif precision == "int8":
+        diff = np.abs(got.astype(int) - want.astype(int))
+        assert diff.max() <= 1 and diff.mean() < 1e-3, (diff.max(), diff.mean())
+    else:
+        a, b = from_e4m3(got).astype(np.float64), from_e4m3(want).astype(np.float64)
+        assert np.isfinite(a).all()
+        off = np.abs(a - b) > 0
+        assert np.all(np.abs(a - b) <= np.abs(b) / 8 + 2.0 ** -9) and off.mean() < 1e-3, off.mean()

@@ -20,7 +20,7 @@ from gpucourse import cuda_c
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
 NOTEBOOKS = LESSONS + sorted(ROOT.glob("solutions/[0-9][0-9]_*/*.ipynb"))
-HEADER = re.compile(r"^# ((?:kernels|systems|benchmarks|gpucourse)/[\w/]+\.(py|cu|cuh))(?:, region ([\w.-]+))?")
+HEADER = re.compile(r"^# ((?:kernels|systems|benchmarks|gpucourse)/[\w/]+\.(py|cuh|cu))(?:, region ([\w.-]+))?")
 
 
 def code_cells(path: Path) -> list:

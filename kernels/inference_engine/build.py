@@ -29,13 +29,17 @@ def _not_runnable(n) -> str | None:
 
 
 def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_calib=None,
-               calibration: str = "percentile", tune: bool = True, name: str = "", graphs: bool = True) -> Plan:
+               calibration: str = "percentile", tune: bool = True, name: str = "", graphs: bool = True,
+               fuse_stem: bool = True) -> Plan:
     """Buffers, steps and weights for graph ``g`` (optimised or not) in ``precision``. INT8 and FP8 need
     ``x_calib`` (a sample of inputs) and a ``calibration`` method. FP8 (e4m3 activations and weights, per-tensor
     activation and per-channel weight scales, FP32 sums) runs on Hopper's wgmma kernels only: on a GPU it needs
     one, and every convolution must be one they take (``wg_fits``). On a GPU with ``tune``, every
     convolution's kernel is chosen by timing each candidate on this GPU at ``max_batch``. ``graphs``: the
-    runtime replays the launches of each batch size as one CUDA graph (an Engine can override it)."""
+    runtime replays the launches of each batch size as one CUDA graph (an Engine can override it). ``fuse_stem``:
+    ResNet's stem (a 7 x 7 convolution of stride 2 over 3 channels, then a 3 x 3 max pool of stride 2) runs as one
+    kernel that reads the input and writes the pooled output (``_stem_pool``); False lowers it as an im2col matrix
+    and a GEMM, then the pool (``_stem_im2col``)."""
     if precision not in ALL_PRECISIONS:
         raise runtime.CourseInputError(f"precision must be one of {', '.join(ALL_PRECISIONS)}, not {precision!r}")
     for n in g.nodes:
@@ -67,9 +71,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
             g.aliases[n.outputs[0]] = (n.inputs[0], 0)  # in place: the same memory
     buffers, base = {}, 0
     produced = [g.input] + [t for n in g.nodes for t in n.outputs]
-    stem = _stem_im2col(g, precision)
+    fused = _stem_pool(g, precision) if fuse_stem else None
+    stem = None if fused else _stem_im2col(g, precision)
+    unstored = {g.input, fused["between"]} if fused else set()  # what the fused stem keeps on chip
     for t in produced + [_root(g, t)[0] for t in produced]:
-        if t in g.aliases or t == g.output or t in buffers:
+        if t in g.aliases or t == g.output or t in buffers or t in unstored:
             continue
         shape = (stem["P"], stem["Q"], stem["R"]) if stem and t == g.input else g.shapes[t]
         buffers[t] = {"base": base, "per_image": int(np.prod(shape)), "ld": shape[-1], "shape": shape}
@@ -101,9 +107,22 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
             if v is not None:
                 arrays[f"{i}/{k}"] = v
 
-    add({"kind": "input", "dst": loc(g.input), "inv_scale": 1.0 / scale_of(g.input), **({"im2col": stem} if stem else {})})
+    if not fused:
+        add({"kind": "input", "dst": loc(g.input), "inv_scale": 1.0 / scale_of(g.input),
+             **({"im2col": stem} if stem else {})})
     for n in g.nodes:
         W = n.weights
+        if fused and n.name == fused["pool"]:
+            continue
+        if fused and n.name == fused["conv"]:  # the stem and the pool after it: one step, in FP16 in every plan
+            dst = loc(fused["out"])
+            if dst["ld"] % 8 or (dst["base"] + dst["off"]) % 8:
+                raise runtime.CourseError(f"{n.name}: the fused stem writes 8 channels at a time, and its output's "
+                                          "pixels are not 8-element aligned")
+            add({"kind": "stem", "name": f"{n.name}+{fused['pool']}", **fused["geometry"], "dst": dst,
+                 "inv_scale": 1.0 / scale_of(fused["out"])},
+                w=W["w"].reshape(-1, W["w"].shape[-1]).astype(np.float16), b=W["b"].astype(np.float32))
+            continue
         if n.op in ("Conv", "CBR"):
             src = loc(n.inputs[0])
             w4 = W["w"]
@@ -220,6 +239,36 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
     if tune and runtime.is_gpu():
         autotune(plan)
     return plan
+
+
+def _stem_pool(g: Graph, precision: str) -> dict | None:
+    """ResNet's stem, where the graph has it: the input's one reader a CBR of 7 x 7 and stride 2 from 3 channels to
+    64, with a ReLU and no residual, whose one reader is a 3 x 3 max pool of stride 2. Then the plan runs both as
+    one kernel (inference_engine_stem.cuh) that never stores the convolution's output. Returns the two nodes'
+    names, the tensor between them, the pool's output and the geometry, or None. FP16, INT8 and FP8 plans (the
+    kernel runs on the tensor cores in FP16 and quantises what it writes); FP32 plans keep their own kernels."""
+    if precision == "fp32":
+        return None
+    readers = g.consumers(g.input)
+    if len(readers) != 1 or readers[0].op != "CBR":
+        return None
+    conv = readers[0]
+    w, a = conv.weights["w"], conv.attrs
+    if w.shape != (7, 7, 3, 64) or not a.get("relu") or a.get("residual") or len(conv.outputs) != 1:
+        return None
+    stride, pad = conv_geometry(a)
+    after = g.consumers(conv.outputs[0])
+    if stride != 2 or len(after) != 1 or after[0].op != "MaxPool":
+        return None
+    pool = after[0]
+    if pool.attrs.get("size") != 3 or int(pool.attrs.get("stride", 1)) != 2 or "pad" not in pool.attrs:
+        return None
+    h, w_, _ = g.shapes[g.input]
+    p, q = g.shapes[conv.outputs[0]][:2]
+    ho, wo = g.shapes[pool.outputs[0]][:2]
+    return {"conv": conv.name, "pool": pool.name, "between": conv.outputs[0], "out": pool.outputs[0],
+            "geometry": {"H": int(h), "W": int(w_), "C": 3, "K": 64, "pad": [int(v) for v in pad], "P": int(p),
+                         "Q": int(q), "pool_pad": [int(v) for v in pool.attrs["pad"]], "Ho": int(ho), "Wo": int(wo)}}
 
 
 def _stem_im2col(g: Graph, precision: str) -> dict | None:

@@ -58,4 +58,5 @@ GENERAL_DEFAULT = "tc_64x64"
 THREADS = 256  # elementwise kernels
 HEAD_O, HEAD_CHUNK = 16, 64  # the head kernel: outputs kept in registers; outputs a block of a wider layer (as in the .cu)
 CLS_IMAGES = 8  # the classifier kernel: images a block (as in the .cu)
+STEM_TAPS_PADDED = 160  # the fused stem's reduction, 7 x 7 x 3 = 147 taps padded to whole steps of 16 (STEM_KP in the .cuh)
 VECTOR = 8  # the wmmav kernels load 8 halves (16 bytes) at a time

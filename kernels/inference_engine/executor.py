@@ -11,7 +11,8 @@ from gpucourse import runtime
 
 from gpucourse import cuda_c
 from kernels import tensor_cores
-from .catalog import CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, TC, TCD, THREADS, WG, WG_SOURCE
+from .catalog import (CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, STEM_TAPS_PADDED, TC, TCD, THREADS,
+                      WG, WG_SOURCE)
 from .plan import check_target, Plan
 from .precision import DTYPES, from_e4m3, Q, SCALED, SUFFIX, to_e4m3
 from .specs import avgpool_spec, im2col, maxpool_spec
@@ -147,6 +148,12 @@ class Engine:
                           st["stride"], st["pad"])
             cols = np.concatenate([cols, np.zeros((*cols.shape[:3], st["R"] - st["taps"]), np.float32)], axis=-1)
             self._view(d, n)[...] = _store(cols, self.dtype, s["inv_scale"])
+        elif kind == "stem":  # the fused stem's arithmetic (inference_engine_stem.cuh): FP16 in, FP32 sums, FP16 out
+            x = self._x.reshape(n, s["H"], s["W"], s["C"]).astype(np.float16).astype(np.float32)
+            cols = im2col(x, 7, 7, 2, s["pad"]).reshape(-1, a[f"{i}/w"].shape[0])
+            y = np.maximum(cols @ a[f"{i}/w"].astype(np.float32) + a[f"{i}/b"], 0).astype(np.float16)
+            pooled = maxpool_spec(y.astype(np.float32).reshape(n, s["P"], s["Q"], s["K"]), 3, 2, s["pool_pad"])
+            self._view(s["dst"], n)[...] = _store(pooled, self.dtype, s["inv_scale"])
         elif kind == "input":
             d = s["dst"]
             v = self._x.reshape(self._view(d, n).shape)
@@ -229,7 +236,7 @@ class Engine:
         if prep is None:
             prep = self._prepared[(s["id"], n)] = self._prepare(s, n)
         fn, grid, block, args, shared = prep
-        if s["kind"] == "input":
+        if s["kind"] in ("input", "stem"):  # the input as it is: the graph's binding, or the caller's array
             args = (self._x,) + args[1:]
         if s["kind"] == "conv" and s["kernel"] in WG:  # tensor maps are passed by value: the driver's launch
             tensor_cores.launch_hopper(fn, grid, block[0], shared, args, s["name"])
@@ -280,6 +287,20 @@ class Engine:
                          i32(pad[2]), self._ptr(res) if res else null, i32(res["ld"] if res else 0),
                          np.float32(s.get("res_scale", 1.0)))
             return (fn, (blocks, math.ceil(s["K"] / bn)), (threads,), args, 0)
+        if kind == "stem":
+            if f"{i}/wt" not in a:  # the weights as the kernel reads them: channel by channel, 160 taps (zeros past 147)
+                cp = runtime.cupy()
+                wt = cp.zeros((s["K"], STEM_TAPS_PADDED), cp.float16)
+                wt[:, :a[f"{i}/w"].shape[0]] = a[f"{i}/w"].T
+                a[f"{i}/wt"] = wt
+            d = s["dst"]
+            tiles = n * math.ceil(s["Ho"] / 8) * math.ceil(s["Wo"] / 8)
+            tp = 8 if tiles >= 2 * _sms() else 4  # a small batch: smaller tiles, so that every SM gets blocks
+            return (self._kernel(f"stem_pool{tp}_{sfx}"),
+                    (n * math.ceil(s["Ho"] / tp) * math.ceil(s["Wo"] / tp),), (256 if tp == 8 else 192,),
+                    (None, i32(n), i32(s["H"]), i32(s["W"]), i32(s["pad"][0]), i32(s["pad"][2]), i32(s["P"]),
+                     i32(s["Q"]), i32(s["pool_pad"][0]), i32(s["pool_pad"][2]), i32(s["Ho"]), i32(s["Wo"]),
+                     a[f"{i}/wt"], a[f"{i}/b"], self._ptr(d), i32(d["ld"]), np.float32(s["inv_scale"])), 0)
         if kind == "input" and "im2col" in s:
             st, d = s["im2col"], s["dst"]
             count = n * st["P"] * st["Q"] * st["R"] // 8  # 8 elements a thread
@@ -399,6 +420,10 @@ class Engine:
                 *(c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
                                    t["tiles_p"]))]
         return fn, t["grid"], (cfg["threads"],), args, smem
+
+
+def _sms() -> int:
+    return runtime.cupy().cuda.Device().attributes["MultiProcessorCount"]
 
 
 def vector_width(itemsize: int, channels: int, *strides_and_offsets: int) -> int:
