@@ -3,7 +3,8 @@
 softmax: every row-softmax kernel against the device-to-device copy and torch.softmax on the same data;
 naive: attention with S and P in memory, time and peak memory against N, until it refuses;
 memory: FlashAttention's peak memory against Q + K + V + O + lse;
-field: the course's kernels (WMMA, Triton) against PyTorch's scaled_dot_product_attention
+field: the course's kernels (WMMA, mma.sync in FlashAttention-2's shape, Hopper's wgmma, Triton) against PyTorch's
+scaled_dot_product_attention
 with each backend forced, forward and forward + backward, in TFLOP/s and as a share of the dense FP16 peak.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from gpucourse.records import Figure
 from kernels import attention as A
 from kernels.attention import triton_kernels as T
 from kernels.attention.flash import WGMMA_DEFAULT
+from kernels.attention.row_softmax import cluster_missing
 
 LESSON = "09_attention"
 ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -24,8 +26,15 @@ SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
 FIELD_N = (1024, 4096, 16384)
 SDPA_BACKENDS = {"cuDNN": "CUDNN_ATTENTION", "FlashAttention-2": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION"}
+ONLINE_ROW, CLUSTER_ROW = "CUDA C, one pass (online, in registers)", "CUDA C, one pass across a cluster (Hopper)"
+SOFTMAX_GOAL_FROM = 4096  # the goal holds for rows of this many elements and more
+# "wmma_of_fastest", the issue's goal for the tensor-core kernel of sm_80+ GPUs, is measured by "sm80_of_fastest":
+# the better of that GPU's two kernels, WMMA and mma.sync (ratios names which), against the fastest SDPA backend.
 GOALS = {"softmax_of_copy": 0.9, "triton_fwd_of_fa2": 0.8, "bwd_of_fastest": 0.7,
-         "wmma_of_fastest": 0.5, "flash_memory": 1.10}
+         "wmma_of_fastest": 0.5, "sm80_of_fastest": 0.5, "flash_memory": 1.10}
+WMMA_NAME = "WMMA (CUDA C)"
+MMA_NAME = "CUDA C, mma.sync (FlashAttention-2's shape)"
+SM80_KERNELS = (WMMA_NAME, MMA_NAME)  # the course's forward kernels for sm_80+ (not Hopper's own)
 
 
 def _torch():
@@ -47,6 +56,8 @@ def _softmax_kernels(torch):
         "CUDA C, three passes": (lambda x, o: A.softmax_cuda_c(x, o, "three_pass"), None),
         "CUDA C, one pass (online, in registers)": (lambda x, o: A.softmax_cuda_c(x, o, "online"), None),
     }
+    if cluster_missing() is None:  # Hopper: the row split across a cluster (a warp per row for short rows)
+        out[CLUSTER_ROW] = (lambda x, o: A.softmax_cuda_c(x, o, "cluster"), None)
     if torch is not None:
         out["torch.softmax"] = (lambda x, o: torch.softmax(torch.from_dlpack(x), dim=-1, out=torch.from_dlpack(o)), None)
     return out
@@ -81,19 +92,41 @@ def measure_softmax(lengths=ROW_LENGTHS, total_bytes: int = SOFTMAX_BYTES, repea
     return out
 
 
+def softmax_ratios(t: dict) -> dict:
+    """Per dtype: the fastest CUDA C one-pass kernel at each row length (the online kernel, or on Hopper the cluster
+    one, whichever is faster there), its GB/s against the copy of the same bytes and against torch.softmax, and
+    whether it meets the goal (>= GOALS["softmax_of_copy"] x the copy for rows of SOFTMAX_GOAL_FROM and more)."""
+    out = {}
+    for dtype, rows in t["dtypes"].items():
+        one_pass = [name for name in (ONLINE_ROW, CLUSTER_ROW) if name in rows]
+        best = [max(one_pass, key=lambda name: rows[name][i]) for i in range(len(t["lengths"]))]
+        gbps = [rows[name][i] for i, name in enumerate(best)]
+        copies = t.get("copy_gbps_by_n", {}).get(dtype) or [t["copy_gbps"]] * len(gbps)
+        of_copy = [g / c for g, c in zip(gbps, copies)]
+        r = {"best": best, "gbps": gbps, "copy_gbps": copies, "of_copy": of_copy,
+             "goal_met": all(q >= GOALS["softmax_of_copy"] for n, q in zip(t["lengths"], of_copy)
+                             if n >= SOFTMAX_GOAL_FROM)}
+        if "torch.softmax" in rows:
+            r["of_torch"] = [g / q for g, q in zip(gbps, rows["torch.softmax"])]
+        out[dtype] = r
+    return out
+
+
 def text_softmax(t: dict) -> str:
     lines = [f"GB/s (bytes read + written), rows of N elements; device-to-device copy: {t['copy_gbps']:.0f} GB/s"]
-    for dtype, rows in t["dtypes"].items():
+    for (dtype, rows), r in zip(t["dtypes"].items(), softmax_ratios(t).values()):
         lines.append(f"  {dtype}: " + " ".join(f"{n:>8}" for n in t["lengths"]))
         for name, gbps in rows.items():
             lines.append(f"    {name:42}" + " ".join(f"{g:8.0f}" for g in gbps))
-        best = rows["CUDA C, one pass (online, in registers)"]
-        copies = t.get("copy_gbps_by_n", {}).get(dtype) or [t["copy_gbps"]] * len(best)
-        lines.append(f"    {'copy of the same bytes':42}" + " ".join(f"{g:8.0f}" for g in copies))
-        lines.append(f"    {'one pass / copy':42}" + " ".join(f"{g / c:8.2f}" for g, c in zip(best, copies)))
-        if "torch.softmax" in rows:
-            lines.append(f"    {'one pass / torch.softmax':42}" + " ".join(
-                f"{g / r:8.2f}" for g, r in zip(best, rows["torch.softmax"])))
+        lines.append(f"    {'copy of the same bytes':42}" + " ".join(f"{g:8.0f}" for g in r["copy_gbps"]))
+        if CLUSTER_ROW in rows:
+            lines.append(f"    {'fastest one pass (o: online, c: cluster)':42}" + " ".join(
+                f"{'c' if name == CLUSTER_ROW else 'o':>8}" for name in r["best"]))
+        lines.append(f"    {'one pass / copy':42}" + " ".join(f"{q:8.2f}" for q in r["of_copy"])
+                     + f"   (goal >= {GOALS['softmax_of_copy']} from N = {SOFTMAX_GOAL_FROM}: "
+                     + f"{'met' if r['goal_met'] else 'not met'})")
+        if "of_torch" in r:
+            lines.append(f"    {'one pass / torch.softmax':42}" + " ".join(f"{q:8.2f}" for q in r["of_torch"]))
     return "\n".join(lines)
 
 
@@ -174,7 +207,9 @@ def _flash_kernels(torch, causal: bool, q_dim: int = HEAD_DIM):
             out[f"wgmma {variant} (CUDA C)"] = (lambda variant: lambda q, k, v: A.flash_wgmma(
                 q, k, v, causal=causal, variant=variant))(variant)
     if gpus.status("09.wmma").runs:
-        out["WMMA (CUDA C)"] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
+        out[WMMA_NAME] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
+    if gpus.status("09.mma").runs:  # the launcher's default variant (attention_mma.cu's FLASH_MMA_DEFAULT)
+        out[MMA_NAME] = lambda q, k, v: A.flash_mma(q, k, v, causal=causal)
     if torch is not None and T.available() is None:
         out["Triton"] = lambda q, k, v: T.flash_forward(T.from_cupy(q), T.from_cupy(k), T.from_cupy(v), causal=causal)
     return out
@@ -292,7 +327,8 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
 
 
 def ratios(t: dict) -> list:
-    """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2)."""
+    """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2); the best
+    of the sm_80+ kernels (WMMA, mma.sync: GOALS' sm80_of_fastest) against it, and which that was."""
     rows = []
     for r in t["runs"]:
         sd = {k: v for k, v in r["fwd"].items() if k in SDPA_BACKENDS}
@@ -303,6 +339,11 @@ def ratios(t: dict) -> list:
         for name, v in r["fwd"].items():
             if name not in SDPA_BACKENDS and fastest:
                 row[f"{name} / fastest"] = v / sd[fastest]
+        sm80 = {k: r["fwd"][k] for k in SM80_KERNELS if k in r["fwd"]}
+        if sm80 and fastest:
+            best = max(sm80, key=sm80.get)
+            row["best sm_80 kernel"] = best
+            row["best sm_80 kernel / fastest"] = sm80[best] / sd[fastest]
         if "Triton" in r["fwd"] and "FlashAttention-2" in sd:
             row["Triton / FlashAttention-2"] = r["fwd"]["Triton"] / sd["FlashAttention-2"]
         if "Triton" in r["fwd_bwd"] and fastest_b:
@@ -319,7 +360,8 @@ def text_field(t: dict) -> str:
         for part in ("fwd", "fwd_bwd"):
             cells = [f"{k} {v:.0f} ({v / t['fp16_peak_tflops']:.0%})" for k, v in r[part].items()]
             lines.append(f"    {'forward' if part == 'fwd' else 'fwd+bwd'}: " + ", ".join(cells))
-        lines.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in q.items() if " / " in k))
+        best = f" (best sm_80 kernel: {q['best sm_80 kernel']})" if "best sm_80 kernel" in q else ""
+        lines.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in q.items() if " / " in k) + best)
         bad = {k: v for k, v in r["errors"].items() if isinstance(v, str)}
         if bad:
             lines.append("    " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
@@ -364,6 +406,8 @@ q, k, v = ((rs.standard_normal(({PROFILE_BATCH}, {HEADS}, {PROFILE_N}, {HEAD_DIM
 if gpus.status("09.wgmma").runs:
     A.flash_wgmma(q, k, v)
 A.flash_wmma(q, k, v)
+if gpus.status("09.mma").runs:
+    A.flash_mma(q, k, v)
 tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
 for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
     with sdpa_kernel(backend):
@@ -373,8 +417,8 @@ torch.cuda.synchronize()
 
 
 def measure_profile() -> dict:
-    """ncu on each forward kernel at N = 4096 (batch 8, 16 heads of 128, not causal): the course's Hopper and WMMA
-    kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2 unit, with
+    """ncu on each forward kernel at N = 4096 (batch 8, 16 heads of 128, not causal): the course's Hopper, WMMA and
+    mma.sync kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2 unit, with
     how many warps and registers."""
     from gpucourse import profile
 

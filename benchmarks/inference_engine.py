@@ -30,8 +30,14 @@ ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
     "fused, FP16": (True, "fp16", False),
     "fused + graph, FP16": (True, "fp16", True),
     "fused + graph, INT8": (True, "int8", True),
+    # the fused graph's whole network as one kernel (build_plan(fuse_network=True), network.py), replayed as a graph
+    "one kernel (the network), FP32": (True, "fp32", True),
+    "one kernel (the network), FP16": (True, "fp16", True),
+    "one kernel (the network), INT8": (True, "int8", True),
 }
 OPTIMISED = "fused + graph"  # the engine the targets are about, against "layer by layer" (eager)
+NETWORK = "one kernel (the network)"  # rows of ENGINES whose plan is one step; records made before them have none
+NETWORK_GOALS = {"vs_pytorch": 1.2, "int8_vs_fp16_batch": 1.3}  # the goals for them (PyTorch's: pytorch_table)
 
 
 def load() -> tuple:
@@ -46,13 +52,14 @@ def build_engines(stages: list, d: dict, *, max_batch: int | None = None, calibr
     max_batch = max_batch or runtime.size("inference_engine.batch")
     out, plans = {}, {}
     for name, (fused, precision, graphs) in bench.progress(ENGINES.items(), desc="building engines"):
-        if (fused, precision) not in plans:
+        key = (fused, precision, name.startswith(NETWORK))
+        if key not in plans:
             g = stages[-1][1] if fused else stages[0][1]
             t0 = time.perf_counter()
             plan = E.build_plan(g, precision=precision, max_batch=max_batch, x_calib=d["x_calib"],
-                                calibration=calibration, name=name.replace(" + graph", ""))
-            plans[(fused, precision)] = (plan, time.perf_counter() - t0)
-        plan, build_s = plans[(fused, precision)]
+                                calibration=calibration, name=name.replace(" + graph", ""), fuse_network=key[2])
+            plans[key] = (plan, time.perf_counter() - t0)
+        plan, build_s = plans[key]
         out[name] = (plan, E.Engine(plan, graphs=graphs), build_s)
     return out
 
@@ -98,6 +105,7 @@ def engine_table(engines: dict, d: dict, *, repeats: int = 30) -> dict:
             buf = inputs[n]()
             t[(n, "gpu")] = bench.time_per_call(lambda: eng.infer(buf), batch=8, repeats=max(repeats // 3, 5))
         rows.append({"name": name, "precision": plan.header["precision"], "fused": ENGINES[name][0],
+                     "network": name.startswith(NETWORK),
                      "graphs": eng.graphs, "kernels": counts[1][0], "host_launches": counts[1][1],
                      "kernels_batch": counts[max_batch][0], "host_launches_batch": counts[max_batch][1],
                      "plan_kernels": plan.launches,
@@ -138,6 +146,15 @@ def ratios(rows: list) -> dict:
     out["fp16_vs_fp32_batch"] = fp32["batch_ms"] / fp16["batch_ms"]
     out["fp16_vs_fp32_batch_gpu"] = fp32["batch_gpu_ms"] / fp16["batch_gpu_ms"]
     out["int8_vs_fp32_batch"] = fp32["batch_ms"] / int8["batch_ms"]
+    # the network in one kernel, where the run has it: over fused + graph, and its INT8 over its FP16 at the max batch
+    one = {p: by.get(f"{NETWORK}, {p}") for p in ("FP32", "FP16", "INT8")}
+    for p, r in one.items():
+        if r is not None:
+            for what in ("latency", "batch"):
+                out[f"network_vs_fused_{p.lower()}_{what}"] = by[f"{OPTIMISED}, {p}"][f"{what}_ms"] / r[f"{what}_ms"]
+    if one["FP16"] is not None and one["INT8"] is not None:
+        out["network_int8_vs_fp16_batch"] = one["FP16"]["batch_ms"] / one["INT8"]["batch_ms"]
+        out["network_int8_vs_fp16_batch_gpu"] = one["FP16"]["batch_gpu_ms"] / one["INT8"]["batch_gpu_ms"]
     return out
 
 
@@ -327,6 +344,15 @@ def engine_text(table: dict) -> str:
                  f"Keras's accuracy: {100 * table['keras_accuracy']:.2f}% on {table['test_images']} held-out digits")
     for what, (ratio, goal, met) in targets_met(table).items():
         lines.append(f"target {what}: {ratio:.2f}x (goal {goal:g}x) {'met' if met else 'NOT met'}")
+    if "network_vs_fused_fp16_latency" in q:
+        lines.append(f"{NETWORK} over {OPTIMISED}, batch 1 / batch {b}: " + ", ".join(
+            f"{p.upper()} {q[f'network_vs_fused_{p}_latency']:.2f}x / {q[f'network_vs_fused_{p}_batch']:.2f}x"
+            for p in ("fp32", "fp16", "int8") if f"network_vs_fused_{p}_latency" in q))
+    if "network_int8_vs_fp16_batch" in q:
+        r, goal = q["network_int8_vs_fp16_batch"], NETWORK_GOALS["int8_vs_fp16_batch"]
+        lines.append(f"target {NETWORK}, INT8 over FP16, batch {b}: {r:.2f}x end to end, "
+                     f"{q['network_int8_vs_fp16_batch_gpu']:.2f}x GPU only (goal {goal:g}x) "
+                     f"{'met' if r >= goal else 'NOT met'}")
     return "\n".join(lines)
 
 

@@ -53,6 +53,7 @@ COMPILE_MODE = "max-autotune-no-cudagraphs"
 # the lesson (or its notebook cell) within 10 minutes
 COMPILE_BUDGET_S = 300
 COURSE = "fused + graph"  # the course's engine compared
+NETWORK = "one kernel (the network)"  # and, where ``engines`` has them, the network in one kernel (its "network" rows)
 
 
 # ------------------------------------------------------------------------------------ is PyTorch here?
@@ -331,12 +332,13 @@ def table(g: E.Graph, engines: dict, d: dict, *, repeats: int = 30, compile_mode
           compile_budget_s: float | None = None, variants: tuple | None = None,
           precisions: tuple = PRECISIONS) -> dict:
     """PyTorch's rows (``VARIANTS``, the model of the imported graph ``g``) beside the course's "fused + graph"
-    engine (from ``engines``, as ``build_engines`` returns them), per precision, at batch 1 and at the engines'
-    max batch, on the same images as ``engine_table``; the speed-ups of the course engine over PyTorch's best;
-    each row's accuracy and largest difference from Keras's logits. Never raises for PyTorch's sake: without
-    it the figures say why ({"available": False, "why": "skipped: ..."}), and a variant that cannot be timed (a
-    compile error, the compile budget spent) keeps the reason in its row's "status" and None for its times.
-    compile_budget_s: None takes COMPILE_BUDGET_S."""
+    engine (from ``engines``, as ``build_engines`` returns them; and its "one kernel (the network)" engines where
+    ``engines`` has them: the figures' "network" rows), per precision, at batch 1 and at the engines' max batch, on
+    the same images as ``engine_table``; the speed-ups of the course engine over PyTorch's best; each row's accuracy
+    and largest difference from Keras's logits. Never raises for PyTorch's sake: without it the figures say why
+    ({"available": False, "why": "skipped: ..."}), and a variant that cannot be timed (a compile error, the compile
+    budget spent) keeps the reason in its row's "status" and None for its times. compile_budget_s: None takes
+    COMPILE_BUDGET_S."""
     why = unavailable()
     if why:
         return {"available": False, "why": f"skipped: {why}"}
@@ -355,21 +357,15 @@ def table(g: E.Graph, engines: dict, d: dict, *, repeats: int = 30, compile_mode
     all_models = {p: {layout: torch_model(g, precision=p, device=dev, layout=layout) for layout in layouts}
                   for p in precisions}  # built outside inference mode: plain parameters, as a user's model has
     stream = torch_stream()
-    rows, course, compile_s = [], [], {}
+    rows, course, network, compile_s = [], [], [], {}
     with _settings(torch), torch.cuda.device(dev), torch.cuda.stream(stream), torch.inference_mode():
         for p in bench.progress(precisions, desc="PyTorch beside the engine"):
             P = p.upper()
-            # the course's engine, timed again here beside PyTorch, as engine_table times it
-            _, eng, _ = engines[f"{COURSE}, {P}"]
-            c = {"name": f"{COURSE}, {P}", "precision": p, "batch": max_batch}
-            for what, n in sizes:
-                buf = eng.input_buffer(n)
-                setup = _cycle_into(buf, [cp.asarray(a) for a in images[n]])
-                _fill(c, what, *_timings(functools.partial(eng.infer, buf), setup, repeats))
-            out = E.predict(eng, x_test)
-            c.update(accuracy=float(np.mean(out.argmax(1) == d["y_test"])),
-                     max_diff_keras=float(np.abs(out - d["keras_logits"]).max()))
-            course.append(c)
+            # the course's engine, timed again here beside PyTorch, as engine_table times it; and the network in one
+            # kernel, where the engines have it
+            course.append(_engine_row(f"{COURSE}, {P}", engines, p, max_batch, sizes, images, repeats, d))
+            if f"{NETWORK}, {P}" in engines:
+                network.append(_engine_row(f"{NETWORK}, {P}", engines, p, max_batch, sizes, images, repeats, d))
 
             torch.compiler.reset()  # compiled code of earlier models and shapes: none counts against the recompile limit
             models = all_models.pop(p)
@@ -454,10 +450,27 @@ def table(g: E.Graph, engines: dict, d: dict, *, repeats: int = 30, compile_mode
                      "engine takes float32 and converts in its first kernel); NHWC rows: channels_last memory",
            "timing": "end to end: bench.time_gpu, fresh inputs written untimed into the input buffer; GPU only: "
                      "bench.time_per_call (hold)",
-           "repeats": repeats, "rows": rows, "course": course, "goal": GOAL,
+           "repeats": repeats, "rows": rows, "course": course, "network": network, "goal": GOAL,
            "keras_accuracy": d["keras_accuracy"], "test_images": len(d["y_test"])}
     out.update(speedups(out))
     return out
+
+
+def _engine_row(name: str, engines: dict, p: str, max_batch: int, sizes, images: dict, repeats: int,
+                d: dict) -> dict:
+    """One of the course's engines (``engines[name]``), timed at batch 1 and at the max batch as engine_table times
+    it, with its accuracy and largest difference from Keras's logits."""
+    cp = runtime.cupy()
+    _, eng, _ = engines[name]
+    c = {"name": name, "precision": p, "batch": max_batch}
+    for what, n in sizes:
+        buf = eng.input_buffer(n)
+        setup = _cycle_into(buf, [cp.asarray(a) for a in images[n]])
+        _fill(c, what, *_timings(functools.partial(eng.infer, buf), setup, repeats))
+    out = E.predict(eng, d["x_test"])
+    c.update(accuracy=float(np.mean(out.argmax(1) == d["y_test"])),
+             max_diff_keras=float(np.abs(out - d["keras_logits"]).max()))
+    return c
 
 
 def _version(module: str) -> str | None:
@@ -471,23 +484,27 @@ def speedups(t: dict) -> dict:
     """{"speedups": {f"{p}_{latency|batch}[_gpu]": PyTorch's best time over the course engine's}, "best": {same
     keys: the name of PyTorch's best row}}, from the rows of one run. Larger is better for the course: 1.2 means
     the course engine takes 1 / 1.2 of PyTorch's best time. latency: batch 1; batch: the max batch; _gpu: GPU
-    only, else end to end (the goal's)."""
+    only, else end to end (the goal's). The network in one kernel, where the run has it: the same keys with
+    "network_" before them."""
     ratios, best = {}, {}
-    for c in t["course"]:
-        p = c["precision"]
-        for key in ("latency", "batch", "latency_gpu", "batch_gpu"):
-            ms = {r["name"]: r[f"{key}_ms"] for r in t["rows"] if r["precision"] == p and r.get(f"{key}_ms")}
-            if ms and c.get(f"{key}_ms"):
-                name = min(ms, key=ms.get)
-                ratios[f"{p}_{key}"], best[f"{p}_{key}"] = ms[name] / c[f"{key}_ms"], name
+    for prefix, engines in (("", t["course"]), ("network_", t.get("network", []))):
+        for c in engines:
+            p = c["precision"]
+            for key in ("latency", "batch", "latency_gpu", "batch_gpu"):
+                ms = {r["name"]: r[f"{key}_ms"] for r in t["rows"] if r["precision"] == p and r.get(f"{key}_ms")}
+                if ms and c.get(f"{key}_ms"):
+                    name = min(ms, key=ms.get)
+                    ratios[f"{prefix}{p}_{key}"], best[f"{prefix}{p}_{key}"] = ms[name] / c[f"{key}_ms"], name
     return {"speedups": ratios, "best": best}
 
 
 def _comparisons(t: dict):
-    """(what, key of speedups) for each precision and batch size the goal is about."""
-    for c in t["course"]:
-        for what, size in (("latency", 1), ("batch", c["batch"])):
-            yield f"{c['name']} over PyTorch's best, batch {size}", f"{c['precision']}_{what}"
+    """(what, key of speedups) for each precision and batch size the goal is about (and the network in one kernel's,
+    where the run has it)."""
+    for prefix, engines in (("", t["course"]), ("network_", t.get("network", []))):
+        for c in engines:
+            for what, size in (("latency", 1), ("batch", c["batch"])):
+                yield f"{c['name']} over PyTorch's best, batch {size}", f"{prefix}{c['precision']}_{what}"
 
 
 def targets_met(t: dict) -> dict:
@@ -517,8 +534,8 @@ def text(t: dict | None) -> str:
         return bench.format_ms(v) if v else "—"
 
     for p in PRECISIONS:
-        group = [dict(c, name=f"course: {c['name']}") for c in t["course"] if c["precision"] == p] \
-            + [r for r in t["rows"] if r["precision"] == p]
+        group = [dict(c, name=f"course: {c['name']}") for c in t["course"] + t.get("network", [])
+                 if c["precision"] == p] + [r for r in t["rows"] if r["precision"] == p]
         for r in group:
             acc = f"{100 * r['accuracy']:8.2f}%" if "accuracy" in r else f"{'—':>9}"
             diff = f"{r['max_diff_keras']:8.1e}" if "max_diff_keras" in r else f"{'—':>8}"
@@ -554,8 +571,8 @@ def plot(t: dict, source: str, *, gpu_only: bool = False):
     b = t["course"][0]["batch"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 7))
     for i, p in enumerate(PRECISIONS):
-        group = [dict(c, name=f"course: {c['name']}") for c in t["course"] if c["precision"] == p] \
-            + [r for r in t["rows"] if r["precision"] == p]
+        group = [dict(c, name=f"course: {c['name']}") for c in t["course"] + t.get("network", [])
+                 if c["precision"] == p] + [r for r in t["rows"] if r["precision"] == p]
         for j, what in enumerate(("latency", "batch")):
             ax = axes[i][j]
             key = f"{what}{'_gpu' if gpu_only else ''}_ms"

@@ -16,7 +16,10 @@ What ``measure()`` records (figure "resnet" of 05_inference_engine):
   ``torch.compile`` (max-autotune) in a CUDA graph is its own figure, "resnet_compile" (``measure_compile``), with
   the engine timed again in that run: its autotuning alone takes minutes;
 * agreement: the top-1 class of the engine's FP16 and INT8 plans against PyTorch in FP32 on a fixed set of inputs,
-  and the logits' relative error.
+  and the logits' relative error;
+* mixed plans (TensorRT's per-layer precision): INT8 and, on Hopper, FP8 with the parts of the network in ``MIXED``
+  kept in FP16 (chosen by ``E.keep_fp16_for`` on other inputs than those the agreement is measured on), their speed
+  and agreement beside the pure plans'.
 
 The goals (issue: FP16 >= 1.2x PyTorch's best at batch 1 and 64; INT8 and FP8 >= 1.3x FP16 at batch 64 with the top-1
 class agreeing on >= 99% of the inputs) are in ``GOALS`` and ``ratios``; nothing here asserts them.
@@ -40,6 +43,9 @@ PYTORCH_VARIANTS = ("eager, NCHW", "eager, NHWC", "CUDA graph, NCHW", "CUDA grap
 COMPILED = ("torch.compile + CUDA graph",)
 CALIBRATION_IMAGES = 8  # batch-norm statistics and INT8 scales: the NumPy reference runs them, 3.9 G MACs an image
 AGREEMENT_IMAGES = 1000  # the fixed set the top-1 classes are compared on
+# The mixed plans' layers kept in FP16 (build_plan's keep_fp16): what E.keep_fp16_for chose for a 99% target on 200
+# other inputs (images(200, 4)), stage by stage then block by block, with the NumPy runtime (measured on a CPU)
+MIXED = {"int8": ["conv1", "conv2", "conv3"], "fp8": ["conv1", "conv2", "conv3"]}
 
 
 def images(n: int, seed: int) -> np.ndarray:
@@ -83,13 +89,15 @@ def _kernels(plan) -> dict:
 def _layers(plan, eng, n: int, ceilings: dict) -> list:
     """Each step's GPU time at batch n, and for a convolution its FLOPs, bytes and the two floors."""
     rows = []
-    costs = {r["name"]: r for r in E.layer_costs(_optimised_for_costs(), n)}
+    eight = plan.header["precision"] in ("int8", "fp8")  # 1-byte activations and weights, the tensor cores' 8-bit rate
+    costs = {r["name"]: r for r in E.layer_costs(_optimised_for_costs(), n, bytes_per_element=1 if eight else 2)}
     for s in plan.steps:
         t = bench.time_per_call(lambda s=s: eng.run_step(s["id"], n), batch=8, repeats=5).median_ms
         row = {"name": s.get("name", s["kind"]), "kind": s["kind"], "kernel": s.get("kernel"), "ms": t}
         c = costs.get(s.get("name"))
         if c:
-            row.update(flops=c["flops"], bytes=c["bytes"], compute_ms=c["flops"] / (ceilings["fp16_tflops"] * 1e9),
+            row.update(flops=c["flops"], bytes=c["bytes"],
+                       compute_ms=c["flops"] / (ceilings["fp16_tflops"] * (2 if eight else 1) * 1e9),
                        memory_ms=c["bytes"] / (ceilings["copy_gbps"] * 1e6))
         rows.append(row)
     return rows
@@ -203,31 +211,42 @@ def measure(repeats: int = 20) -> dict:
     xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
     calib = images(CALIBRATION_IMAGES, 3)
     plans, engines, rows = {}, {}, {}
-    configs = [("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1), ("INT8, batch 64", "int8", BATCH)]
+    configs = [("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1), ("INT8, batch 64", "int8", BATCH),
+               ("INT8 (mixed), batch 64", "int8", BATCH)]
     if gpus.status("05.wgmma").runs:  # FP8 runs on Hopper's wgmma kernels only
-        configs.append(("FP8, batch 64", "fp8", BATCH))
+        configs += [("FP8, batch 64", "fp8", BATCH), ("FP8 (mixed), batch 64", "fp8", BATCH)]
     for name, precision, batch in configs:
+        keep = MIXED[precision] if "(mixed)" in name else None
         t0 = time.perf_counter()
         plan = E.build_plan(final, precision=precision, max_batch=batch, name=f"ResNet-50 {name}",
-                            x_calib=calib if precision in ("int8", "fp8") else None)
+                            x_calib=calib if precision in ("int8", "fp8") else None, keep_fp16=keep)
         build_s = time.perf_counter() - t0
         eng = E.Engine(plan)
         plans[name], engines[name] = plan, eng
         rows[name] = {"precision": precision, "batch": batch, "build_s": build_s, "steps": len(plan.steps),
                       "kernels": _kernels(plan), **_engine_timings(eng, batch, xs, repeats)}
+        if keep:
+            rows[name].update(keep_fp16=keep, fp16_share=E.fp16_share(final, keep),
+                              reformats=sum(s["kind"] == "reformat" for s in plan.steps))
         print(f"engine {name}: built in {build_s:.0f} s, {rows[name]['ms']:.3f} ms", flush=True)
     layers = _layers(plans["FP16, batch 64"], engines["FP16, batch 64"], BATCH, ceilings)
+    # every other plan's steps too: where INT8 and FP8 gain or lose against FP16, layer by layer, and what batch 1
+    # spends its time on
+    layers_by_plan = {name: _layers(plans[name], engines[name], rows[name]["batch"], ceilings)
+                      for name in plans if name != "FP16, batch 64"}
     pytorch = _pytorch(g, xs, repeats)
     print(f"PyTorch: {[(r['name'], r['b1'].get('ms'), r[f'b{BATCH}'].get('ms')) for r in pytorch.get('rows', [])]}",
           flush=True)
     # the engines once more, after PyTorch, so that a drift of the GPU's clocks over the run shows
     for name in ("FP16, batch 64", "FP16, batch 1"):
         rows[name]["again"] = _engine_timings(engines[name], rows[name]["batch"], xs, repeats)
-    agreement = _agreement(g, {k: engines[k] for k in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64")
+    agreement = _agreement(g, {k: engines[k] for k in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64",
+                                                       "INT8 (mixed), batch 64", "FP8 (mixed), batch 64")
                                if k in engines})
     out = {"size": SIZE, "batch": BATCH, "ceilings": ceilings, "import_s": import_s, "passes_s": passes_s,
            "compile_s": compile_s,
            "nodes": {"imported": len(g.nodes), "optimised": len(final.nodes)}, "engine": rows, "layers": layers,
+           "layers_by_plan": layers_by_plan,
            "pytorch": pytorch, "agreement": agreement}
     out["ratios"] = ratios(out)
     return out
@@ -253,6 +272,101 @@ def measure_compile(repeats: int = 20) -> dict:
     return out
 
 
+def _fp32_logits(g, x) -> tuple:
+    """(logits, what made them) of inputs x: PyTorch in FP32 (cuDNN, no TF32), as ``_agreement``'s reference, or
+    without PyTorch the NumPy reference (float64, slow)."""
+    from benchmarks import inference_engine_pytorch as PT
+
+    if PT.unavailable() is None:
+        torch = PT._torch()
+        m = PT.torch_model(g, precision="fp32", device="cuda", layout="channels_last")
+        m.layers[-1] = torch.nn.Identity()  # the logits, before the softmax
+        with PT._settings(torch):
+            return np.asarray(PT.logits(m, x, batch=BATCH), np.float64), "PyTorch FP32 (cuDNN, no TF32)"
+    return E.reference_logits(g, x), "NumPy float64 (run_graph)"
+
+
+def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target: float = 0.99,
+                  level: str = "stage", timed: bool = True, repeats: int = 20, budget_s: float = 1e9,
+                  log=print) -> dict:
+    """On a GPU, the mixed plans, in this order (each part skipped once ``budget_s`` seconds have gone): every candidate
+    ({precision: [keep_fp16 lists]}; None: the pure plan and ``MIXED``'s, INT8 and on Hopper FP8) on the benchmark's
+    1,000 inputs against the FP32 reference (top-1 agreement, logits' relative error, noise: ``E.agreement``; untuned
+    plans); with ``timed``, the FP16 plan and each candidate tuned and timed at batch 64; with ``choose``, the parts
+    ``E.keep_fp16_for`` keeps in FP16 for ``target`` on 200 other inputs (images(200, 4); each ``level`` unit's
+    sensitivity from the GPU engine), and that choice on the 1,000."""
+    runtime.require_gpu("measuring mixed-precision plans")
+    from gpucourse import gpus
+
+    cp = runtime.cupy()
+    t_start = time.perf_counter()
+
+    def left():
+        return budget_s - (time.perf_counter() - t_start)
+
+    g, final, _, _ = network(progress=False)
+    calib = images(CALIBRATION_IMAGES, 3)
+    x_eval = images(AGREEMENT_IMAGES, 2)
+    ref_eval, reference = _fp32_logits(g, x_eval)
+    precisions = ["int8"] + (["fp8"] if gpus.status("05.wgmma").runs else [])
+    candidates = candidates or {p: [[], MIXED[p]] for p in precisions}
+    out = {"reference": reference, "images": len(x_eval), "candidates": [], "timed": {}, "choices": {}}
+    log(f"reference: {reference} ({time.perf_counter() - t_start:.0f} s)")
+    scales = {p: E.calibrate(final, calib, "percentile", p) for p in candidates}
+
+    def agreement(p, keep, x, ref):
+        plan = E.build_plan(final, precision=p, max_batch=BATCH, tune=False, x_calib=calib, keep_fp16=keep,
+                            scales=scales.get(p))
+        return E.agreement(E.mixed.logits(plan, x), ref)
+
+    out["fp16"] = agreement("fp16", None, x_eval, ref_eval)
+    log(f"FP16: {100 * out['fp16']['top1']:.1f}% top-1, logits rel. error {out['fp16']['rel_error']:.3f}, "
+        f"noise {out['fp16']['noise']:.3f}")
+    for p, keeps in candidates.items():
+        for keep in keeps:
+            row = {"precision": p, "keep_fp16": keep, "fp16_share": E.fp16_share(final, keep),
+                   **agreement(p, keep, x_eval, ref_eval)}
+            out["candidates"].append(row)
+            log(f"{p.upper()} keep_fp16={keep}: {100 * row['top1']:.1f}% top-1 on {len(x_eval)}, logits rel. error "
+                f"{row['rel_error']:.3f}, noise {row['noise']:.3f}, {100 * row['fp16_share']:.0f}% of the MACs in FP16")
+    if timed and left() > 0:
+        xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
+        for name, p, keep in [("FP16", "fp16", None)] + [(f"{p.upper()} keep_fp16={k}", p, k)
+                                                         for p, keeps in candidates.items() for k in keeps]:
+            if left() <= 0:
+                break
+            t0 = time.perf_counter()
+            plan = E.build_plan(final, precision=p, max_batch=BATCH, x_calib=calib if p != "fp16" else None,
+                                keep_fp16=keep, scales=scales.get(p))
+            build_s = time.perf_counter() - t0
+            eng = E.Engine(plan)
+            out["timed"][name] = {"build_s": build_s, **_engine_timings(eng, BATCH, xs, repeats)}
+            ratio = out["timed"]["FP16"]["ms"] / out["timed"][name]["ms"]
+            log(f"{name}: {out['timed'][name]['ms']:.3f} ms end to end at batch {BATCH} "
+                f"({out['timed'][name]['gpu_ms']:.3f} GPU only), {ratio:.2f}x FP16; tuned in {build_s:.0f} s")
+            del eng, plan
+    if choose and left() > 0:
+        x_sel = images(200, 4)
+        ref_sel, _ = _fp32_logits(g, x_sel)
+        for p in precisions:
+            if left() <= 0:
+                break
+            r = E.keep_fp16_for(final, calib, x_sel, ref_sel, precision=p, target=target, level=level,
+                                max_batch=BATCH, progress=False)
+            choice = {k: r[k] for k in ("keep_fp16", "top1", "noise", "met", "seconds")}
+            choice["rows"] = [{k: row[k] for k in ("unit", "top1", "noise", "rel_error")} for row in r["rows"]]
+            choice["trail"] = [{k: t[k] for k in ("keep_fp16", "top1", "noise")} for t in r["trail"]]
+            choice["on_eval"] = agreement(p, r["keep_fp16"], x_eval, ref_eval)
+            out["choices"][p] = choice
+            log(f"{p.upper()} sensitivity per {level} on {len(x_sel)} other inputs (alone in {p}, the rest FP16; "
+                "top-1, noise): " + ", ".join(f"{row['unit']} {100 * row['top1']:.1f}% {row['noise']:.3f}"
+                                       for row in r["rows"]))
+            log(f"{p.upper()} chose keep_fp16={r['keep_fp16']} ({100 * r['top1']:.1f}% there, {r['seconds']:.0f} s); "
+                f"on the {len(x_eval)}: {100 * choice['on_eval']['top1']:.1f}%, noise {choice['on_eval']['noise']:.3f}")
+    out["seconds"] = time.perf_counter() - t_start
+    return out
+
+
 def best_pytorch(t: dict, n: int) -> tuple:
     """(name, ms) of PyTorch's fastest row at batch n, end to end."""
     rows = [(r["name"], r[f"b{n}"]["ms"]) for r in t.get("pytorch", {}).get("rows", []) if r[f"b{n}"].get("ms")]
@@ -268,17 +382,16 @@ def ratios(t: dict) -> dict:
         if ms:
             out[f"fp16_vs_pytorch_b{n}"] = {"ratio": ms / e[key]["ms"], "goal": GOALS["fp16_vs_pytorch"],
                                             "against": name}
-    out["int8_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e["INT8, batch 64"]["ms"],
-                               "goal": GOALS["int8_vs_fp16"]}
-    if "FP8, batch 64" in e:
-        out["fp8_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e["FP8, batch 64"]["ms"],
-                                  "goal": GOALS["fp8_vs_fp16"]}
-    for key in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64"):
+    for key in ("INT8, batch 64", "FP8, batch 64", "INT8 (mixed), batch 64", "FP8 (mixed), batch 64"):
+        if key in e:  # FP8: on Hopper only; the mixed plans: in records from their introduction on
+            goal = GOALS["fp8_vs_fp16" if key.startswith("FP8") else "int8_vs_fp16"]
+            out[f"{_slug(key)}_vs_fp16_b64"] = {"ratio": e["FP16, batch 64"]["ms"] / e[key]["ms"], "goal": goal}
+    for key in ("FP16, batch 64", "INT8, batch 64", "FP8, batch 64", "INT8 (mixed), batch 64", "FP8 (mixed), batch 64"):
         a = t.get("agreement", {}).get(key)
         if a:
-            out[f"top1_{key.split(',')[0].lower()}"] = {"ratio": a["top1"], "goal": GOALS["top1_agreement"],
-                                                        "against": f"{t['agreement'].get('reference', 'FP32')}, "
-                                                                   f"{t['agreement'].get('images', '?')} images"}
+            out[f"top1_{_slug(key)}"] = {"ratio": a["top1"], "goal": GOALS["top1_agreement"],
+                                         "against": f"{t['agreement'].get('reference', 'FP32')}, "
+                                                    f"{t['agreement'].get('images', '?')} images"}
     out["build_s_fp16_b64"] = {"seconds": t["passes_s"] + e["FP16, batch 64"]["build_s"], "goal": GOALS["build_s"]}
     for v in out.values():
         if "ratio" in v:
@@ -286,6 +399,11 @@ def ratios(t: dict) -> dict:
         else:
             v["met"] = v["seconds"] <= v["goal"]
     return out
+
+
+def _slug(key: str) -> str:
+    """"INT8 (mixed), batch 64" -> "int8_mixed": a ratio's name."""
+    return key.split(",")[0].lower().replace(" (mixed)", "_mixed")
 
 
 def text(t: dict) -> str:
@@ -296,6 +414,9 @@ def text(t: dict) -> str:
         lines.append(f"  engine {name:15s}: {r['ms']:7.3f} ms end to end ({r['gpu_ms']:.3f} GPU only), "
                      f"{r['images_per_s']:8,.0f} images/s; built in {r['build_s']:.0f} s; "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1])))
+        if r.get("keep_fp16"):
+            lines.append(f"      {', '.join(r['keep_fp16'])} kept in FP16 ({100 * r['fp16_share']:.0f}% of the "
+                         f"multiply-adds), {r['reformats']} reformat steps")
     pt = t.get("pytorch", {})
     if not pt.get("available"):
         lines.append(f"  PyTorch: {pt.get('why', 'not measured')}")

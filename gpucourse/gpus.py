@@ -53,6 +53,8 @@ FEATURES = {f.name: f for f in (
                                 "registers and let the copy of the next tile overlap the math (cp.async)"),
     Feature("bf16-wmma", (8, 0), "BF16 tensor cores through WMMA (bfloat16 tiles, float sums)"),
     Feature("tf32-wmma", (8, 0), "TF32 tensor cores through WMMA: float inputs rounded to 10-bit mantissas"),
+    Feature("mma-m16n8k16", (8, 0), "warp-level tensor-core MMA on operands in registers, 16 x 8 x 16 FP16 tiles "
+                                    "with float sums (mma.sync.m16n8k16; sm_75 has only the m16n8k8 shape)"),
     Feature("fp8", (8, 9), "FP8 (e4m3, e5m2) tensor-core math"),
     Feature("clusters", (9, 0), "thread-block clusters and distributed shared memory"),
     Feature("tma", (9, 0), "the Tensor Memory Accelerator: bulk tensor copies global <-> shared "
@@ -76,7 +78,9 @@ class Step:
 
 
 # Every lesson step that needs more than the oldest supported GPU (sm_75). Steps not named here (numba kernels,
-# SIMT CUDA C, cuBLAS and cuDNN calls) run on every GPU in GPUS.
+# SIMT CUDA C, cuBLAS and cuDNN calls) run on every GPU in GPUS. Most steps run everywhere, some with a fallback;
+# the wgmma steps need Hopper, and lesson 9's mma.sync step needs sm_80+ (no fallback: its shape of mma.sync and
+# the shared memory its tiles take are not on a T4).
 STEPS = {s.key: s for s in (
     Step("03.wmma", "lesson 3's WMMA GEMM, one warp per tile", needs=("fp16-wmma",)),
     Step("03.wmma_tiled", "lesson 3's tiled, pipelined WMMA GEMM", needs=("fp16-wmma",), prefers=("cp.async",),
@@ -95,6 +99,8 @@ STEPS = {s.key: s for s in (
          needs=("wgmma",)),
     Step("09.wmma", "lesson 9's FlashAttention on the tensor cores (WMMA)", needs=("fp16-wmma",),
          prefers=("cp.async",), fallback="copies the K and V tiles with ordinary loads, synchronously (no overlap)"),
+    Step("09.mma", "lesson 9's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async)",
+         needs=("mma-m16n8k16",)),
     Step("09.wgmma", "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
 )}
 

@@ -131,6 +131,16 @@ def test_percentile_and_entropy_clip_outliers(rng):
         E.calibrate(E.load_model_file()[0], np.zeros((1, 16, 16, 1), np.float32), "mse")
 
 
+def test_entropy_calibration_leaves_a_relus_zeros_out(rng):
+    """A ReLU's output is half exact zeros: with them in the histogram's first bin, the divergence of every threshold
+    was a question of that one bin, and entropy calibration clipped at ~40% of the largest value (ResNet-50's
+    activations); its first bin counted as its second (NVIDIA's calibrator's bins[0] = bins[1]), the zeros do not
+    move the threshold."""
+    relu = np.maximum(rng.standard_normal(200_000), 0)
+    assert E.entropy_scale(relu) == pytest.approx(E.entropy_scale(relu[relu > 0]), rel=0.02)
+    assert E.entropy_scale(relu) > 0.6 * E.minmax_scale(relu)
+
+
 # ------------------------------------------------------------------------------------ runtime (this mode)
 
 def test_fp32_engine_matches_keras_tightly(model, plans):
@@ -429,9 +439,12 @@ def test_recorded_engines_are_right(record):
     for name in ("fused, FP16", "fused + graph, FP16", "fused + graph, INT8", "layer by layer, FP16"):
         assert rows[name]["accuracy"] >= fp32 - 0.01, name
     assert rows["fused + graph, FP32"]["accuracy"] == fp32  # the same kernels, launched another way
-    assert set(rows) == set(bench_lesson.ENGINES)
+    network = {name for name in bench_lesson.ENGINES if name.startswith(bench_lesson.NETWORK)}
+    assert set(rows) <= set(bench_lesson.ENGINES) and set(bench_lesson.ENGINES) - set(rows) <= network  # older records
+    for name in network & set(rows):  # the issue's bound: within half a point of FP32
+        assert rows[name]["accuracy"] >= fp32 - 0.005 and rows[name]["max_diff_keras"] < 0.5, name
     for r in t["rows"]:  # counted by the runtime at batch 1 and at the max batch
-        kernels = 8 if r["fused"] else 29
+        kernels = 1 if r.get("network") else 8 if r["fused"] else 29
         assert r["kernels"] == r["kernels_batch"] == r["plan_kernels"] == kernels, r["name"]
         assert r["host_launches"] == r["host_launches_batch"] == (1 if r["graphs"] else kernels), r["name"]
     for r in record["figures"]["calibration"]["rows"]:
@@ -602,3 +615,249 @@ def test_numba_cbr_on_gpu_at_size(rng):
     y = _device(np.full((n, h, w, k), np.nan, np.float32))
     E.cbr_numba(_device(x), _device(wt), _device(b), y)
     assert np.abs(_host(y) - E.cbr_spec(x, wt, b)).max() < 1e-3
+
+
+# ------------------------------------------------------------------------- per-layer precision (a mixed plan)
+
+@pytest.mark.parametrize("kept", ["stem", "after the stem"])
+def test_a_mixed_plan_reformats_where_the_precision_changes(model, kept):
+    """An INT8 plan of the digits network with some layers kept in FP16 (build_plan's keep_fp16, TensorRT's per-layer
+    precision): each tensor is stored in its writer's precision, FP16 ones in a second arena; where a reader of the
+    other precision reads it, a reformat step writes its copy first, quantised with the tensor's calibrated scale
+    (FP16 -> INT8) or dequantised (INT8 -> FP16), exactly as the kernels' store rounds; every convolution then gives
+    what its spec gives on the values it read; and the plan classifies within a point of FP32."""
+    from kernels.inference_engine.build import _root  # noqa: F401
+
+    _, stages, d = model
+    g = stages[-1][1]
+    rest = [n.name for n in g.nodes if n.op == "CBR" and n.name != "stem"]
+    keep = ["stem"] if kept == "stem" else rest
+    plan = E.build_plan(g, precision="int8", max_batch=128, x_calib=d["x_calib"], tune=False, keep_fp16=keep)
+    assert plan.header["precision"] == "int8" and plan.header["arena_fp16"] > 0
+    assert plan.header["layer_precisions"] == {name: "fp16" for name in keep}
+    reformats = [s for s in plan.steps if s["kind"] == "reformat"]
+    if kept == "stem":  # the stem's FP16 output quantised once for its INT8 readers; the max pool reads it as it is
+        # (FP16, as its output), which the INT8 projection after it reads quantised
+        assert [(s["name"], s["from"], s["to"]) for s in reformats] == [("stem_relu:fp16->int8", "fp16", "int8"),
+                                                                         ("branch_pool:fp16->int8", "fp16", "int8")]
+    else:  # the INT8 stem's output dequantised for the FP16 layers, and the max pool's (INT8: it keeps its input's)
+        assert {(s["from"], s["to"]) for s in reformats} == {("int8", "fp16")}
+    eng = E.Engine(plan, numpy=True)
+    x = d["x_test"][:16]
+    eng._x = x
+    a = plan.arrays
+    for s in plan.steps:
+        eng.run_step(s["id"], len(x))
+        p = s.get("precision", "int8")
+        if s["kind"] == "reformat":
+            src = eng._view(s["src"], len(x)).astype(np.float32) * np.float32(s["scale"])
+            got = eng._view(s["dst"], len(x))
+            assert got.dtype == (np.int8 if s["to"] == "int8" else np.float16)
+            want = np.clip(np.rint(src * np.float32(s["inv_scale"])), -127, 127) if s["to"] == "int8" else src
+            np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=s["name"])
+            assert ("arena" in s["dst"]) == (s["to"] == "fp16") and ("arena" in s["src"]) == (s["from"] == "fp16")
+        elif s["kind"] == "conv":
+            assert all(("arena" in loc) == (p == "fp16") for loc in [s["src"], *s["dests"]]), s["name"]
+            assert a[f"{s['id']}/w"].dtype == (np.float16 if p == "fp16" else np.int8)
+            xin = eng._view(s["src"], len(x)).astype(np.float64)
+            w = a[f"{s['id']}/w"].astype(np.float64).reshape(s["kh"], s["kw"], -1, s["K"])
+            if p == "int8":
+                w = w * a[f"{s['id']}/scale"]  # s_x s_w[k]: the integer sums in real units
+            want = E.cbr_spec(xin, w, a[f"{s['id']}/b"], s["relu"])
+            start = 0
+            for dest in s["dests"]:
+                got = eng._view(dest, len(x)).astype(np.float64)
+                part = want[..., start:start + dest["C"]]
+                if p == "int8":  # one INT8 step of the output's scale
+                    s_y = 1.0 / a[f"{s['id']}/inv"][start]
+                    assert np.abs(got * s_y - np.clip(part, -127 * s_y, 127 * s_y)).max() <= 0.5 * s_y * 1.001
+                else:
+                    np.testing.assert_allclose(got, part, rtol=2e-3, atol=2e-3 * np.abs(part).max())
+                start += dest["C"]
+    fp32 = _acc(E.predict(E.Engine(E.build_plan(g, precision="fp32", max_batch=128, tune=False)), d["x_test"]),
+                d["y_test"])
+    assert _acc(E.predict(E.Engine(plan), d["x_test"]), d["y_test"]) >= fp32 - 0.01
+    path = plan.save(__import__("tempfile").mkdtemp() + "/mixed.plan")  # the plan file keeps the per-layer precision
+    again = E.load_plan(path)
+    assert again.header["layer_precisions"] == plan.header["layer_precisions"]
+    np.testing.assert_array_equal(E.predict(E.Engine(again), x), E.predict(E.Engine(plan), x))
+
+
+def test_per_layer_precision_is_checked(model):
+    _, stages, d = model
+    g = stages[-1][1]
+    with pytest.raises(runtime.CourseInputError, match="names no convolution"):
+        E.build_plan(g, precision="int8", x_calib=d["x_calib"], tune=False, keep_fp16=["conv9"])
+    with pytest.raises(runtime.CourseInputError, match="for INT8 and FP8 plans"):
+        E.build_plan(g, precision="fp16", tune=False, keep_fp16=["stem"])
+    with pytest.raises(runtime.CourseInputError, match="runs in fp16 or int8"):
+        E.build_plan(g, precision="int8", x_calib=d["x_calib"], tune=False, layer_precisions={"stem": "fp32"})
+    # the branches write slices of one concatenated buffer: they share a precision
+    with pytest.raises(runtime.CourseError, match="must share a precision"):
+        E.build_plan(g, precision="int8", x_calib=d["x_calib"], tune=False, keep_fp16=["branch3x3"])
+    # a name names a horizontally fused layer by any of its parts; a layer in the plan's own precision is not listed
+    plan = E.build_plan(g, precision="int8", x_calib=d["x_calib"], tune=False,
+                        layer_precisions={"stem": "fp16", "branch3x3": "int8"})
+    assert plan.header["layer_precisions"] == {"stem": "fp16"}
+    uniform = E.build_plan(g, precision="int8", x_calib=d["x_calib"], tune=False, layer_precisions={"stem": "int8"})
+    assert "layer_precisions" not in uniform.header and not any(s["kind"] == "reformat" for s in uniform.steps)
+
+
+# ------------------------------------------------ the network in one kernel (network.py, inference_engine_network.cu)
+
+@pytest.fixture(scope="module")
+def networks(model):
+    """The fused graph's plans with the network in one step (fuse_network=True), each precision, untuned."""
+    _, stages, d = model
+    return {p: E.build_plan(stages[-1][1], precision=p, max_batch=128, x_calib=d["x_calib"], tune=False,
+                            fuse_network=True) for p in E.PRECISIONS}
+
+
+def test_network_step_computes_what_the_unfused_plan_does(model, plans, networks):
+    """One step, one launch, no arena; its NumPy arithmetic (the kernel's model) gives the unfused plan's logits: the
+    same weights, scales and roundings, layer for layer."""
+    _, _, d = model
+    for p, plan in networks.items():
+        assert [s["kind"] for s in plan.steps] == ["network"] and plan.launches == 1 and plan.header["arena"] == 0
+        assert len(plan.steps[0]["layers"]) == plans[p].launches == 8
+        got, want = (E.predict(E.Engine(pl), d["x_test"]) for pl in (plan, plans[p]))
+        tol = 1e-5 if p == "fp32" else 1e-3
+        assert np.abs(got - want).max() <= tol * np.abs(want).max(), p
+        assert _acc(got, d["y_test"]) == _acc(want, d["y_test"]), p
+    assert networks["int8"].arrays["0/w_c3"].dtype == np.int8 and "0/s_c3" in networks["int8"].arrays
+    assert networks["fp16"].arrays["0/w_c5"].dtype == np.float16 and "0/s_c5" not in networks["fp16"].arrays
+
+
+def test_network_fusion_leaves_other_graphs_alone(model):
+    """Only the optimised digits graph becomes one step: the imported graph and the stages before concatenation
+    elimination keep a step per layer, and fuse_network=False (the default) keeps them too."""
+    g, stages, d = model
+    assert E.network.match(stages[-1][1]) is not None
+    for name, s in stages[:-2]:
+        assert E.network.match(s) is None, name
+        one = E.build_plan(s, precision="fp32", max_batch=4, tune=False, fuse_network=True)
+        assert [st["kind"] for st in one.steps] == [st["kind"] for st in
+                                                    E.build_plan(s, precision="fp32", max_batch=4, tune=False).steps]
+    assert E.build_plan(stages[-1][1], precision="fp32", max_batch=4, tune=False).launches == 8
+    other = stages[-1][1].copy()
+    next(n for n in other.nodes if n.name == "branch5x5").weights["w"] = np.zeros((3, 3, 16, 16), np.float32)
+    assert E.network.match(other) is None
+
+
+def test_network_weights_are_in_mma_fragment_order(rng):
+    """fragments(): lane (gid, tig) of n tile j, step s holds column 8 j + gid, reduction rows KPR tig + e and
+    16 / itemsize more (KPR = 4 / itemsize), the layout mma.sync's B operand has; the reduction padded with zeros."""
+    for dtype in (np.float16, np.int8):
+        item = np.dtype(dtype).itemsize
+        ke, kpr = 32 // item, 4 // item
+        w = rng.integers(-100, 100, (40, 16)).astype(dtype)
+        f = E.network.fragments(w, item).view(dtype).reshape(-1, 2, 32, 2, kpr)  # step, j, lane, register, element
+        assert f.shape[0] == -(-40 // ke)
+        last = f.shape[0] - 1
+        for s, j, lane, r, e in [(0, 0, 0, 0, 0), (0, 1, 13, 1, kpr - 1), (1, 1, 31, 0, 1), (last, 0, 5, 1, 0)]:
+            k, n = s * ke + r * ke // 2 + (lane % 4) * kpr + e, 8 * j + lane // 4
+            assert f[s, j, lane, r, e] == (w[k, n] if k < 40 else 0), (dtype, s, j, lane, r, e)
+
+
+def test_network_blob_and_tiles(networks):
+    """The weights' buffer: a table of 16-byte aligned sections in the .cu's order; the dense weights times 1 / 16
+    (and INT8's scale). Tile rows: the most that still give every SM a block, within the GPU's shared memory."""
+    for p, plan in networks.items():
+        step = plan.steps[0]
+        blob = E.network.weights_blob(plan.arrays, step, p)
+        table = blob[:4 * E.network.TABLE].view(np.int32)[:len(E.network.SECTIONS)]
+        assert np.all(np.diff(table) >= 0) and np.all(table % 16 == 0) and table[-1] < len(blob)
+        k = E.network.SECTIONS.index("w_dense")
+        dense = blob[table[k]:table[k + 1]].view(np.float32)[:1536 * 10].reshape(1536, 10)
+        assert np.allclose(dense, plan.arrays["0/w_dense"] * step["x_scale"] / 16)
+        scalars = blob[table[-1]:table[-1] + 20].view(np.float32)
+        assert np.allclose(scalars, [step[key] for key in E.network.SCALARS])
+    rows = E.network.tile_rows
+    assert rows(1, 132, 227 * 1024, "fp16") == 2 and rows(256, 132, 227 * 1024, "fp16") == 16
+    assert rows(64, 132, 227 * 1024, "fp16") == 4 and rows(128, 132, 227 * 1024, "int8") == 8
+    assert rows(256, 40, 64 * 1024, "fp32") == 4  # a T4: 64 KB of shared memory a block
+    assert E.network.smem_bytes("fp16", 16) < 113 * 1024  # two blocks an SM on an H100 or A100
+    with pytest.raises(runtime.CourseInputError, match="tile_rows 16"):
+        rows(1, 132, 64 * 1024, "fp32", 16)
+
+
+def test_network_plan_reloads(networks, model, tmp_path):
+    _, _, d = model
+    plan = networks["int8"]
+    again = E.load_plan(plan.save(tmp_path / "digits_network.plan"))
+    assert again.steps == plan.steps
+    assert np.array_equal(E.predict(E.Engine(again), d["x_test"][:50]), E.predict(E.Engine(plan), d["x_test"][:50]))
+
+
+def test_engines_table_has_the_one_kernel_rows():
+    """The benchmark builds the one-kernel engines (their plans one step) beside the others; ratios() gives their speed
+    over fused + graph and INT8 over FP16 where a run has them, and nothing new for a record made before them."""
+    names = [n for n in bench_lesson.ENGINES if n.startswith(bench_lesson.NETWORK)]
+    assert names == [f"{bench_lesson.NETWORK}, {p}" for p in ("FP32", "FP16", "INT8")]
+    assert all(bench_lesson.ENGINES[n][0] and bench_lesson.ENGINES[n][2] for n in names)  # the fused graph, a graph
+    rows = [{"name": n, "latency_ms": 0.1, "batch_ms": 0.2, "batch_gpu_ms": 0.19, "batch": 256}
+            for n in bench_lesson.ENGINES]
+    by = {r["name"]: r for r in rows}
+    by[f"{bench_lesson.NETWORK}, FP16"].update(latency_ms=0.02, batch_ms=0.05, batch_gpu_ms=0.04)
+    by[f"{bench_lesson.NETWORK}, INT8"].update(batch_ms=0.025, batch_gpu_ms=0.02)
+    q = bench_lesson.ratios(rows)
+    assert q["network_vs_fused_fp16_latency"] == pytest.approx(5.0)
+    assert q["network_int8_vs_fp16_batch"] == pytest.approx(2.0)
+    old = bench_lesson.ratios([r for r in rows if not r["name"].startswith(bench_lesson.NETWORK)])
+    assert not any(k.startswith("network") for k in old) and set(q) - set(old) == {k for k in q if "network" in k}
+
+
+@needs_compiler
+def test_network_kernel_compiles():
+    ptx = cuda_c.compile_ptx(E.network.SOURCE, "sm_80")
+    for p in E.PRECISIONS:
+        for r in E.network.TILE_ROWS:
+            assert f".entry network_{E.SUFFIX[p]}_{r}(" in ptx
+    f16, i8 = (cuda_c.ptx_entry(ptx, f"network_{s}_16") for s in ("f16", "i8"))
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in f16 and "ldmatrix.sync.aligned.m8n8.x4" in f16
+    assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in i8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", E.PRECISIONS)
+def test_network_kernel_matches_the_numpy_runtime(model, precision):
+    """The one kernel against its NumPy step, at batch 1, 3 and 256, with every tile size that fits this GPU, eager and
+    replayed from a CUDA graph: its output buffer poisoned before each run, two runs giving the same logits bit for
+    bit (no atomics in any sum), each image's counter back at zero."""
+    _, stages, d = model
+    cp = runtime.cupy()
+    plan = E.build_plan(stages[-1][1], precision=precision, max_batch=256, x_calib=d["x_calib"], tune=False,
+                        fuse_network=True)
+    attrs = cp.cuda.Device().attributes
+    fits = [r for r in E.network.TILE_ROWS
+            if E.network.smem_bytes(precision, r) <= attrs["MaxSharedMemoryPerBlockOptin"]]
+    x = d["x_test"][np.arange(256) % len(d["x_test"])]
+    ref = E.Engine(plan, numpy=True)
+    for n in (1, 3, 256):
+        want = E.predict(ref, x[:n])
+        scale = np.abs(want).max()
+        for rows in fits + [None]:
+            plan.steps[0]["tile_rows"] = rows
+            for graphs in (False, True):
+                eng = E.Engine(plan, graphs=graphs)
+                runs = []
+                for _ in range(2):
+                    eng.out.fill(cp.nan)
+                    buf = eng.input_buffer(n)
+                    buf[...] = cp.asarray(x[:n])
+                    runs.append(eng.infer(buf).get().copy())
+                got = runs[0]
+                where = (precision, n, rows, graphs)
+                assert np.array_equal(runs[0], runs[1]) and not np.isnan(got).any(), where
+                diff = np.abs(got - want)
+                if precision == "fp32":
+                    assert diff.max() <= 1e-4 * scale, where
+                elif precision == "fp16":
+                    assert diff.max() <= 1e-2 * scale and np.median(diff) <= 1e-3 * scale, where
+                else:  # a code one step apart now and then, as test_gpu_int8_matches_numpy_int8_arithmetic allows
+                    assert diff.max() <= 0.1 * scale and np.median(diff) <= 1e-3 * scale, where
+                top2 = np.sort(want, axis=1)[:, -2:]
+                clear = top2[:, 1] - top2[:, 0] > 2 * diff.max()  # images whose class no such difference can change
+                assert np.array_equal(got.argmax(1)[clear], want.argmax(1)[clear]), where
+                assert not eng.dev["0/done"].any(), where
+    plan.steps[0]["tile_rows"] = None

@@ -183,6 +183,23 @@ def test_speedups_text_and_plot():
         R.plot(None, "")
 
 
+def test_the_network_in_one_kernel_is_compared_too():
+    """Where the engines include the network in one kernel, its rows ("network") get their own speed-ups over the
+    same PyTorch rows (keys network_<precision>_<batch>), comparisons, and lines in the text."""
+    t = _fake_table()
+    t["network"] = [dict(c, name=c["name"].replace("fused + graph", "one kernel (the network)"),
+                         latency_ms=c["latency_ms"] / 2, batch_ms=c["batch_ms"] / 2) for c in t["course"]]
+    t.update(R.speedups(t))
+    assert t["speedups"]["network_fp16_latency"] == pytest.approx(2 * t["speedups"]["fp16_latency"])
+    assert t["speedups"]["fp16_latency"] == _fake_table()["speedups"]["fp16_latency"]  # the course's own unchanged
+    met = R.targets_met(t)
+    assert met["one kernel (the network), FP16 over PyTorch's best, batch 256"][2]  # 0.16 / 0.085
+    text = R.text(t)
+    assert "course: one kernel (the network), FP32" in text
+    assert "one kernel (the network), FP32 over PyTorch's best, batch 1" in text
+    _check_comparison(t)
+
+
 # ------------------------------------------------------------------------------------ the record
 
 def _check_comparison(t):

@@ -336,6 +336,48 @@ def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precisio
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
+def test_a_persistent_block_that_walks_many_tiles_gives_the_one_tile_blocks_output(calibrated, precision,
+                                                                                    monkeypatch):
+    """On Hopper: the persistent wgmma tiles (wgp_*) with the grid cut to a single SM's worth of blocks, so that
+    each block walks tens of tiles (the stage ring's phases carried from tile to tile, the next tile's loads in
+    flight during this one's epilogue), give exactly the logits of the same tile one block a tile (wg_*): the
+    sums are made in the same order."""
+    from gpucourse import gpus
+    from kernels.inference_engine import executor
+
+    if not gpus.status("05.wgmma").runs:
+        pytest.skip("the persistent tiles are Hopper's (wgmma)")
+    g, x = calibrated
+    plan = E.build_plan(E.optimize(g)[-1][1], precision=precision, max_batch=len(x), tune=False,
+                        x_calib=x if precision in ("int8", "fp8") else None)
+    convs = [s for s in plan.steps if s["kind"] == "conv"]
+    eng = E.Engine(plan, graphs=False)
+    poison = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[precision]
+    for persistent in [k for k, v in E.WG.items() if v[4]]:
+        logits = []
+        _, bm, bn, _, _ = E.WG[persistent]
+        one_tile = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and not v[4])  # any stage count
+        for kernel in (one_tile, persistent):
+            used = 0
+            for s in convs:
+                if E.kernel_fits(s, kernel, precision):
+                    s["kernel"] = kernel
+                    used += 1
+                eng.refresh(s["id"])
+            assert used > 0, kernel
+            monkeypatch.setattr(executor, "_sms", lambda: 1)
+            for s in convs:
+                eng.refresh(s["id"])
+            eng.arena.fill(poison)
+            eng.infer(x)
+            logits.append(eng.logits[:len(x)].get().copy())
+            monkeypatch.undo()
+        assert np.isfinite(logits[1]).all(), persistent
+        np.testing.assert_array_equal(logits[1], logits[0], err_msg=persistent)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
 @pytest.mark.parametrize("tile", [4, 8])
 def test_the_fused_stem_kernel_gives_the_numpy_runtimes_output(precision, tile, monkeypatch):
     """On a GPU: the fused stem kernel (inference_engine_stem.cuh), in both its tiles, writes what the NumPy runtime
@@ -385,3 +427,146 @@ def test_the_fused_stem_kernel_gives_the_numpy_runtimes_output(precision, tile, 
         assert np.isfinite(a).all()
         off = np.abs(a - b) > 0
         assert np.all(np.abs(a - b) <= np.abs(b) / 8 + 2.0 ** -9) and off.mean() < 1e-3, off.mean()
+
+
+# ------------------------------------------------------------------------- per-layer precision (a mixed plan)
+
+def _mixed_plan(calibrated, precision, **kw):
+    g, x = calibrated
+    # the stem, stage conv2 and one block of conv4 in FP16: FP16 -> 8-bit and 8-bit -> FP16 reformats, and the
+    # shortcut a block adds read across precisions (conv4_block2 adds block 1's INT8 output; block 3 block 2's FP16)
+    return E.build_plan(E.optimize(g)[-1][1], precision=precision, max_batch=len(x), tune=False, x_calib=x,
+                        keep_fp16=["conv1", "conv2", "conv4_block2"], **kw)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_a_mixed_resnet_plan_runs_step_by_step(calibrated, precision):
+    """An INT8 or FP8 plan of ResNet-50 with the stem, stage conv2 and one block kept in FP16 (TensorRT's per-layer
+    precision), in CPU mode: each reformat step writes the tensor's copy in its reader's precision exactly as the
+    kernels' store rounds it (quantised with the tensor's scale, or dequantised), the residual of a block included;
+    each convolution gives what its spec gives on the values it read, to its own precision's rounding; a plan with
+    every layer kept in FP16 is the FP16 plan, logit for logit; and the longest name in layer_precisions wins."""
+    from kernels.inference_engine.precision import E4M3_MAX, from_e4m3
+
+    g, x = calibrated
+    x = x[:2]
+    plan = _mixed_plan(calibrated, precision)
+    fp16_layers = set(plan.header["layer_precisions"])
+    assert len(fp16_layers) == 1 + 10 + 3 and "conv4_block2_3_conv" in fp16_layers and "conv1_conv" in fp16_layers
+    reformats = {s["name"]: s for s in plan.steps if s["kind"] == "reformat"}
+    # the stem writes its pooled output in FP16 for conv2 (FP16): no reformat; each crossing: one copy for its readers
+    assert set(reformats) == {"conv2_block3_out:fp16->" + precision, "conv4_block1_out:" + precision + "->fp16",
+                              "conv4_block2_out:fp16->" + precision}
+    by = {s["name"]: s for s in plan.steps}
+    res = by["conv4_block2_3_conv"]["res"]  # block 1's output, dequantised, is block 2's shortcut
+    assert res["arena"] == "fp16" and res["tensor"] == "conv4_block1_out"
+    assert by["conv4_block3_3_conv"]["res"]["tensor"] == "conv4_block2_out" and "arena" not in \
+        by["conv4_block3_3_conv"]["res"]
+    eng = E.Engine(plan, numpy=True)
+    eng._x = x
+    a = plan.arrays
+
+    def real(loc):  # an arena's values in real units before any scale
+        return eng._f32(eng._view(loc, 2)).astype(np.float64)
+
+    for s in plan.steps:
+        eng.run_step(s["id"], 2)
+        i, p = s["id"], s.get("precision", precision)
+        if s["kind"] == "reformat":
+            v = (eng._f32(eng._view(s["src"], 2)) * np.float32(s["scale"])).astype(np.float32)
+            inv = np.float32(s["inv_scale"])  # the kernels' store multiplies by 1 / scale
+            want = (v.astype(np.float16) if s["to"] == "fp16" else E.to_e4m3(v * inv) if s["to"] == "fp8" else
+                    np.clip(np.rint(v * inv), -127, 127).astype(np.int8))
+            np.testing.assert_array_equal(eng._view(s["dst"], 2), want, err_msg=s["name"])
+        elif s["kind"] == "conv":
+            w = (from_e4m3(a[f"{i}/w"]) if p == "fp8" else a[f"{i}/w"]).astype(np.float64)
+            w = w.reshape(s["kh"], s["kw"], -1, s["K"])
+            if p != "fp16":
+                w = w * a[f"{i}/scale"]
+            r = real(s["res"]) * s["res_scale"] if s.get("res") else None
+            want = E.cbr_spec(real(s["src"]), w, a[f"{i}/b"], s["relu"], s["stride"], s["pad"], residual=r)
+            got = real(s["dests"][0])
+            if p == "fp16":
+                np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max(), err_msg=s["name"])
+                continue
+            s_y = 1.0 / a[f"{i}/inv"][0]
+            lim = (127 if p == "int8" else E4M3_MAX) * s_y
+            want = np.clip(want, -lim, lim)
+            step = 0.5 * s_y * 1.001 if p == "int8" else np.abs(want) / 16 + 2.0 ** -10 * s_y
+            assert np.all(np.abs(got * s_y - want) <= step + 1e-6 * np.abs(want).max()), s["name"]
+    assert np.isfinite(eng.logits[:2]).all()
+    # every layer in FP16: the FP16 plan's arithmetic, in the FP16 arena alone
+    final = E.optimize(g)[-1][1]
+    everything = E.build_plan(final, precision=precision, max_batch=2, tune=False, x_calib=calibrated[1],
+                              keep_fp16=["conv1", "conv2", "conv3", "conv4", "conv5"])
+    assert everything.header["arena"] == 0 and not any(s["kind"] == "reformat" for s in everything.steps)
+    fp16 = E.build_plan(final, precision="fp16", max_batch=2, tune=False)
+    np.testing.assert_array_equal(E.mixed.logits(everything, x, numpy=True), E.mixed.logits(fp16, x, numpy=True))
+    # the longest name that names a layer wins: conv4 in FP16 but its block 2
+    plan = E.build_plan(final, precision=precision, max_batch=2, tune=False, x_calib=calibrated[1],
+                        layer_precisions={"conv4": "fp16", "conv4_block2": precision})
+    assert set(plan.header["layer_precisions"]) == {n.name for n in final.nodes if n.name.startswith("conv4")
+                                                    and not n.name.startswith("conv4_block2")}
+
+
+def test_keep_fp16_for_keeps_the_costliest_parts_first(calibrated):
+    """The automatic choice (mixed.keep_fp16_for): each stage's sensitivity (the plan with that stage alone in INT8,
+    the rest FP16) measured with the engine, then the stages kept in FP16 one at a time, the noisiest first, until the
+    top-1 classes agree on the target share; a target no plan meets ends with every stage in FP16."""
+    g, x = calibrated
+    final = E.optimize(g)[-1][1]
+    ref = E.reference_logits(final, x[:2])
+    # the logits before the softmax, from either graph (the folded weights rounded to float32)
+    assert np.abs(ref - E.reference_logits(g, x[:2])).max() < 1e-4 * np.abs(ref).max()
+    r = E.keep_fp16_for(final, x, x[:2], ref, precision="int8", target=1.01, numpy=True, max_batch=2, progress=False)
+    assert [row["unit"] for row in r["rows"]] == ["conv1", "conv2", "conv3", "conv4", "conv5"] == E.units(final)
+    order = [row["unit"] for row in sorted(r["rows"], key=lambda row: -row["noise"])]
+    assert [t["keep_fp16"] for t in r["trail"]] == [[u for u in E.units(final) if u in order[:k]] for k in range(6)]
+    assert not r["met"] and r["keep_fp16"] == E.units(final) and r["trail"][-1]["noise"] < r["trail"][0]["noise"]
+    assert E.fp16_share(final, r["keep_fp16"]) == pytest.approx(1.0) and 0 < E.fp16_share(final, ["conv5"]) < 0.3
+    easy = E.keep_fp16_for(final, x, x[:2], ref, precision="int8", target=0.0, numpy=True, max_batch=2,
+                           rows=r["rows"], progress=False)
+    assert easy["met"] and easy["keep_fp16"] == [] and len(easy["trail"]) == 1
+    assert E.units(final, "block")[:3] == ["conv1_conv", "conv2_block1", "conv2_block2"]
+    assert len(E.units(final, "layer")) == 53
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["int8", "fp8"])
+def test_a_mixed_plan_on_the_gpu_gives_its_numpy_runtimes_output(calibrated, precision):
+    """On a GPU: a mixed plan (stem, conv2 and one block of conv4 in FP16, the rest INT8 or, on Hopper, FP8) from both
+    arenas poisoned beforehand: each reformat kernel (8 channels a thread) writes exactly what the NumPy runtime
+    writes from the same input, and the logits agree with the NumPy runtime's as the FP16 plan's do (its FP16 layers'
+    sums in another order)."""
+    from gpucourse import gpus
+
+    if precision == "fp8" and not gpus.status("05.wgmma").runs:
+        pytest.skip("FP8 plans run on Hopper's wgmma kernels only")
+    cp = runtime.cupy()
+    g, x = calibrated
+    plan = _mixed_plan(calibrated, precision)
+    n = len(x)
+    ref = E.Engine(plan, numpy=True)
+    ref.infer(x)
+    want = np.asarray(ref.logits[:n], np.float64)
+    eng = E.Engine(plan, graphs=False)
+    for p, arena in eng.arenas.items():
+        arena.fill({"fp16": np.nan, "int8": -128, "fp8": 0x7F}[p])
+    eng.infer(x)
+    got = eng.logits[:n].get().astype(np.float64)
+    assert np.isfinite(got).all()
+    tol = {"int8": 5e-2, "fp8": 0.75}[precision]  # the FP16 plan's 5e-2; FP8 amplifies, as its own test says
+    assert np.abs(got - want).max() <= tol * np.abs(want).max(), np.abs(got - want).max()
+    reformats = [s for s in plan.steps if s["kind"] == "reformat"]
+    assert len(reformats) == 3
+    for s in reformats:  # the kernel alone, on the NumPy runtime's input
+        eng._view(s["src"], n)[...] = cp.asarray(ref._view(s["src"], n))
+        eng._view(s["dst"], n)[...] = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[s["to"]]
+        eng.run_step(s["id"], n)
+        assert eng._prepared[(s["id"], n)][0].name.startswith("reformat8_"), s["name"]
+        np.testing.assert_array_equal(eng._view(s["dst"], n).get(), ref._view(s["dst"], n), err_msg=s["name"])
+    # and as one CUDA graph (both arenas' pointers fixed in it)
+    graph = E.Engine(plan, graphs=True)
+    graph.infer(x)
+    again = graph.logits[:n].get().astype(np.float64)
+    assert np.abs(again - want).max() <= tol * np.abs(want).max(), np.abs(again - want).max()

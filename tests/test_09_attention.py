@@ -165,6 +165,19 @@ def test_cuda_c_compiles_and_uses_the_tensor_cores(arch):
     flash = cuda_c.ptx_entry(ptx, "flash_wmma_d128")
     assert "mma.sync" in flash and "cp.async" in flash  # WMMA's tensor-core instructions; the async tile copies
     assert re.search(r"ld\.global(\.nc)?\.v4", cuda_c.ptx_entry(ptx, "softmax_online_f16"))  # 16-byte loads
+    from kernels.attention import row_softmax as R
+
+    for dtype in ("float32", "float16"):  # every kernel the plan and the sweep can name is in the source
+        for n in (1024, 2048, 4096, 8192, 16384, 32768):
+            for shape in {R.cluster_shape(n, dtype), *R.sweep_shapes(n, dtype)}:
+                assert f".entry {R.cluster_launch(1, n, dtype, shape)[0]}(" in ptx, (dtype, n, shape)
+    assert re.search(r"ld\.global(\.nc)?\.v4", cuda_c.ptx_entry(ptx, "softmax_warp_rows_f16_v8"))
+    cluster = cuda_c.ptx_entry(ptx, "softmax_cluster_f32_c8_v4")
+    if arch == "sm_90":  # the row's pairs through distributed shared memory, one cluster barrier
+        assert ".reqnctapercluster 8, 1, 1" in cluster and "mapa" in cluster and "barrier.cluster.wait" in cluster
+        assert re.search(r"ld\.global(\.nc)?\.v4", cluster) and "trap;" not in cluster
+    else:  # no clusters before Hopper: a stub the launcher never runs
+        assert "trap;" in cluster and "mapa" not in cluster and "reqnctapercluster" not in cluster
 
 
 def test_every_region_compiles_when_edited():
@@ -172,6 +185,36 @@ def test_every_region_compiles_when_edited():
     for name in cuda_c.regions("attention"):
         ptx = cuda_c.compile_ptx("attention", "sm_80", edits={name: cuda_c.region("attention", name)})
         assert ".entry flash_wmma_d64(" in ptx
+    for name in ("softmax_slice", "softmax_cluster"):  # the cluster kernel exists for sm_90 only
+        ptx = cuda_c.compile_ptx("attention", "sm_90", edits={name: cuda_c.region("attention", name)})
+        assert "mapa" in cuda_c.ptx_entry(ptx, "softmax_cluster_f16_c4_v4")
+
+
+def test_softmax_plan_holds_every_row_length():
+    """SOFTMAX_PLAN gives every row length up to MAX_ROW a shape that holds it, for either dtype; the launcher
+    refuses shapes that cannot hold a row, or that are not shapes, with clear words (no GPU needed)."""
+    from kernels.attention import row_softmax as R
+
+    for dtype, per in (("float32", 4), ("float16", 8)):
+        assert max(R.SOFTMAX_PLAN[dtype]) >= R.MAX_ROW
+        for n in range(per, R.MAX_ROW + 1, per * 37):
+            name, grid, block, tail = R.cluster_launch(5, n, dtype, R.cluster_shape(n, dtype))
+            assert name.startswith(("softmax_cluster_", "softmax_warp_rows_")) and block[0] % 32 == 0
+        for n in (1024, 4096, 32768):
+            assert R.sweep_shapes(n, dtype) and R.cluster_shape(n, dtype)
+    assert R.cluster_launch(3, 32768, "float32", ("cluster", 8, 4, 256))[1:3] == ((24,), (256,))
+    assert R.cluster_launch(9, 1024, "float16", ("warp", 4, 128))[1:] == ((3,), (128,), (1024, 9))
+    with pytest.raises(runtime.CourseInputError, match="take rows of at most 16384"):
+        R.cluster_launch(1, 32768, "float32", ("cluster", 4, 4, 256))
+    with pytest.raises(runtime.CourseInputError, match="takes rows of at most 1024"):
+        R.cluster_launch(1, 2048, "float32", ("warp", 8, 128))
+    with pytest.raises(runtime.CourseInputError, match="C in"):
+        R.cluster_launch(1, 1024, "float32", ("cluster", 3, 4, 256))
+    with pytest.raises(runtime.CourseInputError, match="a shape is"):
+        R.cluster_launch(1, 1024, "float32", "c8v4")
+    with pytest.raises(runtime.CourseInputError, match="no shape for rows of 65536"):
+        R.cluster_shape(65536, "float32")
+    assert "sm_90+" in R.cluster_missing((8, 0)) and R.cluster_missing((9, 0)) is None
 
 
 def test_hopper_kernel_compiles_with_its_instructions():
@@ -268,6 +311,85 @@ def test_cuda_c_softmax_on_gpu(rng, kernel, dtype, n):
     assert np.array_equal(got[2], np.zeros(n))
 
 
+def _softmax_rows(rng, n, dtype, rows=7):
+    """Rows of n: random ones, a row of -inf (zeros out), a row half -inf, a row with one value far above the rest."""
+    x = (rng.standard_normal((rows, n)) * 4).astype(dtype)
+    x[2] = -np.inf
+    x[3, : n // 2] = -np.inf
+    x[4, n // 3] = 60.0 if dtype == "float32" else 11.0
+    return x
+
+
+def _check_softmax(got, x, dtype):
+    got = got.astype(np.float64)
+    np.testing.assert_allclose(got, A.softmax_spec(x), atol=2e-3 if dtype == "float16" else 1e-6, rtol=1e-3)
+    assert np.array_equal(got[2], np.zeros(x.shape[1])) and not np.isnan(got).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", [8, 1000, 1024, 2048, 4096, 5000, 8192, 16384, 24576, 32768])
+def test_cuda_c_cluster_softmax_on_gpu(rng, dtype, n):
+    """The Hopper kernel SOFTMAX_PLAN picks for rows of n (a row split across a cluster, or a warp per row) against
+    NumPy; on an older GPU the launcher runs the online kernel instead, which must be right too."""
+    cp = runtime.cupy()
+    n -= n % (16 // np.dtype(dtype).itemsize)
+    x = _softmax_rows(rng, n, dtype)
+    g = cp.asarray(x)
+    o = cp.full_like(g, cp.nan)
+    A.softmax_cuda_c(g, o, "cluster")
+    _check_softmax(o.get(), x, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", [1024, 4096, 32768])
+def test_cuda_c_every_cluster_shape_on_gpu(rng, dtype, n):
+    """Every shape the sweep (benchmarks/softmax_sweep.py) may pick for the plan computes the right softmax: each
+    cluster size and VECS, a warp per row with each block; 9 rows, so a warp-per-row grid has a partial block."""
+    from kernels.attention import row_softmax as R
+
+    if R.cluster_missing():
+        pytest.skip(R.cluster_missing())
+    cp = runtime.cupy()
+    x = _softmax_rows(rng, n, dtype, rows=9)
+    g = cp.asarray(x)
+    for shape in R.sweep_shapes(n, dtype):
+        o = cp.full_like(g, cp.nan)
+        A.softmax_cuda_c(g, o, "cluster", shape=shape)
+        _check_softmax(o.get(), x, dtype)
+
+
+@pytest.mark.gpu
+def test_cuda_c_cluster_softmax_falls_back_and_refuses(rng, monkeypatch, capsys):
+    """Without clusters (a GPU faked as sm_80) the launcher says so once and runs the online kernel; bad input is
+    refused with the words that say what is wrong."""
+    from kernels.attention import row_softmax as R
+
+    cp = runtime.cupy()
+    x = _softmax_rows(rng, 4096, "float32")
+    g = cp.asarray(x)
+    o = cp.full_like(g, cp.nan)
+    monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "8.0")
+    monkeypatch.setattr(R, "_noted", set())
+    A.softmax_cuda_c(g, o, "cluster")
+    A.softmax_cuda_c(g, o, "cluster")
+    _check_softmax(o.get(), x, "float32")
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and "sm_90+" in notes[0] and "online kernel instead" in notes[0], notes
+    with pytest.raises(runtime.CourseError, match="cannot run shape"):
+        A.softmax_cuda_c(g, o, "cluster", shape=("cluster", 2, 4, 256))
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE)
+    with pytest.raises(runtime.CourseInputError, match="multiple of 8 elements up to 32768"):
+        A.softmax_cuda_c(cp.zeros((2, 1004), cp.float16), cp.zeros((2, 1004), cp.float16), "cluster")
+    with pytest.raises(runtime.CourseInputError, match="up to 32768"):
+        A.softmax_cuda_c(cp.zeros((1, 65536), cp.float32), cp.zeros((1, 65536), cp.float32), "cluster")
+    with pytest.raises(runtime.CourseInputError, match="pass shape="):
+        A.softmax_cuda_c(g, o, "cluster", threads=256)
+    with pytest.raises(runtime.CourseInputError, match="'three_pass', 'online' or 'cluster'"):
+        A.softmax_cuda_c(g, o, "clusters")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
@@ -291,6 +413,109 @@ def test_wmma_flash_refuses_bad_input():
     with pytest.raises(runtime.CourseInputError, match="float16"):
         b = cp.zeros((1, 1, 64, 64), cp.float32)
         A.flash_wmma(b, b, b)
+
+
+# ------------------------------------------------------------------------------ CUDA C, mma.sync (FlashAttention-2)
+
+def test_mma_kernel_compiles_with_its_instructions():
+    """Every kernel the source builds for sm_80, from mma.sync m16n8k16, ldmatrix (K as it lies, V transposed) and
+    cp.async; S and P never go through shared memory: its only stores there are O's, on its way out. Built for
+    sm_75 the kernels are stubs that trap (the launcher refuses first)."""
+    variants, default = A.mma_variants()
+    ptx = cuda_c.compile_ptx("attention_mma", "sm_80")
+    for d in A.flash.MMA_HEAD_DIMS:
+        assert default[d] in variants[d]
+        for name in [f"flash_mma_d{d}"] + [f"flash_mma_d{d}_{v}" for v in variants[d]]:
+            for suffix in ("", "_causal"):
+                assert f".entry {name}{suffix}(" in ptx
+    for d in A.flash.MMA_HEAD_DIMS:
+        body = cuda_c.ptx_entry(ptx, f"flash_mma_d{d}_causal")
+        for instruction in ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "cp.async.cg.shared.global",
+                            "ldmatrix.sync.aligned.m8n8.x4.shared.b16", "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                            "shfl.sync.bfly", "ex2.approx"):
+            assert instruction in body, instruction
+        stores = re.findall(r"\bst\.shared\.[\w.]+", body)
+        assert set(stores) == {"st.shared.u32"} and len(stores) == 2 * variants[d][default[d]].slices * d // 8
+        assert "wmma" not in body
+    assert "trap;" in cuda_c.ptx_entry(cuda_c.compile_ptx("attention_mma", "sm_75"), "flash_mma_d64")
+
+
+def test_mma_variants_fit_the_gpus_they_run_on():
+    """The source's table of variants: whole tiles for the block's threads to copy, and shared memory within an
+    sm_80 GPU's 163 KiB a block (an A100; an H100 allows 227)."""
+    variants, _ = A.mma_variants()
+    for d, shapes in variants.items():
+        for name, sh in shapes.items():
+            threads, chunks = 32 * sh.warps, d // 8
+            assert sh.block_n % 16 == 0 and threads % chunks == 0, name
+            assert (sh.block_m * chunks) % threads == 0 and (sh.block_n * chunks) % threads == 0, name
+            assert A.mma_smem_bytes(d, sh) <= 163 * 1024, (d, name)
+
+
+def test_every_mma_region_compiles_when_edited():
+    for name in cuda_c.regions("attention_mma"):
+        ptx = cuda_c.compile_ptx("attention_mma", "sm_80", edits={name: cuda_c.region("attention_mma", name)})
+        assert ".entry flash_mma_d128(" in ptx
+
+
+def test_mma_flash_is_refused_below_sm80(monkeypatch):
+    monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "7.5")
+    with pytest.raises(runtime.CourseError, match=r"needs mma-m16n8k16 .* sm_80\+"):
+        A.flash_mma(None, None, None)
+
+
+def _mma_or_skip():
+    from gpucourse import gpus
+
+    st = gpus.status("09.mma")
+    if not st.runs:
+        pytest.skip(st.line())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 2, 256), (2, 3, 200), (1, 1, 1000)])
+def test_mma_flash_on_gpu(rng, d, causal, shape):
+    """The default kernel (flash_mma_d64, flash_mma_d128) against NumPy, output and log-sum-exp; N = 200 and 1000
+    end inside a tile of keys and of queries."""
+    _mma_or_skip()
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((*shape, d)).astype(np.float16) for _ in range(3))
+    o, lse = A.flash_mma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+    assert err < 1e-2, err
+    np.testing.assert_allclose(lse.get(), rl, atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,variant", [(d, v) for d, vs in A.mma_variants()[0].items() for v in vs])
+@pytest.mark.parametrize("causal", [False, True])
+def test_mma_flash_variants_on_gpu(rng, d, variant, causal):
+    _mma_or_skip()
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((2, 2, 333, d)).astype(np.float16) for _ in range(3))
+    o, lse = A.flash_mma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+    assert err < 1e-2, err
+    np.testing.assert_allclose(lse.get(), rl, atol=2e-3)
+
+
+@pytest.mark.gpu
+def test_mma_flash_refuses_bad_input():
+    _mma_or_skip()
+    cp = runtime.cupy()
+    with pytest.raises(runtime.CourseInputError, match="head dim 96"):
+        a = cp.zeros((1, 1, 64, 96), cp.float16)
+        A.flash_mma(a, a, a)
+    with pytest.raises(runtime.CourseInputError, match="float16"):
+        b = cp.zeros((1, 1, 64, 64), cp.float32)
+        A.flash_mma(b, b, b)
+    with pytest.raises(runtime.CourseInputError, match="no variant 'fast'"):
+        a = cp.zeros((1, 1, 64, 64), cp.float16)
+        A.flash_mma(a, a, a, variant="fast")
 
 
 @pytest.mark.gpu

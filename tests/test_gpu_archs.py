@@ -45,6 +45,7 @@ def test_supports_follows_the_faked_gpu(fake_cc, cc, cp_async, wgmma):
     assert gpus.supports("fp16-wmma")  # every GPU the course supports has FP16 tensor cores
     assert gpus.supports("cp.async") is cp_async
     assert gpus.supports("wgmma") is wgmma  # sm_90a code runs on compute capability 9.0 only
+    assert gpus.supports("mma-m16n8k16") is cp_async  # mma.sync's 16 x 8 x 16 shape came with sm_80, as cp.async did
     assert gpus.supports("cp.async", cc=(7, 5)) is False and gpus.supports("cp.async", cc="sm_80") is True
 
 
@@ -100,13 +101,19 @@ def test_every_step_names_known_features_and_lessons():
         assert f.what and "\n" not in f.what
     assert [gpus.runtime.parse_cc(a) for a in gpus.ARCHS] == sorted(gpus.GPUS)
     # every supported GPU runs every step of the course, some with a fallback, except the steps built on one
-    # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere
+    # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere, and those
+    # built on a newer GPU's feature with no fallback (lesson 9's mma.sync kernel, sm_80+), refused on older ones
     specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
     assert specific == {"03.wgmma", "04.wgmma", "05.wgmma", "09.wgmma"}
+    oldest = min(gpus.GPUS)
+    newer = {k: max(gpus.feature(f).cc for f in s.needs) for k, s in gpus.STEPS.items()
+             if k not in specific and any(gpus.feature(f).cc > oldest for f in s.needs)}
+    assert newer == {"09.mma": (8, 0)}
     for cc in gpus.GPUS:
         for steps in gpus.plan(cc).values():
             for st in steps:
-                assert st.runs or (st.step.key in specific and cc != (9, 0)), (cc, st.step.key)
+                key = st.step.key
+                assert st.runs or (key in specific and cc != (9, 0)) or (key in newer and cc < newer[key]), (cc, key)
 
 
 def test_source_archs_reads_declarations():
@@ -141,7 +148,11 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
                   4: "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)",
                   5: "lesson 5's engine's Hopper convolutions (lesson 4's wgmma kernel with the engine's epilogue)",
                   9: "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
-        no_wgmma = n in hopper and ("all steps but 1;" in line and f"; {hopper[n]} needs wgmma (" in line
+        no_mma = "; lesson 9's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async) " \
+                 "needs mma-m16n8k16 (" in line  # sm_80+: refused on a T4
+        assert no_mma is (cc == "7.5" and n == 9), line
+        refused = 1 + no_mma
+        no_wgmma = n in hopper and (f"all steps but {refused};" in line and f"; {hopper[n]} needs wgmma (" in line
                                     and line.endswith("does not have it"))
         assert no_wgmma is (cc != "9.0" and n in hopper), line
     if cc == "9.0":

@@ -6,8 +6,9 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
   ceiling binds);
 * ``row_softmax``: row softmax kernels in numba and CUDA C (kernels/cuda/attention.cu), three-pass and one-pass;
 * ``naive``: S = Q K^T, softmax, P V with S and P whole in memory (cuBLAS through CuPy);
-* ``flash``: FlashAttention's forward pass, a readable numba kernel, the WMMA tensor-core kernel (sm_80+) and
-  Hopper's (wgmma fed by the TMA, a producer warpgroup and two consumers, FlashAttention-3's structure);
+* ``flash``: FlashAttention's forward pass, a readable numba kernel, the WMMA tensor-core kernel (sm_80+),
+  FlashAttention-2's shape on mma.sync (sm_80+: S, P and O in registers) and Hopper's (wgmma fed by the TMA, a
+  producer warpgroup and two consumers, FlashAttention-3's structure);
 * ``triton_kernels``: the forward and the backward in Triton;
 
 Layout everywhere: (batch, heads, N, d), contiguous; float16 on the GPU kernels.
@@ -16,4 +17,5 @@ from .specs import (attention_backward_spec, attention_bytes, attention_flops, a
                     merge_partials, online_softmax_spec, scores_spec, softmax_naive, softmax_spec)
 from .row_softmax import softmax, softmax_cuda_c, softmax_online_numba, softmax_three_pass_numba
 from .naive import check_fits, naive_attention, naive_bytes
-from .flash import flash_forward_numba, flash_numba, flash_wgmma, flash_wmma, wgmma_smem_bytes, wmma_smem_bytes
+from .flash import (flash_forward_numba, flash_mma, flash_numba, flash_wgmma, flash_wmma, mma_smem_bytes, mma_variants,
+                    wgmma_smem_bytes, wmma_smem_bytes)

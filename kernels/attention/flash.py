@@ -1,10 +1,14 @@
 """Lesson 9, FlashAttention's forward pass: a readable numba kernel (one thread per query row, K and V tiles
 through shared memory; it also runs in the simulator), the tensor-core kernel of kernels/cuda/attention.cu
-(WMMA, sm_80+) and Hopper's of kernels/cuda/attention_wgmma.cu (wgmma fed by the TMA, a producer warpgroup and two
+(WMMA, sm_80+), FlashAttention-2's shape on mma.sync of kernels/cuda/attention_mma.cu (sm_80+: S, P and O in
+registers) and Hopper's of kernels/cuda/attention_wgmma.cu (wgmma fed by the TMA, a producer warpgroup and two
 consumers), with their launchers. All return (o, lse) as specs.attention_spec does."""
 from __future__ import annotations
 
+import functools
 import math
+import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -136,6 +140,81 @@ def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None 
     smem = wmma_smem_bytes(D)
     fn.max_dynamic_shared_size_bytes = smem
     fn((math.ceil(N / (16 * WMMA_WARPS)), B * H), (32 * WMMA_WARPS,),
+       (q, k, v, o, lse, np.int32(N), np.float32(_scale(D, scale) * LOG2E)), shared_mem=smem)
+    return o, lse
+
+
+MMA_SOURCE, MMA_HEAD_DIMS = "attention_mma", (64, 128)
+_MMA_SHAPE = re.compile(r"^#define FLASH_MMA_(\w+) (\d+), (\d+), (\d+), (\d+), (true|false), (\d+)\b", re.M)
+_MMA_KERNEL = re.compile(r"^FLASH_MMA_(VARIANT|DEFAULT)\((\d+), (\w+)\)", re.M)
+
+
+class MmaShape(NamedTuple):
+    """One variant of the mma.sync kernel (a ``#define FLASH_MMA_<variant>`` line of attention_mma.cu)."""
+    warps: int  # warps a block
+    slices: int  # 16-row slices of Q a warp owns
+    block_n: int  # keys a tile of K and V
+    stages: int  # tiles of K and V in shared memory (in flight)
+    q_in_regs: bool  # Q's fragments kept in registers (else re-read from shared memory every tile)
+    min_blocks: int  # blocks an SM that __launch_bounds__ asks the registers to allow
+
+    @property
+    def block_m(self) -> int:
+        return 16 * self.slices * self.warps
+
+
+@functools.cache
+def mma_variants() -> tuple:
+    """({head dim: {variant: MmaShape}}, {head dim: default variant}) as kernels/cuda/attention_mma.cu declares
+    them: its FLASH_MMA_VARIANT lines build flash_mma_d<D>_<variant> (and _causal) in the shape of that variant's
+    ``#define FLASH_MMA_<variant>`` line, and its FLASH_MMA_DEFAULT line builds the variant the launcher runs
+    unasked as flash_mma_d<D>. The source is the one table: choosing the default is one line there."""
+    text = cuda_c.source(MMA_SOURCE)
+    shapes = {m[0]: MmaShape(int(m[1]), int(m[2]), int(m[3]), int(m[4]), m[5] == "true", int(m[6]))
+              for m in _MMA_SHAPE.findall(text)}
+    variants, default = {d: {} for d in MMA_HEAD_DIMS}, {}
+    for kind, d, name in _MMA_KERNEL.findall(text):
+        if name not in shapes or int(d) not in variants:
+            raise runtime.CourseError(f"{MMA_SOURCE}.cu builds {name} for head dim {d}, which it does not define")
+        if kind == "DEFAULT":
+            default[int(d)] = name
+        else:
+            variants[int(d)][name] = shapes[name]
+    if set(default) != set(MMA_HEAD_DIMS) or any(default[d] not in variants[d] for d in default):
+        raise runtime.CourseError(f"{MMA_SOURCE}.cu must name a default (FLASH_MMA_DEFAULT) for each head dim "
+                                  f"{MMA_HEAD_DIMS}, among that head dim's variants (FLASH_MMA_VARIANT)")
+    return variants, default
+
+
+def mma_smem_bytes(d: int, shape: MmaShape) -> int:
+    """Shared memory of one block of the mma.sync kernel: Q's tile and ``stages`` tiles each of K and V, every row
+    padded from d to d + 8 halves (ldmatrix's eight rows then fall in eight different bank groups)."""
+    return (shape.block_m + 2 * shape.stages * shape.block_n) * (d + 8) * 2
+
+
+def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None = None,
+              edits: dict | None = None) -> tuple:
+    """FlashAttention forward in FlashAttention-2's shape on mma.sync (sm_80+; kernels/cuda/attention_mma.cu) for
+    CuPy float16 arrays of shape (batch, heads, N, d) (or (heads, N, d), (N, d)), d 64 or 128, any N (the last
+    tiles are masked): (o, lse) with lse float32. ``variant``: one of mma_variants()[0][d] (default: the source's
+    FLASH_MMA_DEFAULT for d, the kernel flash_mma_d<d>)."""
+    from gpucourse import gpus
+
+    gpus.step("09.mma")  # before anything else: a GPU without mma.sync's m16n8k16 shape gets one line saying so
+    cp = runtime.cupy()
+    B, H, N, D = _fp16_inputs(q, k, v, "flash_mma", MMA_HEAD_DIMS)
+    variants, default = mma_variants()
+    if variant is not None and variant not in variants[D]:
+        raise runtime.CourseInputError(f"flash_mma: no variant {variant!r} for head dim {D}; there are "
+                                       f"{', '.join(variants[D])}")
+    shape = variants[D][variant or default[D]]  # flash_mma_d<D> is built in its default variant's shape
+    name = f"flash_mma_d{D}" + (f"_{variant}" if variant is not None else "") + ("_causal" if causal else "")
+    o = cp.empty_like(q)
+    lse = cp.empty(q.shape[:-1], dtype=cp.float32)
+    fn = cuda_c.function(MMA_SOURCE, name, edits)
+    smem = mma_smem_bytes(D, shape)
+    fn.max_dynamic_shared_size_bytes = smem
+    fn((math.ceil(N / shape.block_m), B * H), (32 * shape.warps,),
        (q, k, v, o, lse, np.int32(N), np.float32(_scale(D, scale) * LOG2E)), shared_mem=smem)
     return o, lse
 

@@ -5,14 +5,19 @@
 //    softmax_three_pass_* reads the row three times (max, sum of exponentials, normalise); softmax_online_* reads
 //    it once into registers, keeps a running (max, sum) per thread as it goes (the online softmax), merges the
 //    threads' pairs with the merge rule, and writes each exp(x - max) / sum from the registers.
+//    softmax_cluster_* (Hopper, sm_90+) splits a long row across a thread-block cluster of 1 to 8 smaller blocks,
+//    each holding its slice in registers; the blocks exchange their (max, sum) pairs through distributed shared
+//    memory. softmax_warp_rows_* gives short rows a warp each, several rows a block.
 // 2. FlashAttention's forward pass on the tensor cores through WMMA (sm_80+; cp.async brings the K and V tiles in
 //    while the previous tile is computed): a block keeps BLOCK_M rows of Q, streams the keys and values in tiles
 //    of 64, and never writes the N x N scores to memory.
 #include <mma.h>
 #include <cuda_fp16.h>
+#include <cooperative_groups.h>
 #include "async_copy.cuh"
 
 using namespace nvcuda;
+namespace cg = cooperative_groups;
 
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -24,6 +29,46 @@ template <> __device__ __forceinline__ float to_float<__half>(__half x) { return
 template <typename T> __device__ __forceinline__ T from_float(float x);
 template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half(x); }
+
+// 16 bytes of T as E floats, and back: four floats, or eight halves converted two at a time (half2).
+template <typename T> struct Pack;
+template <> struct Pack<float> {
+    static constexpr int E = 4;
+    __device__ __forceinline__ static void get(const uint4& v, float (&f)[4])
+    {
+        f[0] = __uint_as_float(v.x);
+        f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z);
+        f[3] = __uint_as_float(v.w);
+    }
+    __device__ __forceinline__ static uint4 put(const float (&f)[4])
+    {
+        return make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    }
+};
+template <> struct Pack<__half> {
+    static constexpr int E = 8;
+    __device__ __forceinline__ static void get(const uint4& v, float (&f)[8])
+    {
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+            f[2 * k] = p.x;
+            f[2 * k + 1] = p.y;
+        }
+    }
+    __device__ __forceinline__ static uint4 put(const float (&f)[8])
+    {
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);
+            w[k] = *reinterpret_cast<const unsigned*>(&h);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+};
 
 // region: merge
 // Two partial softmax sums (m1, l1) and (m2, l2) over disjoint parts of a row, into one: the larger max wins and
@@ -142,6 +187,195 @@ __device__ void softmax_online(const T* __restrict__ x, T* __restrict__ y, int n
 // n a multiple of 4 (float) or 8 (half), rows 16-byte aligned, n <= blockDim.x * VECS * (16 / sizeof(T))
 extern "C" __global__ void softmax_online_f32(const float* x, float* y, int n) { softmax_online<float, 8>(x, y, n); }
 extern "C" __global__ void softmax_online_f16(const __half* x, __half* y, int n) { softmax_online<__half, 4>(x, y, n); }
+
+// region: softmax_slice
+// What the next kernels share: a thread's part of a slice of a row, held in registers. Thread t of a group of
+// `stride` threads loads the slice's 16-byte vectors t, t + stride, ... (up to VECS of them, those below `count`),
+// every load issued before any arithmetic. All its elements being in registers, it takes their max m first, then
+// replaces each x by e = exp(x - m) and sums them into l: one exponential an element. Once the row's (max, sum) is
+// known, each output is e times one factor a thread, exp(m - max) / sum: the merge rule's rescaling, applied to the
+// thread's part at once instead of a second exponential an element.
+template <typename T, int VECS>
+__device__ __forceinline__ void load_slice(const uint4* __restrict__ src, int t, int stride, int count,
+                                           uint4 (&v)[VECS], float& m, float& l)
+{
+    constexpr int E = Pack<T>::E;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j)
+        if (t + j * stride < count) v[j] = src[t + j * stride];
+    m = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j) {
+        if (t + j * stride < count) {
+            float f[E];
+            Pack<T>::get(v[j], f);
+#pragma unroll
+            for (int e = 0; e < E; ++e) m = fmaxf(m, f[e]);
+        }
+    }
+    const float shift = m == NEG_INF ? 0.0f : m;  // only -inf seen: every e is 0 and (m, l) = (-inf, 0)
+    l = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j) {
+        if (t + j * stride < count) {
+            float f[E];
+            Pack<T>::get(v[j], f);
+#pragma unroll
+            for (int e = 0; e < E; ++e) {
+                f[e] = __expf(f[e] - shift);
+                l += f[e];
+            }
+            v[j] = Pack<T>::put(f);  // e, in the input's type
+        }
+    }
+}
+
+// The merge rule over a warp's 32 pairs at once: the warp's max first (shuffles), then each lane's sum rescaled to
+// it (one exponential a lane) and the sums added (shuffles). Every lane gets the warp's pair.
+__device__ __forceinline__ void warp_merge(float& m, float& l)
+{
+    float mw = m;
+    for (int o = 16; o > 0; o >>= 1) mw = fmaxf(mw, __shfl_xor_sync(0xffffffff, mw, o));
+    l = m == NEG_INF ? 0.0f : l * __expf(m - mw);
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffff, l, o);
+    m = mw;
+}
+
+// The thread's e values times `scale` = exp(m_thread - max) / sum (0 for a thread or a row of only -inf), written.
+template <typename T, int VECS>
+__device__ __forceinline__ void store_slice(uint4* __restrict__ dst, int t, int stride, int count,
+                                            const uint4 (&v)[VECS], float scale)
+{
+    constexpr int E = Pack<T>::E;
+#pragma unroll
+    for (int j = 0; j < VECS; ++j) {
+        if (t + j * stride < count) {
+            float f[E];
+            Pack<T>::get(v[j], f);
+#pragma unroll
+            for (int e = 0; e < E; ++e) f[e] *= scale;
+            dst[t + j * stride] = Pack<T>::put(f);
+        }
+    }
+}
+
+// exp(m_thread - m) / l: what the thread's e values are multiplied by, once the row's (m, l) is known.
+__device__ __forceinline__ float slice_scale(float m_thread, float m, float l)
+{
+    return m_thread == NEG_INF || !(l > 0.0f) ? 0.0f : __expf(m_thread - m) / l;
+}
+// endregion
+
+// region: softmax_warp_rows
+// Short rows: a warp per row, blockDim.x / 32 rows a block. The warp's shuffles merge its lanes' pairs, so there
+// is no shared memory and no __syncthreads: each warp goes from its loads to its stores on its own, and many
+// small rows are in flight on an SM at once.
+template <typename T, int VECS>
+__device__ void softmax_warp_rows(const T* __restrict__ x, T* __restrict__ y, int n, int rows)
+{
+    const size_t r = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= (size_t)rows) return;
+    const int lane = threadIdx.x % 32, vecs = n / Pack<T>::E;
+    const uint4* row = reinterpret_cast<const uint4*>(x + r * n);
+    uint4* out = reinterpret_cast<uint4*>(y + r * n);
+    uint4 v[VECS];
+    float m_t, l_t;
+    load_slice<T, VECS>(row, lane, 32, vecs, v, m_t, l_t);
+    float m = m_t, l = l_t;
+    warp_merge(m, l);
+    store_slice<T, VECS>(out, lane, 32, vecs, v, slice_scale(m_t, m, l));
+}
+// endregion
+
+// n a multiple of 4 (float) or 8 (half), rows 16-byte aligned, n <= 32 * VECS * (16 / sizeof(T))
+#define SOFTMAX_WARP_ROWS(V)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) softmax_warp_rows_f32_v##V(const float* x, float* y, int n,    \
+                                                                                 int rows)                           \
+    {                                                                                                                \
+        softmax_warp_rows<float, V>(x, y, n, rows);                                                                  \
+    }                                                                                                                \
+    extern "C" __global__ void __launch_bounds__(256) softmax_warp_rows_f16_v##V(const __half* x, __half* y, int n,  \
+                                                                                 int rows)                           \
+    {                                                                                                                \
+        softmax_warp_rows<__half, V>(x, y, n, rows);                                                                 \
+    }
+SOFTMAX_WARP_ROWS(4)
+SOFTMAX_WARP_ROWS(8)
+SOFTMAX_WARP_ROWS(16)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // thread-block clusters: Hopper and later
+// region: softmax_cluster
+// A long row split across a thread-block cluster (Hopper): the C blocks of a cluster (consecutive blockIdx.x) share
+// one row, block `rank` holding slice `rank` of it in registers as softmax_online holds a whole row. Each warp
+// merges its lanes' (max, sum) pairs and writes its pair into the shared memory of every block of the cluster
+// (distributed shared memory: map_shared_rank gives the address of a variable in another block's shared memory,
+// which may be written once that block has started: the cluster barrier arrived at on entry and waited for after
+// the loads says so). After one more cluster barrier every block holds all C x warps pairs, merges them in the same
+// order as the others (the same max and sum everywhere) and writes its slice; no block touches another's memory
+// after it, so each may finish on its own. A block is a fraction of a row, so several share an SM, in different
+// phases: while one waits at a barrier, the others' loads and stores keep memory busy.
+template <typename T, int VECS, int C>
+__device__ void softmax_cluster(const T* __restrict__ x, T* __restrict__ y, int n)
+{
+    __shared__ float2 pairs[C * 32];  // (max, sum) of every warp of the cluster: [block rank][warp]
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.barrier_arrive();  // this block has started: its shared memory exists
+    const int rank = (int)cluster.block_rank();
+    const size_t r = blockIdx.x / C;  // the cluster's row
+    const int vecs = n / Pack<T>::E, per = (vecs + C - 1) / C, count = min(per, vecs - rank * per);
+    const uint4* row = reinterpret_cast<const uint4*>(x + r * n) + rank * per;
+    uint4* out = reinterpret_cast<uint4*>(y + r * n) + rank * per;
+    uint4 v[VECS];
+    float m_t, l_t;
+    load_slice<T, VECS>(row, threadIdx.x, blockDim.x, count, v, m_t, l_t);
+    float m = m_t, l = l_t;
+    warp_merge(m, l);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    cluster.barrier_wait();  // every block of the cluster has started (long since: it arrived on entry)
+    if (lane < C) cluster.map_shared_rank(pairs, lane)[rank * warps + warp] = make_float2(m, l);  // to block `lane`
+    cluster.sync();  // every pair has landed in every block
+    m = NEG_INF;
+    l = 0.0f;
+    for (int i = lane; i < C * warps; i += 32) merge(m, l, pairs[i].x, pairs[i].y);
+    warp_merge(m, l);
+    store_slice<T, VECS>(out, threadIdx.x, blockDim.x, count, v, slice_scale(m_t, m, l));
+}
+// endregion
+#define CLUSTER_ONLY(...) __VA_ARGS__;
+#else
+#define CLUSTER_ONLY(...) __trap();  // built for a GPU without clusters: the launcher refuses before it gets here
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define CLUSTER_DIMS(C)
+#else
+#define CLUSTER_DIMS(C) __cluster_dims__(C, 1, 1)  // launched in clusters of C blocks along x: a grid of rows x C
+#endif
+
+// One kernel per cluster size C (a compile-time attribute, so an ordinary launch makes the clusters) and per VECS;
+// n a multiple of 4 (float) or 8 (half), rows 16-byte aligned, n <= C * blockDim.x * VECS * (16 / sizeof(T)).
+#define SOFTMAX_CLUSTER(C, V, DIMS)                                                                                  \
+    extern "C" __global__ void DIMS __launch_bounds__(1024) softmax_cluster_f32_c##C##_v##V(const float* x,          \
+                                                                                            float* y, int n)          \
+    {                                                                                                                \
+        CLUSTER_ONLY(softmax_cluster<float, V, C>(x, y, n))                                                          \
+    }                                                                                                                \
+    extern "C" __global__ void DIMS __launch_bounds__(1024) softmax_cluster_f16_c##C##_v##V(const __half* x,         \
+                                                                                            __half* y, int n)         \
+    {                                                                                                                \
+        CLUSTER_ONLY(softmax_cluster<__half, V, C>(x, y, n))                                                         \
+    }
+SOFTMAX_CLUSTER(1, 2, )  // a cluster of one block: no attribute (every block on Hopper is a cluster of one)
+SOFTMAX_CLUSTER(1, 4, )
+SOFTMAX_CLUSTER(1, 8, )
+SOFTMAX_CLUSTER(2, 2, CLUSTER_DIMS(2))
+SOFTMAX_CLUSTER(2, 4, CLUSTER_DIMS(2))
+SOFTMAX_CLUSTER(2, 8, CLUSTER_DIMS(2))
+SOFTMAX_CLUSTER(4, 2, CLUSTER_DIMS(4))
+SOFTMAX_CLUSTER(4, 4, CLUSTER_DIMS(4))
+SOFTMAX_CLUSTER(4, 8, CLUSTER_DIMS(4))
+SOFTMAX_CLUSTER(8, 2, CLUSTER_DIMS(8))
+SOFTMAX_CLUSTER(8, 4, CLUSTER_DIMS(8))
+SOFTMAX_CLUSTER(8, 8, CLUSTER_DIMS(8))
 
 // ----------------------------------------------------------------------------- FlashAttention, WMMA
 

@@ -30,7 +30,20 @@ struct E4M3 {
 // rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw)`` for Store::kVec channels
 // k, k + 1, ... (16 bytes of its output) instead, after the tile went through shared memory, with ``raw =
 // store.load(m, k)`` (a Store::Raw) what it reads there, loaded earlier: lesson 5's engine, which reads a residual and adds its bias first (inference_engine_wgmma.cu).
-template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16>
+//
+// PERSIST (lesson 5's engine): a block per SM (or as many as fit) walks the tiles in turn instead of one block a
+// tile. The producer runs ahead into the next tile's slices while the consumers are still in the epilogue of this
+// one, so a layer with a short reduction (a 1 x 1 convolution of 64 channels: one slice) loads its next tiles
+// while it stores this one, instead of leaving the SM's memory traffic to the next block's start. The epilogue then
+// stages through its own EPI_PIECES x 64 rows a consumer (after the B stages), not through A's stages, which the
+// producer is refilling.
+// A Store may also have ``prefetch(m, k, cols)``: bring a row of what its epilogue reads (the engine's residual)
+// into L2; a persistent tile's idle producer threads call it for each row of a tile when the tile's first slice has
+// landed, well before the consumers' epilogue of that tile reads it.
+template <class S, class = void> struct HasPrefetch { static constexpr bool value = false; };
+template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static constexpr bool value = true; };
+constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
+template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16, bool PERSIST = false>
 __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
                                           int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
                                           int tiles_q, int tiles_p) {
@@ -42,11 +55,16 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1 KiB
   unsigned char* sA = smem;                     // STAGES x [BM][64] elements: TH x TW pixels x 64 channels
   unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] elements: output channels x 64 of R S C
-  unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_BYTES);
+  unsigned char* sE = sB + STAGES * B_BYTES;    // PERSIST: CONSUMERS x EPI_PIECES x [64][ROW]: the epilogue's
+  constexpr unsigned E_BYTES = PERSIST ? CONSUMERS * EPI_PIECES * 64 * 128 : 0;  // pieces of 64 rows x 32 floats
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sE + E_BYTES);
   unsigned long long* empty = full + STAGES;
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  // PERSIST: the tile the consumers began last (paces the residual's prefetch), after the mbarriers
+  volatile int& started = *reinterpret_cast<volatile int*>(empty + STAGES);
   if (threadIdx.x == 0) {
+    if constexpr (PERSIST) started = -1;
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], CONSUMERS);
@@ -55,31 +73,44 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   }
   __syncthreads();
 
-  // Which tile: blockIdx.x walks the images' tiles (column tiles fastest) or, im2col, the runs of BM output
-  // pixels; blockIdx.y the output channels. (n, p0, q0) is the tile's first output pixel.
-  int n, p0, q0;
-  const int m0 = blockIdx.x * BM, k0 = blockIdx.y * BN;
-  if constexpr (I2C) {
-    n = m0 / (P * Q);
-    p0 = (m0 % (P * Q)) / Q;
-    q0 = m0 % Q;
-  } else {
-    const int qt = blockIdx.x % tiles_q, pt = (blockIdx.x / tiles_q) % tiles_p;
-    n = blockIdx.x / (tiles_q * tiles_p);
-    p0 = pt * (BM / TW);
-    q0 = qt * TW;
-  }
   const int slices = C / BK;  // slices of 64 channels in one tap
   const int kblocks = R * S * slices;
+  // The tiles: one a block (blockIdx.x over the output pixels, blockIdx.y over the channels) or, PERSIST, tile
+  // blockIdx.x, then gridDim.x further on, ... (the channel tiles of a run of pixels one after another).
+  const int tiles_n = (K + BN - 1) / BN;
+  const int tiles_total = PERSIST ? (I2C ? (N * P * Q + BM - 1) / BM : N * tiles_p * tiles_q) * tiles_n : 1;
+  const int first = PERSIST ? blockIdx.x : 0, step = PERSIST ? gridDim.x : 1;
+  // Which tile: blockIdx.x walks the images' tiles (column tiles fastest) or, im2col, the runs of BM output
+  // pixels; blockIdx.y the output channels (PERSIST: tile t is pixel tile t / tiles_n, channel tile t % tiles_n).
+  // (n, p0, q0) is the tile's first output pixel, m0 its first row of y (im2col), k0 its first channel.
+  auto coords = [&](int tile, int& n, int& p0, int& q0, int& m0, int& k0) {
+    const int mt = PERSIST ? tile / tiles_n : blockIdx.x, nt = PERSIST ? tile % tiles_n : blockIdx.y;
+    m0 = mt * BM;
+    k0 = nt * BN;
+    if constexpr (I2C) {
+      n = m0 / (P * Q);
+      p0 = (m0 % (P * Q)) / Q;
+      q0 = m0 % Q;
+    } else {
+      const int qt = mt % tiles_q, pt = (mt / tiles_q) % tiles_p;
+      n = mt / (tiles_q * tiles_p);
+      p0 = pt * (BM / TW);
+      q0 = qt * TW;
+    }
+  };
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
-      for (int kb = 0; kb < kblocks; ++kb) {
-        const int s = kb % STAGES;
+      int it = 0;  // slices loaded so far, over every tile of this block: the stage ring's position
+      for (int tile = first; tile < tiles_total; tile += step) {
+      int n, p0, q0, m0, k0;
+      coords(tile, n, p0, q0, m0, k0);
+      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+        const int s = it % STAGES;
         const int tap = kb / slices, c0 = (kb % slices) * BK;
         const int r = tap / S, sx = tap % S;
-        if (kb >= STAGES) mbar_wait(&empty[s], ((kb / STAGES) + 1) & 1);
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
         mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
         if constexpr (I2C)  // BM pixels from the tile's first one, moved by the tap
           tma_load_im2col_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 - pw, p0 - ph, n, sx, r);
@@ -87,18 +118,42 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           tma_load_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 + sx - pw, p0 + r - ph, n);
         tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BK, k0);  // w's columns (r S + s) C + c0 ..
       }
+      }  // tiles
+    } else if constexpr (PERSIST && I2C && HasPrefetch<Store>::value) {
+      if (tid >= 32) {  // warps 1 to 3 (warp 0 holds the thread issuing the loads): a row each
+        // Tile t's rows once the consumers have begun the tile before it (one tile ahead of its epilogue, so that
+        // L2 holds about two tiles' residual a block); skipped if they are already on t. No wait here can hang:
+        // ``started`` only grows, up to the last tile.
+        for (int tile = first; tile < tiles_total; tile += step) {
+          int spins = 0;
+          while (started < tile - step) {
+            __nanosleep(spins < 8 ? 64 : 512);
+            ++spins;
+          }
+          if (started >= tile) continue;
+          int n, p0, q0, m0, k0;
+          coords(tile, n, p0, q0, m0, k0);
+          const int cols = K - k0 < BN ? K - k0 : BN;
+          for (int i = tid - 32; i < BM && m0 + i < N * P * Q; i += 96) store.prefetch(static_cast<size_t>(m0 + i), k0, cols);
+        }
+      }
     }
   } else {  // ---------------------------------------------------------------------- consumers
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1;
+    int it = 0;  // slices used so far, over every tile of this block
+    for (int tile = first; tile < tiles_total; tile += step) {
+    int n, p0, q0, m0, k0;
+    coords(tile, n, p0, q0, m0, k0);
+    if constexpr (PERSIST) if (c == 0 && tid == 0) started = tile;
     typename E::Acc d[BN / 16][8];
 #pragma unroll
     for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) d[i][j] = 0;
-    for (int kb = 0; kb < kblocks; ++kb) {
-      const int s = kb % STAGES;
-      mbar_wait(&full[s], (kb / STAGES) & 1);
+    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      const int s = it % STAGES;
+      mbar_wait(&full[s], (it / STAGES) & 1);
       const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * ROW);
       const unsigned b0 = smem_addr(sB + s * B_BYTES);
       wgmma_fence();
@@ -131,8 +186,16 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       // 16, 2 columns a thread), then each thread takes a unit: V = Store::kVec consecutive columns of a row, so a
       // warp reads and writes whole runs of a row, V elements a thread, instead of 2. The columns are swizzled by
       // the row, in groups of 8 floats (FP16) or 4 (8-bit), against bank conflicts.
-      constexpr int CW = ROW / 4, V = Store::kVec, UNITS = CW / V, CHUNKS = BN / CW, SW = CW == 32 ? 3 : 2;
-      constexpr int PER = (STAGES * 64 * UNITS + 127) / 128;  // the units a thread takes in a round, at most
+      // (PERSIST: pieces of 32 columns in every type, so that an 8-bit tile's rounds take 16-byte runs too)
+      constexpr int CW = PERSIST ? 32 : ROW / 4, V = Store::kVec, UNITS = CW / V, CHUNKS = BN / CW;
+      constexpr int SW = CW == 32 ? 3 : 2;
+      constexpr int PIECES = PERSIST ? EPI_PIECES : STAGES;     // 64 rows x CW columns each, a round
+      constexpr int PER = (PIECES * 64 * UNITS + 127) / 128;  // the units a thread takes in a round, at most
+      // piece ch of this consumer: in A's stage ch (its own rows), or, PERSIST, in the epilogue's own space
+      auto piece = [&](int ch) -> float* {
+        return reinterpret_cast<float*>(PERSIST ? sE + (c * EPI_PIECES + ch) * 64 * 128
+                                                : sA + ch * A_BYTES + c * 64 * ROW);
+      };
       // Unit u of a round: row u / (UNITS nch) of the tile, chunk and V columns from the rest; its output pixel
       // and first output channel.
       auto unit = [&](int u, int nch, int j0, int& row, int& ch, int& c8, long long& m, int& col) {
@@ -144,8 +207,8 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         col = k0 + (j0 + ch) * CW + c8;
       };
 #pragma unroll
-      for (int j0 = 0; j0 < CHUNKS; j0 += STAGES) {
-        const int nch = CHUNKS - j0 < STAGES ? CHUNKS - j0 : STAGES;
+      for (int j0 = 0; j0 < CHUNKS; j0 += PIECES) {
+        const int nch = CHUNKS - j0 < PIECES ? CHUNKS - j0 : PIECES;
         // What the epilogue reads from memory (a residual), for all of this thread's units at once, before the
         // fragments go to shared memory: PER loads in flight a thread instead of one. (One at a time, load then
         // store, the loads wait one after another: the compiler cannot move a load above the previous unit's
@@ -164,7 +227,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         for (int j = 0; j < BN / 8; ++j) {
           const int col = 8 * j + 2 * (lane % 4), ch = col / CW - j0;
           if (ch < 0 || ch >= nch) continue;
-          float* buf = reinterpret_cast<float*>(sA + ch * A_BYTES + c * 64 * ROW);
+          float* buf = piece(ch);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + lane / 4 + 8 * h;
@@ -181,7 +244,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           const int u = tid + t * 128;
           unit(u, nch, j0, row, ch, c8, m, col);
           if (u >= nch * 64 * UNITS || m < 0 || col >= K) continue;  // K a multiple of V (the plan checks)
-          const float* src = reinterpret_cast<const float*>(sA + ch * A_BYTES + c * 64 * ROW) + row * CW;
+          const float* src = piece(ch) + row * CW;
           float v[V];
 #pragma unroll
           for (int q = 0; q < V / 4; ++q) {
@@ -209,6 +272,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         }
       }
     }
+    }  // tiles
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here

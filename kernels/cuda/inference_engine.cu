@@ -923,5 +923,53 @@ ENGINE_KERNELS(f16, half)
 ENGINE_KERNELS(i8, int8)
 ENGINE_KERNELS(f8, fp8)  // FP8 plans: their convolutions are Hopper's (inference_engine_wgmma.cu), the rest these
 
+// region: reformat
+// A mixed plan (build_plan's keep_fp16: some layers of an INT8 or FP8 plan kept in FP16, as TensorRT's per-layer
+// precision) stores each activation in the precision of the layer that writes it; a reader of another precision
+// reads a copy this kernel writes first: FP16 -> INT8 / FP8 quantised with the tensor's calibrated scale (store's
+// 1 / scale), INT8 / FP8 -> FP16 dequantised (x scale). M pixels of C channels, from x (pixel stride ldx) to y (ldy);
+// V = 8: a thread's 8 channels in one load and one store (C, both strides and both first elements multiples of 8).
+template <int BYTES> struct Chunk;
+template <> struct Chunk<8> { typedef uint2 type; };
+template <> struct Chunk<16> { typedef uint4 type; };
+
+template <typename Ti, typename To, int V>
+__device__ void reformat(const Ti* x, int ldx, To* y, int ldy, long long M, int C, float scale, float inv_scale)
+{
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;  // V channels of one pixel
+    int per = C / V;
+    if (e >= M * per) return;
+    long long m = e / per;
+    int c = (int)(e % per) * V;
+    const Ti* src = x + m * ldx + c;
+    To* dst = y + m * ldy + c;
+    if (V == 1) {
+        store(dst, to_f(*src) * scale, inv_scale);
+        return;
+    }
+    __align__(16) Ti in[8];
+    __align__(16) To out[8];
+    typedef typename Chunk<8 * sizeof(Ti)>::type In8;
+    typedef typename Chunk<8 * sizeof(To)>::type Out8;
+    *reinterpret_cast<In8*>(in) = *reinterpret_cast<const In8*>(src);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) store(out + j, to_f(in[j]) * scale, inv_scale);
+    *reinterpret_cast<Out8*>(dst) = *reinterpret_cast<const Out8*>(out);
+}
+// endregion
+
+#define REFORMAT(FROM, TI, TO, TT)                                                                             \
+    extern "C" __global__ void reformat_##FROM##_##TO(const TI* x, int ldx, TT* y, int ldy, long long M,      \
+                                                      int C, float scale, float inv_scale)                     \
+    { reformat<TI, TT, 1>(x, ldx, y, ldy, M, C, scale, inv_scale); }                                           \
+    extern "C" __global__ void reformat8_##FROM##_##TO(const TI* x, int ldx, TT* y, int ldy, long long M,     \
+                                                       int C, float scale, float inv_scale)                    \
+    { reformat<TI, TT, 8>(x, ldx, y, ldy, M, C, scale, inv_scale); }
+
+REFORMAT(i8, int8, f16, half)
+REFORMAT(f16, half, i8, int8)
+REFORMAT(f8, fp8, f16, half)
+REFORMAT(f16, half, f8, fp8)
+
 // ResNet-50's stem (convolution 7 x 7 / 2, ReLU, max pool 3 x 3 / 2) in one kernel: stem_pool8_*, stem_pool4_*
 #include "inference_engine_stem.cuh"

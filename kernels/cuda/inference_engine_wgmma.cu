@@ -26,18 +26,20 @@
 typedef signed char int8;
 typedef unsigned char fp8;  // an FP8 e4m3 code (the engine's FP8 plans)
 
-template <int BYTES> struct RawOf { using type = uint2; };  // 8 elements of 1 byte
-template <> struct RawOf<2> { using type = uint4; };          // 8 of 2 bytes
+template <int BYTES> struct RawOf { using type = uint2; };  // 8 bytes
+template <> struct RawOf<16> { using type = uint4; };         // 16 bytes
 
-template <typename T>
+template <typename T, int VEC = 8>
 struct EngineEpilogue {
-  // conv_tile hands over 8 channels of a row at a time: one access each, 16 bytes of FP16 or 8 of INT8 and FP8.
-  // (16 INT8 channels a call measured slower on an H100: the 8-bit tiles' staging space holds half as many columns,
-  // and whole 16-byte runs took twice the rounds.)
+  // conv_tile hands over VEC channels of a row at a time: one access each. 8: 16 bytes of FP16 or 8 of INT8 and
+  // FP8 (the one-tile kernels: 16 INT8 channels a call measured slower on an H100, as their staging space, A's
+  // stages, holds half as many columns in the 8-bit types, and whole 16-byte runs took twice the rounds); the
+  // persistent kernels, whose staging space has as many columns in every type, take 16 bytes in each: VEC = 16 in
+  // the 8-bit types.
   static constexpr bool kStaged = true;
-  static constexpr int kVec = 8;
+  static constexpr int kVec = VEC;
   static constexpr bool kFp8 = sizeof(T) == 1 && static_cast<T>(-1) > static_cast<T>(0);  // unsigned: e4m3 codes
-  using Raw = typename RawOf<sizeof(T)>::type;  // 8 elements of the residual, as stored
+  using Raw = typename RawOf<sizeof(T) * VEC>::type;  // VEC elements of the residual, as stored
   const float* bias;       // K, or null
   const float* scale;      // INT8, FP8: s_x s_w[k] (K), turning the sums into real units; null for FP16
   const float* inv;        // INT8, FP8: 1 / the output's scale, per channel (K); null for FP16
@@ -47,6 +49,15 @@ struct EngineEpilogue {
   int ldres;
   float res_scale;         // INT8, FP8: the residual's scale (1 for FP16)
   int relu;
+
+  // The residual's channels k .. k + cols - 1 of pixel m into L2 (cols * sizeof(T) a multiple of 16 bytes)
+  __device__ __forceinline__ void prefetch(size_t m, int k, int cols) const {
+#ifdef GPUCOURSE_WGMMA
+    if (res)
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(res + m * ldres + k),
+                   "r"(cols * static_cast<int>(sizeof(T))) : "memory");
+#endif
+  }
 
   // The residual's channels k .. k + kVec - 1 of pixel m, as stored (zeros without one)
   __device__ __forceinline__ Raw load(size_t m, int k) const {
@@ -88,22 +99,29 @@ struct EngineEpilogue {
   }
 };
 
-// conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8,f8}: kernels/inference_engine/catalog.py lists them (WG)
-#define ENGINE_WGMMA(NAME, I2C, BM, BN, S, SFX, T, E)                                                           \
+// conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8,f8}: kernels/inference_engine/catalog.py lists them (WG); conv_wgp_...: the
+// same tiles, PERSIST (conv_wgmma.cuh): as many blocks as fit on the SMs, each walking the tiles in turn, its next
+// tile's loads in flight during this one's epilogue
+#define ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, SFX, T, E, PERSIST, VEC)                                         \
   extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
-      conv_wg_##NAME##BM##x##BN##_s##S##_##SFX(                                                                 \
+      conv_##PRE##NAME##BM##x##BN##_s##S##_##SFX(                                                               \
           const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW, const float* bias,     \
           const float* scale, const float* inv, T* y, int ldy, const T* res, int ldres, float res_scale,        \
           int relu, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, int TW, int tiles_q,      \
           int tiles_p) {                                                                                        \
-    hopper::conv_tile<BM, BN, S, I2C, EngineEpilogue<T>, hopper::E>(                                           \
-        &tmX, &tmW, EngineEpilogue<T>{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}, N, P, Q, K, C, R,  \
+    hopper::conv_tile<BM, BN, S, I2C, EngineEpilogue<T, VEC>, hopper::E, PERSIST>(                             \
+        &tmX, &tmW, EngineEpilogue<T, VEC>{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}, N, P, Q, K, C, \
+        R,                                                                                                       \
         Sw, ph, pw, TW, tiles_q, tiles_p);                                                                      \
   }
-#define ENGINE_WGMMA_ALL(NAME, I2C, BM, BN, S)         \
-  ENGINE_WGMMA(NAME, I2C, BM, BN, S, f16, __half, F16) \
-  ENGINE_WGMMA(NAME, I2C, BM, BN, S, i8, int8, S8)      \
-  ENGINE_WGMMA(NAME, I2C, BM, BN, S, f8, fp8, E4M3)
+#define ENGINE_WGMMA_ALL(NAME, I2C, BM, BN, S)                  \
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f16, __half, F16, false, 8) \
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, i8, int8, S8, false, 8)      \
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, false, 8)
+#define ENGINE_WGMMA_PERSIST(NAME, I2C, BM, BN, S)               \
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f16, __half, F16, true, 8) \
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, i8, int8, S8, true, 16)     \
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, true, 16)
 
 ENGINE_WGMMA_ALL(, false, 128, 128, 4)
 ENGINE_WGMMA_ALL(, false, 128, 64, 4)
@@ -116,3 +134,8 @@ ENGINE_WGMMA_ALL(i2c_, true, 64, 128, 4)
 ENGINE_WGMMA_ALL(i2c_, true, 64, 64, 6)
 ENGINE_WGMMA_ALL(i2c_, true, 64, 128, 2)  // fewer stages, more blocks an SM: for short reductions
 ENGINE_WGMMA_ALL(i2c_, true, 64, 64, 3)
+ENGINE_WGMMA_PERSIST(i2c_, true, 128, 256, 3)
+ENGINE_WGMMA_PERSIST(i2c_, true, 128, 128, 4)
+ENGINE_WGMMA_PERSIST(i2c_, true, 128, 64, 4)
+ENGINE_WGMMA_PERSIST(i2c_, true, 64, 128, 4)
+ENGINE_WGMMA_PERSIST(i2c_, true, 64, 64, 4)

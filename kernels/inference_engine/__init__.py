@@ -22,11 +22,13 @@ Its rooms follow the lesson's story, each a floor above those it imports (a test
     passes     batch-norm folding, vertical and horizontal fusion, concat elimination; optimize
     precision  FP16 / INT8 / FP8 storage, INT8 and FP8 calibration, quantise / dequantise, e4m3 codes
     plan       the plan file: its format, checksum and the check that it runs here
+    network    the digits network in one kernel: the pattern, its plan step, its NumPy arithmetic, its weights
     executor   Engine: running a plan (CUDA C kernels one by one or as one CUDA graph; NumPy on a CPU)
     tuning     which kernels fit a step, and timing them to keep the fastest
     build      build_plan: a graph to a plan
     fused      the numba CBR kernel learners write
     resnet     ResNet-50 as a graph built with NumPy, its batch-norm calibration, and what each layer costs
+    mixed      per-layer precision chosen: each part's sensitivity, and the parts an INT8 / FP8 plan keeps in FP16
 """
 from __future__ import annotations
 
@@ -45,5 +47,6 @@ from .tuning import autotune, candidates, kernel_fits, plain, wg_fits
 from .build import build_plan
 from .fused import cbr_direct, cbr_numba
 from .resnet import calibrate_batchnorm, floors, layer_costs, resnet50
-from . import (build, catalog, executor, fused, graph, model, passes, plan, precision, resnet, specs,  # noqa: F401
-               tuning)  # the rooms
+from .mixed import agreement, fp16_share, keep_fp16_for, reference_logits, sensitivity, units
+from . import (build, catalog, executor, fused, graph, mixed, model, network, passes, plan, precision,  # noqa: F401
+               resnet, specs, tuning)  # the rooms

@@ -39,11 +39,17 @@ CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 # two of its own with fewer stages, so that a 1 x 1 layer with few slices of 64 channels to reduce (nothing for more
 # stages to overlap) fits two or three blocks on an SM, one's epilogue running while another's tiles load.
 # "i2c" tiles are BM consecutive output pixels gathered in the TMA's im2col mode, the others boxes of one image.
+# The "wgp" tiles are the same kernel made persistent (conv_wgmma.cuh, PERSIST): as many blocks as fit on the SMs,
+# each taking tile after tile, its producer loading the next tile while its consumers store this one; name -> (im2col,
+# BM, BN, stages, persistent).
 WG_SOURCE = "inference_engine_wgmma"
-WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st)
+WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False)
       for i2c, bm, bn, st in [(False, 128, 128, 4), (False, 128, 64, 4), (False, 64, 128, 4), (False, 64, 64, 6),
                               (True, 128, 128, 4), (True, 128, 64, 4), (True, 128, 256, 3), (True, 64, 128, 4),
                               (True, 64, 64, 6), (True, 64, 128, 2), (True, 64, 64, 3)]}
+WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True)
+           for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 4)]})
+WG_EPI_PIECES = 4  # a persistent tile's epilogue space: 64 rows x 32 floats a piece, per consumer (EPI_PIECES)
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
         "simtv_64x16") + tuple(DIRECT)
 CANDIDATES = {"fp32": SIMT + tuple(PIX),

@@ -12,7 +12,8 @@ from gpucourse import runtime
 from gpucourse import cuda_c
 from kernels import tensor_cores
 from .catalog import (CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, STEM_TAPS_PADDED, TC, TCD, THREADS,
-                      WG, WG_SOURCE)
+                      WG, WG_EPI_PIECES, WG_SOURCE)
+from . import network
 from .plan import check_target, Plan
 from .precision import DTYPES, from_e4m3, Q, SCALED, SUFFIX, to_e4m3
 from .specs import avgpool_spec, im2col, maxpool_spec
@@ -50,6 +51,10 @@ class Engine:
             self.xp = np
             self.dev = plan.arrays
         self.arena = self.xp.zeros(plan.header["arena"], self.dtype)
+        # a mixed plan (per-layer precision): the activations its FP16 layers write live in a second arena
+        self.arenas = {self.precision: self.arena}
+        if plan.header.get("arena_fp16"):
+            self.arenas["fp16"] = self.xp.zeros(plan.header["arena_fp16"], np.float16)
         self.out = self.xp.zeros((self.max_batch, plan.header["outputs"]), np.float32)
         # the head's logits: the output itself, or, where the plan ends in a softmax, what the softmax reads
         self.logits = self.xp.zeros_like(self.out) if plan.header.get("softmax") else self.out
@@ -134,8 +139,12 @@ class Engine:
         return graph
 
     # ------------------------------------------------------------------ NumPy
+    def _arena(self, loc):
+        """The arena a buffer is in: the plan's, or a mixed plan's FP16 one (loc["arena"])."""
+        return self.arenas[loc["arena"]] if "arena" in loc else self.arena
+
     def _view(self, loc, n):
-        a = self.arena[loc["base"]: loc["base"] + n * loc["H"] * loc["W"] * loc["ld"]]
+        a = self._arena(loc)[loc["base"]: loc["base"] + n * loc["H"] * loc["W"] * loc["ld"]]
         return a.reshape(n, loc["H"], loc["W"], loc["ld"])[..., loc["off"]: loc["off"] + loc["C"]]
 
     def _numpy_step(self, s, n):
@@ -147,26 +156,27 @@ class Engine:
             cols = im2col(self._x.reshape(n, st["H"], st["W"], st["C"]).astype(np.float32), st["kh"], st["kw"],
                           st["stride"], st["pad"])
             cols = np.concatenate([cols, np.zeros((*cols.shape[:3], st["R"] - st["taps"]), np.float32)], axis=-1)
-            self._view(d, n)[...] = _store(cols, self.dtype, s["inv_scale"])
+            self._view(d, n)[...] = _store(cols, self._arena(d).dtype, s["inv_scale"])
         elif kind == "stem":  # the fused stem's arithmetic (inference_engine_stem.cuh): FP16 in, FP32 sums, FP16 out
             x = self._x.reshape(n, s["H"], s["W"], s["C"]).astype(np.float16).astype(np.float32)
             cols = im2col(x, 7, 7, 2, s["pad"]).reshape(-1, a[f"{i}/w"].shape[0])
             y = np.maximum(cols @ a[f"{i}/w"].astype(np.float32) + a[f"{i}/b"], 0).astype(np.float16)
             pooled = maxpool_spec(y.astype(np.float32).reshape(n, s["P"], s["Q"], s["K"]), 3, 2, s["pool_pad"])
-            self._view(s["dst"], n)[...] = _store(pooled, self.dtype, s["inv_scale"])
+            self._view(s["dst"], n)[...] = _store(pooled, self._arena(s["dst"]).dtype, s["inv_scale"])
         elif kind == "input":
             d = s["dst"]
             v = self._x.reshape(self._view(d, n).shape)
-            self._view(d, n)[...] = _store(v.astype(np.float32), self.dtype, s["inv_scale"])
+            self._view(d, n)[...] = _store(v.astype(np.float32), self._arena(d).dtype, s["inv_scale"])
         elif kind == "conv":
+            p = s.get("precision", self.precision)  # a mixed plan's layer may run in another precision
             x = self._view(s["src"], n)
-            if self.precision == "fp8":
+            if p == "fp8":
                 x = from_e4m3(x)
             cols = im2col(x, s["kh"], s["kw"], s.get("stride", 1), s.get("pad")).reshape(-1, a[f"{i}/w"].shape[0])
-            if self.precision == "int8":
+            if p == "int8":
                 # integer products summed exactly (float64 holds every such sum exactly), as int32 on a GPU
                 acc = (cols.astype(np.float64) @ a[f"{i}/w"].astype(np.float64)).astype(np.float32) * a[f"{i}/scale"]
-            elif self.precision == "fp8":  # e4m3 products are exact in float64; the GPU sums them in FP32
+            elif p == "fp8":  # e4m3 products are exact in float64; the GPU sums them in FP32
                 acc = (cols.astype(np.float64) @ from_e4m3(a[f"{i}/w"]).astype(np.float64)).astype(np.float32) \
                     * a[f"{i}/scale"]
             else:
@@ -180,8 +190,8 @@ class Engine:
             start = 0
             for d in s["dests"]:
                 part = acc[:, start:start + d["C"]]
-                inv = a[f"{i}/inv"][start] if self.precision in SCALED else 1.0
-                self._view(d, n)[...] = _store(part, self.dtype, inv).reshape(self._view(d, n).shape)
+                inv = a[f"{i}/inv"][start] if p in SCALED else 1.0
+                self._view(d, n)[...] = _store(part, self._arena(d).dtype, inv).reshape(self._view(d, n).shape)
                 start += d["C"]
         elif kind in ("biasadd", "batchnorm", "relu"):
             v = self._view(s["dst"], n).astype(np.float32)
@@ -195,9 +205,13 @@ class Engine:
             self._view(s["dst"], n)[...] = v.astype(self.dtype)
         elif kind == "maxpool":
             self._view(s["dst"], n)[...] = _store(maxpool_spec(self._f32(self._view(s["src"], n)), s["size"],
-                                                               s.get("stride", 1), s.get("pad")), self.dtype, 1.0)
+                                                               s.get("stride", 1), s.get("pad")),
+                                                   self._arena(s["dst"]).dtype, 1.0)
         elif kind == "concat_copy":
             self._view(s["dst"], n)[...] = self._view(s["src"], n)
+        elif kind == "reformat":  # a mixed plan's tensor in another precision: x scale, then stored with 1 / scale
+            v = self._f32(self._view(s["src"], n)) * np.float32(s["scale"])
+            self._view(s["dst"], n)[...] = _store(v, self._arena(s["dst"]).dtype, s["inv_scale"])
         elif kind == "avgpool":
             self._view(s["dst"], n)[...] = avgpool_spec(self._view(s["src"], n).astype(np.float32),
                                                         s["size"]).astype(self.dtype)
@@ -217,17 +231,19 @@ class Engine:
             z = self.logits[:n] - self.logits[:n].max(axis=1, keepdims=True)
             e = np.exp(z)
             self.out[:n] = e / e.sum(axis=1, keepdims=True)
+        elif kind == "network":  # the whole digits network, as its one kernel computes it (network.py)
+            network.run_numpy(self, s, n)
 
     def _f32(self, v):
-        """Arena values as float32 (FP8: the values its e4m3 codes stand for)."""
-        return from_e4m3(v) if self.precision == "fp8" else v.astype(np.float32)
+        """Arena values as float32 (FP8: the values its e4m3 codes stand for, the only arena of bytes uint8)."""
+        return from_e4m3(v) if v.dtype == np.uint8 else v.astype(np.float32)
 
     # ------------------------------------------------------------------ GPU
     def _kernel(self, name: str):
         return cuda_c.function(SOURCE, name)
 
     def _ptr(self, loc):
-        return self.arena[loc["base"] + loc["off"]:]
+        return self._arena(loc)[loc["base"] + loc["off"]:]
 
     def _gpu_step(self, s, n):
         """Launch a step's kernel with its arguments prepared once per (step, batch size): on the critical path
@@ -236,7 +252,7 @@ class Engine:
         if prep is None:
             prep = self._prepared[(s["id"], n)] = self._prepare(s, n)
         fn, grid, block, args, shared = prep
-        if s["kind"] in ("input", "stem"):  # the input as it is: the graph's binding, or the caller's array
+        if s["kind"] in ("input", "stem", "network"):  # the input as it is: the graph's binding, or the caller's array
             args = (self._x,) + args[1:]
         if s["kind"] == "conv" and s["kernel"] in WG:  # tensor maps are passed by value: the driver's launch
             tensor_cores.launch_hopper(fn, grid, block[0], shared, args, s["name"])
@@ -247,7 +263,7 @@ class Engine:
         """(kernel, grid, block, arguments, shared memory bytes) of step ``s`` for a batch of ``n``."""
         i = s["id"]
         a = self.dev
-        sfx = SUFFIX[self.precision]
+        sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's step may run in another precision
         null = np.uint64(0)  # a null pointer: no bias, no scale
         kind = s["kind"]
         i32, i64 = np.int32, np.int64
@@ -258,6 +274,8 @@ class Engine:
 
         if kind == "conv" and s["kernel"] in WG:
             return self._prepare_wg(s, n)
+        if kind == "network":  # inference_engine_network.cu: one kernel, input to logits
+            return network.prepare(self, s, n)
         if kind == "conv":
             fn = self._fn.get(i)
             if fn is None:
@@ -277,7 +295,8 @@ class Engine:
                     a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(w.reshape(-1, s["K"]).T)
                 w = a[f"{i}/wt"]
             args = (self._ptr(src), i32(src["ld"]), w, a.get(f"{i}/b", null), a.get(f"{i}/scale", null),
-                    self.arena, a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n), i32(src["H"]),
+                    self._arena(s["dests"][0]), a[f"{i}/y_off"], a[f"{i}/y_ld"], a.get(f"{i}/inv", null), i32(n),
+                    i32(src["H"]),
                     i32(src["W"]), i32(src["C"]), i32(s["K"]), i32(s["kh"]), i32(s["kw"]), i32(s["relu"]))
             if s["kernel"] in TC:  # any geometry, and a residual
                 kh, kw = s["kh"], s["kw"]
@@ -327,7 +346,7 @@ class Engine:
             return (self._kernel(f"{name}_{sfx}"), grid(M * d["C"]), block, args, 0)
         if kind == "maxpool" and "stride" in s:
             src, d = s["src"], s["dst"]
-            v = vector_width(self.arena.itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
+            v = vector_width(self._arena(src).itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
                              d["base"] + d["off"])
             return (self._kernel(f"maxpool_pad_{sfx}"), grid(n * d["H"] * d["W"] * src["C"] // v), block,
                     (self._ptr(src), i32(src["ld"]), self._ptr(d), i32(d["ld"]), i32(n), i32(src["H"]), i32(src["W"]),
@@ -335,11 +354,20 @@ class Engine:
                      i32(d["H"]), i32(d["W"])), 0)
         if kind == "maxpool":
             src, d = s["src"], s["dst"]
-            v = vector_width(self.arena.itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
+            v = vector_width(self._arena(src).itemsize, src["C"], src["ld"], d["ld"], src["base"] + src["off"],
                              d["base"] + d["off"])
             return (self._kernel(f"maxpool_{sfx}"), grid(n * src["H"] * src["W"] * src["C"] // v), block,
                     (self._ptr(src), i32(src["ld"]), self._ptr(d), i32(d["ld"]), i32(n), i32(src["H"]), i32(src["W"]),
                      i32(src["C"]), i32(s["size"])), 0)
+        if kind == "reformat":  # a mixed plan's tensor in another precision: 8 channels a thread where aligned
+            src, d = s["src"], s["dst"]
+            M = n * src["H"] * src["W"]
+            v = 8 if all(k % 8 == 0 for k in (src["C"], src["ld"], d["ld"], src["base"] + src["off"],
+                                               d["base"] + d["off"])) else 1
+            return (self._kernel(f"reformat{v if v > 1 else ''}_{SUFFIX[s['from']]}_{SUFFIX[s['to']]}"),
+                    grid(M * src["C"] // v), block,
+                    (self._ptr(src), i32(src["ld"]), self._ptr(d), i32(d["ld"]), i64(M), i32(src["C"]),
+                     np.float32(s["scale"]), np.float32(s["inv_scale"])), 0)
         if kind == "concat_copy":
             src, d = s["src"], s["dst"]
             M = n * src["H"] * src["W"]
@@ -366,7 +394,7 @@ class Engine:
             return (self._kernel("softmax_rows"), (n,), block, (self.logits, self.out, i32(s["O"])), 0)
         if kind == "gpool":
             src = s["src"]
-            v = vector_width(self.arena.itemsize, src["C"], src["ld"], src["base"] + src["off"])
+            v = vector_width(self._arena(src).itemsize, src["C"], src["ld"], src["base"] + src["off"])
             return (self._kernel(f"global_pool_{sfx}"), grid(n * src["C"] // v), block,
                     (self._ptr(src), i32(src["ld"]), i32(src["H"] * src["W"]), i32(src["C"]), np.float32(s["x_scale"]),
                      self.pooled, i32(n)), 0)
@@ -386,11 +414,14 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        i2c, bm, bn, stages = WG[s["kernel"]]
+        i2c, bm, bn, stages, persist = WG[s["kernel"]]
         cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
-        item = self.arena.itemsize  # 2 (FP16) or 1 (INT8, FP8): a stage's rows are 64 elements, 128 or 64 bytes
-        smem = 1024 + stages * (bm + bn) * cv.WGMMA_BK * item + 2 * stages * 8  # alignment, tiles, mbarriers
-        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{SUFFIX[self.precision]}", smem)
+        item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8): a stage's rows are 64 elements, 128 or 64 bytes
+        epilogue = (bm // 64) * WG_EPI_PIECES * 64 * 32 * 4 if persist else 0  # pieces of 64 rows x 32 floats
+        # alignment, tiles, the epilogue's space, mbarriers (and, persistent, the tile the consumers are on)
+        smem = 1024 + stages * (bm + bn) * cv.WGMMA_BK * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
+        sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's layer may run in another precision
+        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{sfx}", smem)
         if f"{i}/wt" not in a:
             a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(a[f"{i}/w"].reshape(-1, s["K"]).T)
         wt = a[f"{i}/wt"]
@@ -419,7 +450,21 @@ class Engine:
                 ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])),
                 *(c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
                                    t["tiles_p"]))]
-        return fn, t["grid"], (cfg["threads"],), args, smem
+        grid = t["grid"]
+        if persist:  # every tile in turn: as many blocks as the SMs hold at once, or fewer with fewer tiles
+            grid = (min(grid[0] * grid[1], _sms() * _blocks_per_sm(fn, cfg["threads"], smem)),)
+        return fn, grid, (cfg["threads"],), args, smem
+
+
+def _blocks_per_sm(fn, threads: int, smem: int) -> int:
+    """How many blocks of ``fn`` (``threads`` threads, ``smem`` bytes of dynamic shared memory) an SM holds at once."""
+    import ctypes
+
+    n = ctypes.c_int()
+    cuda_c.driver_check(cuda_c.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), ctypes.c_int(threads), ctypes.c_size_t(smem)),
+        "asking the driver how many blocks fit on an SM")
+    return max(1, n.value)
 
 
 def _sms() -> int:

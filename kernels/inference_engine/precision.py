@@ -76,13 +76,18 @@ def entropy_scale(x, bins: int = 2048, levels: int = 128, step: int = 16) -> flo
     loses the least information (smallest Kullback-Leibler divergence KL(P || Q)), scale T / 127. P: the
     first i bins of the histogram, everything past them added to the last; Q: the same i bins merged into
     128 levels and spread back evenly over the bins that were not empty. Thresholds tried every ``step``
-    bins."""
+    bins. The first bin's count is replaced by the second's, as NVIDIA's calibrator does (pytorch-quantization's
+    ``_compute_amax_entropy``: ``bins[0] = bins[1]``): after a ReLU, half the values or more are exact zeros, and
+    a first bin that holds them all makes the divergence of every threshold a question of that one bin, so the
+    search clipped ResNet-50's activations at ~40% of their largest value (an INT8 plan calibrated so agreed
+    with FP32 on 2% of the inputs)."""
     a = np.abs(np.asarray(x, np.float64)).ravel()
     top = a.max() if a.size else 0.0
     if top == 0:
         return 1.0
     hist, edges = np.histogram(a, bins=bins, range=(0, top))
     hist = hist.astype(np.float64)
+    hist[0] = hist[1]
     best, best_i = math.inf, bins
     for i in range(levels, bins + 1, step):
         p = hist[:i].copy()

@@ -27,7 +27,9 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
     or with a residual (ResNet-50's), runs only on the tc kernels and, FP16 or INT8 on Hopper, the wg kernels (``wg_fits``).
     FP8 runs on the wg kernels only."""
     if kernel in WG:
-        return precision in ("fp16", "int8", "fp8") and wg_fits(step, np.dtype(DTYPES[precision]).itemsize)
+        item = np.dtype(DTYPES[precision]).itemsize
+        # the persistent tiles store 16 bytes of a row at a time in every type: 16 channels of INT8 or FP8
+        return precision in ("fp16", "int8", "fp8") and wg_fits(step, item, store=16 // item if WG[kernel][4] else 8)
     if not plain(step) and kernel not in TC:
         return False
     if kernel in DIRECT:
@@ -55,18 +57,18 @@ def plain(step: dict) -> bool:
             == [kh // 2, kh // 2, kw // 2, kw // 2] and not step.get("res"))
 
 
-def wg_fits(step: dict, itemsize: int = 2) -> bool:
+def wg_fits(step: dict, itemsize: int = 2, store: int = 8) -> bool:
     """Whether the Hopper kernels (inference_engine_wgmma.cu) can run a conv step: whole slices of 64 input
     channels read by the TMA (the input's pixel stride and first element in whole 16 bytes: 8 FP16 elements, 16
-    INT8 or FP8 ones, ``itemsize`` 2 or 1), one destination written and a residual read 8 channels at a time (K,
-    their pixel strides and first elements multiples of 8);
+    INT8 or FP8 ones, ``itemsize`` 2 or 1), one destination written and a residual read ``store`` channels at a time (8; 16 INT8 or FP8
+    ones in the persistent tiles: K, their pixel strides and first elements multiples of that);
     stride 1, or a 1 x 1 convolution without padding at any stride (read through a tensor map that skips the pixels
     between)."""
-    src, res, v = step["src"], step.get("res"), 16 // itemsize
-    if src["C"] % 64 or src["ld"] % v or (src["base"] + src["off"]) % v or step["K"] % 8 or len(step["dests"]) != 1:
+    src, res, v, w = step["src"], step.get("res"), 16 // itemsize, store
+    if src["C"] % 64 or src["ld"] % v or (src["base"] + src["off"]) % v or step["K"] % w or len(step["dests"]) != 1:
         return False
     d = step["dests"][0]
-    if d["ld"] % 8 or (d["base"] + d["off"]) % 8 or (res and (res["ld"] % 8 or (res["base"] + res["off"]) % 8)):
+    if d["ld"] % w or (d["base"] + d["off"]) % w or (res and (res["ld"] % w or (res["base"] + res["off"]) % w)):
         return False
     if step.get("stride", 1) != 1:
         return step["kh"] == step["kw"] == 1 and step.get("pad", [0, 0, 0, 0]) == [0, 0, 0, 0]
@@ -96,20 +98,21 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
     n = plan.header["max_batch"]
     x = cp.asarray(np.random.default_rng(0).random((n, *plan.header["input_shape"]), np.float32))
     # never a kernel's output: INT8 clips to -127 .. 127; FP8's 0x7F is NaN, which a finite value never becomes
-    poison = {"int8": -128, "fp8": 0x7F}.get(precision, np.nan)
-    table = cp.asarray(E4M3) if precision == "fp8" else None  # FP8 codes compared as the values they stand for
+    poison = {"int8": -128, "fp8": 0x7F}
+    table = cp.asarray(E4M3)  # FP8 codes compared as the values they stand for
 
     def logits():  # the head's logits (before the softmax, where the plan ends in one)
-        eng.arena.fill({"int8": 0, "fp8": 0x7F}.get(precision, np.nan))  # every value read must have been written
+        for p, arena in eng.arenas.items():  # a mixed plan has two arenas
+            arena.fill({"int8": 0, "fp8": 0x7F}.get(p, np.nan))  # every value read must have been written
         eng.infer(x)
         return eng.logits[:len(x)].get().astype(np.float64)
 
     def run(step) -> list:  # the step's outputs from poisoned destinations, as float32 copies on the GPU
+        p = step.get("precision", precision)
         for d in step["dests"]:
-            eng._view(d, n)[...] = poison
+            eng._view(d, n)[...] = poison.get(p, np.nan)
         eng.run_step(step["id"], n)
-        return [table[eng._view(d, n)] if table is not None else eng._view(d, n).astype(cp.float32)
-                for d in step["dests"]]
+        return [table[eng._view(d, n)] if p == "fp8" else eng._view(d, n).astype(cp.float32) for d in step["dests"]]
 
     def same(got, ref, bound) -> bool:  # compared on the GPU: a layer's output is up to ~100 MB at batch 64
         return all(bool(cp.all(cp.abs(g - r) <= b)) for g, r, b in zip(got, ref, bound))  # NaN compares False
@@ -118,13 +121,14 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
     tol = 1e-4 if precision == "fp32" else 0.05
     convs = [s for s in plan.steps if s["kind"] == "conv"]
     for step in bench.progress(convs, desc=f"auto-tuning {precision}"):
+        p = step.get("precision", precision)  # a mixed plan's layer may run in another precision
         default, times, rejected = step["kernel"], {}, []
         eng.refresh(step["id"])
         ref = run(step)
         # INT8: one step; FP8: one step of e4m3's 3-bit mantissa at the largest value; FP16: 1%
-        rel = {"fp8": 0.125}.get(precision, 1e-2)
-        bound = [1.0 if precision == "int8" else rel * (float(cp.abs(r).max()) + 1e-3) for r in ref]
-        for kernel in candidates(step, precision):
+        rel = {"fp8": 0.125}.get(p, 1e-2)
+        bound = [1.0 if p == "int8" else rel * (float(cp.abs(r).max()) + 1e-3) for r in ref]
+        for kernel in candidates(step, p):
             step["kernel"] = kernel
             eng.refresh(step["id"])
             if not same(run(step), ref, bound):
