@@ -27,6 +27,7 @@ class agreeing on >= 99% of the inputs) are in ``GOALS`` and ``ratios``; nothing
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import numpy as np
@@ -44,8 +45,11 @@ COMPILED = ("torch.compile + CUDA graph",)
 CALIBRATION_IMAGES = 8  # batch-norm statistics and INT8 scales: the NumPy reference runs them, 3.9 G MACs an image
 AGREEMENT_IMAGES = 1000  # the fixed set the top-1 classes are compared on
 # The mixed plans' layers kept in FP16 (build_plan's keep_fp16): what E.keep_fp16_for chose for a 99% target on 200
-# other inputs (images(200, 4)), stage by stage then block by block, with the NumPy runtime (measured on a CPU)
-MIXED = {"int8": ["conv1", "conv2", "conv3"], "fp8": ["conv1", "conv2", "conv3"]}
+# other inputs (images(200, 4)) with the NumPy runtime (the kernels' arithmetic, on a CPU): INT8 block by block (58% of
+# the multiply-adds stay in FP16: INT8 in conv4's last four blocks and conv5), FP8 stage by stage (81%: FP8 in conv5
+# alone; each of conv4's blocks in FP8 costs as much as all of conv5)
+MIXED = {"int8": ["conv1", "conv2", "conv3", "conv4_block1", "conv4_block2"],
+         "fp8": ["conv1", "conv2", "conv3", "conv4"]}
 
 
 def images(n: int, seed: int) -> np.ndarray:
@@ -108,8 +112,9 @@ def _optimised_for_costs():
     return E.optimize(E.resnet50(SIZE))[-1][1]  # shapes only: the counts do not depend on the weights
 
 
-def _pytorch(g, xs: list, repeats: int, variants: tuple = PYTORCH_VARIANTS) -> dict:
-    """PyTorch's rows at batch 1 and BATCH, FP16, beside the engine rows (timed again here, in the same run)."""
+def _pytorch(g, xs: list, repeats: int, variants: tuple = PYTORCH_VARIANTS, batches: tuple = (1, BATCH)) -> dict:
+    """PyTorch's rows at ``batches`` (1 and BATCH), FP16, beside the engine rows (timed again here, in the same
+    run)."""
     from benchmarks import inference_engine_pytorch as PT
 
     why = PT.unavailable()
@@ -126,7 +131,7 @@ def _pytorch(g, xs: list, repeats: int, variants: tuple = PYTORCH_VARIANTS) -> d
         for v in bench.progress(variants, desc="PyTorch beside the engine"):
             layout = "contiguous" if "NCHW" in v else "channels_last"
             row = {"name": f"PyTorch {v}, FP16", "variant": v}
-            for n in (1, BATCH):
+            for n in batches:
                 staged = [PT.as_input(a[:n].get(), precision="fp16", device=dev, layout=layout) for a in xs]
                 x = torch.empty_like(staged[0])
                 x.copy_(staged[0])
@@ -252,20 +257,31 @@ def measure(repeats: int = 20) -> dict:
     return out
 
 
-def measure_compile(repeats: int = 20) -> dict:
+def measure_compile(repeats: int = 20, batches: tuple | None = None) -> dict:
     """Figure "resnet_compile" (GPU mode): torch.compile (max-autotune) in a CUDA graph at batch 1 and 64, FP16, beside
-    the engine's FP16 plans built and timed again in the same run."""
+    the engine's FP16 plans built and timed again in the same run. ``batches`` (default: the environment's
+    GPUCOURSE_COMPILE_BATCHES, e.g. "1" or "64", else both): one batch size a run, where a run must stay short
+    (max-autotune compiles for 4 to 5 minutes a batch size on an H100); each ratio is still from one run."""
     runtime.require_gpu("timing ResNet-50 through the engine")
     cp = runtime.cupy()
+    if batches is None:
+        env = os.environ.get("GPUCOURSE_COMPILE_BATCHES", "")
+        batches = tuple(int(b) for b in env.split(",") if b.strip()) or (1, BATCH)
+    if not set(batches) <= {1, BATCH}:
+        raise runtime.CourseInputError(f"the compiled figure measures batch 1 and {BATCH}, not {batches}")
     g, final, _, _ = network()
     xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
     rows = {}
     for name, batch in (("FP16, batch 64", BATCH), ("FP16, batch 1", 1)):
+        if batch not in batches:
+            continue
         eng = E.Engine(E.build_plan(final, precision="fp16", max_batch=batch))
         rows[name] = {"batch": batch, **_engine_timings(eng, batch, xs, repeats)}
         del eng
-    out = {"size": SIZE, "batch": BATCH, "engine": rows, "pytorch": _pytorch(g, xs, repeats, COMPILED)}
+    out = {"size": SIZE, "batch": BATCH, "engine": rows, "pytorch": _pytorch(g, xs, repeats, COMPILED, batches)}
     for n, key in ((1, "FP16, batch 1"), (BATCH, "FP16, batch 64")):
+        if n not in batches:
+            continue
         name, ms = best_pytorch(out, n)
         if ms:
             out[f"fp16_vs_compile_b{n}"] = {"ratio": ms / rows[key]["ms"], "goal": GOALS["fp16_vs_pytorch"]}
@@ -287,14 +303,14 @@ def _fp32_logits(g, x) -> tuple:
 
 
 def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target: float = 0.99,
-                  level: str = "stage", timed: bool = True, repeats: int = 20, budget_s: float = 1e9,
-                  log=print) -> dict:
+                  level: str = "stage", selection: int = 200, timed: bool = True, repeats: int = 20,
+                  budget_s: float = 1e9, log=print) -> dict:
     """On a GPU, the mixed plans, in this order (each part skipped once ``budget_s`` seconds have gone): every candidate
     ({precision: [keep_fp16 lists]}; None: the pure plan and ``MIXED``'s, INT8 and on Hopper FP8) on the benchmark's
     1,000 inputs against the FP32 reference (top-1 agreement, logits' relative error, noise: ``E.agreement``; untuned
     plans); with ``timed``, the FP16 plan and each candidate tuned and timed at batch 64; with ``choose``, the parts
-    ``E.keep_fp16_for`` keeps in FP16 for ``target`` on 200 other inputs (images(200, 4); each ``level`` unit's
-    sensitivity from the GPU engine), and that choice on the 1,000."""
+    ``E.keep_fp16_for`` keeps in FP16 for ``target`` on ``selection`` other inputs (images(selection, 4); each
+    ``level`` unit's sensitivity from the GPU engine), and that choice on the 1,000."""
     runtime.require_gpu("measuring mixed-precision plans")
     from gpucourse import gpus
 
@@ -331,8 +347,9 @@ def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target
                 f"{row['rel_error']:.3f}, noise {row['noise']:.3f}, {100 * row['fp16_share']:.0f}% of the MACs in FP16")
     if timed and left() > 0:
         xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
-        for name, p, keep in [("FP16", "fp16", None)] + [(f"{p.upper()} keep_fp16={k}", p, k)
-                                                         for p, keeps in candidates.items() for k in keeps]:
+        plans = [(f"{p.upper()} keep_fp16={k}", p, k) for p, keeps in candidates.items() for k in keeps]
+        plans.sort(key=lambda t: not t[2])  # the mixed plans first, then the pure ones (in the records already)
+        for name, p, keep in [("FP16", "fp16", None)] + plans:
             if left() <= 0:
                 break
             t0 = time.perf_counter()
@@ -346,7 +363,7 @@ def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target
                 f"({out['timed'][name]['gpu_ms']:.3f} GPU only), {ratio:.2f}x FP16; tuned in {build_s:.0f} s")
             del eng, plan
     if choose and left() > 0:
-        x_sel = images(200, 4)
+        x_sel = images(selection, 4)
         ref_sel, _ = _fp32_logits(g, x_sel)
         for p in precisions:
             if left() <= 0:
@@ -369,7 +386,7 @@ def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target
 
 def best_pytorch(t: dict, n: int) -> tuple:
     """(name, ms) of PyTorch's fastest row at batch n, end to end."""
-    rows = [(r["name"], r[f"b{n}"]["ms"]) for r in t.get("pytorch", {}).get("rows", []) if r[f"b{n}"].get("ms")]
+    rows = [(r["name"], r[f"b{n}"]["ms"]) for r in t.get("pytorch", {}).get("rows", []) if r.get(f"b{n}", {}).get("ms")]
     return min(rows, key=lambda r: r[1]) if rows else (None, None)
 
 
@@ -411,12 +428,12 @@ def text(t: dict) -> str:
     lines = [f"ResNet-50, {t['size']} x {t['size']}: {t['nodes']['imported']} nodes imported, "
              f"{t['nodes']['optimised']} after the passes"]
     for name, r in e.items():
-        lines.append(f"  engine {name:15s}: {r['ms']:7.3f} ms end to end ({r['gpu_ms']:.3f} GPU only), "
+        lines.append(f"  engine {name:22s}: {r['ms']:7.3f} ms end to end ({r['gpu_ms']:.3f} GPU only), "
                      f"{r['images_per_s']:8,.0f} images/s; built in {r['build_s']:.0f} s; "
                      + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1])))
         if r.get("keep_fp16"):
             lines.append(f"      {', '.join(r['keep_fp16'])} kept in FP16 ({100 * r['fp16_share']:.0f}% of the "
-                         f"multiply-adds), {r['reformats']} reformat steps")
+                         f"multiply-adds), {r['reformats']} reformat step{'s' if r['reformats'] != 1 else ''}")
     pt = t.get("pytorch", {})
     if not pt.get("available"):
         lines.append(f"  PyTorch: {pt.get('why', 'not measured')}")
@@ -443,7 +460,7 @@ def compile_text(t: dict) -> str:
     lines = [f"ResNet-50 FP16 beside torch.compile ({pt.get('compile_mode')}, then a CUDA graph; PyTorch "
              f"{pt.get('torch')}, {pt.get('compile_s', 0):.0f} s compiling):"]
     for n, key in ((1, "FP16, batch 1"), (t["batch"], "FP16, batch 64")):
-        row = next((r for r in pt["rows"] if r[f"b{n}"].get("ms")), None)
+        row = next((r for r in pt["rows"] if r.get(f"b{n}", {}).get("ms")), None)
         ratio = t.get(f"fp16_vs_compile_b{n}", {})
         if row:
             lines.append(f"  batch {n:2d}: engine {t['engine'][key]['ms']:.3f} ms, torch.compile {row[f'b{n}']['ms']:.3f} ms: "

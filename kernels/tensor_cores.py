@@ -578,23 +578,28 @@ def tensor_map(x, box: tuple) -> "object":
     return _cached_map(x, ("tiled", tuple(box)), encode)
 
 
-def _tma_type(itemsize: int) -> tuple:
-    """(the TMA's element type, its swizzle) for elements of ``itemsize`` bytes read 64 to a row: FP16 rows of 128
-    bytes in the 128-byte swizzle; 8-bit ones (INT8, FP8, moved as bytes) of 64 bytes in the 64-byte swizzle."""
+def _tma_type(itemsize: int, row: int | None = None) -> tuple:
+    """(the TMA's element type, its swizzle) for elements of ``itemsize`` bytes read ``row`` bytes to a row (64
+    elements when None): rows of 128 bytes in the 128-byte swizzle (FP16, and the engine's wide 8-bit tiles), of 64
+    bytes (8-bit ones: INT8, FP8, moved as bytes) in the 64-byte swizzle."""
     if itemsize not in (1, 2):
         raise runtime.CourseInputError(f"the tensor maps here hold 1- or 2-byte elements, not {itemsize}-byte ones")
-    return (_TMA_FLOAT16, _TMA_SWIZZLE_128B) if itemsize == 2 else (_TMA_UINT8, _TMA_SWIZZLE_64B)
+    row = 64 * itemsize if row is None else row
+    if row not in (64, 128):
+        raise runtime.CourseInputError(f"a tensor map's rows here are 64 or 128 bytes (a row of the swizzle), not {row}")
+    return (_TMA_FLOAT16 if itemsize == 2 else _TMA_UINT8, _TMA_SWIZZLE_128B if row == 128 else _TMA_SWIZZLE_64B)
 
 
-def encode_tiled(tmap, ptr: int, dims: tuple, strides: tuple, box: tuple, itemsize: int = 2) -> None:
+def encode_tiled(tmap, ptr: int, dims: tuple, strides: tuple, box: tuple, itemsize: int = 2,
+                 row: int | None = None) -> None:
     """cuTensorMapEncodeTiled into ``tmap`` (128 bytes, ``_map_buffer``) for FP16 elements (``itemsize`` 1: bytes)
     at address ``ptr``: ``dims`` fastest first, the byte ``strides`` of every dimension but the fastest (any
     multiple of 16 bytes: a view that skips pixels or rows is a tensor too), ``box`` fastest first; 128-byte swizzle
-    (64-byte for bytes), zeros outside."""
+    (64-byte for bytes, unless ``row`` = 128 bytes: ``_tma_type``), zeros outside."""
     import ctypes
 
     rank = len(dims)
-    kind, swizzle = _tma_type(itemsize)
+    kind, swizzle = _tma_type(itemsize, row)
     cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeTiled(
         tmap, kind, rank, ctypes.c_void_p(ptr), (ctypes.c_uint64 * rank)(*dims),
         (ctypes.c_uint64 * max(1, rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box),
@@ -602,13 +607,13 @@ def encode_tiled(tmap, ptr: int, dims: tuple, strides: tuple, box: tuple, itemsi
 
 
 def encode_im2col(tmap, ptr: int, dims: tuple, strides: tuple, pixels: int, channels: int, lower: tuple,
-                  upper: tuple, itemsize: int = 2) -> None:
+                  upper: tuple, itemsize: int = 2, row: int | None = None) -> None:
     """cuTensorMapEncodeIm2col into ``tmap`` for an NHWC FP16 image (``itemsize`` 1: bytes) at ``ptr``: ``dims``
     (C, W, H, N) and the byte strides of W, H and N; ``pixels`` x ``channels`` a load; the window from ``lower`` to
-    ``upper`` (both (rows, columns)) as ``tensor_map_im2col`` says."""
+    ``upper`` (both (rows, columns)) as ``tensor_map_im2col`` says; ``row``: as ``encode_tiled``'s."""
     import ctypes
 
-    kind, swizzle = _tma_type(itemsize)
+    kind, swizzle = _tma_type(itemsize, row)
     cuda_c.driver_check(cuda_c.driver().cuTensorMapEncodeIm2col(
         tmap, kind, 4, ctypes.c_void_p(ptr), (ctypes.c_uint64 * 4)(*dims),
         (ctypes.c_uint64 * 3)(*strides), (ctypes.c_int * 2)(lower[1], lower[0]),  # the driver wants W first

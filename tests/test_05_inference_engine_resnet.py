@@ -306,7 +306,7 @@ def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precisio
     ref.infer(x)
     want = np.asarray(ref.logits[:len(x)], np.float64)
     eng = E.Engine(plan, graphs=False)
-    kernels = (() if precision == "fp8" else E.catalog.TC) + (tuple(E.WG) if hopper else ())
+    kernels = (() if precision == "fp8" else E.catalog.TC) + (E.catalog.wg_kernels(precision) if hopper else ())
     convs = [s for s in plan.steps if s["kind"] == "conv"]
     defaults = {s["id"]: s["kernel"] for s in convs}
     for kernel in kernels:
@@ -353,10 +353,10 @@ def test_a_persistent_block_that_walks_many_tiles_gives_the_one_tile_blocks_outp
     convs = [s for s in plan.steps if s["kind"] == "conv"]
     eng = E.Engine(plan, graphs=False)
     poison = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[precision]
-    for persistent in [k for k, v in E.WG.items() if v[4]]:
+    for persistent in [k for k in E.catalog.wg_kernels(precision) if E.WG[k][4]]:
         logits = []
-        _, bm, bn, _, _ = E.WG[persistent]
-        one_tile = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and not v[4])  # any stage count
+        _, bm, bn, _, _, wide = E.WG[persistent]
+        one_tile = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and not v[4] and v[5] == wide)
         for kernel in (one_tile, persistent):
             used = 0
             for s in convs:
@@ -534,11 +534,15 @@ def test_keep_fp16_for_keeps_the_costliest_parts_first(calibrated):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["int8", "fp8"])
 def test_a_mixed_plan_on_the_gpu_gives_its_numpy_runtimes_output(calibrated, precision):
-    """On a GPU: a mixed plan (stem, conv2 and one block of conv4 in FP16, the rest INT8 or, on Hopper, FP8) from both
-    arenas poisoned beforehand: each reformat kernel (8 channels a thread) writes exactly what the NumPy runtime
-    writes from the same input, and the logits agree with the NumPy runtime's as the FP16 plan's do (its FP16 layers'
-    sums in another order)."""
+    """On a GPU: a mixed plan (stem, conv2 and one block of conv4 in FP16, the rest INT8 or, on Hopper, FP8), step by
+    step from the NumPy runtime's arenas: each step writes what the NumPy runtime writes, to its precision's last
+    step (an 8-bit value one quantisation step apart where the kernel's float sum sits on a rounding boundary); each
+    reformat kernel (8 channels a thread) exactly. Run straight through from both arenas poisoned, the logits are
+    finite and a CUDA graph gives them bit for bit. (Not the NumPy runtime's logits: the FP16 layers' sums in another
+    order move a few of conv3's INT8 inputs by one step, and a random network's 40 layers after that amplify it,
+    measured on an H100: 0.4 of the largest logit in INT8, as FP8's own test says.)"""
     from gpucourse import gpus
+    from kernels.inference_engine.precision import E4M3_MAX
 
     if precision == "fp8" and not gpus.status("05.wgmma").runs:
         pytest.skip("FP8 plans run on Hopper's wgmma kernels only")
@@ -547,26 +551,48 @@ def test_a_mixed_plan_on_the_gpu_gives_its_numpy_runtimes_output(calibrated, pre
     plan = _mixed_plan(calibrated, precision)
     n = len(x)
     ref = E.Engine(plan, numpy=True)
-    ref.infer(x)
-    want = np.asarray(ref.logits[:n], np.float64)
     eng = E.Engine(plan, graphs=False)
+    ref._x, eng._x = x, cp.asarray(x)
+    checked = {"fp16": 0, precision: 0}
+    for s in plan.steps:
+        for p, arena in eng.arenas.items():  # this step's inputs: the NumPy runtime's
+            arena[...] = cp.asarray(ref.arenas[p])
+        eng.pooled[...] = cp.asarray(ref.pooled)
+        ref.run_step(s["id"], n)
+        eng.run_step(s["id"], n)
+        if s["kind"] in ("gpool", "classifier"):
+            got, want = (eng.pooled[:n].get(), ref.pooled[:n]) if s["kind"] == "gpool" else \
+                (eng.logits[:n].get(), ref.logits[:n])
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=s["name"])
+        for d in s.get("dests") or ([s["dst"]] if "dst" in s else []):
+            p = d.get("arena", precision)
+            got = ref._f32(eng._view(d, n).get()).astype(np.float64)
+            want = ref._f32(np.asarray(ref._view(d, n))).astype(np.float64)
+            if s["kind"] == "reformat":
+                np.testing.assert_array_equal(got, want, err_msg=s["name"])
+            elif p == "fp16":
+                np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=s["name"])
+            elif p == "int8":  # the codes: at most one step apart, and rarely
+                assert np.abs(got - want).max() <= 1 and np.mean(got != want) < 0.02, s["name"]
+            else:  # e4m3 codes: one step apart (an eighth of the larger value at most), and near zero, where a
+                # sum cancels, the tensor cores' FP8 sums (fewer bits than FP32's: measured on an H100, 9 steps of a
+                # value near 0) within 1% of the tensor's largest value
+                err = np.abs(got - want) - np.maximum(np.abs(got), np.abs(want)) / 8
+                assert err.max() <= 1e-2 * np.abs(want).max() and np.mean(got != want) < 0.05, \
+                    (s["name"], err.max(), np.abs(want).max(), np.mean(got != want))
+            assert np.abs(want).max() <= (127 if p == "int8" else E4M3_MAX if p == "fp8" else np.inf)
+            checked[p] += 1
+    assert checked["fp16"] >= 14 and checked[precision] >= 30, checked
     for p, arena in eng.arenas.items():
         arena.fill({"fp16": np.nan, "int8": -128, "fp8": 0x7F}[p])
     eng.infer(x)
     got = eng.logits[:n].get().astype(np.float64)
     assert np.isfinite(got).all()
-    tol = {"int8": 5e-2, "fp8": 0.75}[precision]  # the FP16 plan's 5e-2; FP8 amplifies, as its own test says
-    assert np.abs(got - want).max() <= tol * np.abs(want).max(), np.abs(got - want).max()
     reformats = [s for s in plan.steps if s["kind"] == "reformat"]
     assert len(reformats) == 3
-    for s in reformats:  # the kernel alone, on the NumPy runtime's input
-        eng._view(s["src"], n)[...] = cp.asarray(ref._view(s["src"], n))
-        eng._view(s["dst"], n)[...] = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[s["to"]]
-        eng.run_step(s["id"], n)
+    for s in reformats:  # 8 channels a thread
         assert eng._prepared[(s["id"], n)][0].name.startswith("reformat8_"), s["name"]
-        np.testing.assert_array_equal(eng._view(s["dst"], n).get(), ref._view(s["dst"], n), err_msg=s["name"])
-    # and as one CUDA graph (both arenas' pointers fixed in it)
+    # and as one CUDA graph (both arenas' pointers fixed in it): the same kernels, the same logits
     graph = E.Engine(plan, graphs=True)
     graph.infer(x)
-    again = graph.logits[:n].get().astype(np.float64)
-    assert np.abs(again - want).max() <= tol * np.abs(want).max(), np.abs(again - want).max()
+    np.testing.assert_array_equal(graph.logits[:n].get().astype(np.float64), got)

@@ -9,10 +9,13 @@
 
 namespace hopper {
 
-// What a tile's elements are, and what the tensor cores accumulate them in. A stage holds BK = 64 channels of each
-// row: 128 bytes in FP16 (the 128-byte swizzle), 64 bytes in the 8-bit types (the 64-byte swizzle, which the
-// launcher's tensor maps ask the TMA for). wgmma takes 32 bytes of a row a step either way: K = 16 FP16 or K = 32
-// INT8 / FP8. Lesson 4 uses FP16; lesson 5's engine all three (INT8 into INT32 sums, FP8 e4m3 into FP32).
+// What a tile's elements are, and what the tensor cores accumulate them in. A stage holds BKC channels of each
+// row (a slice of the reduction): BKC = BK = 64 makes rows of 128 bytes in FP16 (the 128-byte swizzle) and of 64
+// bytes in the 8-bit types (the 64-byte swizzle, which the launcher's tensor maps ask the TMA for); the engine's
+// "wide" 8-bit tiles take BKC = 128, rows of 128 bytes in the 128-byte swizzle as FP16's, so that a slice is as many
+// bytes and as much tensor-core work as FP16's (at 64 channels, half of each: an 8-bit layer took as many slices as
+// FP16's, each with its fixed cost, and ran no faster). wgmma takes 32 bytes of a row a step either way: K = 16 FP16
+// or K = 32 INT8 / FP8. Lesson 4 uses FP16; lesson 5's engine all three (INT8 into INT32 sums, FP8 e4m3 into FP32).
 struct F16 {
   static constexpr int kBytes = 2, kFloat = 1;
   using Acc = float;
@@ -43,13 +46,14 @@ struct E4M3 {
 template <class S, class = void> struct HasPrefetch { static constexpr bool value = false; };
 template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static constexpr bool value = true; };
 constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
-template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16, bool PERSIST = false>
+template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16, bool PERSIST = false, int BKC = 64>
 __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
                                           int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
                                           int tiles_q, int tiles_p) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
-  constexpr int ROW = BK * E::kBytes;  // bytes of a row in a stage: 128 (FP16) or 64 (8-bit)
+  constexpr int ROW = BKC * E::kBytes;  // bytes of a row in a stage: 128 (FP16, wide 8-bit) or 64 (8-bit)
+  static_assert(ROW == 64 || ROW == 128, "a stage's rows are one row of the 64- or 128-byte swizzle");
   constexpr unsigned A_BYTES = BM * ROW, B_BYTES = BN * ROW;
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1 KiB
@@ -73,7 +77,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   }
   __syncthreads();
 
-  const int slices = C / BK;  // slices of 64 channels in one tap
+  const int slices = C / BKC;  // slices of BKC channels in one tap
   const int kblocks = R * S * slices;
   // The tiles: one a block (blockIdx.x over the output pixels, blockIdx.y over the channels) or, PERSIST, tile
   // blockIdx.x, then gridDim.x further on, ... (the channel tiles of a run of pixels one after another).
@@ -108,7 +112,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       coords(tile, n, p0, q0, m0, k0);
       for (int kb = 0; kb < kblocks; ++kb, ++it) {
         const int s = it % STAGES;
-        const int tap = kb / slices, c0 = (kb % slices) * BK;
+        const int tap = kb / slices, c0 = (kb % slices) * BKC;
         const int r = tap / S, sx = tap % S;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
         mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
@@ -116,7 +120,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           tma_load_im2col_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 - pw, p0 - ph, n, sx, r);
         else  // im2col as a box: TH x TW pixels
           tma_load_4d(sA + s * A_BYTES, tmX, &full[s], c0, q0 + sx - pw, p0 + r - ph, n);
-        tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BK, k0);  // w's columns (r S + s) C + c0 ..
+        tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BKC, k0);  // w's columns (r S + s) C + c0 ..
       }
       }  // tiles
     } else if constexpr (PERSIST && I2C && HasPrefetch<Store>::value) {
@@ -151,6 +155,11 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
     for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) d[i][j] = 0;
+    // A slice's wgmma run while the next slice's are issued: after issuing slice kb, wait only until slice kb - 1's
+    // are done (wgmma_wait<1>) and give its stage back to the producer then, so the tensor cores never drain between
+    // slices (waiting for each slice's own wgmma, wgmma_wait<0>, they did: a short reduction spent a good part of
+    // its time there, and the 8-bit types, whose slice is half as much work, more). The last slice: after the loop.
+    int held = -1;  // the stage whose wgmma may still be reading it
     for (int kb = 0; kb < kblocks; ++kb, ++it) {
       const int s = it % STAGES;
       mbar_wait(&full[s], (it / STAGES) & 1);
@@ -159,18 +168,24 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < ROW / 32; ++kk) {  // both K-major, as the GEMM's "nk"; 8 rows a core block
+        // rows of 128 bytes: the 128-byte swizzle's descriptors (8 rows, 1024 bytes, a core block); of 64: the 64's
+        const unsigned long long da = ROW == 128 ? make_desc(a0 + kk * 32, 16, 1024) : make_desc_64b(a0 + kk * 32, 16, 512);
+        const unsigned long long db = ROW == 128 ? make_desc(b0 + kk * 32, 16, 1024) : make_desc_64b(b0 + kk * 32, 16, 512);
         if constexpr (E::kBytes == 2) {
-          wgmma_k16<BN, 0>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+          wgmma_k16<BN, 0>(d, da, db, 1);
         } else if constexpr (!E::kFloat) {
-          wgmma_k32_s8<BN>(d, make_desc_64b(a0 + kk * 32, 16, 512), make_desc_64b(b0 + kk * 32, 16, 512), 1);
+          wgmma_k32_s8<BN>(d, da, db, 1);
         } else {
-          wgmma_k32_e4m3<BN>(d, make_desc_64b(a0 + kk * 32, 16, 512), make_desc_64b(b0 + kk * 32, 16, 512), 1);
+          wgmma_k32_e4m3<BN>(d, da, db, 1);
         }
       }
       wgmma_commit();
-      wgmma_wait<0>();
-      if (tid == 0) mbar_arrive(&empty[s]);
+      wgmma_wait<1>();  // slice kb - 1's wgmma have read their stage; slice kb's may still run
+      if (tid == 0 && held >= 0) mbar_arrive(&empty[held]);
+      held = s;
     }
+    wgmma_wait<0>();  // the tile's sums are all in d
+    if (tid == 0 && held >= 0) mbar_arrive(&empty[held]);
     // Which output pixel row i of the tile is: (p0 + i / TW, q0 + i % TW) inside the image, or, im2col, row m0 + i
     // of y inside y; -1 for a row computed for nothing.
     auto pixel_of = [&](int i) -> long long {

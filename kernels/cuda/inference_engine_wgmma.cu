@@ -16,7 +16,7 @@
 // FP8 (the _f8 kernels): e4m3 activations and weights on wgmma's e4m3 path (FP32 sums), the same epilogue, the
 // result rounded to the nearest e4m3 of v / scale (saturated to +-448).
 //
-// Needs C a multiple of 64, K of 8, one destination (no horizontal fusion's split) and the output's and residual's
+// Needs C a multiple of 64 (the wide 8-bit tiles, wgw_ and wgpw_: of 128), K of 8, one destination (no horizontal fusion's split) and the output's and residual's
 // pixels and first elements multiples of 8 elements (kernel_fits says so).
 
 #include "conv_wgmma.cuh"
@@ -64,6 +64,18 @@ struct EngineEpilogue {
     return res ? *reinterpret_cast<const Raw*>(res + m * ldres + k) : Raw{};
   }
 
+  // p[k .. k + kVec - 1] (none: ``none``), kVec / 4 loads of 16 bytes through the read-only path
+  __device__ __forceinline__ static void load_vec(const float* p, int k, float (&out)[kVec], float none) {
+#pragma unroll
+    for (int q = 0; q < kVec / 4; ++q) {
+      const float4 f = p ? __ldg(reinterpret_cast<const float4*>(p + k) + q) : make_float4(none, none, none, none);
+      out[4 * q] = f.x;
+      out[4 * q + 1] = f.y;
+      out[4 * q + 2] = f.z;
+      out[4 * q + 3] = f.w;
+    }
+  }
+
   __device__ __forceinline__ void row(size_t m, int k, const float (&acc)[kVec], const Raw& raw) const {
     float v[kVec], r[kVec];
 #pragma unroll
@@ -77,11 +89,18 @@ struct EngineEpilogue {
         else r[j] = static_cast<float>(q[j]) * res_scale;
       }
     }
+    // The per-channel factors, 16 bytes a load (k is a multiple of kVec; each array starts 256-byte aligned). One
+    // float at a time, an 8-bit unit of 16 channels took 48 loads for 16 bytes of output, and its layers ran slower
+    // than FP16's, which load only a bias.
+    float sc[kVec], b[kVec], iv[kVec];
+    load_vec(scale, k, sc, 1.0f);
+    load_vec(bias, k, b, 0.0f);
+    if constexpr (sizeof(T) == 1) load_vec(inv, k, iv, 1.0f);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {  // in the order of the engine's other kernels (epilogue8): the same roundings
       v[j] = acc[j];
-      if (scale) v[j] *= scale[k + j];
-      if (bias) v[j] += bias[k + j];
+      if (scale) v[j] *= sc[j];
+      if (bias) v[j] += b[j];
       v[j] += r[j];
       if (relu) v[j] = fmaxf(v[j], 0.0f);
     }
@@ -91,9 +110,9 @@ struct EngineEpilogue {
     for (int j = 0; j < kVec; ++j) {
       if constexpr (sizeof(T) == 2) o[j] = __float2half_rn(v[j]);
       else if constexpr (kFp8)  // the nearest e4m3 code of v / scale, saturated to +-448
-        o[j] = __nv_cvt_float_to_fp8(v[j] * inv[k + j], __NV_SATFINITE, __NV_E4M3);
+        o[j] = __nv_cvt_float_to_fp8(v[j] * iv[j], __NV_SATFINITE, __NV_E4M3);
       else  // INT8: round to the nearest integer, clip to -127 .. 127
-        o[j] = static_cast<T>(max(-127, min(127, __float2int_rn(v[j] * inv[k + j]))));
+        o[j] = static_cast<T>(max(-127, min(127, __float2int_rn(v[j] * iv[j]))));
     }
     *reinterpret_cast<Raw*>(y + m * ldy + k) = out;
   }
@@ -102,26 +121,32 @@ struct EngineEpilogue {
 // conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8,f8}: kernels/inference_engine/catalog.py lists them (WG); conv_wgp_...: the
 // same tiles, PERSIST (conv_wgmma.cuh): as many blocks as fit on the SMs, each walking the tiles in turn, its next
 // tile's loads in flight during this one's epilogue
-#define ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, SFX, T, E, PERSIST, VEC)                                         \
+#define ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, SFX, T, E, PERSIST, VEC, BKC)                                    \
   extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
       conv_##PRE##NAME##BM##x##BN##_s##S##_##SFX(                                                               \
           const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW, const float* bias,     \
           const float* scale, const float* inv, T* y, int ldy, const T* res, int ldres, float res_scale,        \
           int relu, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, int TW, int tiles_q,      \
           int tiles_p) {                                                                                        \
-    hopper::conv_tile<BM, BN, S, I2C, EngineEpilogue<T, VEC>, hopper::E, PERSIST>(                             \
+    hopper::conv_tile<BM, BN, S, I2C, EngineEpilogue<T, VEC>, hopper::E, PERSIST, BKC>(                        \
         &tmX, &tmW, EngineEpilogue<T, VEC>{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}, N, P, Q, K, C, \
         R,                                                                                                       \
         Sw, ph, pw, TW, tiles_q, tiles_p);                                                                      \
   }
 #define ENGINE_WGMMA_ALL(NAME, I2C, BM, BN, S)                  \
-  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f16, __half, F16, false, 8) \
-  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, i8, int8, S8, false, 8)      \
-  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, false, 8)
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f16, __half, F16, false, 8, 64) \
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, i8, int8, S8, false, 8, 64)      \
+  ENGINE_WGMMA(wg_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, false, 8, 64)
 #define ENGINE_WGMMA_PERSIST(NAME, I2C, BM, BN, S)               \
-  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f16, __half, F16, true, 8) \
-  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, i8, int8, S8, true, 16)     \
-  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, true, 16)
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f16, __half, F16, true, 8, 64) \
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, i8, int8, S8, true, 16, 64)     \
+  ENGINE_WGMMA(wgp_, NAME, I2C, BM, BN, S, f8, fp8, E4M3, true, 16, 64)
+// The wide 8-bit tiles (conv_wgw_... and conv_wgpw_...): slices of 128 channels, rows of 128 bytes in the 128-byte
+// swizzle (conv_wgmma.cuh, BKC), for layers whose input has a multiple of 128 channels; INT8 and FP8 only (in FP16
+// a 128-byte row is the ordinary tile)
+#define ENGINE_WGMMA_WIDE(PRE, NAME, I2C, BM, BN, S, PERSIST)                              \
+  ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, i8, int8, S8, PERSIST, PERSIST ? 16 : 8, 128) \
+  ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, f8, fp8, E4M3, PERSIST, PERSIST ? 16 : 8, 128)
 
 ENGINE_WGMMA_ALL(, false, 128, 128, 4)
 ENGINE_WGMMA_ALL(, false, 128, 64, 4)
@@ -139,3 +164,11 @@ ENGINE_WGMMA_PERSIST(i2c_, true, 128, 128, 4)
 ENGINE_WGMMA_PERSIST(i2c_, true, 128, 64, 4)
 ENGINE_WGMMA_PERSIST(i2c_, true, 64, 128, 4)
 ENGINE_WGMMA_PERSIST(i2c_, true, 64, 64, 4)
+ENGINE_WGMMA_WIDE(wgw_, i2c_, true, 128, 256, 3, false)
+ENGINE_WGMMA_WIDE(wgw_, i2c_, true, 128, 128, 4, false)
+ENGINE_WGMMA_WIDE(wgw_, i2c_, true, 128, 64, 4, false)
+ENGINE_WGMMA_WIDE(wgw_, i2c_, true, 64, 128, 4, false)
+ENGINE_WGMMA_WIDE(wgw_, i2c_, true, 64, 64, 6, false)
+ENGINE_WGMMA_WIDE(wgpw_, i2c_, true, 128, 256, 3, true)
+ENGINE_WGMMA_WIDE(wgpw_, i2c_, true, 128, 128, 4, true)
+ENGINE_WGMMA_WIDE(wgpw_, i2c_, true, 128, 64, 4, true)

@@ -43,20 +43,34 @@ CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 # each taking tile after tile, its producer loading the next tile while its consumers store this one; name -> (im2col,
 # BM, BN, stages, persistent).
 WG_SOURCE = "inference_engine_wgmma"
-WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False)
+# The "wgw" and "wgpw" tiles are wide 8-bit ones (INT8 and FP8 only): slices of 128 channels, rows of 128 bytes in
+# the 128-byte swizzle as FP16's, for inputs of a multiple of 128 channels (conv_wgmma.cuh, BKC); the last field.
+WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False, False)
       for i2c, bm, bn, st in [(False, 128, 128, 4), (False, 128, 64, 4), (False, 64, 128, 4), (False, 64, 64, 6),
                               (True, 128, 128, 4), (True, 128, 64, 4), (True, 128, 256, 3), (True, 64, 128, 4),
                               (True, 64, 64, 6), (True, 64, 128, 2), (True, 64, 64, 3)]}
-WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True)
+WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 4)]})
+WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True)
+           for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 6)]})
+WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True)
+           for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4)]})
+WG_WIDE_BK = 128  # channels a slice of a wide tile (the others: kernels/convolution.py's WGMMA_BK, 64)
+
+
+def wg_kernels(precision: str) -> tuple:
+    """The wg tiles that run ``precision``: the wide ones in INT8 and FP8 only."""
+    return tuple(k for k, v in WG.items() if precision in ("int8", "fp8") or not v[5])
+
+
 WG_EPI_PIECES = 4  # a persistent tile's epilogue space: 64 rows x 32 floats a piece, per consumer (EPI_PIECES)
 SIMT = ("simt_64x64", "simt_64x32", "simt_32x32", "simtv_128x64", "simtv_128x32", "simtv_64x32", "simtv_128x16",
         "simtv_64x16") + tuple(DIRECT)
 CANDIDATES = {"fp32": SIMT + tuple(PIX),
               "fp16": ("wmma_64x64", "wmma_64x32", "wmma_128x32", "wmmav_64x32", "wmmav_128x32", "wmmav_64x16",
-                       "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG),
-              "int8": TC + tuple(TCD) + SIMT + tuple(PIX) + tuple(WG),
-              "fp8": tuple(WG)}  # FP8: wgmma's e4m3 path, Hopper only
+                       "wmmav_128x16") + TC + tuple(TCD) + SIMT + tuple(PIX) + wg_kernels("fp16"),
+              "int8": TC + tuple(TCD) + SIMT + tuple(PIX) + wg_kernels("int8"),
+              "fp8": wg_kernels("fp8")}  # FP8: wgmma's e4m3 path, Hopper only
 DEFAULT_KERNEL = {"fp32": "simt_64x64", "fp16": "wmma_64x64", "int8": "simt_64x64", "fp8": "wg_i2c_128x128_s4"}
 # a convolution of another geometry than "same" at stride 1, or with a residual (ResNet-50's): only the tc and wg
 # kernels take those, and tc_64x64 is the default

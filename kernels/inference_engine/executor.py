@@ -12,7 +12,7 @@ from gpucourse import runtime
 from gpucourse import cuda_c
 from kernels import tensor_cores
 from .catalog import (CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, STEM_TAPS_PADDED, TC, TCD, THREADS,
-                      WG, WG_EPI_PIECES, WG_SOURCE)
+                      WG, WG_EPI_PIECES, WG_SOURCE, WG_WIDE_BK)
 from . import network
 from .plan import check_target, Plan
 from .precision import DTYPES, from_e4m3, Q, SCALED, SUFFIX, to_e4m3
@@ -414,12 +414,13 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        i2c, bm, bn, stages, persist = WG[s["kernel"]]
+        i2c, bm, bn, stages, persist, wide = WG[s["kernel"]]
         cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
-        item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8): a stage's rows are 64 elements, 128 or 64 bytes
+        item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8)
+        bk = WG_WIDE_BK if wide else cv.WGMMA_BK  # a stage's rows: 64 elements (128 or 64 bytes), wide 128 bytes
         epilogue = (bm // 64) * WG_EPI_PIECES * 64 * 32 * 4 if persist else 0  # pieces of 64 rows x 32 floats
         # alignment, tiles, the epilogue's space, mbarriers (and, persistent, the tile the consumers are on)
-        smem = 1024 + stages * (bm + bn) * cv.WGMMA_BK * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
+        smem = 1024 + stages * (bm + bn) * bk * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
         sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's layer may run in another precision
         fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{sfx}", smem)
         if f"{i}/wt" not in a:
@@ -436,13 +437,14 @@ class Engine:
         map_x = tensor_cores._map_buffer()
         if cfg["im2col"]:  # the window of tap (0, 0) around each image: P x Q pixels from (-pad_t, -pad_l)
             H, W = dims[2], dims[1]
-            tensor_cores.encode_im2col(map_x, ptr, dims, strides, cfg["bm"], cv.WGMMA_BK, (-pad[0], -pad[2]),
-                                       (P - H - pad[0], Q - W - pad[2]), itemsize=item)
+            tensor_cores.encode_im2col(map_x, ptr, dims, strides, cfg["bm"], bk, (-pad[0], -pad[2]),
+                                       (P - H - pad[0], Q - W - pad[2]), itemsize=item, row=bk * item)
         else:
-            tensor_cores.encode_tiled(map_x, ptr, dims, strides, (cv.WGMMA_BK, t["TW"], t["TH"], 1), itemsize=item)
+            tensor_cores.encode_tiled(map_x, ptr, dims, strides, (bk, t["TW"], t["TH"], 1), itemsize=item,
+                                      row=bk * item)
         map_w = tensor_cores._map_buffer()
         tensor_cores.encode_tiled(map_w, wt.data.ptr, (wt.shape[1], wt.shape[0]), (wt.shape[1] * item,),
-                                  (cv.WGMMA_BK, cfg["bn"]), itemsize=item)
+                                  (bk, cfg["bn"]), itemsize=item, row=bk * item)
         c64, c32 = ctypes.c_uint64, ctypes.c_int32
         ptr_of = lambda key: c64(a[key].data.ptr if a.get(key) is not None else 0)  # noqa: E731
         args = [map_x, map_w, ptr_of(f"{i}/b"), ptr_of(f"{i}/scale"), ptr_of(f"{i}/inv"), c64(self._ptr(d).data.ptr),

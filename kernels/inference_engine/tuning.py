@@ -7,7 +7,7 @@ import numpy as np
 
 from gpucourse import bench, gpus, runtime
 
-from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR, WG
+from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR, WG, WG_WIDE_BK
 from .executor import Engine, vector_width
 from .plan import Plan
 from .precision import DTYPES, E4M3
@@ -29,7 +29,10 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
     if kernel in WG:
         item = np.dtype(DTYPES[precision]).itemsize
         # the persistent tiles store 16 bytes of a row at a time in every type: 16 channels of INT8 or FP8
-        return precision in ("fp16", "int8", "fp8") and wg_fits(step, item, store=16 // item if WG[kernel][4] else 8)
+        _, _, _, _, persist, wide = WG[kernel]
+        if wide and (item != 1 or step["src"]["C"] % WG_WIDE_BK):  # the wide tiles: 8-bit, slices of 128 channels
+            return False
+        return precision in ("fp16", "int8", "fp8") and wg_fits(step, item, store=16 // item if persist else 8)
     if not plain(step) and kernel not in TC:
         return False
     if kernel in DIRECT:
