@@ -200,10 +200,14 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       // for the 8-bit types). In rounds, the fragments go there (their layout: rows l/4 and l/4 + 8 of the warp's
       // 16, 2 columns a thread), then each thread takes a unit: V = Store::kVec consecutive columns of a row, so a
       // warp reads and writes whole runs of a row, V elements a thread, instead of 2. The columns are swizzled by
-      // the row, in groups of 8 floats (FP16) or 4 (8-bit), against bank conflicts.
+      // the row, in groups of 8 floats (FP16) or 4 (8-bit), against bank conflicts ...
       // (PERSIST: pieces of 32 columns in every type, so that an 8-bit tile's rounds take 16-byte runs too)
       constexpr int CW = PERSIST ? 32 : ROW / 4, V = Store::kVec, UNITS = CW / V, CHUNKS = BN / CW;
       constexpr int SW = CW == 32 ? 3 : 2;
+      // ... and by the piece, in groups of 4 floats: a quarter-warp's 16-byte reads take one row's units side by
+      // side across the pieces, and pieces 8 KB apart share their banks (unswizzled by the piece, a 16-float unit's
+      // reads, the 8-bit persistent tiles', met 4 ways on a bank; 8-float units 2 ways)
+      constexpr int CHX = CW / 4 - 1;
       constexpr int PIECES = PERSIST ? EPI_PIECES : STAGES;     // 64 rows x CW columns each, a round
       constexpr int PER = (PIECES * 64 * UNITS + 127) / 128;  // the units a thread takes in a round, at most
       // piece ch of this consumer: in A's stage ch (its own rows), or, PERSIST, in the epilogue's own space
@@ -247,7 +251,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           for (int h = 0; h < 2; ++h) {
             const int row = warp * 16 + lane / 4 + 8 * h;
             const auto* v = &d[j / 2][(j % 2) * 4 + 2 * h];
-            *reinterpret_cast<float2*>(buf + row * CW + ((col % CW) ^ ((row & 3) << SW))) =
+            *reinterpret_cast<float2*>(buf + row * CW + ((col % CW) ^ ((row & 3) << SW) ^ ((ch & CHX) << 2))) =
                 make_float2(static_cast<float>(v[0]), static_cast<float>(v[1]));
           }
         }
@@ -263,7 +267,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           float v[V];
 #pragma unroll
           for (int q = 0; q < V / 4; ++q) {
-            const float4 f = *reinterpret_cast<const float4*>(src + ((c8 + 4 * q) ^ ((row & 3) << SW)));
+            const float4 f = *reinterpret_cast<const float4*>(src + ((c8 + 4 * q) ^ ((row & 3) << SW) ^ ((ch & CHX) << 2)));
             v[4 * q] = f.x;
             v[4 * q + 1] = f.y;
             v[4 * q + 2] = f.z;
