@@ -25,10 +25,10 @@ WARP_VECS = (4, 8, 16)  # a warp per row: 16-byte loads a lane holds
 # The shape each row length gets on Hopper, by dtype: rows of up to N elements (the first N >= n) run as
 #   ("cluster", C, VECS, threads): C blocks a row (a thread-block cluster), `threads` a block, VECS loads a thread;
 #   ("warp", VECS, threads): a warp per row, threads / 32 rows a block.
-# benchmarks/softmax_sweep.py times every shape on a GPU and prints the fastest as lines of this table.
-# The shape each row length gets: the fastest of benchmarks/softmax_sweep.py on both an H100 and an H200
-# (2026-11-25). Long rows run fastest as ONE block of up to 1024 threads (C = 1) with the loads all issued first;
-# splitting a row across a cluster measured a few percent slower on both at every length from 4k.
+# benchmarks/softmax_sweep.py times every shape on a GPU and prints the fastest as lines of this table; these are
+# its fastest on both an H100 and an H200 (2026-11-25). Long rows run fastest as ONE block of up to 1024 threads
+# (C = 1) with the loads all issued first; splitting a row across a cluster measured a few percent slower on both at
+# every length from 4k.
 SOFTMAX_PLAN = {
     "float32": {
         1024: ("cluster", 1, 4, 64),
