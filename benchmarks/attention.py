@@ -25,6 +25,9 @@ ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
 FIELD_N = (1024, 4096, 16384)
+# Every timed run is queued behind a kernel that holds the GPU this long (bench.hold), so that the host has queued
+# all of it (the launcher's tensor maps, PyTorch's dispatch) before the GPU reaches it: the events time the GPU.
+HOLD_MS = 2.0
 SDPA_BACKENDS = {"cuDNN": "CUDNN_ATTENTION", "FlashAttention-2": "FLASH_ATTENTION", "memory-efficient": "EFFICIENT_ATTENTION"}
 ONLINE_ROW, CLUSTER_ROW = "CUDA C, one pass (online, in registers)", "CUDA C, one pass across a cluster (Hopper)"
 SOFTMAX_GOAL_FROM = 4096  # the goal holds for rows of this many elements and more
@@ -82,9 +85,9 @@ def measure_softmax(lengths=ROW_LENGTHS, total_bytes: int = SOFTMAX_BYTES, repea
                 err = float(np.abs(o[:4].get().astype(np.float64) - want).max())
                 if not err <= (2e-3 if dtype == "float16" else 1e-5):
                     raise runtime.CourseError(f"{name} ({dtype}, rows of {n}) is wrong: error {err:.1e}")
-                t = bench.time_gpu(lambda: launch(x, o), repeats=repeats)
+                t = bench.time_gpu(lambda: launch(x, o), repeats=repeats, hold_ms=HOLD_MS)
                 rows.setdefault(name, []).append(t.gbps(2 * x.nbytes))
-            t = bench.time_gpu(lambda: o.data.copy_from_device_async(x.data, x.nbytes), repeats=repeats)
+            t = bench.time_gpu(lambda: o.data.copy_from_device_async(x.data, x.nbytes), repeats=repeats, hold_ms=HOLD_MS)
             out["copy_gbps_by_n"].setdefault(dtype, []).append(t.gbps(2 * x.nbytes))  # the same bytes, in the same run
             del x, o
             cp.get_default_memory_pool().free_all_blocks()
@@ -155,7 +158,7 @@ def measure_naive(ns=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch: int =
             o, p = A.naive_attention(q, k, v)
             del o, p
             peak = pool.total_bytes() - base
-            t = bench.time_gpu(lambda: A.naive_attention(q, k, v), repeats=repeats, warmup=1)
+            t = bench.time_gpu(lambda: A.naive_attention(q, k, v), repeats=repeats, warmup=1, hold_ms=HOLD_MS)
             rows.append({"N": n, "ms": t.median_ms, "peak_bytes": peak, "s_p_bytes": A.naive_bytes(batch, heads, n),
                          "moved_bytes": A.attention_bytes(batch, heads, n, d, fused=False),
                          "tflops": t.tflops(A.attention_flops(batch, heads, n, d))})
@@ -289,7 +292,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                     with sdpa_kernel(getattr(SDPBackend, backend)):
                         got = sdpa(tq, tk, tv, is_causal=causal)
                         run["errors"][name] = float((got.float() - ref).abs().max())
-                        t = bench.time_gpu(lambda: sdpa(tq, tk, tv, is_causal=causal), repeats=repeats)
+                        t = bench.time_gpu(lambda: sdpa(tq, tk, tv, is_causal=causal), repeats=repeats, hold_ms=HOLD_MS)
                         run["fwd"][name] = t.tflops(fwd_flops)
                         gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
 
@@ -297,7 +300,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                             o = sdpa(gq, gk, gv, is_causal=causal)
                             o.backward(tdo)
 
-                        t = bench.time_gpu(both, repeats=repeats)
+                        t = bench.time_gpu(both, repeats=repeats, hold_ms=HOLD_MS)
                         run["fwd_bwd"][name] = t.tflops(3.5 * fwd_flops)
                 except RuntimeError as exc:  # a backend that does not take this shape says so
                     run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
@@ -305,7 +308,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                 o = fwd(q, k, v)[0]
                 o = torch.from_dlpack(o) if not isinstance(o, torch.Tensor) else o
                 run["errors"][name] = float((o.float() - ref).abs().max())
-                run["fwd"][name] = bench.time_gpu(lambda: fwd(q, k, v), repeats=repeats).tflops(fwd_flops)
+                run["fwd"][name] = bench.time_gpu(lambda: fwd(q, k, v), repeats=repeats, hold_ms=HOLD_MS).tflops(fwd_flops)
             if T.available() is None:
                 o, lse = T.flash_forward(tq, tk, tv, causal=causal)
 
@@ -318,7 +321,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                 dq, dk, dv = T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 run["errors"]["Triton backward"] = max(float((a.float() - b.grad.float()).abs().max())
                                                        for a, b in ((dq, gq), (dk, gk), (dv, gv)))
-                run["fwd_bwd"]["Triton"] = bench.time_gpu(tri_both, repeats=repeats).tflops(3.5 * fwd_flops)
+                run["fwd_bwd"]["Triton"] = bench.time_gpu(tri_both, repeats=repeats, hold_ms=HOLD_MS).tflops(3.5 * fwd_flops)
             out["runs"].append(run)
             del q, k, v, do, tq, tk, tv, tdo
             runtime.cupy().get_default_memory_pool().free_all_blocks()

@@ -190,14 +190,33 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
             return ptx.read_text()
     from cupy.cuda import nvrtc
 
+    prog = _nvrtc(code, filename, arch, ["-std=c++17", f"-arch=compute_{arch.split('_')[1]}", *includes])
+    ptx = nvrtc.getPTX(prog)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
+def _nvrtc(code: str, filename: str, arch: str, options: list):
+    """An NVRTC program of ``code`` compiled with ``options``; CourseError with the compiler's log if it fails."""
+    from cupy.cuda import nvrtc
+
     prog = nvrtc.createProgram(code, filename, [], [])
     try:
-        nvrtc.compileProgram(prog, ["-std=c++17", f"-arch=compute_{arch.split('_')[1]}", *includes])
+        nvrtc.compileProgram(prog, options)
     except nvrtc.NVRTCError as exc:
         raise runtime.CourseError(
             f"NVRTC could not compile {filename} for {arch}:\n{nvrtc.getProgramLog(prog)}") from exc
-    ptx = nvrtc.getPTX(prog)
-    return ptx.decode() if isinstance(ptx, bytes) else ptx
+    return prog
+
+
+def ptxas_log(name: str, arch: str = "sm_90a", options: tuple = ()) -> str:
+    """What ptxas says of each kernel of kernels/cuda/<name>.cu compiled to machine code for ``arch`` by NVRTC (no
+    GPU needed): registers, spills, and its performance remarks, such as C7512 (a warpgroup's wgmmas serialised
+    for want of registers). ``options``: more NVRTC options (``--maxrregcount=128``, ``-DNAME=VALUE``)."""
+    from cupy.cuda import nvrtc
+
+    options = ["-std=c++17", f"-arch={arch}", "--ptxas-options=-v", *(f"-I{d}" for d in include_dirs()), *options]
+    log = nvrtc.getProgramLog(_nvrtc(source(name), f"{name}.cu", arch, options))
+    return log.decode() if isinstance(log, bytes) else log
 
 
 def module_arch(name: str, arch: str, edits: dict | None = None):
@@ -218,13 +237,7 @@ def _module_arch(name: str, arch: str, edits: tuple = ()):
     cp = runtime.cupy()
     code = source(name, dict(edits))
     options = ["-std=c++17", f"-arch={arch}", *(f"-I{d}" for d in include_dirs())]
-    prog = nvrtc.createProgram(code, f"{name}.cu", [], [])
-    try:
-        nvrtc.compileProgram(prog, options)
-    except nvrtc.NVRTCError as exc:
-        raise runtime.CourseError(
-            f"NVRTC could not compile {name}.cu for {arch}:\n{nvrtc.getProgramLog(prog)}") from exc
-    cubin = nvrtc.getCUBIN(prog)
+    cubin = nvrtc.getCUBIN(_nvrtc(code, f"{name}.cu", arch, options))
     digest = hashlib.sha1(code.encode() + arch.encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / "gpucourse-cubin"
     folder.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,9 @@
 kernels compiled to PTX without a GPU, the recorded figures against the issue's targets, and on a GPU the
 kernels against float64 with the tolerance each precision allows."""
 import math
+import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from gpucourse import cuda_c
 from kernels import tensor_cores as tc
 
 pytestmark = pytest.mark.lesson03
+ROOT = Path(__file__).resolve().parents[1]
 LESSON = "03_tensor_cores"
 cuda = runtime.cuda()
 
@@ -408,6 +411,57 @@ def test_wgmma_needs_a_gpu_or_says_which(monkeypatch):
     assert gpus.status("03.wgmma", cc=(9, 0)).runs
 
 
+NEVER_ARRIVES = r"""
+extern "C" __global__ void wait_forever(int* out) {
+#ifdef GPUCOURSE_WGMMA
+  __shared__ unsigned long long bar;
+  if (threadIdx.x == 0) hopper::mbar_init(&bar, 1);
+  __syncthreads();
+  hopper::mbar_wait(&bar, 0);  // nobody arrives
+  out[0] = 1;
+#endif
+}
+"""
+
+
+@pytest.mark.gpu
+def test_a_wait_that_never_ends_fails_the_launch():
+    """hopper.cuh's bounded wait, for real: an mbarrier nobody arrives on, waited on with a time-out of 0.2 s (in a
+    child process: the failed launch leaves its CUDA context unusable) ends the launch with an error, not a hang."""
+    import subprocess
+    import sys
+
+    child = f"""
+import time, cupy as cp
+from cupy.cuda import nvrtc
+from gpucourse import cuda_c
+code = cuda_c.source("hopper.cuh") + {NEVER_ARRIVES!r}
+prog = nvrtc.createProgram(code, "never.cu", [], [])
+nvrtc.compileProgram(prog, ["-std=c++17", "-arch=sm_90a", "-DGPUCOURSE_MBAR_TIMEOUT_NS=200000000ull",
+                            *("-I" + d for d in cuda_c.include_dirs())])
+open("never.cubin", "wb").write(nvrtc.getCUBIN(prog))
+fn = cp.RawModule(path="never.cubin").get_function("wait_forever")
+out = cp.zeros(1, dtype=cp.int32)
+t0 = time.time()
+try:
+    fn((1,), (128,), (out,))
+    cp.cuda.Device().synchronize()
+    print("RESULT no error", out.get()[0])
+except Exception as exc:
+    print("RESULT", type(exc).__name__, exc, round(time.time() - t0, 2))
+"""
+    if not runtime.is_gpu() or runtime.compute_capability() != (9, 0):
+        pytest.skip("the bounded wait is Hopper's (sm_90a)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, cwd=tmp,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT")), done.stderr[-2000:])
+    assert "unspecified launch failure" in line, line
+    assert float(line.split()[-1]) < 10, line  # the 0.2 s time-out, not a hang
+
+
 def test_tensor_map_args():
     """cuTensorMapEncodeTiled's view of a C-contiguous FP16 array: dimensions and box fastest first, byte strides
     of all but the fastest; a matrix as lesson 3 reads it, an NHWC image as lesson 4's wgmma convolution does."""
@@ -432,7 +486,7 @@ def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
         assert body.count("wgmma.mma_async") == 4, name  # k = 64 per stage, 16 per instruction
         assert "cp.async.bulk.tensor.2d" in body and "mbarrier.try_wait.parity" in body, name
         assert "wgmma.commit_group" in body and "wgmma.wait_group" in body, name
-        assert "%globaltimer" in body and "trap;" in body, name  # every mbarrier wait ends: a time-out traps
+        assert "%globaltimer" in body and "brkpt;" in body, name  # every mbarrier wait ends: a time-out fails
         assert ("setmaxnreg" in body) is (c["consumers"] > 1), name  # registers move to two consumers only
         trans_b = re.search(r"wgmma\.mma_async[^;]*,\s*(\d+);", body).group(1)
         assert trans_b == ("1" if c["b_layout"] == "kn" else "0"), name

@@ -233,6 +233,21 @@ def test_hopper_kernel_compiles_with_its_instructions():
     assert "trap;" in cuda_c.ptx_entry(cuda_c.compile_ptx("attention_wgmma", "sm_80"), "flash_wgmma_d64_serial")
 
 
+def test_the_hopper_kernels_keep_their_wgmmas_in_flight():
+    """ptxas serialises a warpgroup's wgmmas (remark C7512) when the registers they hold in flight do not fit; the
+    pipelined kernels hold S, P and O at once, which fits only in the 240 registers setmaxnreg gives a consumer.
+    The control: with hopper.cuh's waits giving up by trap instead of brkpt, ptxas gives the consumers only the
+    launch bound's 168, and says so."""
+    log = cuda_c.ptxas_log("attention_wgmma", "sm_90a")
+    entries = re.findall(r"Compiling entry function '(\w+)'", log)
+    assert "flash_wgmma_d128_pingpong" in entries and "flash_wgmma_d128_pipelined_causal" in entries
+    assert "C7512" not in log and "serialized" not in log, "\n".join(l for l in log.splitlines() if "C75" in l)
+    spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
+    assert len(spills) == len(entries) and not any(spills)
+    trapping = cuda_c.ptxas_log("attention_wgmma", "sm_90a", options=("-DGPUCOURSE_FAIL()=__trap()",))
+    assert "C7512" in trapping and "'flash_wgmma_d128_pingpong'" in trapping
+
+
 def test_every_hopper_region_compiles_when_edited():
     for name in cuda_c.regions("attention_wgmma"):
         ptx = cuda_c.compile_ptx("attention_wgmma", "sm_90a", edits={name: cuda_c.region("attention_wgmma", name)})

@@ -26,14 +26,13 @@ WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
 # Hopper's variants (kernels/cuda/attention_wgmma.cu): keys a tile, stages of K and V, and how a consumer orders its
 # work: "serial" (S, softmax, P V, each waiting for the last), "ahead" (S of the next tile issued right behind P V of
 # this one, one wait for both), "pipelined" (S of the next tile and P V of this one issued together, the softmax of
-# the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores). "_n64":
-# tiles of 64 keys, where 128 would not leave the registers it needs.
+# the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores). The
+# variants of a head dim differ only in that order.
 WGMMA_VARIANTS = {
     64: {"serial": (128, 4), "ahead": (128, 4), "pipelined": (128, 4), "pingpong": (128, 4)},
-    128: {"serial": (128, 2), "ahead_n64": (64, 4), "pipelined": (128, 2), "pingpong": (128, 2),
-          "pipelined_n64": (64, 4), "pingpong_n64": (64, 4)},
+    128: {"serial": (128, 3), "ahead": (128, 3), "pipelined": (128, 3), "pingpong": (128, 3)},
 }
-WGMMA_DEFAULT = {64: "serial", 128: "serial"}  # the fastest on an H100 (records: the field)
+WGMMA_DEFAULT = {64: "serial", 128: "pingpong"}  # the fastest on an H100 (records: the field)
 LOG2E = 1.4426950408889634
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
 NUMBA_KERNELS = {"flash_forward_numba": "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
@@ -221,8 +220,8 @@ def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None 
 
 def wgmma_smem_bytes(d: int, block_n: int, stages: int) -> int:
     """Shared memory of one block of the Hopper kernel: 1 KiB to align the swizzled tiles, Q's tile, the stages of
-    K and V, and the mbarriers (Q full; K full, V full and empty per stage)."""
-    return 1024 + WGMMA_BLOCK_M * d * 2 + 2 * stages * block_n * d * 2 + 8 * (1 + 3 * stages)
+    K and V, the mbarriers (Q full, Q empty; K full, V full and empty per stage) and the item's number."""
+    return 1024 + WGMMA_BLOCK_M * d * 2 + 2 * stages * block_n * d * 2 + 8 * (2 + 3 * stages) + 8
 
 
 def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | None = None, edits: dict | None = None,
@@ -260,8 +259,10 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
     lse = cp.empty(q.shape[:-1], dtype=cp.float32)
     rows = B * H * N
     maps = [tensor_map(x.reshape(rows, D), (box, 64)) for x, box in ((q, WGMMA_BLOCK_M), (k, block_n), (v, block_n))]
-    args = [*maps, ctypes.c_uint64(o.data.ptr), ctypes.c_uint64(lse.data.ptr), ctypes.c_int32(N),
-            ctypes.c_float(_scale(D, scale) * LOG2E)]
-    launch_hopper(fn, (N // WGMMA_BLOCK_M, B * H), 384, smem, args, name)
+    next_item = cp.zeros(1, dtype=cp.int32)  # the items the blocks have claimed beyond their first
+    args = [*maps, ctypes.c_uint64(o.data.ptr), ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(next_item.data.ptr),
+            ctypes.c_int32(N), ctypes.c_int32(B * H), ctypes.c_float(_scale(D, scale) * LOG2E)]
+    items = N // WGMMA_BLOCK_M * B * H  # persistent: a block per SM takes item after item (128 rows of a head)
+    launch_hopper(fn, (min(items, runtime.get().device["sms"]), 1), 384, smem, args, name)
     return o, lse
 

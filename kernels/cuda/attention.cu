@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <cooperative_groups.h>
 #include "async_copy.cuh"
+#include "fast_math.cuh"
 
 using namespace nvcuda;
 namespace cg = cooperative_groups;
@@ -494,12 +495,12 @@ __device__ void flash_forward(const half* __restrict__ Q, const half* __restrict
             float sum = 0.0f;
 #pragma unroll
             for (int c = 0; c < 32; ++c) {
-                const float p = exp2f(sv[c] - shift);
+                const float p = ex2(sv[c] - shift);
                 sum += p;
                 p_w[r * 2 * LDS + c0 + c] = __float2half(p);
             }
             sum += __shfl_xor_sync(0xffffffff, sum, 1);
-            const float alpha = exp2f(m_old - shift);  // 0 on the first tile a row sees (m_old = -inf)
+            const float alpha = ex2(m_old - shift);  // 0 on the first tile a row sees (m_old = -inf)
             if (lane % 2 == 0) { a_w[r] = alpha; l_w[r] = l_w[r] * alpha + sum; m_w[r] = m_new; }
         }
         __syncwarp();

@@ -28,6 +28,7 @@
 // that trap, and gpus.step("09.mma") refuses before a launch.
 #include <cuda_fp16.h>
 #include "async_copy.cuh"
+#include "fast_math.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GPUCOURSE_MMA_M16N8K16 1
@@ -62,17 +63,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], 
                  "{%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ float ex2(float x)  // 2^x on the SFU; ex2(-inf) = 0
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-__device__ __forceinline__ unsigned half2_bits(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&h);
 }
 // ROWS rows of D halves, from src (a row of global memory) on, into a tile of shared memory whose rows are LD =
 // D + 8 halves apart, by the block's THREADS threads: thread i copies the 16-byte chunks i, i + THREADS, ... (row

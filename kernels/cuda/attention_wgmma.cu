@@ -4,9 +4,9 @@
 // (flash_wgmma).
 //
 // Q, K, V, O: (batch x heads) x N x D, FP16, row-major; LSE: (batch x heads) x N, FP32 (natural log). D is 64 or
-// 128; N a multiple of 128 (the launcher refuses others). One block computes BM = 128 rows of O for one head with
-// three warpgroups of 128 threads:
-//   * warpgroup 0 is the PRODUCER: one thread asks the TMA for Q's tile once, then for K's and V's tiles of
+// 128; N a multiple of 128 (the launcher refuses others). A block computes BM = 128 rows of O of one head at a
+// time (a work item) with three warpgroups of 128 threads, and stays on its SM for item after item (persistent):
+//   * warpgroup 0 is the PRODUCER: one thread asks the TMA for an item's Q tile, then for K's and V's tiles of
 //     BN = 128 keys into a ring of STAGES stages, each with its own "K full", "V full" and "empty" mbarrier; the
 //     copy engine writes them in the 128-byte swizzle the MMAs read. It never computes.
 //   * warpgroups 1 and 2 are CONSUMERS, 64 rows of Q each: S = Q K^T (wgmma, both operands in shared memory),
@@ -17,11 +17,12 @@
 // softmax of tile t while the tensor cores still work on P(t-1) V(t-1) (FlashAttention-3's intra-warpgroup
 // overlap); with PINGPONG the two consumers also take turns at the tensor cores (named barriers), so that one's
 // softmax runs while the other's GEMMs do. Causal: tiles wholly above the diagonal are never loaded, the
-// diagonal tile is masked, and the blocks with the most tiles are launched first.
+// diagonal tile is masked, and of each head the items with the most tiles are taken first.
 //
 // Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
 #include <cuda_fp16.h>
 #include "hopper.cuh"
+#include "fast_math.cuh"
 
 namespace hopper {
 
@@ -32,11 +33,6 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ unsigned pack_half2(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
 }
 
 // What the two consumers' threads know of their rows: the running max m (log2 units, scaled), and the running
@@ -74,7 +70,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState&
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
     mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
     const float m_new = fmaxf(st.m[h], mx[h] * scale_log2);
-    alpha[h] = exp2f(st.m[h] - m_new);  // 0 on a row's first tile (m = -inf)
+    alpha[h] = ex2(st.m[h] - m_new);  // 0 on a row's first tile (m = -inf)
     st.m[h] = m_new;
     st.l[h] *= alpha[h];
   }
@@ -83,7 +79,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState&
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int h = (e >> 1) & 1;
-      s[j][e] = exp2f(fmaf(s[j][e], scale_log2, -st.m[h]));
+      s[j][e] = ex2(fmaf(s[j][e], scale_log2, -st.m[h]));
       st.l[h] += s[j][e];
     }
 }
@@ -95,7 +91,7 @@ __device__ __forceinline__ void to_operand(const float (&s)[BN / 16][8], unsigne
 #pragma unroll
   for (int j = 0; j < BN / 16; ++j)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) p[j][i] = pack_half2(s[j][2 * i], s[j][2 * i + 1]);
+    for (int i = 0; i < 4; ++i) p[j][i] = half2_bits(s[j][2 * i], s[j][2 * i + 1]);
 }
 // endregion
 
@@ -131,9 +127,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 16][8], const unsigned (
 // region: flash_wgmma
 // MODE 0: attention. Two probes for tests of the parts: MODE 1 writes S = Q K^T of the first tile as O (D = BN);
 // MODE 2 writes O = sum over tiles of (Q K^T) V, P = S without the softmax.
+// Persistent: a block per SM takes work items (128 rows of a head), in order, heads first: its first is blockIdx.x,
+// each next one it claims from the counter *next_item (zero at launch) as it starts this one, so a block that drew
+// short items takes more (causal items range from 1 tile to N / 128). The producer hands each item's number to the
+// consumers in shared memory with its Q (-1: no more). The ring of K and V stages and its phases run on across
+// items (g counts the block's tiles), so the producer loads the next item's Q, K and V while the consumers finish
+// this one and write its output.
 template <int D, int BN, int STAGES, bool CAUSAL, bool PIPELINED, bool PINGPONG, bool AHEAD, int MODE>
 __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
-                                            half* __restrict__ O, float* __restrict__ LSE, int N, float scale_log2) {
+                                            half* __restrict__ O, float* __restrict__ LSE, int* next_item, int N,
+                                            int heads, float scale_log2) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int BM = 128;
   static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
@@ -144,14 +147,18 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
   unsigned char* sK = sQ + Q_BYTES;                  // STAGES x D/64 boxes of [BN][64]
   unsigned char* sV = sK + STAGES * KV_BYTES;        // the same for V
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + STAGES * KV_BYTES);
-  unsigned long long *q_full = bars, *k_full = bars + 1, *v_full = k_full + STAGES, *empty = v_full + STAGES;
+  unsigned long long *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = k_full + STAGES,
+                     *empty = v_full + STAGES;
+  volatile int* item_slot = reinterpret_cast<volatile int*>(empty + STAGES);  // the item Q is loaded for
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int mb = CAUSAL ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: the longest rows first
-  const int m0 = mb * BM, head_row = blockIdx.y * N;                // rows of this head in the 2-D views
-  const int tiles = CAUSAL ? (m0 + BM) / BN : N / BN;  // causal: tiles reaching past row m0 are masked
+  const int blocks_m = N / BM, items = blocks_m * heads;
+  // item i: head i / blocks_m, row block i % blocks_m (causal: the longest rows first); its key tiles
+  auto m_of = [&](int i) { return (CAUSAL ? blocks_m - 1 - i % blocks_m : i % blocks_m) * BM; };
+  auto tiles_of = [&](int m0) { return CAUSAL ? (m0 + BM) / BN : N / BN; };  // causal: none past row m0 + BM - 1
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
+    mbar_init(q_empty, 2);  // one arrival per consumer warpgroup: done with Q
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
@@ -164,175 +171,202 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
     if (tid == 0) {
-      mbar_expect_tx(q_full, Q_BYTES);
-      for (int c = 0; c < D / 64; ++c) tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
-      for (int t = 0; t < tiles; ++t) {
-        const int s = t % STAGES;
-        if (t >= STAGES) mbar_wait(&empty[s], ((t / STAGES) + 1) & 1);  // both consumers are done with it
-        mbar_expect_tx(&k_full[s], KV_BYTES);
-        for (int c = 0; c < D / 64; ++c)
-          tma_load_2d(sK + s * KV_BYTES + c * BN * 128, tmK, &k_full[s], 64 * c, head_row + t * BN);
-        mbar_expect_tx(&v_full[s], KV_BYTES);
-        for (int c = 0; c < D / 64; ++c)
-          tma_load_2d(sV + s * KV_BYTES + c * BN * 128, tmV, &v_full[s], 64 * c, head_row + t * BN);
+      int g = 0, i = blockIdx.x;  // the block's tiles so far; its item
+      for (int k = 0;; ++k) {
+        if (k > 0) mbar_wait(q_empty, (k - 1) & 1);  // both consumers have issued their last Q K^T (and read the slot)
+        *item_slot = i < items ? i : -1;
+        if (i >= items) {
+          mbar_arrive(q_full);  // no more: the consumers read -1
+          break;
+        }
+        const int m0 = m_of(i), head_row = (i / blocks_m) * N, tiles = tiles_of(m0);
+        mbar_expect_tx(q_full, Q_BYTES);
+        for (int c = 0; c < D / 64; ++c) tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
+        const int next = atomicAdd(next_item, 1) + gridDim.x;  // claimed now, used when this item's loads are issued
+        for (int t = 0; t < tiles; ++t, ++g) {
+          const int s = g % STAGES;
+          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);  // both consumers are done with it
+          mbar_expect_tx(&k_full[s], KV_BYTES);
+          for (int c = 0; c < D / 64; ++c)
+            tma_load_2d(sK + s * KV_BYTES + c * BN * 128, tmK, &k_full[s], 64 * c, head_row + t * BN);
+          mbar_expect_tx(&v_full[s], KV_BYTES);
+          for (int c = 0; c < D / 64; ++c)
+            tma_load_2d(sV + s * KV_BYTES + c * BN * 128, tmV, &v_full[s], 64 * c, head_row + t * BN);
+        }
+        i = next;
       }
     }
   } else {  // ---------------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-    const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8 (in the head)
     const unsigned q_addr = smem_addr(sQ) + c * 64 * 128;
-    float o[D / 16][8];
+    int g = 0;
+    for (int k = 0;; ++k) {
+      mbar_wait(q_full, k & 1);
+      const int i = *item_slot;
+      if (i < 0) break;
+      const int m0 = m_of(i), head_row = (i / blocks_m) * N, tiles = tiles_of(m0);
+      const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8 (in the head)
+      auto stage = [&](int t) { return (g + t) % STAGES; };
+      auto phase = [&](int t) { return static_cast<unsigned>(((g + t) / STAGES) & 1); };
+      auto q_done = [&]() { if (tid == 0) mbar_arrive(q_empty); };  // the item's last Q K^T has completed
+      float o[D / 16][8];
 #pragma unroll
-    for (int j = 0; j < D / 16; ++j)
+      for (int j = 0; j < D / 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
-    RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
-    float s[BN / 16][8], alpha[2];
-    unsigned p[BN / 16][4];
-    mbar_wait(q_full, 0);
+        for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
+      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
+      float s[BN / 16][8], alpha[2];
+      unsigned p[BN / 16][4];
 
-    if constexpr (MODE == 0 && PIPELINED) {
-      // tile 0: S, then its softmax; each later tile t: S(t) and P(t-1) V(t-1) issued together, the softmax of
-      // S(t) while P(t-1) V(t-1) runs, then O rescaled and P(t) made for the next round. PINGPONG: consumer 0
-      // issues first; each consumer, having issued, lets the other issue (named barriers 1 and 2).
-      const int mine = 1 + c, other = 2 - c;
-      mbar_wait(&k_full[0], 0);
-      if (PINGPONG && c == 1) named_sync(mine, 256);
-      wgmma_fence();
-      issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK));
-      wgmma_commit();
-      if (PINGPONG) named_arrive(other, 256);
-      wgmma_wait<0>();
-      pin(s);
-      online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
-      to_operand<BN>(s, p);
-      for (int t = 1; t < tiles; ++t) {
-        const int sc = t % STAGES, sp = (t - 1) % STAGES;
-        mbar_wait(&k_full[sc], (t / STAGES) & 1);
-        mbar_wait(&v_full[sp], ((t - 1) / STAGES) & 1);
-        if (PINGPONG) named_sync(mine, 256);
+      if constexpr (MODE == 0 && PIPELINED) {
+        // tile 0: S, then its softmax; each later tile t: S(t) and P(t-1) V(t-1) issued together, the softmax of
+        // S(t) while P(t-1) V(t-1) runs, then O rescaled and P(t) made for the next round. PINGPONG: consumer 0
+        // issues first; each consumer, having issued, lets the other issue (named barriers 1 and 2).
+        const int mine = 1 + c, other = 2 - c;
+        mbar_wait(&k_full[stage(0)], phase(0));
+        if (PINGPONG && c == 1) named_sync(mine, 256);
         wgmma_fence();
-        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
-        wgmma_commit();
-        issue_pv<D, BN>(o, p, smem_addr(sV + sp * KV_BYTES));
+        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + stage(0) * KV_BYTES));
         wgmma_commit();
         if (PINGPONG) named_arrive(other, 256);
-        wgmma_wait<1>();  // S(t) has landed; P(t-1) V(t-1) may still run
-        pin(s);
-        online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && t * BN + BN > m0, row0, t * BN);
         wgmma_wait<0>();
-        pin(o);
-        pin(p);
-        if (tid == 0) mbar_arrive(&empty[sp]);  // K(t-1) and V(t-1) are no longer read
-        scale_rows<D, BN>(o, alpha);
+        pin(s);
+        if (tiles == 1) q_done();
+        online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
         to_operand<BN>(s, p);
-      }
-      if (PINGPONG && c == 0) named_sync(mine, 256);  // consumer 1's last turn-giving
-      const int sl = (tiles - 1) % STAGES;
-      mbar_wait(&v_full[sl], ((tiles - 1) / STAGES) & 1);
-      wgmma_fence();
-      issue_pv<D, BN>(o, p, smem_addr(sV + sl * KV_BYTES));
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin(o);
-      pin(p);
-      if (tid == 0) mbar_arrive(&empty[sl]);
-    } else if constexpr (MODE == 0 && AHEAD) {
-      // S of the next tile issued right behind P V of this one, one wait for both: the tensor cores get the two
-      // GEMMs back to back, and no register is needed beyond the serial order's (S is free once P is made)
-      mbar_wait(&k_full[0], 0);
-      wgmma_fence();
-      issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK));
-      wgmma_commit();
-      wgmma_wait<0>();
-      pin(s);
-      online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
-      to_operand<BN>(s, p);
-      for (int t = 0; t < tiles; ++t) {
-        const int sc = t % STAGES, sn = (t + 1) % STAGES;
-        mbar_wait(&v_full[sc], (t / STAGES) & 1);
-        wgmma_fence();
-        issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
-        wgmma_commit();
-        const bool more = t + 1 < tiles;
-        if (more) {
-          mbar_wait(&k_full[sn], ((t + 1) / STAGES) & 1);
+        for (int t = 1; t < tiles; ++t) {
+          const int sc = stage(t), sp = stage(t - 1);
+          mbar_wait(&k_full[sc], phase(t));
+          mbar_wait(&v_full[sp], phase(t - 1));
+          if (PINGPONG) named_sync(mine, 256);
           wgmma_fence();
-          issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sn * KV_BYTES));
+          issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
           wgmma_commit();
-        }
-        wgmma_wait<0>();
-        pin(o);
-        pin(p);
-        pin(s);
-        if (tid == 0) mbar_arrive(&empty[sc]);  // K(t) and V(t) are no longer read
-        if (more) {
-          online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && (t + 1) * BN + BN > m0, row0, (t + 1) * BN);
-          scale_rows<D, BN>(o, alpha);
-          to_operand<BN>(s, p);
-        }
-      }
-    } else {
-      // one tile at a time: S, its softmax, O rescaled, O += P V, each step waiting for the last
-      for (int t = 0; t < tiles; ++t) {
-        const int sc = t % STAGES, ph = (t / STAGES) & 1;
-        mbar_wait(&k_full[sc], ph);
-        wgmma_fence();
-        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
-        wgmma_commit();
-        wgmma_wait<0>();
-        pin(s);
-        if constexpr (MODE == 1) {  // probe: S of tile 0 is the output
-          if (t == 0) {
-#pragma unroll
-            for (int j = 0; j < D / 16; ++j)
-#pragma unroll
-              for (int e = 0; e < 8; ++e) o[j][e] = s[j % (BN / 16)][e];
-          }
-        } else if constexpr (MODE == 2) {  // probe: P = S, no softmax
-          to_operand<BN>(s, p);
-        } else {
+          issue_pv<D, BN>(o, p, smem_addr(sV + sp * KV_BYTES));
+          wgmma_commit();
+          if (PINGPONG) named_arrive(other, 256);
+          wgmma_wait<1>();  // S(t) has landed; P(t-1) V(t-1) may still run
+          pin(s);
+          if (t == tiles - 1) q_done();
           online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && t * BN + BN > m0, row0, t * BN);
-          scale_rows<D, BN>(o, alpha);
-          to_operand<BN>(s, p);
-        }
-        mbar_wait(&v_full[sc], ph);
-        if constexpr (MODE != 1) {
-          wgmma_fence();
-          issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
-          wgmma_commit();
           wgmma_wait<0>();
           pin(o);
           pin(p);
+          if (tid == 0) mbar_arrive(&empty[sp]);  // K(t-1) and V(t-1) are no longer read
+          scale_rows<D, BN>(o, alpha);
+          to_operand<BN>(s, p);
         }
-        if (tid == 0) mbar_arrive(&empty[sc]);
+        if (PINGPONG && c == 0) named_sync(mine, 256);  // consumer 1's last turn-giving
+        const int sl = stage(tiles - 1);
+        mbar_wait(&v_full[sl], phase(tiles - 1));
+        wgmma_fence();
+        issue_pv<D, BN>(o, p, smem_addr(sV + sl * KV_BYTES));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(o);
+        pin(p);
+        if (tid == 0) mbar_arrive(&empty[sl]);
+      } else if constexpr (MODE == 0 && AHEAD) {
+        // S of the next tile issued right behind P V of this one, one wait for both: the tensor cores get the two
+        // GEMMs back to back, and no register is needed beyond the serial order's (S is free once P is made)
+        mbar_wait(&k_full[stage(0)], phase(0));
+        wgmma_fence();
+        issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + stage(0) * KV_BYTES));
+        wgmma_commit();
+        wgmma_wait<0>();
+        pin(s);
+        if (tiles == 1) q_done();
+        online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && BN > m0, row0, 0);
+        to_operand<BN>(s, p);
+        for (int t = 0; t < tiles; ++t) {
+          const int sc = stage(t), sn = stage(t + 1);
+          mbar_wait(&v_full[sc], phase(t));
+          wgmma_fence();
+          issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
+          wgmma_commit();
+          const bool more = t + 1 < tiles;
+          if (more) {
+            mbar_wait(&k_full[sn], phase(t + 1));
+            wgmma_fence();
+            issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sn * KV_BYTES));
+            wgmma_commit();
+          }
+          wgmma_wait<0>();
+          pin(o);
+          pin(p);
+          pin(s);
+          if (t + 2 == tiles) q_done();
+          if (tid == 0) mbar_arrive(&empty[sc]);  // K(t) and V(t) are no longer read
+          if (more) {
+            online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && (t + 1) * BN + BN > m0, row0, (t + 1) * BN);
+            scale_rows<D, BN>(o, alpha);
+            to_operand<BN>(s, p);
+          }
+        }
+      } else {
+        // one tile at a time: S, its softmax, O rescaled, O += P V, each step waiting for the last
+        for (int t = 0; t < tiles; ++t) {
+          const int sc = stage(t);
+          mbar_wait(&k_full[sc], phase(t));
+          wgmma_fence();
+          issue_scores<D, BM, BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
+          wgmma_commit();
+          wgmma_wait<0>();
+          pin(s);
+          if (t == tiles - 1) q_done();
+          if constexpr (MODE == 1) {  // probe: S of tile 0 is the output
+            if (t == 0) {
+#pragma unroll
+              for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[j][e] = s[j % (BN / 16)][e];
+            }
+          } else if constexpr (MODE == 2) {  // probe: P = S, no softmax
+            to_operand<BN>(s, p);
+          } else {
+            online_softmax<BN>(s, st, alpha, scale_log2, CAUSAL && t * BN + BN > m0, row0, t * BN);
+            scale_rows<D, BN>(o, alpha);
+            to_operand<BN>(s, p);
+          }
+          mbar_wait(&v_full[sc], phase(t));
+          if constexpr (MODE != 1) {
+            wgmma_fence();
+            issue_pv<D, BN>(o, p, smem_addr(sV + sc * KV_BYTES));
+            wgmma_commit();
+            wgmma_wait<0>();
+            pin(o);
+            pin(p);
+          }
+          if (tid == 0) mbar_arrive(&empty[sc]);
+        }
       }
-    }
+      g += tiles;
 
-    // the four threads of a row add their sums; O normalised once; the log-sum-exp in natural log
-    float inv[2];
+      // the four threads of a row add their sums; O normalised once; the log-sum-exp in natural log
+      float inv[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
-      st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
-      inv[h] = MODE != 0 ? 1.0f : (st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f);
-    }
-    half* out = O + static_cast<size_t>(head_row) * D;
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 8; e += 2) {
-        const int h = (e >> 1) & 1, row = row0 + 8 * h, col = 16 * j + 8 * (e >> 2) + 2 * (lane % 4);
-        *reinterpret_cast<__half2*>(out + static_cast<size_t>(row) * D + col) =
-            __floats2half2_rn(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+      for (int h = 0; h < 2; ++h) {
+        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
+        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
+        inv[h] = MODE != 0 ? 1.0f : (st.l[h] > 0.0f ? 1.0f / st.l[h] : 0.0f);
       }
-    if (lane % 4 == 0) {
+      half* out = O + static_cast<size_t>(head_row) * D;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        LSE[head_row + row0 + 8 * h] =
-            st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h])) * 0.6931471805599453f : __int_as_float(0xff800000);
-    }
+      for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+          const int h = (e >> 1) & 1, row = row0 + 8 * h, col = 16 * j + 8 * (e >> 2) + 2 * (lane % 4);
+          *reinterpret_cast<__half2*>(out + static_cast<size_t>(row) * D + col) =
+              __floats2half2_rn(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+        }
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          LSE[head_row + row0 + 8 * h] =
+              st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h])) * 0.6931471805599453f : __int_as_float(0xff800000);
+      }
+    }  // items
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
@@ -346,8 +380,10 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 #define FLASH_WGMMA(NAME, D, BN, S, C, PIPE, PP, AHEAD, MODE)                                                  \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
-           const __grid_constant__ TensorMap tmV, half* O, float* LSE, int N, float scale_log2) {               \
-    hopper::flash_wgmma<D, BN, S, C, PIPE, PP, AHEAD, MODE>(&tmQ, &tmK, &tmV, O, LSE, N, scale_log2);              \
+           const __grid_constant__ TensorMap tmV, half* O, float* LSE, int* next_item, int N, int heads,       \
+           float scale_log2) {                                                                                  \
+    hopper::flash_wgmma<D, BN, S, C, PIPE, PP, AHEAD, MODE>(&tmQ, &tmK, &tmV, O, LSE, next_item, N, heads,         \
+                                                            scale_log2);                                        \
   }
 
 // name: head dim, variant, keys a tile (where not 128), causal
@@ -359,17 +395,13 @@ FLASH_WGMMA(flash_wgmma_d64_ahead, 64, 128, 4, false, false, false, true, 0)
 FLASH_WGMMA(flash_wgmma_d64_ahead_causal, 64, 128, 4, true, false, false, true, 0)
 FLASH_WGMMA(flash_wgmma_d64_serial, 64, 128, 4, false, false, false, false, 0)
 FLASH_WGMMA(flash_wgmma_d64_serial_causal, 64, 128, 4, true, false, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong, 128, 128, 2, false, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_causal, 128, 128, 2, true, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_n64, 128, 64, 4, false, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pingpong_n64_causal, 128, 64, 4, true, true, true, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined, 128, 128, 2, false, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_causal, 128, 128, 2, true, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_n64, 128, 64, 4, false, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_pipelined_n64_causal, 128, 64, 4, true, true, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_ahead_n64, 128, 64, 4, false, false, false, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_ahead_n64_causal, 128, 64, 4, true, false, false, true, 0)
-FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 2, false, false, false, false, 0)
-FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 2, true, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong, 128, 128, 3, false, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pingpong_causal, 128, 128, 3, true, true, true, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined, 128, 128, 3, false, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_pipelined_causal, 128, 128, 3, true, true, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_ahead, 128, 128, 3, false, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_ahead_causal, 128, 128, 3, true, false, false, true, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 3, false, false, false, false, 0)
+FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 3, true, false, false, false, 0)
 FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, false, 1)
 FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, false, 2)

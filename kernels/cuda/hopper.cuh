@@ -2,7 +2,7 @@
 // (convolution_wgmma.cu); gpucourse/cuda_c.py copies this file into each source that includes it:
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
-//     wait that would never end traps, so the launch fails instead of hanging);
+//     wait that would never end stops the kernel, so the launch fails instead of hanging);
 //   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256 (A from shared memory), N = 64, 128 (A from
@@ -53,12 +53,23 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
   return done != 0;
 }
 // How long a wait may last on the GPU's own clock before the kernel gives up: far more than any stage takes,
-// even with other processes time-slicing the GPU, and far less than a test's time-out.
-constexpr unsigned long long MBAR_TIMEOUT_NS = 10000000000ull;  // 10 s
+// even with other processes time-slicing the GPU, and far less than a test's time-out (which sets its own).
+#ifndef GPUCOURSE_MBAR_TIMEOUT_NS
+#define GPUCOURSE_MBAR_TIMEOUT_NS 10000000000ull  // 10 s
+#endif
+constexpr unsigned long long MBAR_TIMEOUT_NS = GPUCOURSE_MBAR_TIMEOUT_NS;
+
+// How a wait gives up: brkpt, a breakpoint with no debugger to take it, ends the launch with "unspecified launch
+// failure", as trap does. Not trap: in a consumer whose loop may end in a trap, ptxas ignores the 240 registers
+// setmaxnreg gives it and allocates the launch bound's 168, so FlashAttention's pipelined consumers (S, P and O in
+// flight) spilled and had their wgmmas serialised (its remark C7512; tests/test_09_attention.py looks for it).
+#ifndef GPUCOURSE_FAIL
+#define GPUCOURSE_FAIL() asm volatile("brkpt;")
+#endif
 
 // Wait until the phase with this parity (0, 1, 0, ... for the 1st, 2nd, 3rd use) has completed. A phase that
 // never completes (a TMA delivering fewer bytes than expect_tx announced, a load never issued) would spin
-// forever; instead the kernel traps after MBAR_TIMEOUT_NS and its launch fails with an error the host sees.
+// forever; instead the kernel stops after MBAR_TIMEOUT_NS and its launch fails with an error the host sees.
 // The clock is read only once the first try has found the data not yet there.
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   const unsigned addr = smem_addr(bar);
@@ -67,7 +78,7 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   while (!mbar_try_wait(addr, parity)) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > MBAR_TIMEOUT_NS) __trap();
+    if (t - t0 > MBAR_TIMEOUT_NS) GPUCOURSE_FAIL();
   }
 }
 
