@@ -29,6 +29,7 @@
 #include <cuda_fp16.h>
 #include "async_copy.cuh"
 #include "fast_math.cuh"
+#include "mma_sync.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GPUCOURSE_MMA_M16N8K16 1
@@ -41,29 +42,6 @@ namespace fa2 {
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
-// Four 8 x 8 matrices of 16-bit elements from shared memory: lane 8i + r gives the address of row r of matrix i,
-// and lane 4r + c receives elements (r, 2c) and (r, 2c + 1) of each matrix, one 32-bit register per matrix.
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// The same, each matrix transposed on the way: lane 4r + c receives elements (2c, r) and (2c + 1, r).
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned addr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
-}
-// D += A B, A 16 x 16 (row-major fragment), B 16 x 8 (column-major fragment), D 16 x 8 in FP32. With g = lane / 4,
-// c = lane % 4: a[0] = A(g, 2c..2c+1), a[1] = A(g+8, 2c..), a[2] = A(g, 2c+8..), a[3] = A(g+8, 2c+8..);
-// b0 = B(2c..2c+1, g), b1 = B(2c+8.., g); d[0..1] = D(g, 2c..2c+1), d[2..3] = D(g+8, 2c..2c+1).
-__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // ROWS rows of D halves, from src (a row of global memory) on, into a tile of shared memory whose rows are LD =
 // D + 8 halves apart, by the block's THREADS threads: thread i copies the 16-byte chunks i, i + THREADS, ... (row
 // i / (D / 8) + k THREADS / (D / 8), chunk i % (D / 8)). Rows from ``valid`` on are zero-filled (their copies read

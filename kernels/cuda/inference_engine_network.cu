@@ -28,6 +28,7 @@
 // scale). GPUs before sm_80 (a T4) run each mma.sync as two (FP16) or four (INT8) of their smaller shapes.
 
 #include <cuda_fp16.h>
+#include "mma_sync.cuh"
 
 typedef signed char int8;
 
@@ -78,49 +79,10 @@ __device__ __forceinline__ unsigned max_packed(unsigned a, unsigned b)
 }
 
 // ------------------------------------------------------------------------- the tensor-core instructions
-// Four 8 x 8 matrices of 16-bit values (8 rows of 16 bytes each) from shared memory: lanes 8 q .. 8 q + 7 give the
-// rows of matrix q, and lane l receives, in register q, row l / 4 of it, bytes 4 (l % 4) .. + 3.
-__device__ __forceinline__ void net_ldmatrix(unsigned (&a)[4], const void* p)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3]) : "r"(s) : "memory");
-}
-
-// D += A B, 16 x 8 outputs: FP16 (k = 16) with FP32 sums, or INT8 (k = 32) with int32 sums
-__device__ __forceinline__ void net_mma(float (&d)[4], const unsigned (&a)[4], uint2 b)
-{
-#if __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
-#else
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(b.x));
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[2]), "r"(a[3]), "r"(b.y));
-#endif
-}
-
-__device__ __forceinline__ void net_mma(int (&d)[4], const unsigned (&a)[4], uint2 b)
-{
-#if __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
-#else  // sm_75: four m8n8k16, rows 0-7 and 8-15 times k 0-15 and 16-31
-    asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};"
-                 : "+r"(d[0]), "+r"(d[1]) : "r"(a[0]), "r"(b.x));
-    asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};"
-                 : "+r"(d[0]), "+r"(d[1]) : "r"(a[2]), "r"(b.y));
-    asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};"
-                 : "+r"(d[2]), "+r"(d[3]) : "r"(a[1]), "r"(b.x));
-    asm volatile("mma.sync.aligned.m8n8k16.row.col.s32.s8.s8.s32 {%0,%1}, {%2}, {%3}, {%0,%1};"
-                 : "+r"(d[2]), "+r"(d[3]) : "r"(a[3]), "r"(b.y));
-#endif
-}
+// mma_sync.cuh's instructions with B's two registers as one uint2 (how the weights are stored): D += A B, 16 x 8
+// outputs, FP16 (k = 16) with FP32 sums or INT8 (k = 32) with int32 sums
+__device__ __forceinline__ void net_mma(float (&d)[4], const unsigned (&a)[4], uint2 b) { mma16816(d, a, b.x, b.y); }
+__device__ __forceinline__ void net_mma(int (&d)[4], const unsigned (&a)[4], uint2 b) { mma16832(d, a, b.x, b.y); }
 
 // Ask for the 128-byte line at p in L1 (and L2), without waiting for it
 __device__ __forceinline__ void net_prefetch(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
@@ -239,16 +201,16 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
             for (int mi = 0; mi < MG; ++mi) {
                 unsigned a[4];
                 if constexpr (MAXPOOL) {
-                    net_ldmatrix(a, row[mi] + off - (COLS + 1) * PITCH);
+                    ldmatrix_x4(a, row[mi] + off - (COLS + 1) * PITCH);
 #pragma unroll
                     for (int w = 1; w < 9; ++w) {
                         unsigned v[4];
-                        net_ldmatrix(v, row[mi] + off + ((w / 3 - 1) * COLS + w % 3 - 1) * PITCH);
+                        ldmatrix_x4(v, row[mi] + off + ((w / 3 - 1) * COLS + w % 3 - 1) * PITCH);
 #pragma unroll
                         for (int q = 0; q < 4; ++q) a[q] = max_packed<T>(a[q], v[q]);
                     }
                 } else {
-                    net_ldmatrix(a, row[mi] + off);
+                    ldmatrix_x4(a, row[mi] + off);
                 }
 #pragma unroll
                 for (int j = 0; j < NG; ++j) net_mma(d[mi][j], a, b[j]);

@@ -22,6 +22,7 @@
 // keeps the order, so the max of the rounded values is the rounded max); INT8 and FP8 plans quantise the pooled
 // value with the pool's scale (the stem runs in FP16 in every plan, as TensorRT keeps a network's first layer
 // in higher precision). The engine's NumPy runtime (executor.py, step "stem") computes the same.
+#include "mma_sync.cuh"  // mma16816: on sm_75 (a T4) as two m16n8k8
 
 #define STEM_KS 7     // kernel size
 #define STEM_C 3      // input channels
@@ -30,23 +31,6 @@
 #define STEM_KP 160   // the reduction padded to whole steps of 16 (the weights' row: wt is 64 x 160 half)
 #define STEM_STEPS (STEM_KP / 16)
 
-// D += A B for one 16 x 8 x 16 tile: mma.sync on sm_80+, two 16 x 8 x 8 ones on sm_75 (a T4)
-__device__ __forceinline__ void stem_mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1)
-{
-#if __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(b0));
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[2]), "r"(a[3]), "r"(b1));
-#endif
-}
 
 __device__ __forceinline__ unsigned stem_pack(half lo, half hi)
 {
@@ -144,7 +128,7 @@ __device__ __forceinline__ void stem_pool(const float* __restrict__ x, int N, in
             a[2] = stem_pack(patch[base[0] + hi.x], patch[base[0] + hi.y]);
             a[3] = stem_pack(patch[base[1] + hi.x], patch[base[1] + hi.y]);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) stem_mma(d[j], a, b[s][j][0], b[s][j][1]);
+            for (int j = 0; j < 4; ++j) mma16816(d[j], a, b[s][j][0], b[s][j][1]);  // mma_sync.cuh
         }
         // + bias, ReLU, to half; outputs outside the convolution's P x Q (the pool's padding) are zeros, which
         // the max of ReLU's outputs may take as the padding's
