@@ -211,7 +211,7 @@ def _nvrtc(code: str, filename: str, arch: str, options: list):
 def ptxas_log(name: str, arch: str = "sm_90a", options: tuple = ()) -> str:
     """What ptxas says of each kernel of kernels/cuda/<name>.cu compiled to machine code for ``arch`` by NVRTC (no
     GPU needed): registers, spills, and its performance remarks, such as C7512 (a warpgroup's wgmmas serialised
-    for want of registers). ``options``: more NVRTC options (``--maxrregcount=128``, ``-DNAME=VALUE``)."""
+    for want of registers). ``options``: more NVRTC options (``-DNAME=VALUE``)."""
     from cupy.cuda import nvrtc
 
     options = ["-std=c++17", f"-arch={arch}", "--ptxas-options=-v", *(f"-I{d}" for d in include_dirs()), *options]

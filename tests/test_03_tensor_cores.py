@@ -435,10 +435,9 @@ def test_a_wait_that_never_ends_fails_the_launch():
 import time, cupy as cp
 from cupy.cuda import nvrtc
 from gpucourse import cuda_c
-code = cuda_c.source("hopper.cuh") + {NEVER_ARRIVES!r}
-prog = nvrtc.createProgram(code, "never.cu", [], [])
-nvrtc.compileProgram(prog, ["-std=c++17", "-arch=sm_90a", "-DGPUCOURSE_MBAR_TIMEOUT_NS=200000000ull",
-                            *("-I" + d for d in cuda_c.include_dirs())])
+prog = cuda_c._nvrtc(cuda_c.source("hopper.cuh") + {NEVER_ARRIVES!r}, "never.cu", "sm_90a",
+                     ["-std=c++17", "-arch=sm_90a", "-DGPUCOURSE_MBAR_TIMEOUT_NS=200000000ull",
+                      *("-I" + d for d in cuda_c.include_dirs())])
 open("never.cubin", "wb").write(nvrtc.getCUBIN(prog))
 fn = cp.RawModule(path="never.cubin").get_function("wait_forever")
 out = cp.zeros(1, dtype=cp.int32)

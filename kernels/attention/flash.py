@@ -27,11 +27,9 @@ WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
 # work: "serial" (S, softmax, P V, each waiting for the last), "ahead" (S of the next tile issued right behind P V of
 # this one, one wait for both), "pipelined" (S of the next tile and P V of this one issued together, the softmax of
 # the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores). The
-# variants of a head dim differ only in that order.
-WGMMA_VARIANTS = {
-    64: {"serial": (128, 4), "ahead": (128, 4), "pipelined": (128, 4), "pingpong": (128, 4)},
-    128: {"serial": (128, 3), "ahead": (128, 3), "pipelined": (128, 3), "pingpong": (128, 3)},
-}
+# variants of a head dim differ only in that order: they share its tiles, WGMMA_TILES (keys a tile, stages of K and V).
+WGMMA_VARIANTS = {64: ("serial", "ahead", "pipelined", "pingpong"), 128: ("serial", "ahead", "pipelined", "pingpong")}
+WGMMA_TILES = {64: (128, 4), 128: (128, 3)}
 WGMMA_DEFAULT = {64: "serial", 128: "pingpong"}  # the fastest on an H100 (records: the field)
 LOG2E = 1.4426950408889634
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
@@ -245,7 +243,7 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
     if variant not in WGMMA_VARIANTS[D]:
         raise runtime.CourseInputError(f"flash_wgmma: no variant {variant!r} for head dim {D}; there are "
                                        f"{', '.join(WGMMA_VARIANTS[D])}")
-    block_n, stages = WGMMA_VARIANTS[D][variant]
+    block_n, stages = WGMMA_TILES[D]
     if probe is not None:
         if probe not in ("scores", "pv") or D != 128 or causal:
             raise runtime.CourseInputError("flash_wgmma: probe is 'scores' or 'pv', for d = 128, not causal")

@@ -16,8 +16,9 @@
 // FP8 (the _f8 kernels): e4m3 activations and weights on wgmma's e4m3 path (FP32 sums), the same epilogue, the
 // result rounded to the nearest e4m3 of v / scale (saturated to +-448).
 //
-// Needs C a multiple of 64 (the wide 8-bit tiles, wgw_ and wgpw_: of 128), K of 8, one destination (no horizontal fusion's split) and the output's and residual's
-// pixels and first elements multiples of 8 elements (kernel_fits says so).
+// Needs C a multiple of 64 (the wide 8-bit tiles, wgw_ and wgpw_: of 128), K of 8, one destination (no horizontal
+// fusion's split) and the output's and residual's pixels and first elements multiples of 8 elements (kernel_fits
+// says so).
 
 #include "conv_wgmma.cuh"
 
