@@ -3,10 +3,13 @@ structure, weights in, outputs out), its batch-norm calibration, the passes on i
 folded, bias + residual + ReLU in each convolution's epilogue, the classifier one Head) and the costs per layer."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
-from gpucourse import runtime
+from conftest import needs_compiler
+from gpucourse import cuda_c, runtime
 from kernels import inference_engine as E
 
 pytestmark = pytest.mark.lesson05
@@ -279,6 +282,26 @@ def test_keras_resnet50_imports_as_the_same_graph(keras_resnet, calibrated):
     got = E.run_graph(g, x)
     assert np.abs(got - want).max() < 1e-5 * 1000 * np.abs(want).max()
     assert (got.argmax(-1) == want.argmax(-1)).all()
+
+
+@needs_compiler
+def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_converts_without_cvt():
+    """The Hopper kernels' INT8 epilogue (inference_engine_wgmma.cu): a thread keeps the same channels in every unit
+    of a round, so their scale, bias and 1 / scale are three vectors loaded once a round (they were loaded with every
+    unit of 16 outputs, and the 8-bit layers ran no faster than FP16's); and the residual's bytes and the rounded
+    result go through float arithmetic, not the conversion instructions (the sums' int -> float stays a cvt)."""
+    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+    checked = 0
+    for name, (_, bm, bn, _, persist, wide) in E.WG.items():
+        body = cuda_c.ptx_entry(ptx, f"conv_{name}_i8")
+        assert body, name
+        assert not re.search(r"cvt\.rni\.s32\.f32|cvt\.rn\.f32\.s(8|16)\b", body), name
+        assert len(re.findall(r"cvt\.rn\.f32\.s32", body)) == bm * bn // (bm // 64 * 128), name  # one a sum
+        if persist:  # pieces of 32 columns, 4 a round, 16 channels a unit: 3 vectors of 4 x 16 bytes a round
+            rounds = -(-(bn // 32) // 4)
+            assert body.count("ld.global.nc.v4.f32") == 3 * 4 * rounds, (name, body.count("ld.global.nc.v4.f32"))
+            checked += 1
+    assert checked == sum(v[4] for v in E.WG.values())
 
 
 @pytest.mark.gpu

@@ -30,9 +30,11 @@ struct E4M3 {
 };
 
 // ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 4
-// rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw)`` for Store::kVec channels
+// rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw, f)`` for Store::kVec channels
 // k, k + 1, ... (16 bytes of its output) instead, after the tile went through shared memory, with ``raw =
-// store.load(m, k)`` (a Store::Raw) what it reads there, loaded earlier: lesson 5's engine, which reads a residual and adds its bias first (inference_engine_wgmma.cu).
+// store.load(m, k)`` (a Store::Raw) what it reads there, loaded earlier, and ``f = store.factors(k)`` (a
+// Store::Factors) what it reads per output channel: lesson 5's engine, which reads a residual, a bias and, in the
+// 8-bit types, two scales (inference_engine_wgmma.cu).
 //
 // PERSIST (lesson 5's engine): a block per SM (or as many as fit) walks the tiles in turn instead of one block a
 // tile. The producer runs ahead into the next tile's slices while the consumers are still in the epilogue of this
@@ -256,6 +258,18 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           }
         }
         asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");  // this warpgroup's own barrier
+        // Where a round's units per row (UNITS nch) divide the 128 threads, each thread takes the same columns in
+        // every unit of the round: their per-channel factors are loaded once, not once a unit (an 8-bit unit's
+        // three vectors of 16 floats were 12 loads for 16 bytes of output, and its memory-bound layers ran no faster
+        // than FP16's)
+        const bool same_cols = 128 % (UNITS * nch) == 0;
+        typename Store::Factors f;
+        if (same_cols) {
+          int row, ch, c8, col;
+          long long m;
+          unit(tid, nch, j0, row, ch, c8, m, col);
+          if (col < K) f = store.factors(col);
+        }
 #pragma unroll
         for (int t = 0; t < PER; ++t) {  // 8 columns a unit: a row's nch x CW side by side
           int row, ch, c8, col;
@@ -263,6 +277,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           const int u = tid + t * 128;
           unit(u, nch, j0, row, ch, c8, m, col);
           if (u >= nch * 64 * UNITS || m < 0 || col >= K) continue;  // K a multiple of V (the plan checks)
+          if (!same_cols) f = store.factors(col);
           const float* src = piece(ch) + row * CW;
           float v[V];
 #pragma unroll
@@ -273,7 +288,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
             v[4 * q + 2] = f.z;
             v[4 * q + 3] = f.w;
           }
-          store.row(static_cast<size_t>(m), col, v, raw[t]);
+          store.row(static_cast<size_t>(m), col, v, raw[t], f);
         }
         asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
       }

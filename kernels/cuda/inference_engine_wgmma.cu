@@ -40,6 +40,7 @@ struct EngineEpilogue {
   static constexpr bool kStaged = true;
   static constexpr int kVec = VEC;
   static constexpr bool kFp8 = sizeof(T) == 1 && static_cast<T>(-1) > static_cast<T>(0);  // unsigned: e4m3 codes
+  static constexpr bool kInt8 = sizeof(T) == 1 && !kFp8;
   using Raw = typename RawOf<sizeof(T) * VEC>::type;  // VEC elements of the residual, as stored
   const float* bias;       // K, or null
   const float* scale;      // INT8, FP8: s_x s_w[k] (K), turning the sums into real units; null for FP16
@@ -77,43 +78,76 @@ struct EngineEpilogue {
     }
   }
 
-  __device__ __forceinline__ void row(size_t m, int k, const float (&acc)[kVec], const Raw& raw) const {
+  // What the epilogue reads per output channel, for channels k .. k + kVec - 1: loaded once for all the units of a
+  // round that take those channels (conv_tile), 16 bytes a load (k is a multiple of kVec; each array starts 256-byte
+  // aligned)
+  struct Factors {
+    float sc[kVec], b[kVec], iv[kVec];
+  };
+  __device__ __forceinline__ Factors factors(int k) const {
+    Factors f;
+    load_vec(scale, k, f.sc, 1.0f);
+    load_vec(bias, k, f.b, 0.0f);
+    if constexpr (sizeof(T) == 1) load_vec(inv, k, f.iv, 1.0f);
+    return f;
+  }
+
+  // INT8 without the conversion unit (a quarter of the FP32 rate on Hopper: I2F and F2I were two of an 8-bit
+  // output's few instructions at that rate): a byte q is the float 1.5 * 2^23 + 128 + q minus 1.5 * 2^23 + 128, made
+  // by putting q + 128 into the mantissa of 1.5 * 2^23; and an integer-valued v in -127 .. 127 rounds to the nearest
+  // (ties to even, as cvt.rni) when 1.5 * 2^23 is added, leaving the integer's two's-complement byte as the low byte
+  // of the sum's bits.
+  static constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: floats from 2^23 to 2^24 are the integers
+  __device__ __forceinline__ static float byte_to_float(unsigned word, int j) {
+    const unsigned biased = word ^ 0x80808080u;  // q + 128 in each byte
+    return __int_as_float(__byte_perm(biased, 0x4B400000u, 0x7650 + j)) - (kMagic + 128.0f);
+  }
+  __device__ __forceinline__ static unsigned rounded_byte_bits(float v, float lo) {  // v's code in the low byte
+    return __float_as_uint(fminf(fmaxf(v, lo), 127.0f) + kMagic);
+  }
+
+  __device__ __forceinline__ void row(size_t m, int k, const float (&acc)[kVec], const Raw& raw,
+                                      const Factors& f) const {
     float v[kVec], r[kVec];
 #pragma unroll
     for (int j = 0; j < kVec; ++j) r[j] = 0.0f;
     if (res) {
       const T* q = reinterpret_cast<const T*>(&raw);
+      const unsigned* w = reinterpret_cast<const unsigned*>(&raw);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         if constexpr (sizeof(T) == 2) r[j] = __half2float(q[j]);
         else if constexpr (kFp8) r[j] = __half2float(__half(__nv_cvt_fp8_to_halfraw(q[j], __NV_E4M3))) * res_scale;
-        else r[j] = static_cast<float>(q[j]) * res_scale;
+        else r[j] = byte_to_float(w[j / 4], j % 4) * res_scale;  // INT8
       }
     }
-    // The per-channel factors, 16 bytes a load (k is a multiple of kVec; each array starts 256-byte aligned). One
-    // float at a time, an 8-bit unit of 16 channels took 48 loads for 16 bytes of output, and its layers ran slower
-    // than FP16's, which load only a bias.
-    float sc[kVec], b[kVec], iv[kVec];
-    load_vec(scale, k, sc, 1.0f);
-    load_vec(bias, k, b, 0.0f);
-    if constexpr (sizeof(T) == 1) load_vec(inv, k, iv, 1.0f);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {  // in the order of the engine's other kernels (epilogue8): the same roundings
       v[j] = acc[j];
-      if (scale) v[j] *= sc[j];
-      if (bias) v[j] += b[j];
+      if (scale) v[j] *= f.sc[j];
+      if (bias) v[j] += f.b[j];
       v[j] += r[j];
-      if (relu) v[j] = fmaxf(v[j], 0.0f);
+      if (relu && !kInt8) v[j] = fmaxf(v[j], 0.0f);  // INT8: in the clip below
     }
     Raw out;
     T* o = reinterpret_cast<T*>(&out);
+    if constexpr (kInt8) {  // round to the nearest integer, clip to -127 .. 127 (ReLU: to 0 .. 127, as 1 / scale > 0)
+      unsigned* ow = reinterpret_cast<unsigned*>(&out);
+      const float lo = relu ? 0.0f : -127.0f;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      if constexpr (sizeof(T) == 2) o[j] = __float2half_rn(v[j]);
-      else if constexpr (kFp8)  // the nearest e4m3 code of v / scale, saturated to +-448
-        o[j] = __nv_cvt_float_to_fp8(v[j] * iv[j], __NV_SATFINITE, __NV_E4M3);
-      else  // INT8: round to the nearest integer, clip to -127 .. 127
-        o[j] = static_cast<T>(max(-127, min(127, __float2int_rn(v[j] * iv[j]))));
+      for (int j = 0; j < kVec; j += 4) {
+        unsigned b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[i] = rounded_byte_bits(v[j + i] * f.iv[j + i], lo);
+        ow[j / 4] = __byte_perm(__byte_perm(b[0], b[1], 0x0040), __byte_perm(b[2], b[3], 0x0040), 0x5410);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if constexpr (sizeof(T) == 2) o[j] = __float2half_rn(v[j]);
+        else  // FP8: the nearest e4m3 code of v / scale, saturated to +-448
+          o[j] = __nv_cvt_float_to_fp8(v[j] * f.iv[j], __NV_SATFINITE, __NV_E4M3);
+      }
     }
     *reinterpret_cast<Raw*>(y + m * ldy + k) = out;
   }
