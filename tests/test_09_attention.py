@@ -597,6 +597,46 @@ def test_triton_forward_and_backward_against_numpy_and_autograd():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
 
 
+TRITON_TILES = r"""
+import math, os, sys
+import numpy as np
+import torch
+sys.path.insert(0, {root!r})
+import triton
+from kernels.attention import specs as A, triton_kernels as T
+ks = T.kernels()
+rng = np.random.default_rng(1)
+dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+for N, causal, (bm1, bn1), (bm2, bn2) in {cases!r}:
+    B, H, D = 1, 2, 16
+    q, k, v, do = (rng.standard_normal((B, H, N, D)).astype(np.float16) for _ in range(4))
+    t = [torch.from_numpy(x).to(dev) for x in (q, k, v, do)]
+    o, lse = T.flash_forward(*t[:3], causal=causal)
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=dev)
+    ks["backward_preprocess"][(triton.cdiv(N, 64), B * H)](o, t[3], delta, N, HEAD_DIM=D, BLOCK_M=64)
+    dq, dk, dv = (torch.empty_like(t[0]) for _ in range(3))
+    args = (*t[:3], t[3], lse, delta)
+    ks["backward_dkdv"][(triton.cdiv(N, bn1), B * H)](*args, dk, dv, 1 / math.sqrt(D), N, HEAD_DIM=D, BLOCK_M=bm1,
+                                                      BLOCK_N=bn1, CAUSAL=causal, EVEN_N=N % max(bm1, bn1) == 0)
+    ks["backward_dq"][(triton.cdiv(N, bm2), B * H)](*args, dq, 1 / math.sqrt(D), N, HEAD_DIM=D, BLOCK_M=bm2,
+                                                    BLOCK_N=bn2, CAUSAL=causal, EVEN_N=N % max(bm2, bn2) == 0)
+    refs = A.attention_backward_spec(q, k, v, do, causal=causal)
+    errs = [float(np.abs(g.float().cpu().numpy() - r).max() / np.abs(r).max()) for g, r in zip((dq, dk, dv), refs)]
+    assert max(errs) < 2e-2, (N, causal, bm1, bn1, bm2, bn2, errs)
+print("ok")
+"""
+
+
+def test_triton_backward_with_tiles_of_unequal_sizes():
+    """The tuned backward tiles differ in their two sizes (dK, dV: 32 or 64 queries at a time against 128 keys): a
+    causal mask's split into whole tiles and diagonal tiles must hold for any pair, with N a multiple of neither."""
+    cases = [(96, True, (16, 32), (32, 16)), (70, True, (16, 32), (32, 16)), (96, False, (32, 16), (16, 32)),
+             (70, True, (32, 16), (16, 32))]
+    done = subprocess.run([sys.executable, "-c", TRITON_TILES.format(root=str(ROOT), cases=cases)],
+                          env=_triton_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout + done.stderr[-3000:]
+
+
 TRITON_REFUSALS = """
 import sys
 sys.path.insert(0, {root!r})

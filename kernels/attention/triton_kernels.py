@@ -145,13 +145,18 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> 
     if q.is_cuda:
         dkdv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
         dq_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
-        ks["backward_dkdv_tuned"][dkdv_grid](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D, CAUSAL=bool(causal))
-        ks["backward_dq_tuned"][dq_grid](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D, CAUSAL=bool(causal))
+        even = N % 128 == 0  # every tuned tile divides 128
+        ks["backward_dkdv_tuned"][dkdv_grid](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D, CAUSAL=bool(causal),
+                                             EVEN_N=even)
+        ks["backward_dq_tuned"][dq_grid](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D, CAUSAL=bool(causal),
+                                         EVEN_N=even)
     else:
         ks["backward_dkdv"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D,
-                                                          BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal))
+                                                          BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal),
+                                                          EVEN_N=N % 16 == 0)
         ks["backward_dq"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D,
-                                                        BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal))
+                                                        BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal),
+                                                        EVEN_N=N % 16 == 0)
     return dq, dk, dv
 
 
