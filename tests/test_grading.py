@@ -279,3 +279,33 @@ def test_grading_without_nbgrader_says_so(tmp_path, monkeypatch):
     shutil.copy(EXERCISE, learner)
     with pytest.raises(grading.GradingError, match="nbgrader is not installed"):
         grading.grade(learner)
+
+
+class _StartupFlakyApi:
+    """nbgrader's API as the worker calls it, answering with the results given, in turn."""
+
+    def __init__(self, *results):
+        self.results, self.calls = list(results), 0
+
+    def autograde(self, assignment, student, force, create):
+        self.calls += 1
+        return self.results.pop(0)
+
+
+def test_a_kernel_that_dies_before_starting_is_graded_again_once():
+    """nbclient's "Kernel died before replying to kernel_info" means no cell ran (seen once in a class of 50 on
+    2 cores): the worker grades the submission again, once; any other failure, or a second start-up failure, is
+    reported as it is."""
+    from gpucourse.grading import worker
+
+    died = {"success": False, "log": "DeadKernelError: Kernel died before replying to kernel_info", "error": ""}
+    ok = {"success": True, "log": ""}
+    api = _StartupFlakyApi(died, ok)
+    assert worker._autograde(api, "a", "s") == (ok, True) and api.calls == 2
+    api = _StartupFlakyApi(died, died)
+    assert worker._autograde(api, "a", "s") == (died, True) and api.calls == 2
+    other = {"success": False, "log": "KeyError: 'cell-7'", "error": ""}
+    api = _StartupFlakyApi(other, ok)
+    assert worker._autograde(api, "a", "s") == (other, False) and api.calls == 1
+    api = _StartupFlakyApi(ok, died)
+    assert worker._autograde(api, "a", "s") == (ok, False) and api.calls == 1

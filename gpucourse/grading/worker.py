@@ -104,6 +104,22 @@ def _why_failed(result: dict) -> str:
     return next((e for e in reversed(errors) if "see the the above traceback" not in e), tail(log, 3) or "see the log")
 
 
+# What nbclient raises when the kernel it started exits before answering its first request: no cell of the
+# submission has run, so grading again is safe; a kernel that fails to start twice is the grader's fault, reported.
+KERNEL_START_FAILURE = re.compile(r"died before replying to kernel_info", re.I)
+
+
+def _autograde(api, assignment: str, student: str) -> tuple[dict, bool]:
+    """nbgrader's autograde of one submission, once more if its kernel died before running anything (seen once in a
+    class of 50 on 2 cores); (result, whether it was the second try)."""
+    _RUN["events"] = {}
+    r = api.autograde(assignment, student, force=True, create=True)
+    if r["success"] or not KERNEL_START_FAILURE.search(as_text(r.get("log", "")) + as_text(r.get("error", ""))):
+        return r, False
+    _RUN["events"] = {}
+    return api.autograde(assignment, student, force=True, create=True), True
+
+
 def _worker_grade(api, spec: dict, student: str, raw: Path) -> dict:
     """Repair and check one submission, autograde it, and build its report (as a dict)."""
     root, assignment, name = Path(spec["root"]), spec["assignment"], spec["notebook"]
@@ -122,13 +138,14 @@ def _worker_grade(api, spec: dict, student: str, raw: Path) -> dict:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     (folder / f"{name}.ipynb").write_text(json.dumps(nb, indent=1), encoding="utf-8")
-    _RUN["events"] = {}
-    r = api.autograde(assignment, student, force=True, create=True)
+    r, again = _autograde(api, assignment, student)
     graded = root / "autograded" / student / assignment / f"{name}.ipynb"
     if not r["success"] or not graded.is_file():
         return {"ok": False, "error": f"nbgrader autograde failed: {_why_failed(r)}", "log": r.get("log", "")}
     report = _worker_report(root, assignment, name, student, spec["mode"], _RUN["events"])
-    report["notes"] = notes + report["notes"]
+    retry = ["the grader's Python kernel failed to start on the first try (before any cell ran); graded on the "
+             "second"] if again else []
+    report["notes"] = notes + retry + report["notes"]
     _annotate(graded, report["tests"])
     return {"ok": True, "report": report, "seconds": time.monotonic() - started}
 
