@@ -263,12 +263,12 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         // three vectors of 16 floats were 12 loads for 16 bytes of output, and its memory-bound layers ran no faster
         // than FP16's)
         const bool same_cols = 128 % (UNITS * nch) == 0;
-        typename Store::Factors f;
+        typename Store::Factors per_channel;
         if (same_cols) {
           int row, ch, c8, col;
           long long m;
           unit(tid, nch, j0, row, ch, c8, m, col);
-          if (col < K) f = store.factors(col);
+          if (col < K) per_channel = store.factors(col);
         }
 #pragma unroll
         for (int t = 0; t < PER; ++t) {  // 8 columns a unit: a row's nch x CW side by side
@@ -277,7 +277,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
           const int u = tid + t * 128;
           unit(u, nch, j0, row, ch, c8, m, col);
           if (u >= nch * 64 * UNITS || m < 0 || col >= K) continue;  // K a multiple of V (the plan checks)
-          if (!same_cols) f = store.factors(col);
+          if (!same_cols) per_channel = store.factors(col);
           const float* src = piece(ch) + row * CW;
           float v[V];
 #pragma unroll
@@ -288,7 +288,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
             v[4 * q + 2] = f.z;
             v[4 * q + 3] = f.w;
           }
-          store.row(static_cast<size_t>(m), col, v, raw[t], f);
+          store.row(static_cast<size_t>(m), col, v, raw[t], per_channel);
         }
         asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
       }
