@@ -93,8 +93,8 @@ struct EngineEpilogue {
   }
 
   // INT8 without the conversion unit (a quarter of the FP32 rate on Hopper: I2F and F2I were two of an 8-bit
-  // output's few instructions at that rate): a byte q is the float 1.5 * 2^23 + 128 + q minus 1.5 * 2^23 + 128, made
-  // by putting q + 128 into the mantissa of 1.5 * 2^23; and an integer-valued v in -127 .. 127 rounds to the nearest
+  // output's few instructions at that rate): a byte q is (1.5 * 2^23 + 128 + q) - (1.5 * 2^23 + 128), the first
+  // made by putting q + 128 into the mantissa of 1.5 * 2^23; and a v in -127 .. 127 rounds to the nearest integer
   // (ties to even, as cvt.rni) when 1.5 * 2^23 is added, leaving the integer's two's-complement byte as the low byte
   // of the sum's bits.
   static constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: floats from 2^23 to 2^24 are the integers
