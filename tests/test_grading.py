@@ -292,20 +292,22 @@ class _StartupFlakyApi:
         return self.results.pop(0)
 
 
-def test_a_kernel_that_dies_before_starting_is_graded_again_once():
-    """nbclient's "Kernel died before replying to kernel_info" means no cell ran (seen once in a class of 50 on
-    2 cores): the worker grades the submission again, once; any other failure, or a second start-up failure, is
-    reported as it is."""
+def test_a_kernel_that_dies_before_starting_is_graded_again_once(capsys):
+    """nbclient's "Kernel died before replying to kernel_info" means no cell ran (seen in classes graded on 2 cores):
+    the worker grades the submission again, once, and says so in its log (stderr), not in the learner's report; any
+    other failure, or a second start-up failure, is reported as it is."""
     from gpucourse.grading import worker
 
     died = {"success": False, "log": "DeadKernelError: Kernel died before replying to kernel_info", "error": ""}
     ok = {"success": True, "log": ""}
     api = _StartupFlakyApi(died, ok)
-    assert worker._autograde(api, "a", "s") == (ok, True) and api.calls == 2
+    assert worker._autograde(api, "a", "s") == ok and api.calls == 2
+    assert "s/a: the kernel died before replying to kernel_info" in capsys.readouterr().err
     api = _StartupFlakyApi(died, died)
-    assert worker._autograde(api, "a", "s") == (died, True) and api.calls == 2
+    assert worker._autograde(api, "a", "s") == died and api.calls == 2
     other = {"success": False, "log": "KeyError: 'cell-7'", "error": ""}
     api = _StartupFlakyApi(other, ok)
-    assert worker._autograde(api, "a", "s") == (other, False) and api.calls == 1
+    assert worker._autograde(api, "a", "s") == other and api.calls == 1
     api = _StartupFlakyApi(ok, died)
-    assert worker._autograde(api, "a", "s") == (ok, False) and api.calls == 1
+    assert worker._autograde(api, "a", "s") == ok and api.calls == 1
+    assert capsys.readouterr().err.count("grading again") == 1
