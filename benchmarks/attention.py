@@ -266,10 +266,12 @@ def _inputs(n: int, d: int = HEAD_DIM, heads: int = HEADS, tokens: int = TOKENS,
                    for _ in range(4)]
 
 
-def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
+def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
     """Forward, and forward + backward, TFLOP/s of PyTorch's SDPA with each backend forced, and of the course's
     kernels, on the same inputs in the same run; FP16, batch x N = 32k tokens, 16 heads of d; causal and not. Each
-    output is checked against the memory-efficient backend's before it is timed."""
+    output is checked against the memory-efficient backend's before it is timed, and the kernels of one run are
+    timed in turns (bench.time_in_turns): under its power cap the GPU's clock sinks as it warms, and timed one after
+    another the later kernels were up to 5% slower at N = 16k than timed in turns."""
     torch = _torch()
     if torch is None:
         raise runtime.CourseError("the field is PyTorch's SDPA backends: PyTorch with CUDA is not importable here")
@@ -285,30 +287,31 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
             tq, tk, tv, tdo = (torch.from_dlpack(a) for a in (q, k, v, do))
             fwd_flops = A.attention_flops(batch, HEADS, n, d, causal=causal)
             run = {"N": n, "batch": batch, "causal": causal, "fwd": {}, "fwd_bwd": {}, "errors": {}}
+            fwd, both = {}, {}  # what is timed, checked first
             with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                 ref = sdpa(tq, tk, tv, is_causal=causal).float()
             for name, backend in SDPA_BACKENDS.items():
+                backend = getattr(SDPBackend, backend)
+
+                def forward(backend=backend):
+                    with sdpa_kernel(backend):
+                        return sdpa(tq, tk, tv, is_causal=causal)
+
+                def backward(backend=backend, grads=[x.detach().clone().requires_grad_() for x in (tq, tk, tv)]):
+                    with sdpa_kernel(backend):
+                        sdpa(*grads, is_causal=causal).backward(tdo)
+
                 try:
-                    with sdpa_kernel(getattr(SDPBackend, backend)):
-                        got = sdpa(tq, tk, tv, is_causal=causal)
-                        run["errors"][name] = float((got.float() - ref).abs().max())
-                        t = bench.time_gpu(lambda: sdpa(tq, tk, tv, is_causal=causal), repeats=repeats, hold_ms=HOLD_MS)
-                        run["fwd"][name] = t.tflops(fwd_flops)
-                        gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
-
-                        def both():
-                            o = sdpa(gq, gk, gv, is_causal=causal)
-                            o.backward(tdo)
-
-                        t = bench.time_gpu(both, repeats=repeats, hold_ms=HOLD_MS)
-                        run["fwd_bwd"][name] = t.tflops(3.5 * fwd_flops)
-                except RuntimeError as exc:  # a backend that does not take this shape says so
+                    run["errors"][name] = float((forward().float() - ref).abs().max())
+                    backward()  # a backend that does not take this shape says so here
+                    fwd[name], both[name] = forward, backward
+                except RuntimeError as exc:
                     run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
-            for name, fwd in _flash_kernels(torch, causal, d).items():
-                o = fwd(q, k, v)[0]
+            for name, kernel in _flash_kernels(torch, causal, d).items():
+                o = kernel(q, k, v)[0]
                 o = torch.from_dlpack(o) if not isinstance(o, torch.Tensor) else o
                 run["errors"][name] = float((o.float() - ref).abs().max())
-                run["fwd"][name] = bench.time_gpu(lambda: fwd(q, k, v), repeats=repeats, hold_ms=HOLD_MS).tflops(fwd_flops)
+                fwd[name] = (lambda kernel: lambda: kernel(q, k, v))(kernel)
             if T.available() is None:
                 o, lse = T.flash_forward(tq, tk, tv, causal=causal)
 
@@ -321,9 +324,13 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 10) -> dict:
                 dq, dk, dv = T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 run["errors"]["Triton backward"] = max(float((a.float() - b.grad.float()).abs().max())
                                                        for a, b in ((dq, gq), (dk, gk), (dv, gv)))
-                run["fwd_bwd"]["Triton"] = bench.time_gpu(tri_both, repeats=repeats, hold_ms=HOLD_MS).tflops(3.5 * fwd_flops)
+                both["Triton"] = tri_both
+            for part, works, flops in (("fwd", fwd, fwd_flops), ("fwd_bwd", both, 3.5 * fwd_flops)):
+                if works:
+                    times = bench.time_in_turns(works, repeats=repeats, hold_ms=HOLD_MS)
+                    run[part] = {name: t.tflops(flops) for name, t in times.items()}
             out["runs"].append(run)
-            del q, k, v, do, tq, tk, tv, tdo
+            del q, k, v, do, tq, tk, tv, tdo, fwd, both
             runtime.cupy().get_default_memory_pool().free_all_blocks()
             torch.cuda.empty_cache()
     return out
@@ -392,6 +399,9 @@ PROFILE_METRICS = {
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor pipes (%)",
     "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active": "exp2 (XU) pipe (%)",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy (%)",
+    # the share of the run the SMs have work at all: a causal run's tail (SMs that finished, waiting for the last
+    # items) shows here and not in the shares above, which count active cycles only
+    "sm__cycles_active.avg.pct_of_peak_sustained_elapsed": "SMs busy (%)",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "DRAM (%)",
     "launch__registers_per_thread": "registers",
 }
@@ -407,28 +417,32 @@ rs = cp.random.RandomState(0)
 q, k, v = ((rs.standard_normal(({PROFILE_BATCH}, {HEADS}, {PROFILE_N}, {HEAD_DIM}), dtype=cp.float32) * 0.5).astype(cp.float16)
            for _ in range(3))
 if gpus.status("09.wgmma").runs:
-    A.flash_wgmma(q, k, v)
-A.flash_wmma(q, k, v)
-if gpus.status("09.mma").runs:
-    A.flash_mma(q, k, v)
+    A.flash_wgmma(q, k, v, causal=CAUSAL)
+if not CAUSAL:
+    A.flash_wmma(q, k, v)
+    if gpus.status("09.mma").runs:
+        A.flash_mma(q, k, v)
 tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
-for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+for backend in (SDPBackend.CUDNN_ATTENTION,) + (() if CAUSAL else (SDPBackend.FLASH_ATTENTION,)):
     with sdpa_kernel(backend):
-        sdpa(tq, tk, tv)
+        sdpa(tq, tk, tv, is_causal=CAUSAL)
 torch.cuda.synchronize()
 """
 
 
 def measure_profile() -> dict:
     """ncu on each forward kernel at N = 4096 (batch 8, 16 heads of 128, not causal): the course's Hopper, WMMA and
-    mma.sync kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2 unit, with
-    how many warps and registers."""
+    mma.sync kernels, SDPA's cuDNN and FlashAttention-2 kernels; how busy each keeps the tensor pipes and the exp2
+    unit, with how many warps and registers. Then causal (``causal_rows``): the Hopper kernel and cuDNN's."""
     from gpucourse import profile
 
     try:
-        rows = profile.ncu(PROFILE_SNIPPET, metrics=PROFILE_METRICS, kernel="flash|fmha|sdpa|cudnn", timeout=300)
-        return {"ok": True, "why": "", "rows": rows, "N": PROFILE_N, "batch": PROFILE_BATCH, "heads": HEADS,
-                "d": HEAD_DIM, "flops": A.attention_flops(PROFILE_BATCH, HEADS, PROFILE_N, HEAD_DIM)}
+        rows = {causal: profile.ncu(f"CAUSAL = {causal}\n" + PROFILE_SNIPPET, metrics=PROFILE_METRICS,
+                                    kernel="flash|fmha|sdpa|cudnn", timeout=300) for causal in (False, True)}
+        return {"ok": True, "why": "", "rows": rows[False], "causal_rows": rows[True], "N": PROFILE_N,
+                "batch": PROFILE_BATCH, "heads": HEADS, "d": HEAD_DIM,
+                "flops": A.attention_flops(PROFILE_BATCH, HEADS, PROFILE_N, HEAD_DIM),
+                "causal_flops": A.attention_flops(PROFILE_BATCH, HEADS, PROFILE_N, HEAD_DIM, causal=True)}
     except profile.ProfilerUnavailable as exc:
         return {"ok": False, "why": str(exc), "rows": []}
 
@@ -440,13 +454,18 @@ def text_profile(p: dict) -> str:
     if not p["ok"]:
         return f"ncu: {p['why']}"
     keys = [k for k in PROFILE_METRICS if k != "gpu__time_duration.sum"]
-    lines = [f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, not causal)",
-             f"{'kernel':44} {'TFLOP/s':>8} " + " ".join(f"{PROFILE_METRICS[k]:>19}" for k in keys)]
-    for r in p["rows"]:
-        dur = r.get("gpu__time_duration.sum")
-        tf = p["flops"] / (dur * 1e-9) / 1e12 if isinstance(dur, float) and dur > 0 else float("nan")
-        lines.append(f"{profile.short_name(r['kernel'], 44):44} {tf:8.0f} " + " ".join(
-            f"{r[k]:19.1f}" if isinstance(r.get(k), float) else f"{'-':>19}" for k in keys))
+    lines = []
+    for causal, rows, flops in ((False, p["rows"], p["flops"]), (True, p.get("causal_rows"), p.get("causal_flops"))):
+        if rows is None:  # recorded before the causal rows were measured
+            continue
+        lines += [f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, "
+                  f"{'causal' if causal else 'not causal'})",
+                  f"{'kernel':44} {'TFLOP/s':>8} " + " ".join(f"{PROFILE_METRICS[k]:>19}" for k in keys)]
+        for r in rows:
+            dur = r.get("gpu__time_duration.sum")
+            tf = flops / (dur * 1e-9) / 1e12 if isinstance(dur, float) and dur > 0 else float("nan")
+            lines.append(f"{profile.short_name(r['kernel'], 44):44} {tf:8.0f} " + " ".join(
+                f"{r[k]:19.1f}" if isinstance(r.get(k), float) else f"{'-':>19}" for k in keys))
     return "\n".join(lines)
 
 

@@ -121,6 +121,24 @@ def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, 
     return Timing(samples)
 
 
+def time_in_turns(works: dict, *, rounds: int = 3, repeats: int = 12, warmup: int = 3,
+                  hold_ms: float = 0.0) -> dict:
+    """Time pieces of GPU work that are to be compared with each other ({name: work}) in turns: each of ``rounds``
+    rounds times every one (repeats / rounds runs each), in the opposite order each next round, so that a clock that
+    drifts over the run (a GPU at its power cap slows as it warms) slows them alike rather than whichever came last.
+    Returns {name: Timing} over all of each one's runs."""
+    if rounds < 1 or not works:
+        raise runtime.CourseInputError("time_in_turns needs at least one round and one piece of work")
+    per = max(1, math.ceil(repeats / rounds))
+    names = list(works)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            samples[name] += time_gpu(works[name], warmup=warmup if r == 0 else 1, repeats=per,
+                                      hold_ms=hold_ms).samples_ms
+    return {name: Timing(samples[name]) for name in names}
+
+
 def rotating_inputs(make: Callable, nbytes: int, *, cache_multiple: int = 4) -> Callable:
     """A ``setup`` for time_gpu that cycles through enough input sets made by ``make()`` (each touching
     ``nbytes``) to exceed the GPU's L2 cache ``cache_multiple`` times: no repeat finds its inputs cached."""

@@ -278,6 +278,32 @@ def test_wgmma_flash_on_gpu(rng, d, variant, causal, shape):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("section", [1, 3, 8])
+def test_wgmma_causal_order_covers_every_item_once(rng, monkeypatch, section):
+    """The causal order (longest items first, heads in sections): sections of 1, of 3 heads for 7 (the last holds
+    one) and one section larger than the heads all compute every row block of every head, each once."""
+    _hopper_or_skip()
+    cp = runtime.cupy()
+    n, d = 512, 64
+    monkeypatch.setattr(A.flash, "wgmma_section", lambda n, heads, sms: section)
+    q, k, v = (rng.standard_normal((1, 7, n, d)).astype(np.float16) for _ in range(3))
+    for variant in A.flash.WGMMA_VARIANTS[d]:
+        o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True, variant=variant)
+        ro, rl = A.attention_spec(q, k, v, causal=True)
+        err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+        assert err < 1e-2, (variant, err)
+        np.testing.assert_allclose(lse.get(), rl, atol=1e-3)
+
+
+def test_wgmma_section_is_the_fewest_whole_heads_whose_work_outlasts_their_longest_item():
+    # 512, 128 and 32 heads (the field's batch x 16 heads at N = 1k, 4k, 16k) on 132 SMs: s (N/128 + 1) >= 264
+    assert [A.flash.wgmma_section(n, 2**15 // n * 16, 132) for n in (1024, 4096, 16384)] == [32, 8, 4]
+    assert A.flash.wgmma_section(16384, 6, 132) == 3  # 2 heads are too few; 3 divides 6
+    assert A.flash.wgmma_section(1024, 7, 132) == 7  # none of 1 .. 6 is enough: all of them
+    assert A.flash.wgmma_section(1 << 20, 1, 132) == 1
+
+
+@pytest.mark.gpu
 def test_wgmma_probes_check_each_product(rng):
     """S = Q K^T alone (both operands from shared memory), and (Q K^T) V with P from registers: each GEMM's layout."""
     _hopper_or_skip()

@@ -306,6 +306,31 @@ def test_hold_lets_the_events_time_the_gpu_not_python():
     assert 1.9 < t.median_ms < 2.5
 
 
+def test_time_in_turns_is_checked():
+    with pytest.raises(runtime.CourseInputError, match="at least one round"):
+        bench.time_in_turns({"a": lambda: None}, rounds=0)
+    with pytest.raises(runtime.CourseInputError, match="one piece of work"):
+        bench.time_in_turns({})
+
+
+@pytest.mark.gpu
+def test_time_in_turns_takes_each_round_in_the_opposite_order():
+    """Three rounds of two pieces of work: a, b, then b, a, then a, b (each warmed up and timed in its turn), every
+    run of a piece in its Timing, and the times are each piece's own (a 2 ms hold against a 1 ms one)."""
+    order = []
+
+    def work(name, ms):
+        def run():
+            order.append(name)
+            bench.hold(ms)
+        return run
+
+    t = bench.time_in_turns({"a": work("a", 2.0), "b": work("b", 1.0)}, rounds=3, repeats=6, warmup=1)
+    assert "".join(order) == "aaa" "bbb" "bbb" "aaa" "aaa" "bbb"  # a warm-up and two timed runs a turn
+    assert len(t["a"].samples_ms) == len(t["b"].samples_ms) == 6
+    assert 1.9 < t["a"].median_ms < 2.5 and 0.9 < t["b"].median_ms < 1.4
+
+
 def test_native_stderr_is_kept_aside_unless_the_block_fails(capfd):
     """TensorFlow's start-up notices go to file descriptor 2; they are shown only when the start fails."""
     with runtime._native_stderr_kept_aside():

@@ -17,7 +17,7 @@
 // softmax of tile t while the tensor cores still work on P(t-1) V(t-1) (FlashAttention-3's intra-warpgroup
 // overlap); with PINGPONG the two consumers also take turns at the tensor cores (named barriers), so that one's
 // softmax runs while the other's GEMMs do. Causal: tiles wholly above the diagonal are never loaded, the
-// diagonal tile is masked, and of each head the items with the most tiles are taken first.
+// diagonal tile is masked, and the items with the most tiles are taken first (see item_of).
 //
 // Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
 #include <cuda_fp16.h>
@@ -95,6 +95,25 @@ __device__ __forceinline__ void to_operand(const float (&s)[BN / 16][8], unsigne
 }
 // endregion
 
+// The output leaves in 16-byte stores. Of each 32 columns of a row, the row's four threads (q = lane % 4) hold the
+// 16 words (two halves each) 4x + q at their places x = 0..3; transposed within the four, thread q holds words
+// 4q .. 4q + 3, eight columns side by side. Two exchanges: the places whose bit 1, then bit 0, differs from q's go
+// to the thread q ^ 2, then q ^ 1, into the place of the same bit flipped. (32 stores of 4 bytes a thread cost up to
+// 7% of a causal run at N = 4k, when both consumers write an item's output at once and the tensor cores wait.)
+__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
+#pragma unroll
+  for (int b = 2; b >= 1; b >>= 1) {
+    const bool set = q & b;
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      if (x & b) continue;  // the pair (x, x | b): a thread sends the one whose bit b is not its own
+      const unsigned got = __shfl_xor_sync(0xffffffff, set ? w[x] : w[x | b], b);
+      if (set) w[x] = got;
+      else w[x | b] = got;
+    }
+  }
+}
+
 template <int D, int BN>
 __device__ __forceinline__ void scale_rows(float (&o)[D / 16][8], const float (&alpha)[2]) {
 #pragma unroll
@@ -127,16 +146,20 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 16][8], const unsigned (
 // region: flash_wgmma
 // MODE 0: attention. Two probes for tests of the parts: MODE 1 writes S = Q K^T of the first tile as O (D = BN);
 // MODE 2 writes O = sum over tiles of (Q K^T) V, P = S without the softmax.
-// Persistent: a block per SM takes work items (128 rows of a head), in order, heads first: its first is blockIdx.x,
-// each next one it claims from the counter *next_item (zero at launch) as it starts this one, so a block that drew
-// short items takes more (causal items range from 1 tile to N / 128). The producer hands each item's number to the
-// consumers in shared memory with its Q (-1: no more). The ring of K and V stages and its phases run on across
-// items (g counts the block's tiles), so the producer loads the next item's Q, K and V while the consumers finish
-// this one and write its output.
+// Persistent: a block per SM takes work items (128 rows of a head) in order: its first is blockIdx.x, each next one
+// it claims from the counter *next_item (zero at launch) as it starts this one, so a block that drew short items
+// takes more. Causal items range from 1 tile to N / 128, and the order is longest first across heads, not within
+// each head: else the last head's longest item starts when the other SMs have little left, and they wait for it
+// (3% of the time at N = 4k and 16k on an H100). The heads go in sections of `section` (flash.py's wgmma_section:
+// enough heads that their work outlasts their longest item, few enough that the L2 keeps their K and V), and a
+// section's items row block by row block, from the last (N / 128 tiles) to the first (one tile).
+// The producer hands each item's number to the consumers in shared memory with its Q (-1: no more). The ring of K
+// and V stages and its phases run on across items (g counts the block's tiles), so the producer loads the next
+// item's Q, K and V while the consumers finish this one and write its output.
 template <int D, int BN, int STAGES, bool CAUSAL, bool PIPELINED, bool PINGPONG, bool AHEAD, int MODE>
 __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
                                             half* __restrict__ O, float* __restrict__ LSE, int* next_item, int N,
-                                            int heads, float scale_log2) {
+                                            int heads, int section, float scale_log2) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int BM = 128;
   static_assert(BN == 64 || BN == 128, "tiles of 64 or 128 keys");
@@ -153,8 +176,13 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int blocks_m = N / BM, items = blocks_m * heads;
-  // item i: head i / blocks_m, row block i % blocks_m (causal: the longest rows first); its key tiles
-  auto m_of = [&](int i) { return (CAUSAL ? blocks_m - 1 - i % blocks_m : i % blocks_m) * BM; };
+  // item i: its head and first row (not causal: head i / blocks_m, row block i % blocks_m); its key tiles
+  auto item_of = [&](int i) {
+    if (!CAUSAL) return make_int2(i / blocks_m, i % blocks_m * BM);
+    const int first = i / (section * blocks_m) * section, in_section = min(section, heads - first);
+    const int j = i - first * blocks_m;  // the item's place in its section
+    return make_int2(first + j % in_section, (blocks_m - 1 - j / in_section) * BM);
+  };
   auto tiles_of = [&](int m0) { return CAUSAL ? (m0 + BM) / BN : N / BN; };  // causal: none past row m0 + BM - 1
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -179,7 +207,8 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
           mbar_arrive(q_full);  // no more: the consumers read -1
           break;
         }
-        const int m0 = m_of(i), head_row = (i / blocks_m) * N, tiles = tiles_of(m0);
+        const int2 item = item_of(i);
+        const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
         mbar_expect_tx(q_full, Q_BYTES);
         for (int c = 0; c < D / 64; ++c) tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
         const int next = atomicAdd(next_item, 1) + gridDim.x;  // claimed now, used when this item's loads are issued
@@ -205,7 +234,8 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
       mbar_wait(q_full, k & 1);
       const int i = *item_slot;
       if (i < 0) break;
-      const int m0 = m_of(i), head_row = (i / blocks_m) * N, tiles = tiles_of(m0);
+      const int2 item = item_of(i);
+      const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
       const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8 (in the head)
       auto stage = [&](int t) { return (g + t) % STAGES; };
       auto phase = [&](int t) { return static_cast<unsigned>(((g + t) / STAGES) & 1); };
@@ -353,12 +383,18 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
       }
       half* out = O + static_cast<size_t>(head_row) * D;
 #pragma unroll
-      for (int j = 0; j < D / 16; ++j)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-          const int h = (e >> 1) & 1, row = row0 + 8 * h, col = 16 * j + 8 * (e >> 2) + 2 * (lane % 4);
-          *reinterpret_cast<__half2*>(out + static_cast<size_t>(row) * D + col) =
-              __floats2half2_rn(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+        for (int a = 0; a < D / 32; ++a) {  // columns 32a .. 32a + 31: word 4x + q is column block 2a + x / 2's
+          unsigned w[4];                     // elements 4 (x % 2) + 2h and + 1
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int j = 2 * a + x / 2, e = 4 * (x % 2) + 2 * h;
+            w[x] = half2_bits(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+          }
+          quad_transpose(w, lane % 4);  // now columns 32a + 8q .. + 7
+          *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + 8 * h) * D + 32 * a + 8 * (lane % 4)) =
+              make_uint4(w[0], w[1], w[2], w[3]);
         }
       if (lane % 4 == 0) {
 #pragma unroll
@@ -381,9 +417,9 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
            const __grid_constant__ TensorMap tmV, half* O, float* LSE, int* next_item, int N, int heads,       \
-           float scale_log2) {                                                                                  \
+           int section, float scale_log2) {                                                                     \
     hopper::flash_wgmma<D, BN, S, C, PIPE, PP, AHEAD, MODE>(&tmQ, &tmK, &tmV, O, LSE, next_item, N, heads,         \
-                                                            scale_log2);                                        \
+                                                            section, scale_log2);                               \
   }
 
 // name: head dim, variant, keys a tile (where not 128), causal
