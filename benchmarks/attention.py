@@ -455,9 +455,7 @@ def text_profile(p: dict) -> str:
         return f"ncu: {p['why']}"
     keys = [k for k in PROFILE_METRICS if k != "gpu__time_duration.sum"]
     lines = []
-    for causal, rows, flops in ((False, p["rows"], p["flops"]), (True, p.get("causal_rows"), p.get("causal_flops"))):
-        if rows is None:  # recorded before the causal rows were measured
-            continue
+    for causal, rows, flops in ((False, p["rows"], p["flops"]), (True, p["causal_rows"], p["causal_flops"])):
         lines += [f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, "
                   f"{'causal' if causal else 'not causal'})",
                   f"{'kernel':44} {'TFLOP/s':>8} " + " ".join(f"{PROFILE_METRICS[k]:>19}" for k in keys)]

@@ -271,10 +271,11 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
     rows = B * H * N
     maps = [tensor_map(x.reshape(rows, D), (box, 64)) for x, box in ((q, WGMMA_BLOCK_M), (k, block_n), (v, block_n))]
     next_item = cp.zeros(1, dtype=cp.int32)  # the items the blocks have claimed beyond their first
+    sms = runtime.get().device["sms"]
     args = [*maps, ctypes.c_uint64(o.data.ptr), ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(next_item.data.ptr),
-            ctypes.c_int32(N), ctypes.c_int32(B * H), ctypes.c_int32(wgmma_section(N, B * H, runtime.get().device["sms"])),
+            ctypes.c_int32(N), ctypes.c_int32(B * H), ctypes.c_int32(wgmma_section(N, B * H, sms)),
             ctypes.c_float(_scale(D, scale) * LOG2E)]
     items = N // WGMMA_BLOCK_M * B * H  # persistent: a block per SM takes item after item (128 rows of a head)
-    launch_hopper(fn, (min(items, runtime.get().device["sms"]), 1), 384, smem, args, name)
+    launch_hopper(fn, (min(items, sms), 1), 384, smem, args, name)
     return o, lse
 
