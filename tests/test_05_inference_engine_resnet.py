@@ -247,6 +247,14 @@ def test_which_kernels_take_resnets_convolutions(calibrated):
     assert E.wg_fits(odd, itemsize=2) and not E.wg_fits(odd, itemsize=1)
     three = by["conv2_block1_2_conv"]
     assert E.wg_fits(three) and E.wg_fits(dict(three, stride=2)) is False  # a strided 3 x 3: not through the TMA view
+    # the TMA epilogue's tiles (wgpt): 8-bit only, outputs in whole tiles of BN channels, rows the TMA can address
+    assert res3["K"] == 256 and E.kernel_fits(res3, "wgpt_i2c_128x256_s3", "int8")
+    assert E.kernel_fits(res3, "wgpt_i2c_128x128_s4", "fp8") and not E.kernel_fits(res3, "wgpt_i2c_128x256_s3", "fp16")
+    assert not E.kernel_fits(dict(res3, K=128, dests=[dict(res3["dests"][0], C=128)]), "wgpt_i2c_128x256_s3", "int8")
+    shifted = dict(res3, res=dict(res3["res"], off=res3["res"]["off"] + 8))  # a residual 8 bytes into a row
+    assert not E.tuning.tma_fits(shifted) and E.tuning.tma_fits(res3)
+    assert not E.kernel_fits(shifted, "wgpt_i2c_128x256_s3", "int8")
+    assert E.executor.tma_buffers(128, 256, 3, 64) == 3 and E.executor.tma_buffers(128, 256, 3, 128) == 2
 
 
 @pytest.fixture(scope="module")
@@ -289,14 +297,24 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
     """The Hopper kernels' INT8 epilogue (inference_engine_wgmma.cu): a thread keeps the same channels in every unit
     of a round, so their scale, bias and 1 / scale are three vectors loaded once a round (they were loaded with every
     unit of 16 outputs, and the 8-bit layers ran no faster than FP16's); and the residual's bytes and the rounded
-    result go through float arithmetic, not the conversion instructions (the sums' int -> float stays a cvt)."""
+    result go through float arithmetic, not the conversion instructions (the sums' int -> float stays a cvt). The
+    TMA epilogue's tiles (wgpt) load two channels' factors at a time, once for both rows a thread holds of them, and
+    store through the TMA."""
     ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
     checked = 0
-    for name, (_, bm, bn, _, persist, wide) in E.WG.items():
+    for name, (_, bm, bn, _, persist, wide, tma) in E.WG.items():
         body = cuda_c.ptx_entry(ptx, f"conv_{name}_i8")
         assert body, name
         assert not re.search(r"cvt\.rni\.s32\.f32|cvt\.rn\.f32\.s(8|16)\b", body), name
-        assert len(re.findall(r"cvt\.rn\.f32\.s32", body)) == bm * bn // (bm // 64 * 128), name  # one a sum
+        sums = bm * bn // (bm // 64 * 128)  # a thread's
+        if tma:  # the epilogue is written twice, with and without a residual (tma_codes)
+            assert len(re.findall(r"cvt\.rn\.f32\.s32", body)) == 2 * sums, name
+            loads = body.count("ld.global.nc.v2.f32")  # 3 pairs of factors a column pair, for both rows
+            assert loads == 2 * 3 * bn // 8, (name, loads)
+            assert body.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == bn // 128, name
+            checked += 1
+            continue
+        assert len(re.findall(r"cvt\.rn\.f32\.s32", body)) == sums, name  # one a sum
         if persist:  # pieces of 32 columns, 4 a round, 16 channels a unit: 3 vectors of 4 x 16 bytes a round
             rounds = -(-(bn // 32) // 4)
             assert body.count("ld.global.nc.v4.f32") == 3 * 4 * rounds, (name, body.count("ld.global.nc.v4.f32"))
@@ -378,7 +396,7 @@ def test_a_persistent_block_that_walks_many_tiles_gives_the_one_tile_blocks_outp
     poison = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[precision]
     for persistent in [k for k in E.catalog.wg_kernels(precision) if E.WG[k][4]]:
         logits = []
-        _, bm, bn, _, _, wide = E.WG[persistent]
+        _, bm, bn, _, _, wide, _ = E.WG[persistent]
         one_tile = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and not v[4] and v[5] == wide)
         for kernel in (one_tile, persistent):
             used = 0
@@ -619,3 +637,15 @@ def test_a_mixed_plan_on_the_gpu_gives_its_numpy_runtimes_output(calibrated, pre
     graph = E.Engine(plan, graphs=True)
     graph.infer(x)
     np.testing.assert_array_equal(graph.logits[:n].get().astype(np.float64), got)
+
+
+def test_the_global_pool_takes_8_bytes_a_load_in_the_8_bit_types():
+    """ResNet-50's global pool (inference_engine.cu's global_pool): 8 channels a thread in FP16 (16 bytes) and in
+    INT8 and FP8 (8 bytes: 16 a thread left too few threads), 1 where the rows or the first element do not allow it;
+    the launcher's grid and the kernel's own test agree (pool_width)."""
+    from kernels.inference_engine.executor import pool_width
+
+    assert pool_width(2, 2048, 2048, 0) == 8 and pool_width(1, 2048, 2048, 0) == 8
+    assert pool_width(1, 2048, 2048, 8) == 1 and pool_width(1, 2052, 2052, 0) == 1 and pool_width(2, 2048, 2048, 8) == 8
+    src = cuda_c.source(E.SOURCE)
+    assert "sizeof(T) == 1 ? 8 : 16 / sizeof(T)" in src

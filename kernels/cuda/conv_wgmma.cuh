@@ -47,13 +47,60 @@ struct E4M3 {
 // landed, well before the consumers' epilogue of that tile reads it.
 template <class S, class = void> struct HasPrefetch { static constexpr bool value = false; };
 template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static constexpr bool value = true; };
-constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
+// A Store with kTma true (lesson 5's 8-bit persistent tiles, PERSIST and I2C only, BN a multiple of 128 up to 256,
+// 1-byte outputs) ends a tile through the TMA instead: tmR (the residual, if ``store.has_res()``) and tmY (the output)
+// are 2-D tensor maps of its rows (channels fastest, a row a pixel) with boxes of 128 channels x 64 rows in the 128-byte
+// swizzle. A consumer's 64 rows of a tile live in one of two buffers of its own (the tiles take turns): a thread of the
+// producer warpgroup loads the residual of the next tile into the other while the consumers work on this one; each
+// thread then writes the codes of its fragments, ``store.pair(raw, v0, v1, store.pair_factors(k))`` for channels k and
+// k + 1 of a row (raw: the residual's two codes there), over the residual's in place, and one thread hands the 64
+// rows to the TMA to store. The buffer is loaded again once that store has read it.
+template <class S, class = void> struct TmaEpilogue { static constexpr bool value = false; };
+template <class S> struct TmaEpilogue<S, decltype(void(S::kTma))> { static constexpr bool value = S::kTma; };
+constexpr int EPI_PIECES = 4;
+// TMA_OUT: a consumer's buffers (of 64 rows x BN bytes): three where they fit beside the stages (the residual then
+// loads two tiles ahead: one tile of 8-bit rows was too few bytes in flight to keep the memory busy), else two. As
+// kernels/inference_engine/executor.py's tma_buffers.
+__host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int row_bytes) {
+  return stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 ? 3 : 2;
+}
+// PERSIST with a Store's prefetch: the residual of a block's tile goes to L2 this many of the block's tiles ahead of
+// the consumers
+#ifndef GPUCOURSE_PREFETCH_AHEAD
+#define GPUCOURSE_PREFETCH_AHEAD 1
+#endif  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
+// TMA_OUT: a thread's codes of a tile into its consumer's buffer (base: at the thread's first row and column), over
+// the residual's there (RES: there is one; each case one stretch of code without branches, which the compiler
+// schedules across all of it). Thread (warp, lane) holds rows warp 16 + lane / 4 (+ 8) of the 64, channels 8 j + 2
+// (lane % 4) and the next: byte (channel % 16) of 16-byte chunk (channel % 128) / 16, which the 128-byte swizzle
+// stores as chunk ((channel % 128) / 16) ^ (row % 8), row % 8 being lane / 4; box channel / 128 (8 KB each).
+template <bool RES, int BN, class Store, class Acc>
+__device__ __forceinline__ void tma_codes(const Store& store, const Acc (&d)[BN / 16][8], unsigned char* base, int k0,
+                                          int lane) {
+#pragma unroll
+  for (int j = 0; j < BN / 8; ++j) {
+    const auto f = store.pair_factors(k0 + 8 * j + 2 * (lane % 4));  // K is a multiple of BN (the plan checks)
+    unsigned char* p0 = base + (j / 16) * 8192 + ((((j % 16) / 2) ^ (lane / 4)) << 4) + (j % 2) * 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      unsigned short* p = reinterpret_cast<unsigned short*>(p0 + h * 8 * 128);
+      const Acc* v = &d[j / 2][(j % 2) * 4 + 2 * h];
+      *p = store.template pair<RES>(RES ? *p : 0, static_cast<float>(v[0]), static_cast<float>(v[1]), f);
+    }
+  }
+}
+
 template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16, bool PERSIST = false, int BKC = 64>
 __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
                                           int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
-                                          int tiles_q, int tiles_p) {
+                                          int tiles_q, int tiles_p, const TensorMap* tmR = nullptr,
+                                          const TensorMap* tmY = nullptr) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
+  constexpr bool TMA_OUT = TmaEpilogue<Store>::value;
+  static_assert(!TMA_OUT || (PERSIST && I2C && BN % 128 == 0 && BN <= 256), "the TMA epilogue: persistent im2col tiles");
+  constexpr unsigned R_BYTES = 64 * BN;  // TMA_OUT: a consumer's buffer, 64 rows x BN bytes as BN / 128 boxes
+  constexpr int RBUF = tma_buffers(BM, BN, STAGES, BKC * E::kBytes);  // TMA_OUT: buffers a consumer, taken in turn
   constexpr int ROW = BKC * E::kBytes;  // bytes of a row in a stage: 128 (FP16, wide 8-bit) or 64 (8-bit)
   static_assert(ROW == 64 || ROW == 128, "a stage's rows are one row of the 64- or 128-byte swizzle");
   constexpr unsigned A_BYTES = BM * ROW, B_BYTES = BN * ROW;
@@ -62,9 +109,15 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   unsigned char* sA = smem;                     // STAGES x [BM][64] elements: TH x TW pixels x 64 channels
   unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] elements: output channels x 64 of R S C
   unsigned char* sE = sB + STAGES * B_BYTES;    // PERSIST: CONSUMERS x EPI_PIECES x [64][ROW]: the epilogue's
-  constexpr unsigned E_BYTES = PERSIST ? CONSUMERS * EPI_PIECES * 64 * 128 : 0;  // pieces of 64 rows x 32 floats
+  constexpr unsigned E_BYTES = TMA_OUT ? RBUF * CONSUMERS * R_BYTES  // TMA_OUT: RBUF buffers a consumer
+                               : PERSIST ? CONSUMERS * EPI_PIECES * 64 * 128 : 0;  // pieces of 64 rows x 32 floats
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sE + E_BYTES);
   unsigned long long* empty = full + STAGES;
+  // TMA_OUT: buffer b of consumer c holds the residual (rfull[b CONSUMERS + c]) / has been stored (rempty[...]);
+  // after ``started``
+  unsigned long long* rfull = empty + STAGES + 2;
+  unsigned long long* rempty = rfull + RBUF * CONSUMERS;
+  auto rbuf = [&](int b, int c) { return sE + (b * CONSUMERS + c) * R_BYTES; };
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   // PERSIST: the tile the consumers began last (paces the residual's prefetch), after the mbarriers
@@ -75,6 +128,11 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       mbar_init(&full[s], 1);
       mbar_init(&empty[s], CONSUMERS);
     }
+    if constexpr (TMA_OUT)
+      for (int i = 0; i < RBUF * CONSUMERS; ++i) {
+        mbar_init(&rfull[i], 1);
+        mbar_init(&rempty[i], 1);
+      }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
@@ -125,6 +183,24 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BKC, k0);  // w's columns (r S + s) C + c0 ..
       }
       }  // tiles
+    } else if constexpr (TMA_OUT) {
+      if (tid == 32 && store.has_res()) {  // the residual of each tile, a tile ahead of the consumers
+        const int rows = N * P * Q;
+        int ti = 0;  // this block's tiles so far
+        for (int tile = first; tile < tiles_total; tile += step, ++ti) {
+          int n, p0, q0, m0, k0;
+          coords(tile, n, p0, q0, m0, k0);
+          const int b = ti % RBUF;
+          for (int c = 0; c < CONSUMERS; ++c) {
+            unsigned long long* bar = &rfull[b * CONSUMERS + c];
+            if (ti >= RBUF) mbar_wait(&rempty[b * CONSUMERS + c], (ti / RBUF - 1) & 1);  // tile ti - RBUF stored
+            const bool any = m0 + c * 64 < rows;  // a box wholly past the last row is not loaded
+            mbar_expect_tx(bar, any ? R_BYTES : 0);
+            if (any)
+              for (int x = 0; x < BN / 128; ++x) tma_load_2d(rbuf(b, c) + x * 8192, tmR, bar, k0 + x * 128, m0 + c * 64);
+          }
+        }
+      }
     } else if constexpr (PERSIST && I2C && HasPrefetch<Store>::value) {
       if (tid >= 32) {  // warps 1 to 3 (warp 0 holds the thread issuing the loads): a row each
         // Tile t's rows once the consumers have begun the tile before it (one tile ahead of its epilogue, so that
@@ -132,7 +208,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         // ``started`` only grows, up to the last tile.
         for (int tile = first; tile < tiles_total; tile += step) {
           int spins = 0;
-          while (started < tile - step) {
+          while (started < tile - GPUCOURSE_PREFETCH_AHEAD * step) {
             __nanosleep(spins < 8 ? 64 : 512);
             ++spins;
           }
@@ -148,7 +224,8 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1;
     int it = 0;  // slices used so far, over every tile of this block
-    for (int tile = first; tile < tiles_total; tile += step) {
+    int ti = 0;  // TMA_OUT: tiles so far
+    for (int tile = first; tile < tiles_total; tile += step, ++ti) {
     int n, p0, q0, m0, k0;
     coords(tile, n, p0, q0, m0, k0);
     if constexpr (PERSIST) if (c == 0 && tid == 0) started = tile;
@@ -196,7 +273,27 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       return p < P && q < Q ? (static_cast<long long>(n) * P + p) * Q + q : -1;
     };
     const int warp = tid / 32, lane = tid % 32;
-    if constexpr (Store::kStaged) {
+    if constexpr (TMA_OUT) {
+      const int b = ti % RBUF;
+      unsigned char* buf = rbuf(b, c);
+      if (tid == 0) {
+        bulk_wait_read<0>();  // the last tile's store has read its buffer: a later tile's residual may come in
+        if (ti > 0 && store.has_res()) mbar_arrive(&rempty[((ti - 1) % RBUF) * CONSUMERS + c]);
+      }
+      // With a residual, wait for it; without, the buffer was last stored from RBUF tiles ago, and that store had
+      // read it before the barrier at the end of the last tile (thread 0 waited for it there first)
+      if (store.has_res()) mbar_wait(&rfull[b * CONSUMERS + c], (ti / RBUF) & 1);
+      unsigned char* base = buf + (warp * 16 + lane / 4) * 128 + 2 * (lane % 4);  // as tma_codes says
+      if (store.has_res()) tma_codes<true, BN>(store, d, base, k0, lane);
+      else tma_codes<false, BN>(store, d, base, k0, lane);
+      fence_async_shared();  // the codes, seen by the TMA
+      asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
+      if (tid == 0) {
+        if (m0 + c * 64 < N * P * Q)
+          for (int x = 0; x < BN / 128; ++x) tma_store_2d(tmY, buf + x * 8192, k0 + x * 128, m0 + c * 64);
+        bulk_commit();
+      }
+    } else if constexpr (Store::kStaged) {
       // Through shared memory: this consumer's rows of A in every stage are free now (the other consumer reads only
       // its own rows and B), STAGES pieces of 64 rows x CW FP32 columns (CW = a row's bytes / 4: 32 for FP16, 16
       // for the 8-bit types). In rounds, the fragments go there (their layout: rows l/4 and l/4 + 8 of the warp's
@@ -307,6 +404,8 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       }
     }
     }  // tiles
+    if constexpr (TMA_OUT)
+      if (tid == 0) bulk_wait<0>();  // the last stores done before the block's shared memory goes
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here

@@ -3,7 +3,8 @@
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
 //     wait that would never end stops the kernel, so the launch fails instead of hanging);
-//   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier;
+//   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier; TMA
+//     stores of a 2-D box from shared memory (bulk groups: commit, wait until read), and the proxy fence before one;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256 (A from shared memory), N = 64, 128 (A from
 //     registers, lesson 9's P), the m64nNk32 8-bit MMAs (INT8 into INT32, FP8 e4m3 into FP32; lesson 5's engine),
@@ -121,6 +122,28 @@ __device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* m
       "h"(oh)
       : "memory");
 }
+
+// A 2-D box from shared memory at src into the tensor that ``map`` describes, at (c0, c1); the parts of the box outside
+// the tensor are not written. Asynchronous: the thread's stores issued since its last ``bulk_commit`` form a group;
+// ``bulk_wait_read<N>()`` returns once all but the newest N groups have read their shared memory (which may then be
+// written again), ``bulk_wait<N>()`` once they are done. Shared memory written by threads before a store is seen by
+// it only after ``fence_async_shared()`` in each writing thread (and a barrier between them and the storing thread).
+__device__ __forceinline__ void tma_store_2d(const TensorMap* map, const void* src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(smem_addr(src)), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
 // --------------------------------------------------------------- shared-memory matrix descriptors
 // 64 bits that tell wgmma where an operand lies in shared memory and how it is laid out: the start address,

@@ -45,22 +45,27 @@ CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 WG_SOURCE = "inference_engine_wgmma"
 # The "wgw" and "wgpw" tiles are wide 8-bit ones (INT8 and FP8 only): slices of 128 channels, rows of 128 bytes in
 # the 128-byte swizzle as FP16's, for inputs of a multiple of 128 channels (conv_wgmma.cuh, BKC); the last field.
-WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False, False)
+WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False, False, False)
       for i2c, bm, bn, st in [(False, 128, 128, 4), (False, 128, 64, 4), (False, 64, 128, 4), (False, 64, 64, 6),
                               (True, 128, 128, 4), (True, 128, 64, 4), (True, 128, 256, 3), (True, 64, 128, 4),
                               (True, 64, 64, 6), (True, 64, 128, 2), (True, 64, 64, 3)]}
-WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False)
+WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, False)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 4)]})
-WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True)
+WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True, False)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 6)]})
-WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True)
+WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4)]})
+# The "wgpt" and "wgptw" tiles: persistent 8-bit ones (narrow and wide) whose epilogue goes through the TMA
+# (conv_wgmma.cuh, TMA_OUT): the residual loaded into shared memory a tile ahead, the codes written there in place
+# and stored by the TMA; INT8 and FP8 only, for outputs of a multiple of BN channels. The last field.
+WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True)
+           for wide in (False, True) for bm, bn, st in [(128, 256, 3), (128, 128, 4)]})
 WG_WIDE_BK = 128  # channels a slice of a wide tile (the others: kernels/convolution.py's WGMMA_BK, 64)
 
 
 def wg_kernels(precision: str) -> tuple:
-    """The wg tiles that run ``precision``: the wide ones in INT8 and FP8 only."""
-    return tuple(k for k, v in WG.items() if precision in ("int8", "fp8") or not v[5])
+    """The wg tiles that run ``precision``: the wide and the TMA-epilogue ones in INT8 and FP8 only."""
+    return tuple(k for k, v in WG.items() if precision in ("int8", "fp8") or not (v[5] or v[6]))
 
 
 WG_EPI_PIECES = 4  # a persistent tile's epilogue space: 64 rows x 32 floats a piece, per consumer (EPI_PIECES)

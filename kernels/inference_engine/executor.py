@@ -394,7 +394,7 @@ class Engine:
             return (self._kernel("softmax_rows"), (n,), block, (self.logits, self.out, i32(s["O"])), 0)
         if kind == "gpool":
             src = s["src"]
-            v = vector_width(self._arena(src).itemsize, src["C"], src["ld"], src["base"] + src["off"])
+            v = pool_width(self._arena(src).itemsize, src["C"], src["ld"], src["base"] + src["off"])
             return (self._kernel(f"global_pool_{sfx}"), grid(n * src["C"] // v), block,
                     (self._ptr(src), i32(src["ld"]), i32(src["H"] * src["W"]), i32(src["C"]), np.float32(s["x_scale"]),
                      self.pooled, i32(n)), 0)
@@ -414,11 +414,14 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        i2c, bm, bn, stages, persist, wide = WG[s["kernel"]]
+        i2c, bm, bn, stages, persist, wide, tma = WG[s["kernel"]]
         cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
         item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8)
         bk = WG_WIDE_BK if wide else cv.WGMMA_BK  # a stage's rows: 64 elements (128 or 64 bytes), wide 128 bytes
         epilogue = (bm // 64) * WG_EPI_PIECES * 64 * 32 * 4 if persist else 0  # pieces of 64 rows x 32 floats
+        if tma:  # buffers of 64 rows x BN codes a consumer, and their two mbarriers each
+            nbuf = tma_buffers(bm, bn, stages, bk * item)
+            epilogue = nbuf * bm * bn * item + nbuf * 2 * (bm // 64) * 8
         # alignment, tiles, the epilogue's space, mbarriers (and, persistent, the tile the consumers are on)
         smem = 1024 + stages * (bm + bn) * bk * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
         sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's layer may run in another precision
@@ -445,9 +448,18 @@ class Engine:
         map_w = tensor_cores._map_buffer()
         tensor_cores.encode_tiled(map_w, wt.data.ptr, (wt.shape[1], wt.shape[0]), (wt.shape[1] * item,),
                                   (bk, cfg["bn"]), itemsize=item, row=bk * item)
+        maps = [map_x, map_w]
+        if tma:  # the output's rows (and the residual's): channels x pixels, boxes of 128 channels x 64 rows
+            rows = n * P * Q
+            for loc in (res, d):
+                m = tensor_cores._map_buffer()
+                if loc:
+                    tensor_cores.encode_tiled(m, self._ptr(loc).data.ptr, (s["K"], rows), (loc["ld"] * item,),
+                                              (128, 64), itemsize=item, row=128)
+                maps.append(m)
         c64, c32 = ctypes.c_uint64, ctypes.c_int32
         ptr_of = lambda key: c64(a[key].data.ptr if a.get(key) is not None else 0)  # noqa: E731
-        args = [map_x, map_w, ptr_of(f"{i}/b"), ptr_of(f"{i}/scale"), ptr_of(f"{i}/inv"), c64(self._ptr(d).data.ptr),
+        args = [*maps, ptr_of(f"{i}/b"), ptr_of(f"{i}/scale"), ptr_of(f"{i}/inv"), c64(self._ptr(d).data.ptr),
                 c32(d["ld"]), c64(self._ptr(res).data.ptr if res else 0), c32(res["ld"] if res else 0),
                 ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])),
                 *(c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
@@ -456,6 +468,12 @@ class Engine:
         if persist:  # every tile in turn: as many blocks as the SMs hold at once, or fewer with fewer tiles
             grid = (min(grid[0] * grid[1], _sms() * _blocks_per_sm(fn, cfg["threads"], smem)),)
         return fn, grid, (cfg["threads"],), args, smem
+
+
+def tma_buffers(bm: int, bn: int, stages: int, row_bytes: int) -> int:
+    """The wgpt tiles' buffers a consumer (conv_wgmma.cuh's tma_buffers): three where they fit beside the stages,
+    else two."""
+    return 3 if stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 else 2
 
 
 def _blocks_per_sm(fn, threads: int, smem: int) -> int:
@@ -479,6 +497,14 @@ def vector_width(itemsize: int, channels: int, *strides_and_offsets: int) -> int
     makes the same test."""
     v = 16 // itemsize
     return v if all(n % v == 0 for n in (channels, *strides_and_offsets)) else 1
+
+
+def pool_width(itemsize: int, channels: int, ld: int, first: int) -> int:
+    """Channels a thread of the global pool sums (inference_engine.cu's global_pool, which makes the same test): 16
+    bytes' worth in FP16, 8 in the 8-bit types, when the channels and the pixel stride are multiples of that and the
+    first element lies on 16 bytes; else 1."""
+    v = 8 if itemsize == 1 else 16 // itemsize
+    return v if channels % v == 0 and ld % v == 0 and (first * itemsize) % 16 == 0 else 1
 
 
 def _store(v, dtype, inv_scale):

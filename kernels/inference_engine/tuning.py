@@ -29,8 +29,10 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
     if kernel in WG:
         item = np.dtype(DTYPES[precision]).itemsize
         # the persistent tiles store 16 bytes of a row at a time in every type: 16 channels of INT8 or FP8
-        _, _, _, _, persist, wide = WG[kernel]
+        _, _, bn, _, persist, wide, tma = WG[kernel]
         if wide and (item != 1 or step["src"]["C"] % WG_WIDE_BK):  # the wide tiles: 8-bit, slices of 128 channels
+            return False
+        if tma and (item != 1 or step["K"] % bn or not tma_fits(step)):  # whole tiles of channels, 16-byte rows
             return False
         return precision in ("fp16", "int8", "fp8") and wg_fits(step, item, store=16 // item if persist else 8)
     if not plain(step) and kernel not in TC:
@@ -76,6 +78,13 @@ def wg_fits(step: dict, itemsize: int = 2, store: int = 8) -> bool:
     if step.get("stride", 1) != 1:
         return step["kh"] == step["kw"] == 1 and step.get("pad", [0, 0, 0, 0]) == [0, 0, 0, 0]
     return max(step.get("pad", [0])) <= 127
+
+
+def tma_fits(step: dict) -> bool:
+    """Whether the TMA can read a conv step's residual and write its output (the wgpt tiles, 8-bit): their rows and
+    first elements in whole 16 bytes."""
+    return all(loc["ld"] % 16 == 0 and (loc["base"] + loc["off"]) % 16 == 0
+               for loc in (step["dests"][0], step.get("res")) if loc)
 
 
 def candidates(step: dict, precision: str) -> list:
