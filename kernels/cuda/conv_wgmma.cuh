@@ -57,18 +57,13 @@ template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static 
 // rows to the TMA to store. The buffer is loaded again once that store has read it.
 template <class S, class = void> struct TmaEpilogue { static constexpr bool value = false; };
 template <class S> struct TmaEpilogue<S, decltype(void(S::kTma))> { static constexpr bool value = S::kTma; };
-constexpr int EPI_PIECES = 4;
+constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
 // TMA_OUT: a consumer's buffers (of 64 rows x BN bytes): three where they fit beside the stages (the residual then
-// loads two tiles ahead: one tile of 8-bit rows was too few bytes in flight to keep the memory busy), else two. As
-// kernels/inference_engine/executor.py's tma_buffers.
+// loads two tiles ahead), else two; as kernels/inference_engine/executor.py's tma_buffers. (Measured on an H100
+// before the epilogue lost its branches: three and two took the same time.)
 __host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int row_bytes) {
   return stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 ? 3 : 2;
 }
-// PERSIST with a Store's prefetch: the residual of a block's tile goes to L2 this many of the block's tiles ahead of
-// the consumers
-#ifndef GPUCOURSE_PREFETCH_AHEAD
-#define GPUCOURSE_PREFETCH_AHEAD 1
-#endif  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
 // TMA_OUT: a thread's codes of a tile into its consumer's buffer (base: at the thread's first row and column), over
 // the residual's there (RES: there is one; each case one stretch of code without branches, which the compiler
 // schedules across all of it). Thread (warp, lane) holds rows warp 16 + lane / 4 (+ 8) of the 64, channels 8 j + 2
@@ -208,7 +203,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         // ``started`` only grows, up to the last tile.
         for (int tile = first; tile < tiles_total; tile += step) {
           int spins = 0;
-          while (started < tile - GPUCOURSE_PREFETCH_AHEAD * step) {
+          while (started < tile - step) {
             __nanosleep(spins < 8 ? 64 : 512);
             ++spins;
           }
