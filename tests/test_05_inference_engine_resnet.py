@@ -255,6 +255,8 @@ def test_which_kernels_take_resnets_convolutions(calibrated):
     assert not E.tuning.tma_fits(shifted) and E.tuning.tma_fits(res3)
     assert not E.kernel_fits(shifted, "wgpt_i2c_128x256_s3", "int8")
     assert E.executor.tma_buffers(128, 256, 3, 64) == 3 and E.executor.tma_buffers(128, 256, 3, 128) == 2
+    # the launcher sizes the shared memory by the kernel's own rule (conv_wgmma.cuh's tma_buffers)
+    assert "stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 ? 3 : 2" in cuda_c.source(E.catalog.WG_SOURCE)
 
 
 @pytest.fixture(scope="module")

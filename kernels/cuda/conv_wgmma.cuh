@@ -50,11 +50,12 @@ template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static 
 // A Store with kTma true (lesson 5's 8-bit persistent tiles, PERSIST and I2C only, BN a multiple of 128 up to 256,
 // 1-byte outputs) ends a tile through the TMA instead: tmR (the residual, if ``store.has_res()``) and tmY (the output)
 // are 2-D tensor maps of its rows (channels fastest, a row a pixel) with boxes of 128 channels x 64 rows in the 128-byte
-// swizzle. A consumer's 64 rows of a tile live in one of two buffers of its own (the tiles take turns): a thread of the
-// producer warpgroup loads the residual of the next tile into the other while the consumers work on this one; each
-// thread then writes the codes of its fragments, ``store.pair(raw, v0, v1, store.pair_factors(k))`` for channels k and
-// k + 1 of a row (raw: the residual's two codes there), over the residual's in place, and one thread hands the 64
-// rows to the TMA to store. The buffer is loaded again once that store has read it.
+// swizzle. A consumer's 64 rows of a tile live in one of its RBUF buffers (tma_buffers: 2 or 3; the tiles take turns):
+// a thread of the producer warpgroup loads the residual of the next tiles into the others while the consumers work
+// on this one; each thread then writes the codes of its fragments, ``store.pair<RES>(raw, v0, v1,
+// store.pair_factors(k))`` for channels k and k + 1 of a row (raw: the residual's two codes there), over the
+// residual's in place, and one thread hands the 64 rows to the TMA to store. The buffer is loaded again once that
+// store has read it.
 template <class S, class = void> struct TmaEpilogue { static constexpr bool value = false; };
 template <class S> struct TmaEpilogue<S, decltype(void(S::kTma))> { static constexpr bool value = S::kTma; };
 constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
@@ -179,7 +180,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       }
       }  // tiles
     } else if constexpr (TMA_OUT) {
-      if (tid == 32 && store.has_res()) {  // the residual of each tile, a tile ahead of the consumers
+      if (tid == 32 && store.has_res()) {  // the residual of each tile, up to RBUF - 1 tiles ahead of the consumers
         const int rows = N * P * Q;
         int ti = 0;  // this block's tiles so far
         for (int tile = first; tile < tiles_total; tile += step, ++ti) {

@@ -56,8 +56,8 @@ WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True, False)
 WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4)]})
 # The "wgpt" and "wgptw" tiles: persistent 8-bit ones (narrow and wide) whose epilogue goes through the TMA
-# (conv_wgmma.cuh, TMA_OUT): the residual loaded into shared memory a tile ahead, the codes written there in place
-# and stored by the TMA; INT8 and FP8 only, for outputs of a multiple of BN channels. The last field.
+# (conv_wgmma.cuh, TMA_OUT): the residual loaded into shared memory up to two tiles ahead, the codes written there
+# in place and stored by the TMA; INT8 and FP8 only, for outputs of a multiple of BN channels. The last field.
 WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True)
            for wide in (False, True) for bm, bn, st in [(128, 256, 3), (128, 128, 4)]})
 WG_WIDE_BK = 128  # channels a slice of a wide tile (the others: kernels/convolution.py's WGMMA_BK, 64)
