@@ -298,6 +298,8 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                         return sdpa(tq, tk, tv, is_causal=causal)
 
                 def backward(backend=backend, grads=[x.detach().clone().requires_grad_() for x in (tq, tk, tv)]):
+                    for g in grads:  # fresh gradients, as the Triton kernels write theirs: not added to the last ones
+                        g.grad = None
                     with sdpa_kernel(backend):
                         sdpa(*grads, is_causal=causal).backward(tdo)
 

@@ -123,20 +123,25 @@ def time_gpu(work: Callable, *, setup: Callable | None = None, warmup: int = 3, 
 
 def time_in_turns(works: dict, *, rounds: int = 3, repeats: int = 12, warmup: int = 3,
                   hold_ms: float = 0.0) -> dict:
-    """Time pieces of GPU work that are to be compared with each other ({name: work}) in turns: each of ``rounds``
-    rounds times every one (repeats / rounds runs each), in the opposite order each next round, so that a clock that
-    drifts over the run (a GPU at its power cap slows as it warms) slows them alike rather than whichever came last.
-    Returns {name: Timing} over all of each one's runs."""
+    """Time pieces of GPU work that are to be compared with each other ({name: work}) in turns (``in_turns``):
+    ``rounds`` rounds, each timing every one with ``time_gpu`` (repeats / rounds runs each, warmed up ``warmup`` times
+    in the first round and once after). Returns {name: Timing} over all of each one's runs."""
     if rounds < 1 or not works:
         raise runtime.CourseInputError("time_in_turns needs at least one round and one piece of work")
     per = max(1, math.ceil(repeats / rounds))
-    names = list(works)
+    return in_turns(list(works), rounds, lambda name, r: time_gpu(works[name], warmup=warmup if r == 0 else 1,
+                                                                    repeats=per, hold_ms=hold_ms))
+
+
+def in_turns(names: list, rounds: int, time_one: Callable, desc: str | None = None) -> dict:
+    """The turns of ``time_in_turns`` and ``interleaved``: each round times every name (``time_one(name, round)``, a
+    Timing), in the opposite order each next round, so that a clock that drifts over the run (a GPU at its power cap
+    slows as it warms) slows them alike rather than whichever came last. {name: Timing} of all its samples."""
     samples = {name: [] for name in names}
-    for r in range(rounds):
+    for r in (progress(range(rounds), desc=desc) if desc else range(rounds)):
         for name in names if r % 2 == 0 else names[::-1]:
-            samples[name] += time_gpu(works[name], warmup=warmup if r == 0 else 1, repeats=per,
-                                      hold_ms=hold_ms).samples_ms
-    return {name: Timing(samples[name]) for name in names}
+            samples[name] += time_one(name, r).samples_ms
+    return {name: Timing(s) for name, s in samples.items()}
 
 
 def rotating_inputs(make: Callable, nbytes: int, *, cache_multiple: int = 4) -> Callable:
@@ -208,15 +213,11 @@ def time_per_call(launch, *, batch: int = 8, repeats: int = 10, warmup: int = 2,
 
 
 def interleaved(launches: dict, *, rounds: int = 5, repeats: int = 4, batch: int = 8, hold_gpu: bool = True) -> dict:
-    """{name: Timing} of several launches timed in turn, ``rounds`` times over (each round ``repeats``
-    samples of ``batch`` calls, see ``time_per_call``). Comparing A with B, interleaving keeps a drift of
+    """{name: Timing} of several launches timed in turns (``in_turns``), ``rounds`` times over (each round
+    ``repeats`` samples of ``batch`` calls, see ``time_per_call``). Comparing A with B, the turns keep a drift of
     the GPU's clocks or temperature during the run from favouring whichever ran first."""
-    samples = {name: [] for name in launches}
-    for _ in progress(range(rounds), desc="interleaved rounds"):
-        for name, launch in launches.items():
-            samples[name] += time_per_call(launch, batch=batch, repeats=repeats, warmup=1,
-                                           hold_gpu=hold_gpu).samples_ms
-    return {name: Timing(s) for name, s in samples.items()}
+    return in_turns(list(launches), rounds, lambda name, r: time_per_call(
+        launches[name], batch=batch, repeats=repeats, warmup=1, hold_gpu=hold_gpu), desc="interleaved rounds")
 
 
 def wall_clock(work: Callable, *, synchronize: bool, repeats: int = 5) -> Timing:

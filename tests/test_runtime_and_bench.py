@@ -313,6 +313,28 @@ def test_time_in_turns_is_checked():
         bench.time_in_turns({})
 
 
+def test_interleaved_and_time_in_turns_take_each_round_in_the_opposite_order(monkeypatch):
+    """Both timers of work to be compared run their turns a, b, then b, a, then a, b ... (one loop, bench.in_turns),
+    each sample in its own name's Timing; time_in_turns warms each up fully in the first round only."""
+    calls = []
+
+    def fake(tag):
+        def timer(work, **kw):
+            calls.append((tag, work, kw.get("warmup")))
+            return bench.Timing([{"a": 2.0, "b": 1.0}[work]] * kw["repeats"])
+        return timer
+
+    monkeypatch.setattr(bench, "time_per_call", fake("per_call"))
+    t = bench.interleaved({"a": "a", "b": "b"}, rounds=4, repeats=2)
+    assert [c[1] for c in calls] == list("abbaabba") and {c[2] for c in calls} == {1}
+    assert t["a"].samples_ms == [2.0] * 8 and t["b"].median_ms == 1.0
+    calls.clear()
+    monkeypatch.setattr(bench, "time_gpu", fake("gpu"))
+    t = bench.time_in_turns({"a": "a", "b": "b"}, rounds=3, repeats=6, warmup=5)
+    assert [c[1] for c in calls] == list("abbaab") and [c[2] for c in calls] == [5, 5, 1, 1, 1, 1]
+    assert len(t["a"].samples_ms) == len(t["b"].samples_ms) == 6
+
+
 @pytest.mark.gpu
 def test_time_in_turns_takes_each_round_in_the_opposite_order():
     """Three rounds of two pieces of work: a, b, then b, a, then a, b (each warmed up and timed in its turn), every

@@ -148,17 +148,16 @@ def autotune(plan: Plan, repeats: int = 4) -> dict:
                 continue
             launch = lambda: eng.run_step(step["id"], n)  # noqa: E731
             times[kernel] = bench.time_per_call(launch, batch=4, repeats=1, warmup=0).median_ms  # a first look
-        # the few fastest at a first look, timed again in turn (bench.interleaved's way: a drift of the clocks over
-        # the layer's tuning favours none of them), and the fastest of those kept
+        # the few fastest at a first look, timed again in turns (bench.in_turns: a drift of the clocks over the
+        # layer's tuning favours none of them), and the fastest of those kept
         finalists = sorted(times, key=times.get)[:FINALISTS]
         if len(finalists) > 1:
-            samples = {k: [] for k in finalists}
-            for _ in range(ROUNDS):
-                for kernel in finalists:
-                    step["kernel"] = kernel
-                    eng.refresh(step["id"])
-                    samples[kernel] += bench.time_per_call(launch, batch=8, repeats=repeats, warmup=1).samples_ms
-            times.update({k: float(np.median(v)) for k, v in samples.items()})
+            def timed(kernel, _round):
+                step["kernel"] = kernel
+                eng.refresh(step["id"])
+                return bench.time_per_call(launch, batch=8, repeats=repeats, warmup=1)
+
+            times.update({k: t.median_ms for k, t in bench.in_turns(finalists, ROUNDS, timed).items()})
         step["tuning"] = times
         step["finalists"] = finalists
         step["rejected"] = rejected
