@@ -267,9 +267,11 @@ def _inputs(n: int, d: int = HEAD_DIM, heads: int = HEADS, tokens: int = TOKENS,
 
 
 def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
-    """Forward, and forward + backward, TFLOP/s of PyTorch's SDPA with each backend forced, and of the course's
-    kernels, on the same inputs in the same run; FP16, batch x N = 32k tokens, 16 heads of d; causal and not. Each
-    output is checked against the memory-efficient backend's before it is timed, and the kernels of one run are
+    """Forward, backward, and forward + backward, TFLOP/s of PyTorch's SDPA with each backend forced, and of the
+    course's kernels, on the same inputs in the same run; FP16, batch x N = 32k tokens, 16 heads of d; causal and not.
+    A backend's backward alone is its autograd node run again on one saved forward (``retain_graph``), Triton's is
+    ``flash_backward`` on its forward's o and lse. Each output is checked against the memory-efficient backend's
+    before it is timed, and the kernels of one run are
     timed in turns (bench.time_in_turns): under its power cap the GPU's clock sinks as it warms, and timed one after
     another the later kernels were up to 5% slower at N = 16k than timed in turns."""
     torch = _torch()
@@ -286,8 +288,8 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
             batch, (q, k, v, do) = _inputs(n, d)
             tq, tk, tv, tdo = (torch.from_dlpack(a) for a in (q, k, v, do))
             fwd_flops = A.attention_flops(batch, HEADS, n, d, causal=causal)
-            run = {"N": n, "batch": batch, "causal": causal, "fwd": {}, "fwd_bwd": {}, "errors": {}}
-            fwd, both = {}, {}  # what is timed, checked first
+            run = {"N": n, "batch": batch, "causal": causal, "fwd": {}, "bwd": {}, "fwd_bwd": {}, "errors": {}}
+            fwd, bwd, both = {}, {}, {}  # what is timed, checked first
             with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
                 ref = sdpa(tq, tk, tv, is_causal=causal).float()
             for name, backend in SDPA_BACKENDS.items():
@@ -303,10 +305,20 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                     with sdpa_kernel(backend):
                         sdpa(*grads, is_causal=causal).backward(tdo)
 
+                def backward_only(backend=backend, grads=[x.detach().clone().requires_grad_() for x in (tq, tk, tv)]):
+                    with sdpa_kernel(backend):
+                        out = sdpa(*grads, is_causal=causal)  # one forward; its graph kept for every call
+
+                    def run_backward():
+                        for g in grads:
+                            g.grad = None
+                        out.backward(tdo, retain_graph=True)
+                    return run_backward
+
                 try:
                     run["errors"][name] = float((forward().float() - ref).abs().max())
                     backward()  # a backend that does not take this shape says so here
-                    fwd[name], both[name] = forward, backward
+                    fwd[name], bwd[name], both[name] = forward, backward_only(), backward
                 except RuntimeError as exc:
                     run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
             for name, kernel in _flash_kernels(torch, causal, d).items():
@@ -326,13 +338,15 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                 dq, dk, dv = T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 run["errors"]["Triton backward"] = max(float((a.float() - b.grad.float()).abs().max())
                                                        for a, b in ((dq, gq), (dk, gk), (dv, gv)))
+                bwd["Triton"] = lambda: T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 both["Triton"] = tri_both
-            for part, works, flops in (("fwd", fwd, fwd_flops), ("fwd_bwd", both, 3.5 * fwd_flops)):
+            for part, works, flops in (("fwd", fwd, fwd_flops), ("bwd", bwd, 2.5 * fwd_flops),
+                                       ("fwd_bwd", both, 3.5 * fwd_flops)):
                 if works:
                     times = bench.time_in_turns(works, repeats=repeats, hold_ms=HOLD_MS)
                     run[part] = {name: t.tflops(flops) for name, t in times.items()}
             out["runs"].append(run)
-            del q, k, v, do, tq, tk, tv, tdo, fwd, both
+            del q, k, v, do, tq, tk, tv, tdo, fwd, bwd, both
             runtime.cupy().get_default_memory_pool().free_all_blocks()
             torch.cuda.empty_cache()
     return out
@@ -340,14 +354,18 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
 
 def ratios(t: dict) -> list:
     """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2); the best
-    of the sm_80+ kernels (WMMA, mma.sync: GOALS' sm80_of_fastest) against it, and which that was."""
+    of the sm_80+ kernels (WMMA, mma.sync: GOALS' sm80_of_fastest) against it, and which that was; Triton's backward
+    against the fastest backend's backward (GOALS' bwd_of_fastest), and its forward + backward against theirs."""
     rows = []
     for r in t["runs"]:
         sd = {k: v for k, v in r["fwd"].items() if k in SDPA_BACKENDS}
         sdb = {k: v for k, v in r["fwd_bwd"].items() if k in SDPA_BACKENDS}
+        sdbo = {k: v for k, v in r["bwd"].items() if k in SDPA_BACKENDS}
         fastest = max(sd, key=sd.get) if sd else None
         fastest_b = max(sdb, key=sdb.get) if sdb else None
-        row = {"N": r["N"], "causal": r["causal"], "fastest": fastest, "fastest_bwd": fastest_b}
+        fastest_bo = max(sdbo, key=sdbo.get) if sdbo else None
+        row = {"N": r["N"], "causal": r["causal"], "fastest": fastest, "fastest_bwd": fastest_bo,
+               "fastest_fwd_bwd": fastest_b}
         for name, v in r["fwd"].items():
             if name not in SDPA_BACKENDS and fastest:
                 row[f"{name} / fastest"] = v / sd[fastest]
@@ -358,6 +376,8 @@ def ratios(t: dict) -> list:
             row["best sm_80 kernel / fastest"] = sm80[best] / sd[fastest]
         if "Triton" in r["fwd"] and "FlashAttention-2" in sd:
             row["Triton / FlashAttention-2"] = r["fwd"]["Triton"] / sd["FlashAttention-2"]
+        if "Triton" in r["bwd"] and fastest_bo:
+            row["Triton bwd / fastest"] = r["bwd"]["Triton"] / sdbo[fastest_bo]
         if "Triton" in r["fwd_bwd"] and fastest_b:
             row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / sdb[fastest_b]
         rows.append(row)
@@ -369,9 +389,9 @@ def text_field(t: dict) -> str:
              f"(cuDNN {t['cudnn']}); TFLOP/s (share of the dense FP16 peak {t['fp16_peak_tflops']:.0f})"]
     for r, q in zip(t["runs"], ratios(t)):
         lines.append(f"  N = {r['N']:6,} {'causal' if r['causal'] else 'full  '} (batch {r['batch']}):")
-        for part in ("fwd", "fwd_bwd"):
+        for part, label in PARTS.items():
             cells = [f"{k} {v:.0f} ({v / t['fp16_peak_tflops']:.0%})" for k, v in r[part].items()]
-            lines.append(f"    {'forward' if part == 'fwd' else 'fwd+bwd'}: " + ", ".join(cells))
+            lines.append(f"    {label}: " + ", ".join(cells))
         best = f" (best sm_80 kernel: {q['best sm_80 kernel']})" if "best sm_80 kernel" in q else ""
         lines.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in q.items() if " / " in k) + best)
         bad = {k: v for k, v in r["errors"].items() if isinstance(v, str)}
@@ -380,14 +400,19 @@ def text_field(t: dict) -> str:
     return "\n".join(lines)
 
 
+PARTS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}  # a field run's timed parts
+
+
 def plot_field(t: dict, source: str, causal: bool = False, part: str = "fwd"):
+    if part not in PARTS:
+        raise runtime.CourseInputError(f"plot_field: part is one of {', '.join(PARTS)}, not {part!r}")
     runs = [r for r in t["runs"] if r["causal"] == causal]
     names = sorted({k for r in runs for k in r[part]})
     series = {name: ([r["N"] for r in runs if name in r[part]], [r[part][name] for r in runs if name in r[part]])
               for name in names}
     return plots.lines(series, xlabel="N", ylabel="TFLOP/s", source=source, logy=False,
                        levels={"dense FP16 peak (cuBLAS)": t["fp16_peak_tflops"]},
-                       title=f"Attention {'forward' if part == 'fwd' else 'forward + backward'}, "
+                       title=f"Attention {PARTS[part]}, "
                              f"{'causal' if causal else 'full'}, d = {t['d']}")
 
 

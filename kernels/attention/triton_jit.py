@@ -169,8 +169,9 @@ def dq_tiles(dq, q, do, lse, delta, K, V, base, offs_m, offs_n0, offs_d, lo, hi,
 def backward_dq(Q, K, V, DO, LSE, Delta, DQ, scale, N,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 EVEN_N: tl.constexpr):
-    # One program per (BLOCK_M queries, one batch x head): dQ = sum over key tiles of dS K * scale.
-    start_m = tl.program_id(0)
+    # One program per (BLOCK_M queries, one batch x head): dQ = sum over key tiles of dS K * scale. The last query
+    # tile first: with a causal mask it sees the most keys, and started last it would run on alone at the end.
+    start_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -208,11 +209,11 @@ FORWARD_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, nu
 # dK, dV: a program keeps BLOCK_N keys' dK and dV (two BLOCK_N x d FP32 tiles) and streams the queries, BLOCK_M at a
 # time; dQ: BLOCK_M queries' dQ, the keys streamed BLOCK_N at a time
 DKDV_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-                for bm, bn, w, st in ((32, 128, 8, 3), (64, 128, 8, 2), (32, 128, 4, 4), (64, 64, 4, 3),
-                                      (32, 64, 4, 4), (16, 128, 8, 4))]
+                for bm, bn, w, st in ((32, 128, 8, 3), (64, 128, 8, 2), (64, 128, 8, 3), (128, 128, 8, 2),
+                                      (32, 128, 4, 4), (64, 64, 4, 3), (32, 64, 4, 4), (16, 128, 8, 4))]
 DQ_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-              for bm, bn, w, st in ((128, 32, 8, 4), (128, 64, 8, 3), (128, 32, 4, 4), (64, 64, 4, 3),
-                                    (64, 32, 4, 4), (128, 16, 8, 4))]
+              for bm, bn, w, st in ((128, 32, 8, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 32, 4, 4),
+                                    (64, 64, 4, 3), (64, 32, 4, 4), (128, 16, 8, 4))]
 flash_forward_tuned = triton.autotune(FORWARD_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(flash_forward)
 backward_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(backward_dkdv)
 backward_dq_tuned = triton.autotune(DQ_CONFIGS, key=["N", "HEAD_DIM", "CAUSAL"])(backward_dq)
