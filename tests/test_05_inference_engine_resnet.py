@@ -304,7 +304,9 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
     store through the TMA."""
     ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
     checked = 0
-    for name, (_, bm, bn, _, persist, wide, tma) in E.WG.items():
+    for name, (_, bm, bn, _, persist, wide, tma, splits) in E.WG.items():
+        if splits > 1:  # FP16 only
+            continue
         body = cuda_c.ptx_entry(ptx, f"conv_{name}_i8")
         assert body, name
         assert not re.search(r"cvt\.rni\.s32\.f32|cvt\.rn\.f32\.s(8|16)\b", body), name
@@ -398,8 +400,9 @@ def test_a_persistent_block_that_walks_many_tiles_gives_the_one_tile_blocks_outp
     poison = {"fp16": np.nan, "int8": -128, "fp8": 0x7F}[precision]
     for persistent in [k for k in E.catalog.wg_kernels(precision) if E.WG[k][4]]:
         logits = []
-        _, bm, bn, _, _, wide, _ = E.WG[persistent]
-        one_tile = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and not v[4] and v[5] == wide)
+        _, bm, bn, _, _, wide, _, _ = E.WG[persistent]
+        one_tile = next(k for k, v in E.WG.items()
+                        if v[:3] == (True, bm, bn) and not v[4] and v[5] == wide and v[7] == 1)
         for kernel in (one_tile, persistent):
             used = 0
             for s in convs:
@@ -651,3 +654,29 @@ def test_the_global_pool_takes_8_bytes_a_load_in_the_8_bit_types():
     assert pool_width(1, 2048, 2048, 8) == 1 and pool_width(1, 2052, 2052, 0) == 1 and pool_width(2, 2048, 2048, 8) == 8
     src = cuda_c.source(E.SOURCE)
     assert "sizeof(T) == 1 ? 8 : 16 / sizeof(T)" in src
+
+
+def test_the_split_tiles_are_fp16_and_take_long_reductions_only():
+    """The wgs<k> tiles (one tile, its reduction split over k blocks): FP16 only, each split at least two slices of
+    64 channels; one kernel a shape in inference_engine_wgmma.cu, the split the launch's."""
+    split = [k for k, v in E.WG.items() if v[7] > 1]
+    assert split and set(split) <= set(E.catalog.wg_kernels("fp16"))
+    assert not set(split) & (set(E.catalog.wg_kernels("int8")) | set(E.catalog.wg_kernels("fp8")))
+    step = {"kind": "conv", "kh": 3, "kw": 3, "K": 512, "stride": 1, "pad": [1, 1, 1, 1], "relu": True,
+            "src": {"C": 512, "ld": 512, "base": 0, "off": 0, "H": 7, "W": 7},
+            "dests": [{"ld": 512, "base": 0, "off": 0}]}
+    assert all(E.kernel_fits(step, k, "fp16") for k in split)  # 72 slices
+    assert not any(E.kernel_fits(step, k, "int8") for k in split)
+    short = {**step, "kh": 1, "kw": 1, "pad": [0, 0, 0, 0], "src": {**step["src"], "C": 256}}  # 4 slices
+    assert [k for k in split if E.kernel_fits(short, k, "fp16")] == ["wgs2_i2c_64x64_s6", "wgs2_i2c_64x128_s4"]
+    assert E.catalog.wg_function("wgs8_i2c_64x64_s6") == "conv_wgs_i2c_64x64_s6"
+
+
+@needs_compiler
+def test_the_split_tiles_and_their_reduction_are_compiled():
+    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+    for k in {E.catalog.wg_function(k) for k, v in E.WG.items() if v[7] > 1}:
+        body = cuda_c.ptx_entry(ptx, f"{k}_f16")
+        assert body and "wgmma.mma_async" in body, k
+        assert "%ctaid.z" in body, k  # the block's share of the reduction
+    assert cuda_c.ptx_entry(ptx, "split_reduce_f16")

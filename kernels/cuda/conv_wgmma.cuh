@@ -135,6 +135,13 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
 
   const int slices = C / BKC;  // slices of BKC channels in one tap
   const int kblocks = R * S * slices;
+  // Split-K (lesson 5's engine at batch 1, one tile a block): blockIdx.z of gridDim.z sums only its share of the
+  // slices, kb_lo .. kb_hi - 1, and its Store writes those partial sums for another kernel to add up. A layer with a
+  // long reduction and few tiles (ResNet-50's last 3 x 3 layers at batch 1: 8 tiles of 72 slices) then fills more
+  // SMs. One block a tile without a split: the whole reduction.
+  const int kb_per = PERSIST ? kblocks : (kblocks + gridDim.z - 1) / gridDim.z;
+  const int kb_lo = PERSIST ? 0 : blockIdx.z * kb_per;
+  const int kb_hi = kb_lo + kb_per < kblocks ? kb_lo + kb_per : kblocks;
   // The tiles: one a block (blockIdx.x over the output pixels, blockIdx.y over the channels) or, PERSIST, tile
   // blockIdx.x, then gridDim.x further on, ... (the channel tiles of a run of pixels one after another).
   const int tiles_n = (K + BN - 1) / BN;
@@ -166,7 +173,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       for (int tile = first; tile < tiles_total; tile += step) {
       int n, p0, q0, m0, k0;
       coords(tile, n, p0, q0, m0, k0);
-      for (int kb = 0; kb < kblocks; ++kb, ++it) {
+      for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {
         const int s = it % STAGES;
         const int tap = kb / slices, c0 = (kb % slices) * BKC;
         const int r = tap / S, sx = tap % S;
@@ -235,7 +242,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
     // slices (waiting for each slice's own wgmma, wgmma_wait<0>, they did: a short reduction spent a good part of
     // its time there, and the 8-bit types, whose slice is half as much work, more). The last slice: after the loop.
     int held = -1;  // the stage whose wgmma may still be reading it
-    for (int kb = 0; kb < kblocks; ++kb, ++it) {
+    for (int kb = kb_lo; kb < kb_hi; ++kb, ++it) {
       const int s = it % STAGES;
       mbar_wait(&full[s], (it / STAGES) & 1);
       const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * ROW);

@@ -214,6 +214,40 @@ struct EngineEpilogueTma : EngineEpilogue<T, 16> {
   }
 };
 
+// The split-K tiles' Store (conv_wgs_..., FP16): block z's partial sums of output pixel m, channels k and k + 1, into
+// its own slice of the workspace (z M K + m K + k, M the output's pixels): split_reduce_f16 adds the slices up and
+// ends them with the engine's epilogue.
+struct SplitPartial {
+  static constexpr bool kStaged = false;
+  float* ws;
+  size_t slice;  // M K: one block's share of the reduction for every output
+  int K;
+  __device__ __forceinline__ void operator()(size_t m, int k, float v0, float v1) const {
+    *reinterpret_cast<float2*>(ws + blockIdx.z * slice + m * K + k) = make_float2(v0, v1);
+  }
+};
+
+// The split tiles' second kernel: a thread per 8 channels of an output pixel sums the splits' partial sums (in the
+// order of the splits) and ends them as the one-tile kernels do (EngineEpilogue::row: + bias, + the residual, ReLU,
+// FP16), 16 bytes of output at once.
+extern "C" __global__ void split_reduce_f16(const float* ws, int splits, int M, int K, const float* bias,
+                                            __half* y, int ldy, const __half* res, int ldres, int relu) {
+  const EngineEpilogue<__half, 8> store{bias, nullptr, nullptr, y, ldy, res, ldres, 1.0f, relu};
+  const int per_row = K / 8;
+  const long long u = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (u >= static_cast<long long>(M) * per_row) return;
+  const size_t m = u / per_row;
+  const int k = static_cast<int>(u % per_row) * 8;
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  for (int z = 0; z < splits; ++z) {
+    const float4* p = reinterpret_cast<const float4*>(ws + (static_cast<size_t>(z) * M + m) * K + k);
+    const float4 a = p[0], b = p[1];
+    acc[0] += a.x, acc[1] += a.y, acc[2] += a.z, acc[3] += a.w;
+    acc[4] += b.x, acc[5] += b.y, acc[6] += b.z, acc[7] += b.w;
+  }
+  store.row(m, k, acc, store.load(m, k), store.factors(k));
+}
+
 // conv_wg_[i2c_]<BM>x<BN>_s<stages>_{f16,i8,f8}: kernels/inference_engine/catalog.py lists them (WG); conv_wgp_...: the
 // same tiles, PERSIST (conv_wgmma.cuh): as many blocks as fit on the SMs, each walking the tiles in turn, its next
 // tile's loads in flight during this one's epilogue
@@ -256,6 +290,17 @@ struct EngineEpilogueTma : EngineEpilogue<T, 16> {
         &tmX, &tmW, EngineEpilogueTma<T>{{bias, scale, inv, y, ldy, res, ldres, res_scale, relu}}, N, P, Q, K, C,  \
         R, Sw, ph, pw, TW, tiles_q, tiles_p, &tmR, &tmY);                                                         \
   }
+// conv_wgs_i2c_...: the one-tile FP16 kernels with their reduction split over gridDim.z blocks a tile (conv_tile's
+// kb_lo .. kb_hi), each writing its partial sums to ws (SplitPartial); split_reduce_f16 ends them
+#define ENGINE_WGMMA_SPLIT(BM, BN, S)                                                                              \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1) conv_wgs_i2c_##BM##x##BN##_s##S##_f16(     \
+      const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW, float* ws, int N, int P, int Q, \
+      int K, int C, int R, int Sw, int ph, int pw, int TW, int tiles_q, int tiles_p) {                            \
+    hopper::conv_tile<BM, BN, S, true, SplitPartial, hopper::F16, false, 64>(                                      \
+        &tmX, &tmW, SplitPartial{ws, static_cast<size_t>(N) * P * Q * K, K}, N, P, Q, K, C, R, Sw, ph, pw, TW,     \
+        tiles_q, tiles_p);                                                                                         \
+  }
+
 #define ENGINE_WGMMA_TMA_8(PRE, BM, BN, S, BKC)               \
   ENGINE_WGMMA_TMA(PRE, BM, BN, S, i8, int8, S8, BKC) \
   ENGINE_WGMMA_TMA(PRE, BM, BN, S, f8, fp8, E4M3, BKC)
@@ -288,3 +333,5 @@ ENGINE_WGMMA_TMA_8(wgpt_, 128, 256, 3, 64)
 ENGINE_WGMMA_TMA_8(wgpt_, 128, 128, 4, 64)
 ENGINE_WGMMA_TMA_8(wgptw_, 128, 256, 3, 128)
 ENGINE_WGMMA_TMA_8(wgptw_, 128, 128, 4, 128)
+ENGINE_WGMMA_SPLIT(64, 64, 6)
+ENGINE_WGMMA_SPLIT(64, 128, 4)

@@ -45,27 +45,41 @@ CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
 WG_SOURCE = "inference_engine_wgmma"
 # The "wgw" and "wgpw" tiles are wide 8-bit ones (INT8 and FP8 only): slices of 128 channels, rows of 128 bytes in
 # the 128-byte swizzle as FP16's, for inputs of a multiple of 128 channels (conv_wgmma.cuh, BKC); the last field.
-WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False, False, False)
+WG = {f"wg_{'i2c_' if i2c else ''}{bm}x{bn}_s{st}": (i2c, bm, bn, st, False, False, False, 1)
       for i2c, bm, bn, st in [(False, 128, 128, 4), (False, 128, 64, 4), (False, 64, 128, 4), (False, 64, 64, 6),
                               (True, 128, 128, 4), (True, 128, 64, 4), (True, 128, 256, 3), (True, 64, 128, 4),
                               (True, 64, 64, 6), (True, 64, 128, 2), (True, 64, 64, 3)]}
-WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, False)
+WG.update({f"wgp_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, False, 1)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 4)]})
-WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True, False)
+WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True, False, 1)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 6)]})
-WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False)
+WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False, 1)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4)]})
 # The "wgpt" and "wgptw" tiles: persistent 8-bit ones (narrow and wide) whose epilogue goes through the TMA
 # (conv_wgmma.cuh, TMA_OUT): the residual loaded into shared memory up to two tiles ahead, the codes written there
 # in place and stored by the TMA; INT8 and FP8 only, for outputs of a multiple of BN channels. The last field.
-WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True)
+WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True, 1)
            for wide in (False, True) for bm, bn, st in [(128, 256, 3), (128, 128, 4)]})
+# The "wgs<k>" tiles: one-tile FP16 ones whose reduction is split over k blocks a tile (conv_wgmma.cuh's kb_lo ..
+# kb_hi), each writing its partial sums to a workspace that a second kernel (split_reduce_f16) adds up and ends with
+# the epilogue: for layers with a long reduction and few tiles, ResNet-50's last layers at batch 1 (8 to 32 tiles of
+# 64 x 64 on 132 SMs). Kernel conv_wgs_i2c_<BM>x<BN>_s<stages>_f16 whatever k (a launch's grid.z); the last field.
+WG.update({f"wgs{k}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, False, False, k)
+           for bm, bn, st, splits in [(64, 64, 6, (2, 4, 8)), (64, 128, 4, (2, 4))] for k in splits})
 WG_WIDE_BK = 128  # channels a slice of a wide tile (the others: kernels/convolution.py's WGMMA_BK, 64)
 
 
+def wg_function(kernel: str) -> str:
+    """The name, less its precision's suffix, of the kernel in inference_engine_wgmma.cu that runs wg tile ``kernel``
+    (the split tiles share one a shape: their split is the launch's)."""
+    return f"conv_wgs_{kernel.split('_', 1)[1]}" if WG[kernel][7] > 1 else f"conv_{kernel}"
+
+
 def wg_kernels(precision: str) -> tuple:
-    """The wg tiles that run ``precision``: the wide and the TMA-epilogue ones in INT8 and FP8 only."""
-    return tuple(k for k, v in WG.items() if precision in ("int8", "fp8") or not (v[5] or v[6]))
+    """The wg tiles that run ``precision``: the wide and the TMA-epilogue ones in INT8 and FP8 only, the split ones
+    in FP16 only."""
+    return tuple(k for k, v in WG.items()
+                 if (not (v[5] or v[6]) or precision in ("int8", "fp8")) and (v[7] == 1 or precision == "fp16"))
 
 
 WG_EPI_PIECES = 4  # a persistent tile's epilogue space: 64 rows x 32 floats a piece, per consumer (EPI_PIECES)

@@ -12,7 +12,7 @@ from gpucourse import runtime
 from gpucourse import cuda_c
 from kernels import tensor_cores
 from .catalog import (CLS_IMAGES, CONV_KERNELS, DIRECT, HEAD_CHUNK, HEAD_O, SOURCE, STEM_TAPS_PADDED, TC, TCD, THREADS,
-                      WG, WG_EPI_PIECES, WG_SOURCE, WG_WIDE_BK)
+                      WG, WG_EPI_PIECES, WG_SOURCE, WG_WIDE_BK, wg_function)
 from . import network
 from .plan import check_target, Plan
 from .precision import DTYPES, from_e4m3, Q, SCALED, SUFFIX, to_e4m3
@@ -46,6 +46,7 @@ class Engine:
             self.dev = {k: cp.asarray(v) for k, v in plan.arrays.items()}
             self._fn = {}
             self._prepared = {}
+            self._then = {}  # (step, batch size) -> what a split tile's reduction launches after it, and its workspace
             self._graph = {}  # batch size -> cupy.cuda.Graph
         else:
             self.xp = np
@@ -72,6 +73,7 @@ class Engine:
         if self.gpu:
             self._fn.pop(step_id, None)
             self._prepared = {k: v for k, v in self._prepared.items() if k[0] != step_id}
+            self._then = {k: v for k, v in self._then.items() if k[0] != step_id}
             self._graph.clear()  # a graph holds the kernels it was captured with
 
     # ------------------------------------------------------------------ the public call
@@ -256,6 +258,10 @@ class Engine:
             args = (self._x,) + args[1:]
         if s["kind"] == "conv" and s["kernel"] in WG:  # tensor maps are passed by value: the driver's launch
             tensor_cores.launch_hopper(fn, grid, block[0], shared, args, s["name"])
+            then = self._then.get((s["id"], n))
+            if then:  # a split tile: its partial sums added up and ended by the epilogue
+                fn2, grid2, block2, args2, _ = then
+                fn2(grid2, block2, args2)
             return
         fn(grid, block, args, shared_mem=shared)
 
@@ -414,7 +420,7 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        i2c, bm, bn, stages, persist, wide, tma = WG[s["kernel"]]
+        i2c, bm, bn, stages, persist, wide, tma, splits = WG[s["kernel"]]
         cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
         item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8)
         bk = WG_WIDE_BK if wide else cv.WGMMA_BK  # a stage's rows: 64 elements (128 or 64 bytes), wide 128 bytes
@@ -425,7 +431,7 @@ class Engine:
         # alignment, tiles, the epilogue's space, mbarriers (and, persistent, the tile the consumers are on)
         smem = 1024 + stages * (bm + bn) * bk * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
         sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's layer may run in another precision
-        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"conv_{s['kernel']}_{sfx}", smem)
+        fn = tensor_cores.hopper_kernel(WG_SOURCE, f"{wg_function(s['kernel'])}_{sfx}", smem)
         if f"{i}/wt" not in a:
             a[f"{i}/wt"] = runtime.cupy().ascontiguousarray(a[f"{i}/w"].reshape(-1, s["K"]).T)
         wt = a[f"{i}/wt"]
@@ -459,11 +465,23 @@ class Engine:
                 maps.append(m)
         c64, c32 = ctypes.c_uint64, ctypes.c_int32
         ptr_of = lambda key: c64(a[key].data.ptr if a.get(key) is not None else 0)  # noqa: E731
+        geometry = [c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
+                                      t["tiles_p"])]
+        if splits > 1:  # partial sums into a workspace of its own, then split_reduce_f16 over every output
+            cp = runtime.cupy()
+            rows = n * P * Q
+            ws = cp.empty(splits * rows * s["K"], np.float32)
+            reduce = cuda_c.module_arch(WG_SOURCE, "sm_90a").get_function("split_reduce_f16")
+            units = rows * (s["K"] // 8)
+            self._then[(i, n)] = (reduce, (math.ceil(units / THREADS),), (THREADS,), (
+                ws, np.int32(splits), np.int32(rows), np.int32(s["K"]),
+                a[f"{i}/b"] if a.get(f"{i}/b") is not None else np.uint64(0), self._ptr(d), np.int32(d["ld"]),
+                self._ptr(res) if res else np.uint64(0), np.int32(res["ld"] if res else 0), np.int32(int(s["relu"]))),
+                ws)
+            return fn, (*t["grid"][:2], splits), (cfg["threads"],), [*maps, c64(ws.data.ptr), *geometry], smem
         args = [*maps, ptr_of(f"{i}/b"), ptr_of(f"{i}/scale"), ptr_of(f"{i}/inv"), c64(self._ptr(d).data.ptr),
                 c32(d["ld"]), c64(self._ptr(res).data.ptr if res else 0), c32(res["ld"] if res else 0),
-                ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])),
-                *(c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
-                                   t["tiles_p"]))]
+                ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])), *geometry]
         grid = t["grid"]
         if persist:  # every tile in turn: as many blocks as the SMs hold at once, or fewer with fewer tiles
             grid = (min(grid[0] * grid[1], _sms() * _blocks_per_sm(fn, cfg["threads"], smem)),)

@@ -29,7 +29,10 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
     if kernel in WG:
         item = np.dtype(DTYPES[precision]).itemsize
         # the persistent tiles store 16 bytes of a row at a time in every type: 16 channels of INT8 or FP8
-        _, _, bn, _, persist, wide, tma = WG[kernel]
+        _, _, bn, _, persist, wide, tma, splits = WG[kernel]
+        # the split tiles: FP16, each split two slices of 64 channels or more (the reduction's R S C / 64 slices)
+        if splits > 1 and (item != 2 or step["kh"] * step["kw"] * step["src"]["C"] // 64 < 2 * splits):
+            return False
         if wide and (item != 1 or step["src"]["C"] % WG_WIDE_BK):  # the wide tiles: 8-bit, slices of 128 channels
             return False
         if tma and (item != 1 or step["K"] % bn or not tma_fits(step)):  # whole tiles of channels, 16-byte rows
