@@ -258,6 +258,8 @@ def text_memory(t: dict) -> str:
 
 # ------------------------------------------------------------------------------------------ the field
 
+PARTS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}  # a field run's timed parts (in order)
+
 def _inputs(n: int, d: int = HEAD_DIM, heads: int = HEADS, tokens: int = TOKENS, seed: int = 0):
     cp = runtime.cupy()
     batch = max(1, tokens // n)
@@ -356,30 +358,30 @@ def ratios(t: dict) -> list:
     """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2); the best
     of the sm_80+ kernels (WMMA, mma.sync: GOALS' sm80_of_fastest) against it, and which that was; Triton's backward
     against the fastest backend's backward (GOALS' bwd_of_fastest), and its forward + backward against theirs."""
+    def fastest(r, part):  # the fastest SDPA backend of a part of run r, and its TFLOP/s (None, None: none ran)
+        sd = {k: v for k, v in r[part].items() if k in SDPA_BACKENDS}
+        name = max(sd, key=sd.get) if sd else None
+        return name, sd.get(name)
+
     rows = []
     for r in t["runs"]:
-        sd = {k: v for k, v in r["fwd"].items() if k in SDPA_BACKENDS}
-        sdb = {k: v for k, v in r["fwd_bwd"].items() if k in SDPA_BACKENDS}
-        sdbo = {k: v for k, v in r["bwd"].items() if k in SDPA_BACKENDS}
-        fastest = max(sd, key=sd.get) if sd else None
-        fastest_b = max(sdb, key=sdb.get) if sdb else None
-        fastest_bo = max(sdbo, key=sdbo.get) if sdbo else None
-        row = {"N": r["N"], "causal": r["causal"], "fastest": fastest, "fastest_bwd": fastest_bo,
-               "fastest_fwd_bwd": fastest_b}
+        (f_name, f_best), (b_name, b_best), (fb_name, fb_best) = (fastest(r, part) for part in PARTS)
+        row = {"N": r["N"], "causal": r["causal"], "fastest": f_name, "fastest_bwd": b_name,
+               "fastest_fwd_bwd": fb_name}
         for name, v in r["fwd"].items():
-            if name not in SDPA_BACKENDS and fastest:
-                row[f"{name} / fastest"] = v / sd[fastest]
+            if name not in SDPA_BACKENDS and f_name:
+                row[f"{name} / fastest"] = v / f_best
         sm80 = {k: r["fwd"][k] for k in SM80_KERNELS if k in r["fwd"]}
-        if sm80 and fastest:
+        if sm80 and f_name:
             best = max(sm80, key=sm80.get)
             row["best sm_80 kernel"] = best
-            row["best sm_80 kernel / fastest"] = sm80[best] / sd[fastest]
-        if "Triton" in r["fwd"] and "FlashAttention-2" in sd:
-            row["Triton / FlashAttention-2"] = r["fwd"]["Triton"] / sd["FlashAttention-2"]
-        if "Triton" in r["bwd"] and fastest_bo:
-            row["Triton bwd / fastest"] = r["bwd"]["Triton"] / sdbo[fastest_bo]
-        if "Triton" in r["fwd_bwd"] and fastest_b:
-            row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / sdb[fastest_b]
+            row["best sm_80 kernel / fastest"] = sm80[best] / f_best
+        if "Triton" in r["fwd"] and "FlashAttention-2" in r["fwd"]:
+            row["Triton / FlashAttention-2"] = r["fwd"]["Triton"] / r["fwd"]["FlashAttention-2"]
+        if "Triton" in r["bwd"] and b_name:
+            row["Triton bwd / fastest"] = r["bwd"]["Triton"] / b_best
+        if "Triton" in r["fwd_bwd"] and fb_name:
+            row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / fb_best
         rows.append(row)
     return rows
 
@@ -398,9 +400,6 @@ def text_field(t: dict) -> str:
         if bad:
             lines.append("    " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
     return "\n".join(lines)
-
-
-PARTS = {"fwd": "forward", "bwd": "backward", "fwd_bwd": "forward + backward"}  # a field run's timed parts
 
 
 def plot_field(t: dict, source: str, causal: bool = False, part: str = "fwd"):
