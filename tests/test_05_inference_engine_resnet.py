@@ -326,6 +326,25 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
     assert checked == sum(v[4] for v in E.WG.values())
 
 
+@needs_compiler
+def test_the_tma_epilogue_loads_a_rounds_residual_before_it_stores():
+    """The 8-bit TMA epilogue (conv_wgmma.cuh, tma_codes) writes each code over the residual's in shared memory. One
+    column group at a time, every load waited for the store before it (it might have written the same place); in
+    rounds of TMA_ROUND groups, a round's 2 x TMA_ROUND residual loads come first, then its stores."""
+    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+    checked = 0
+    for name, (_, _, bn, _, _, _, tma, _) in E.WG.items():
+        if not tma:
+            continue
+        for sfx in ("i8", "f8"):
+            body = cuda_c.ptx_entry(ptx, f"conv_{name}_{sfx}")
+            order = "".join(op[0] for op in re.findall(r"\b(ld|st)\.shared\.(?:u16|b16)\b", body))
+            runs = [len(r) for r in re.findall(r"l+", order)]
+            assert runs == [16] * (bn // 8 // 8), (name, sfx, runs)  # TMA_ROUND = 8 groups, 2 rows each
+            checked += 1
+    assert checked == 2 * sum(v[6] for v in E.WG.values())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
 def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precision):
@@ -680,3 +699,36 @@ def test_the_split_tiles_and_their_reduction_are_compiled():
         assert body and "wgmma.mma_async" in body, k
         assert "%ctaid.z" in body, k  # the block's share of the reduction
     assert cuda_c.ptx_entry(ptx, "split_reduce_f16")
+
+
+def test_a_compile_run_of_one_batch_size_keeps_the_others_from_the_record(monkeypatch):
+    """figure "resnet_compile" measured at batch 1 only (GPUCOURSE_COMPILE_BATCHES=1): batch 64's engine time,
+    torch.compile time and ratio stay as this GPU's record has them, each pair from its own run, and "runs" (printed
+    by compile_text) says when each batch size was measured."""
+    import types
+
+    from benchmarks import inference_engine_resnet as R
+    from gpucourse import records
+
+    row = {"name": "PyTorch torch.compile + CUDA graph, FP16"}
+    old = {"engine": {"FP16, batch 1": {"ms": 0.48}, "FP16, batch 64": {"ms": 2.2}},
+           "pytorch": {"rows": [{**row, "b1": {"ms": 0.52}, "b64": {"ms": 2.7}, "compile_s_b64": 300.0}]},
+           "fp16_vs_compile_b1": {"ratio": 0.52 / 0.48, "goal": 1.2},
+           "fp16_vs_compile_b64": {"ratio": 2.7 / 2.2, "goal": 1.2}, "measured": "2026-11-25 04:55 UTC"}
+    monkeypatch.setattr(records, "latest", lambda lesson, gpu=None: {"figures": {"resnet_compile": old}})
+    monkeypatch.setattr(runtime, "get", lambda: types.SimpleNamespace(device={"name": "GPU"}))
+    monkeypatch.setattr(records, "_now", lambda: "2026-11-25 23:29 UTC")
+    new = {"size": 224, "batch": 64, "engine": {"FP16, batch 1": {"ms": 0.324}},
+           "pytorch": {"available": True, "compile_mode": "max-autotune", "torch": "2", "compile_s": 190.0,
+                       "rows": [{**row, "b1": {"ms": 0.5}, "compile_s_b1": 190.0}]},
+           "fp16_vs_compile_b1": {"ratio": 0.5 / 0.324, "goal": 1.2}}
+    R._keep_other_batches(new, (1,))
+    assert new["engine"]["FP16, batch 64"] == {"ms": 2.2} and new["engine"]["FP16, batch 1"] == {"ms": 0.324}
+    assert new["fp16_vs_compile_b64"]["ratio"] == pytest.approx(2.7 / 2.2)
+    assert new["fp16_vs_compile_b1"]["ratio"] == pytest.approx(0.5 / 0.324)
+    assert new["pytorch"]["rows"][0]["b64"] == {"ms": 2.7} and new["pytorch"]["rows"][0]["b1"] == {"ms": 0.5}
+    assert new["runs"]["batch 1"] == "2026-11-25 23:29 UTC" and new["runs"]["batch 64"] == "2026-11-25 04:55 UTC"
+    text = R.compile_text(new)
+    assert "batch  1: engine 0.324 ms, torch.compile 0.500 ms: the engine 1.54x" in text
+    assert "batch 64: engine 2.200 ms, torch.compile 2.700 ms: the engine 1.23x" in text
+    assert "(run of 2026-11-25 04:55 UTC)" in text and "(run of 2026-11-25 23:29 UTC)" in text

@@ -70,18 +70,38 @@ __host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int ro
 // schedules across all of it). Thread (warp, lane) holds rows warp 16 + lane / 4 (+ 8) of the 64, channels 8 j + 2
 // (lane % 4) and the next: byte (channel % 16) of 16-byte chunk (channel % 128) / 16, which the 128-byte swizzle
 // stores as chunk ((channel % 128) / 16) ^ (row % 8), row % 8 being lane / 4; box channel / 128 (8 KB each).
+// In rounds of TMA_ROUND column groups j: a round's residual codes are all loaded before any of its codes is stored.
+// A load cannot be moved above an earlier store that might write the same place, so one group at a time (load,
+// convert, store, and the next load waiting for that store) made a chain of shared-memory round trips as long as the
+// tile is wide. In rounds (H100, ResNet-50 at batch 64, INT8): conv2's residual layers 66.5 -> 64 us, conv3's
+// 38.3 -> 35.5, conv4's 21.1 -> 20.1.
+constexpr int TMA_ROUND = 8;
+template <bool RES, int BN>
+__device__ __forceinline__ unsigned short* tma_code_at(unsigned char* base, int j, int h, int lane) {
+  return reinterpret_cast<unsigned short*>(base + (j / 16) * 8192 + ((((j % 16) / 2) ^ (lane / 4)) << 4) +
+                                           (j % 2) * 8 + h * 8 * 128);
+}
 template <bool RES, int BN, class Store, class Acc>
 __device__ __forceinline__ void tma_codes(const Store& store, const Acc (&d)[BN / 16][8], unsigned char* base, int k0,
                                           int lane) {
+  static_assert((BN / 8) % TMA_ROUND == 0, "whole rounds");
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
-    const auto f = store.pair_factors(k0 + 8 * j + 2 * (lane % 4));  // K is a multiple of BN (the plan checks)
-    unsigned char* p0 = base + (j / 16) * 8192 + ((((j % 16) / 2) ^ (lane / 4)) << 4) + (j % 2) * 8;
+  for (int j0 = 0; j0 < BN / 8; j0 += TMA_ROUND) {
+    unsigned short raw[TMA_ROUND][2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      unsigned short* p = reinterpret_cast<unsigned short*>(p0 + h * 8 * 128);
-      const Acc* v = &d[j / 2][(j % 2) * 4 + 2 * h];
-      *p = store.template pair<RES>(RES ? *p : 0, static_cast<float>(v[0]), static_cast<float>(v[1]), f);
+    for (int jj = 0; jj < TMA_ROUND; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) raw[jj][h] = RES ? *tma_code_at<RES, BN>(base, j0 + jj, h, lane) : 0;
+#pragma unroll
+    for (int jj = 0; jj < TMA_ROUND; ++jj) {
+      const int j = j0 + jj;
+      const auto f = store.pair_factors(k0 + 8 * j + 2 * (lane % 4));  // K is a multiple of BN (the plan checks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const Acc* v = &d[j / 2][(j % 2) * 4 + 2 * h];
+        *tma_code_at<RES, BN>(base, j, h, lane) =
+            store.template pair<RES>(raw[jj][h], static_cast<float>(v[0]), static_cast<float>(v[1]), f);
+      }
     }
   }
 }
