@@ -76,7 +76,6 @@ __host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int ro
 // tile is wide. In rounds (H100, ResNet-50 at batch 64, INT8): conv2's residual layers 66.5 -> 64 us, conv3's
 // 38.3 -> 35.5, conv4's 21.1 -> 20.1.
 constexpr int TMA_ROUND = 8;
-template <bool RES, int BN>
 __device__ __forceinline__ unsigned short* tma_code_at(unsigned char* base, int j, int h, int lane) {
   return reinterpret_cast<unsigned short*>(base + (j / 16) * 8192 + ((((j % 16) / 2) ^ (lane / 4)) << 4) +
                                            (j % 2) * 8 + h * 8 * 128);
@@ -91,7 +90,7 @@ __device__ __forceinline__ void tma_codes(const Store& store, const Acc (&d)[BN 
 #pragma unroll
     for (int jj = 0; jj < TMA_ROUND; ++jj)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) raw[jj][h] = RES ? *tma_code_at<RES, BN>(base, j0 + jj, h, lane) : 0;
+      for (int h = 0; h < 2; ++h) raw[jj][h] = RES ? *tma_code_at(base, j0 + jj, h, lane) : 0;
 #pragma unroll
     for (int jj = 0; jj < TMA_ROUND; ++jj) {
       const int j = j0 + jj;
@@ -99,7 +98,7 @@ __device__ __forceinline__ void tma_codes(const Store& store, const Acc (&d)[BN 
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const Acc* v = &d[j / 2][(j % 2) * 4 + 2 * h];
-        *tma_code_at<RES, BN>(base, j, h, lane) =
+        *tma_code_at(base, j, h, lane) =
             store.template pair<RES>(raw[jj][h], static_cast<float>(v[0]), static_cast<float>(v[1]), f);
       }
     }
