@@ -464,6 +464,10 @@ class Engine:
                                               (128, 64), itemsize=item, row=128)
                 maps.append(m)
         c64, c32 = ctypes.c_uint64, ctypes.c_int32
+        if tma:  # the TMA epilogue loads every factor without testing for null: ones and zeros where there are none
+            for key, fill in (("scale", 1.0), ("b", 0.0), ("inv", 1.0)):
+                if a.get(f"{i}/{key}") is None:
+                    a[f"{i}/{key}"] = runtime.cupy().full(s["K"], fill, np.float32)
         ptr_of = lambda key: c64(a[key].data.ptr if a.get(key) is not None else 0)  # noqa: E731
         geometry = [c32(v) for v in (n, P, Q, s["K"], src["C"], R, S, pad[0], pad[2], t["TW"], t["tiles_q"],
                                       t["tiles_p"])]
