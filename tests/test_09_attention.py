@@ -751,3 +751,21 @@ def test_recorded_flash_memory_is_what_it_must_hold():
     for rec in _field_records():
         for name, r in rec["figures"]["memory"]["rows"].items():
             assert r["of_needed"] <= B.GOALS["flash_memory"], (rec["gpu"]["name"], name)
+
+
+def test_the_item_sweep_fits_an_items_fixed_cost_and_refuses_without_a_gpu(capsys):
+    """benchmarks/attention_item_sweep.py: its fit gives back P and X from points made by TFLOP/s = P T / (T + X)
+    (the notebook's 1.1 tiles an item come from it), refuses a single item length, and without a Hopper GPU says why
+    in one line and returns 1."""
+    from benchmarks import attention_item_sweep as S
+
+    points = [(t, 650.0 * t / (t + 1.1)) for t in (4, 8, 16, 32)]
+    peak, cost = S.fit(points)
+    assert math.isclose(peak, 650.0, rel_tol=1e-9) and math.isclose(cost, 1.1, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="two item lengths"):
+        S.fit([(8, 600.0), (8, 610.0)])
+    if runtime.get().gpu:
+        return
+    assert S.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "needs a real GPU" in err and err.count("\n") == 1
