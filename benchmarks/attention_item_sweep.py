@@ -4,7 +4,8 @@ flash_wgmma (kernels/cuda/attention_wgmma.cu), ping-pong, d = 128, not causal, a
 work of 32 heads of 16k (heads = 32 (16k / N)^2), so that only the items' length changes (N / 128 tiles an item);
 then a least-squares fit of TFLOP/s = P T / (T + X) over them: X is an item's fixed cost in tiles. Causal runs at 4k
 and 16k beside them, whose items average (N / 128 + 1) / 2 tiles. The fit stops at 4k: beyond it other effects move
-the figure (on an H100, 554 TFLOP/s at 8k, 640 at 16k). Head 0's output is checked against float32 NumPy first.
+the figure (on an H100, 554 TFLOP/s at 8k, 640 at 16k). Head 0's output is checked against the NumPy reference
+first.
 Notebook 09 quotes its H100 figures.
 
     python benchmarks/attention_item_sweep.py [--repeats 7] [--json PATH]
@@ -20,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
+from kernels.attention import specs  # noqa: E402
+
 D = 128
 WORK_HEADS, WORK_N = 32, 16384  # every run does the work of 32 heads of 16k, not causal
 FIT_N = (512, 1024, 2048, 4096)
@@ -27,13 +30,11 @@ CAUSAL_N = (4096, 16384)
 
 
 def _check(q, k, v, o, causal: bool) -> float:
-    """The largest error of head 0's output against float32 NumPy attention."""
-    qf, kf, vf = (a[0].get().astype(np.float32) for a in (q, k, v))
-    s = qf @ kf.T / np.sqrt(D)
-    if causal:
-        s = np.where(np.triu(np.ones(s.shape, bool), 1), -np.inf, s)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    return float(np.abs((p / p.sum(-1, keepdims=True)) @ vf - o[0].get().astype(np.float32)).max())
+    """The largest error of head 0's output against the float64 NumPy reference (specs.attention_spec); causal, on
+    its first 2048 rows and keys only, which is all those rows see."""
+    m = min(q.shape[1], 2048) if causal else q.shape[1]
+    want, _ = specs.attention_spec(*(a[0, :m].get() for a in (q, k, v)), causal=causal)
+    return float(np.abs(want - o[0, :m].get().astype(np.float64)).max())
 
 
 def measure(repeats: int = 7) -> dict:
@@ -53,9 +54,9 @@ def measure(repeats: int = 7) -> dict:
             raise runtime.CourseError(f"flash_wgmma (N = {n}, causal {causal}) is wrong: error {err:.1e}")
         t = bench.time_per_call(lambda: flash.flash_wgmma(q, k, v, causal=causal, variant="pingpong"), batch=4,
                                 repeats=repeats)
-        flops = 4 * heads * n * n * D / (2 if causal else 1)
         runs.append({"N": n, "causal": causal, "heads": heads, "tiles_an_item": (n // 128 + 1) / 2 if causal
-                     else n // 128, "ms": t.median_ms, "tflops": flops / (t.median_ms * 1e-3) / 1e12,
+                     else n // 128, "ms": t.median_ms,
+                     "tflops": t.tflops(specs.attention_flops(1, heads, n, D, causal=causal)),
                      "timing": t.summary(), "error": err})
         del q, k, v
         cp.get_default_memory_pool().free_all_blocks()

@@ -755,7 +755,7 @@ def test_recorded_flash_memory_is_what_it_must_hold():
 
 def test_the_item_sweep_fits_an_items_fixed_cost_and_refuses_without_a_gpu(capsys):
     """benchmarks/attention_item_sweep.py: its fit gives back P and X from points made by TFLOP/s = P T / (T + X)
-    (the notebook's 1.1 tiles an item come from it), refuses a single item length, and without a Hopper GPU says why
+    (the notebook's 1.1-1.3 tiles an item come from it), refuses a single item length, and without a Hopper GPU says why
     in one line and returns 1."""
     from benchmarks import attention_item_sweep as S
 
