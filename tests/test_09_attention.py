@@ -237,11 +237,14 @@ def test_the_hopper_kernels_keep_their_wgmmas_in_flight():
     """ptxas serialises a warpgroup's wgmmas (remark C7512) when the registers they hold in flight do not fit; the
     pipelined kernels hold S, P and O at once, which fits only in the 240 registers setmaxnreg gives a consumer.
     The control: with hopper.cuh's waits giving up by trap instead of brkpt, ptxas gives the consumers only the
-    launch bound's 168, and says so."""
+    launch bound's 168, and says so. Nor may ptxas inject a wait or an arrive of its own (remarks C7517, C7519): it
+    does where it cannot tell that a register a wgmma wrote is complete before another instruction reads it, or where
+    paths with different wgmmas join (both seen while trying changes to these kernels)."""
     log = cuda_c.ptxas_log("attention_wgmma", "sm_90a")
     entries = re.findall(r"Compiling entry function '(\w+)'", log)
     assert "flash_wgmma_d128_pingpong" in entries and "flash_wgmma_d128_pipelined_causal" in entries
-    assert "C7512" not in log and "serialized" not in log, "\n".join(l for l in log.splitlines() if "C75" in l)
+    assert "C7512" not in log and "serialized" not in log and "injected" not in log, \
+        "\n".join(l for l in log.splitlines() if "C75" in l)
     spills = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     assert len(spills) == len(entries) and not any(spills)
     trapping = cuda_c.ptxas_log("attention_wgmma", "sm_90a", options=("-DGPUCOURSE_FAIL()=__trap()",))
@@ -275,6 +278,26 @@ def test_wgmma_flash_on_gpu(rng, d, variant, causal, shape):
     err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
     assert err < 1e-2, err
     np.testing.assert_allclose(lse.get(), rl, atol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", sorted(A.flash.WGMMA_VARIANTS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_wgmma_blocks_that_take_several_items_write_each_one(rng, d, causal):
+    """More items than SMs (32 heads of 1024 rows: 256 items), so every persistent block computes several: the ring
+    of K and V stages and its phases run on across items, the producer loads the next item's Q once both consumers
+    are done with this one's, and each item's rows and log-sum-exp land where they belong. The other GPU tests have
+    fewer items than SMs, one an item a block. Every variant against the NumPy spec."""
+    _hopper_or_skip()
+    cp = runtime.cupy()
+    q, k, v = (rng.standard_normal((2, 16, 1024, d)).astype(np.float16) for _ in range(3))
+    assert 2 * 16 * 1024 // 128 > runtime.get().device["sms"]
+    ro, rl = A.attention_spec(q, k, v, causal=causal)
+    for variant in A.flash.WGMMA_VARIANTS[d]:
+        o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
+        err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+        assert err < 1e-2, (variant, err)
+        np.testing.assert_allclose(lse.get(), rl, atol=1e-3, err_msg=variant)
 
 
 @pytest.mark.gpu
