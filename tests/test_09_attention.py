@@ -271,13 +271,20 @@ def _hopper_or_skip():
 @pytest.mark.parametrize("shape", [(2, 3, 384), (1, 1, 1024)])
 def test_wgmma_flash_on_gpu(rng, d, variant, causal, shape):
     _hopper_or_skip()
-    cp = runtime.cupy()
     q, k, v = (rng.standard_normal((*shape, d)).astype(np.float16) for _ in range(3))
-    o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
+    _wgmma_matches_spec(q, k, v, causal, [variant])
+
+
+def _wgmma_matches_spec(q, k, v, causal: bool, variants) -> None:
+    """flash_wgmma in each of ``variants`` on NumPy inputs: its output within 1e-2 of the float64 spec's (relative
+    to the largest) and its log-sum-exp within 1e-3."""
+    cp = runtime.cupy()
     ro, rl = A.attention_spec(q, k, v, causal=causal)
-    err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
-    assert err < 1e-2, err
-    np.testing.assert_allclose(lse.get(), rl, atol=1e-3)
+    for variant in variants:
+        o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
+        err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
+        assert err < 1e-2, (variant, err)
+        np.testing.assert_allclose(lse.get(), rl, atol=1e-3, err_msg=variant)
 
 
 @pytest.mark.gpu
@@ -289,15 +296,9 @@ def test_wgmma_blocks_that_take_several_items_write_each_one(rng, d, causal):
     are done with this one's, and each item's rows and log-sum-exp land where they belong. The other GPU tests have
     fewer items than SMs, one an item a block. Every variant against the NumPy spec."""
     _hopper_or_skip()
-    cp = runtime.cupy()
     q, k, v = (rng.standard_normal((2, 16, 1024, d)).astype(np.float16) for _ in range(3))
-    assert 2 * 16 * 1024 // 128 > runtime.get().device["sms"]
-    ro, rl = A.attention_spec(q, k, v, causal=causal)
-    for variant in A.flash.WGMMA_VARIANTS[d]:
-        o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, variant=variant)
-        err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
-        assert err < 1e-2, (variant, err)
-        np.testing.assert_allclose(lse.get(), rl, atol=1e-3, err_msg=variant)
+    assert q.size // d // A.flash.WGMMA_BLOCK_M > runtime.get().device["sms"]  # items: 128 rows of a head each
+    _wgmma_matches_spec(q, k, v, causal, A.flash.WGMMA_VARIANTS[d])
 
 
 @pytest.mark.gpu
@@ -306,16 +307,10 @@ def test_wgmma_causal_order_covers_every_item_once(rng, monkeypatch, section):
     """The causal order (longest items first, heads in sections): sections of 1, of 3 heads for 7 (the last holds
     one) and one section larger than the heads all compute every row block of every head, each once."""
     _hopper_or_skip()
-    cp = runtime.cupy()
     n, d = 512, 64
     monkeypatch.setattr(A.flash, "wgmma_section", lambda n, heads, sms: section)
     q, k, v = (rng.standard_normal((1, 7, n, d)).astype(np.float16) for _ in range(3))
-    for variant in A.flash.WGMMA_VARIANTS[d]:
-        o, lse = A.flash_wgmma(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=True, variant=variant)
-        ro, rl = A.attention_spec(q, k, v, causal=True)
-        err = np.abs(o.get().astype(np.float64) - ro).max() / np.abs(ro).max()
-        assert err < 1e-2, (variant, err)
-        np.testing.assert_allclose(lse.get(), rl, atol=1e-3)
+    _wgmma_matches_spec(q, k, v, True, A.flash.WGMMA_VARIANTS[d])
 
 
 def test_wgmma_section_is_the_fewest_whole_heads_whose_work_outlasts_their_longest_item():
