@@ -194,7 +194,7 @@ def plot_naive(t: dict, source: str):
 # ------------------------------------------------------------------------------------ flash's memory
 
 def wgmma_variants(d: int = HEAD_DIM) -> list:
-    """The Hopper kernel's variants the field times at head dim d (serial, ahead, pipelined, ping-pong)."""
+    """The Hopper kernel's variants the field times at head dim d (WGMMA_VARIANTS: serial ... Q in registers)."""
     from kernels.attention.flash import WGMMA_VARIANTS
 
     return list(WGMMA_VARIANTS[d])

@@ -26,11 +26,12 @@ WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
 # Hopper's variants (kernels/cuda/attention_wgmma.cu): keys a tile, stages of K and V, and how a consumer orders its
 # work: "serial" (S, softmax, P V, each waiting for the last), "ahead" (S of the next tile issued right behind P V of
 # this one, one wait for both), "pipelined" (S of the next tile and P V of this one issued together, the softmax of
-# the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores). The
-# variants of a head dim differ only in that order: they share its tiles, WGMMA_TILES (keys a tile, stages of K and V).
-WGMMA_VARIANTS = {64: ("serial", "ahead", "pipelined", "pingpong"), 128: ("serial", "ahead", "pipelined", "pingpong")}
+# the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores), "qregs"
+# (ping-pong with each consumer's rows of Q copied into registers once an item: Q K^T reads only K from shared
+# memory). The variants of a head dim differ only in that order: they share its tiles, WGMMA_TILES (keys a tile, stages of K and V).
+WGMMA_VARIANTS = {d: ("serial", "ahead", "pipelined", "pingpong", "qregs") for d in (64, 128)}
 WGMMA_TILES = {64: (128, 4), 128: (128, 3)}
-WGMMA_DEFAULT = {64: "serial", 128: "pingpong"}  # the fastest on an H100 (records: the field)
+WGMMA_DEFAULT = {64: "serial", 128: "qregs"}  # the fastest on an H100 (records: the field)
 LOG2E = 1.4426950408889634
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
 NUMBA_KERNELS = {"flash_forward_numba": "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "

@@ -445,30 +445,36 @@ __device__ __forceinline__ void wgmma_k32_e4m3(float (&d)[BN / 16][8], unsigned 
 // D (64 x 64 or 64 x 128, FP32) += A (64 x 16, FP16, four 32-bit registers a thread: the same places as an
 // accumulator's 16 columns) B (16 x N, FP16 in shared memory, its descriptor). TB: B stored K-major (0) or MN-major (1).
 template <int TB>
-__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[4][8], const unsigned (&a)[4], unsigned long long db) {
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[4][8], const unsigned (&a)[4], unsigned long long db,
+                                                   int scale_d) {
   asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, %37;\n"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n"
+      "}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
         "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
         "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(scale_d));
 }
 
 template <int TB>
-__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[8][8], const unsigned (&a)[4], unsigned long long db) {
+__device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[8][8], const unsigned (&a)[4], unsigned long long db,
+                                                    int scale_d) {
   asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %70, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, %69;\n"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n"
+      "}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
         "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
         "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
@@ -477,16 +483,18 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[8][8], const unsi
         "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[5][4]), "+f"(d[5][5]), "+f"(d[5][6]), "+f"(d[5][7]),
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(scale_d));
 }
 
+// scale_d = 0: D = A B (the accumulator's old values are not read)
 template <int N, int TB>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 16][8], const unsigned (&a)[4], unsigned long long db) {
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 16][8], const unsigned (&a)[4], unsigned long long db,
+                                         int scale_d = 1) {
   if constexpr (N == 128) {
-    wgmma_rs_m64n128k16<TB>(d, a, db);
+    wgmma_rs_m64n128k16<TB>(d, a, db, scale_d);
   } else {
-    static_assert(N == 64, "the P V product here is 64 or 128 columns wide (the head dim)");
-    wgmma_rs_m64n64k16<TB>(d, a, db);
+    static_assert(N == 64, "64 or 128 columns wide (P V: the head dim; Q K^T: the keys a tile)");
+    wgmma_rs_m64n64k16<TB>(d, a, db, scale_d);
   }
 }
 
