@@ -233,6 +233,29 @@ def test_hopper_kernel_compiles_with_its_instructions():
     assert "trap;" in cuda_c.ptx_entry(cuda_c.compile_ptx("attention_wgmma", "sm_80"), "flash_wgmma_d64_serial")
 
 
+def _wgmma_a_operands(body: str) -> tuple:
+    """How many of a kernel's wgmma instructions take their A operand from shared memory (a descriptor: "}, %rd")
+    and how many from registers ("}, {%r")."""
+    ops = re.findall(r"wgmma\.mma_async[^;]*;", body, re.S)
+    return (sum(bool(re.search(r"\},\s*%rd\d+,\s*%rd\d+", op)) for op in ops),
+            sum(bool(re.search(r"\},\s*\{%r\d+", op)) for op in ops))
+
+
+def test_the_qregs_order_reads_q_from_registers():
+    """Ping-pong's Q K^T reads both operands from shared memory, its P V P from registers; the qregs order copies Q
+    into registers once an item (ldmatrix) and takes every wgmma's A operand from them, at d = 64 and 128, causal
+    and not: none of its wgmmas names a descriptor for A."""
+    ptx = cuda_c.compile_ptx("attention_wgmma", "sm_90a")
+    shared, regs = _wgmma_a_operands(cuda_c.ptx_entry(ptx, "flash_wgmma_d128_pingpong"))
+    assert shared > 0 and regs > 0
+    for d in (64, 128):
+        for suffix in ("", "_causal"):
+            body = cuda_c.ptx_entry(ptx, f"flash_wgmma_d{d}_qregs{suffix}")
+            shared, regs = _wgmma_a_operands(body)
+            assert shared == 0 and regs > 0, (d, suffix, shared, regs)
+            assert body.count("ldmatrix.sync.aligned.m8n8.x4.shared.b16") == d // 16
+
+
 def test_the_hopper_kernels_keep_their_wgmmas_in_flight():
     """ptxas serialises a warpgroup's wgmmas (remark C7512) when the registers they hold in flight do not fit; the
     pipelined kernels hold S, P and O at once, which fits only in the 240 registers setmaxnreg gives a consumer.
