@@ -242,9 +242,9 @@ def _wgmma_a_operands(body: str) -> tuple:
 
 
 def test_the_qregs_order_reads_q_from_registers():
-    """Ping-pong's Q K^T reads both operands from shared memory, its P V P from registers; the qregs order copies Q
-    into registers once an item (ldmatrix) and takes every wgmma's A operand from them, at d = 64 and 128, causal
-    and not: none of its wgmmas names a descriptor for A."""
+    """Ping-pong's Q K^T reads both operands from shared memory (its P V takes P from registers); the qregs order
+    copies Q into registers once an item (ldmatrix) and takes every wgmma's A operand from them, at d = 64 and 128,
+    causal and not: none of its wgmmas names a descriptor for A."""
     ptx = cuda_c.compile_ptx("attention_wgmma", "sm_90a")
     shared, regs = _wgmma_a_operands(cuda_c.ptx_entry(ptx, "flash_wgmma_d128_pingpong"))
     assert shared > 0 and regs > 0

@@ -28,10 +28,13 @@ WGMMA_SOURCE, WGMMA_BLOCK_M, WGMMA_HEAD_DIMS = "attention_wgmma", 128, (64, 128)
 # this one, one wait for both), "pipelined" (S of the next tile and P V of this one issued together, the softmax of
 # the next while P V runs), "pingpong" (pipelined, and the two consumers take turns at the tensor cores), "qregs"
 # (ping-pong with each consumer's rows of Q copied into registers once an item: Q K^T reads only K from shared
-# memory). The variants of a head dim differ only in that order: they share its tiles, WGMMA_TILES (keys a tile, stages of K and V).
+# memory). The variants of a head dim differ only in that order: they share its tiles, WGMMA_TILES (keys a tile,
+# stages of K and V).
 WGMMA_VARIANTS = {d: ("serial", "ahead", "pipelined", "pingpong", "qregs") for d in (64, 128)}
 WGMMA_TILES = {64: (128, 4), 128: (128, 3)}
-WGMMA_DEFAULT = {64: "serial", 128: "qregs"}  # the fastest on an H100 (records: the field)
+# The default: at d = 128 the fastest in the field (H100 and H200 records); at d = 64 (not in the field) serial is
+# the fastest causal on both GPUs, qregs full (A/B runs of 2026-11-26: 0.95-0.98x and 0.98-1.00x cuDNN).
+WGMMA_DEFAULT = {64: "serial", 128: "qregs"}
 LOG2E = 1.4426950408889634
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
 NUMBA_KERNELS = {"flash_forward_numba": "void(float32[:, :, ::1], float32[:, :, ::1], float32[:, :, ::1], "
