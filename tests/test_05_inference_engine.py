@@ -818,6 +818,25 @@ def test_network_kernel_compiles():
     assert "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32" in i8
 
 
+@needs_compiler
+def test_network_phase_stamps_compile():
+    """benchmarks/inference_engine_network_phases.py's copy of the network region: the region's own text with a clock
+    stamp at its start, after each of its four barriers and at its end (thread 0), compiled in place of the region."""
+    from benchmarks import inference_engine_network_phases as phases
+
+    region = phases.stamped_region()
+    assert region.count("clock64()") == len(phases.PHASES) + 1
+    assert region.replace("    if (threadIdx.x == 0) stamps[", "").count("__syncthreads();") == 4
+    plain = cuda_c.region(E.network.SOURCE, "network")
+    assert all(line in region for line in plain.splitlines())  # nothing of the region's own is changed
+    ptx = cuda_c.compile_ptx(E.network.SOURCE, "sm_80", edits={"network": region})
+    for p in ("f16", "i8"):
+        assert "%clock64" in cuda_c.ptx_entry(ptx, f"network_{p}_16")
+    row = {"precision": "int8", "what": "batch 256", "cycles": dict.fromkeys(phases.PHASES, 1000.0), "total": 5000.0}
+    assert "INT8, batch 256" in phases.text({"gpu": "a GPU", "batch": 256, "phases": list(phases.PHASES),
+                                             "rows": [row]})
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", E.PRECISIONS)
 def test_network_kernel_matches_the_numpy_runtime(model, precision):

@@ -54,17 +54,41 @@ enum { INV_IN, INV_STEM, INV_R3, INV_R5, INV_CAT };       // SCALARS: 1 / the IN
 extern __shared__ __align__(16) unsigned char net_smem[];
 
 // ------------------------------------------------------------------------- values as the plan stores them
-__device__ __forceinline__ void put(float* p, float v, float) { *p = v; }
-__device__ __forceinline__ void put(half* p, float v, float) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void put(int8* p, float v, float inv)
+// keep(t, v, inv): t = v as the plan stores it; returns the stored value as a float (INT8: the code; its scale is in
+// the head's weights). INT8 without the conversion unit (F2I and I2F issue at a quarter of the FP32 rate, and the
+// epilogue made three of them per output): v / scale, clamped to +-127, plus 1.5 x 2^23 is a float whose low
+// mantissa bits hold round(v / scale), to nearest with halves to even as __float2int_rn and NumPy's rint; its low byte
+// is the code, and the float less 1.5 x 2^23 the code's value.
+constexpr float NET_ROUND = 12582912.0f;  // 1.5 x 2^23
+__device__ __forceinline__ float keep(float& t, float v, float) { return t = v; }
+__device__ __forceinline__ float keep(half& t, float v, float)
 {
-    *p = (int8)max(-127, min(127, __float2int_rn(v * inv)));
+    t = __float2half_rn(v);
+    return __half2float(t);
 }
-__device__ __forceinline__ float got(float v) { return v; }
-__device__ __forceinline__ float got(half v) { return __half2float(v); }
-__device__ __forceinline__ float got(int8 v) { return (float)v; }  // INT8: the code (its scale: in the head's weights)
+__device__ __forceinline__ float keep(int8& t, float v, float inv, float lo = -127.0f)
+{
+    const float c = fminf(fmaxf(v * inv, lo), 127.0f) + NET_ROUND;
+    t = (int8)__float_as_int(c);
+    return c - NET_ROUND;
+}
+// keep(t, ReLU(v), inv): INT8's clamp at 0 is the ReLU (v / scale >= 0 exactly where v >= 0)
+__device__ __forceinline__ float relu(float v) { return v > 0.0f ? v : 0.0f; }  // (not fmaxf: -0 would order above
+                                                                                // +0 in max_packed)
+__device__ __forceinline__ float keep_relu(half& t, float v, float inv) { return keep(t, relu(v), inv); }
+__device__ __forceinline__ float keep_relu(int8& t, float v, float inv) { return keep(t, v, inv, 0.0f); }
+template <typename T>
+__device__ __forceinline__ void put(T* p, float v, float inv) { keep(*p, v, inv); }
+// two neighbouring channels' values with one store
+__device__ __forceinline__ void put_pair(half* p, half a, half b)
+{
+    *reinterpret_cast<__half2*>(p) = __halves2half2(a, b);
+}
+__device__ __forceinline__ void put_pair(int8* p, int8 a, int8 b)
+{
+    *reinterpret_cast<unsigned short*>(p) = (unsigned short)((unsigned char)a | (unsigned)(unsigned char)b << 8);
+}
 __device__ __forceinline__ unsigned bits(half v) { return __half_as_ushort(v); }
-__device__ __forceinline__ unsigned bits(int8 v) { return (unsigned char)v; }
 
 template <typename T> struct Acc { typedef float type; };
 template <> struct Acc<int8> { typedef int type; };
@@ -106,10 +130,13 @@ struct Tile {
     static constexpr int E = sizeof(T);
     static constexpr int XR = TR + 6, XC = 18;                               // image rows r0 - 3 .. r0 + TR + 2
     static constexpr int SR = TR + 4, SC = 18, SB = 1, SP = pitch_of(net::C * E);    // stem: rows r0 - 2 ..
+    // the input as the stem reads it: FP32 and FP16 the image rows (XR x XC); INT8 each stem pixel's 9 taps (its
+    // 3 x 3 window's codes, then 7 zero bytes: 16 bytes a pixel, SR x 16 pixels), the A operand of the stem's mma
+    static constexpr int X_BYTES = E == 1 ? SR * net::IMG * 16 : up16(XR * XC * E);
     static constexpr int R3R = TR + 2, R3C = 18, R3B = 1, R3P = pitch_of(net::R3 * E);  // rows r0 - 1 ..
     static constexpr int R5R = TR + 4, R5C = 20, R5B = 2, R5P = pitch_of(net::R5 * E);  // rows r0 - 2 ..
     static constexpr int X_AT = 0;
-    static constexpr int S_AT = X_AT + up16(XR * XC * E);
+    static constexpr int S_AT = X_AT + X_BYTES;
     static constexpr int R3_AT = S_AT + SR * SC * SP;
     static constexpr int R5_AT = R3_AT + R3R * R3C * R3P;
     static constexpr int POOL_AT = R5_AT + R5R * R5C * R5P;                  // float [TR][4][96]: each row's sums
@@ -130,14 +157,13 @@ struct Out {
     const float* scale;  // INT8 only: s_x s_w[k], from the int32 sum to real units
     float inv;           // INT8 only: 1 / the stored tensor's scale
 
-    template <typename A>
-    __device__ __forceinline__ float act(A sum, int k) const
+    __device__ __forceinline__ float pre(float sum, int k) const { return sum + __ldg(bias + k); }
+    __device__ __forceinline__ float pre(int sum, int k) const  // INT8: the product rounded before the bias is added
     {
-        float v = (float)sum;
-        if (scale) v *= __ldg(scale + k);
-        v += __ldg(bias + k);
-        return v > 0.0f ? v : 0.0f;  // (not fmaxf: -0 would order above +0 in max_packed)
+        return __fmul_rn((float)sum, __ldg(scale + k)) + __ldg(bias + k);
     }
+    template <typename A>
+    __device__ __forceinline__ float act(A sum, int k) const { return relu(pre(sum, k)); }
     template <typename T>
     __device__ __forceinline__ T* at_pixel(int r, int px, int k) const
     {
@@ -227,17 +253,10 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
                 float v[4];
                 T t[4];
 #pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    put(t + q, out.act(d[mi][j][q], k + q % 2), out.inv);
-                    v[q] = got(t[q]);
-                }
+                for (int q = 0; q < 4; ++q) v[q] = keep_relu(t[q], out.pre(d[mi][j][q], k + q % 2), out.inv);
                 if (!out.pool) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        T* p = out.at_pixel<T>(r, gid + 8 * h, k);
-                        p[0] = t[2 * h];
-                        p[1] = t[2 * h + 1];
-                    }
+                    for (int h = 0; h < 2; ++h) put_pair(out.at_pixel<T>(r, gid + 8 * h, k), t[2 * h], t[2 * h + 1]);
                 } else {  // the row's sums over pixels 4 pw .. 4 pw + 3: lanes gid, gid ^ 1, gid ^ 2, gid ^ 3
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
@@ -270,16 +289,21 @@ __device__ __forceinline__ void stem_mma(const T* x, int lo, int hi, const uint2
     for (int it = (warp + NET_WARPS - slot % NET_WARPS) % NET_WARPS; it < items; it += NET_WARPS) {
         const int r = lo + it;
         unsigned a[4];
+        if constexpr (sizeof(T) == 1) {  // taps 4 tig .. 4 tig + 3 of pixels gid and gid + 8: one word of each record
+            const unsigned* taps = reinterpret_cast<const unsigned*>(x) + r * net::IMG * 4 + tig;
+            a[0] = taps[gid * 4], a[1] = taps[(gid + 8) * 4], a[2] = a[3] = 0u;
+        } else {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {  // register q: pixel gid (+ 8 for odd q), taps KPR tig + 4 KPR (q / 2) ..
-            const int px = gid + 8 * (q % 2);
-            unsigned v = 0;
+            for (int q = 0; q < 4; ++q) {  // register q: pixel gid (+ 8 for odd q), taps KPR tig + 4 KPR (q / 2) ..
+                const int px = gid + 8 * (q % 2);
+                unsigned v = 0;
 #pragma unroll
-            for (int e = 0; e < KPR; ++e) {
-                const int k = KPR * tig + 4 * KPR * (q / 2) + e;
-                if (k < 9) v |= bits(x[(r + k / 3) * G::XC + px + k % 3]) << (8 * sizeof(T) * e);
+                for (int e = 0; e < KPR; ++e) {
+                    const int k = KPR * tig + 4 * KPR * (q / 2) + e;
+                    if (k < 9) v |= bits(x[(r + k / 3) * G::XC + px + k % 3]) << (8 * sizeof(T) * e);
+                }
+                a[q] = v;
             }
-            a[q] = v;
         }
         A d[4][4];
 #pragma unroll
@@ -293,9 +317,10 @@ __device__ __forceinline__ void stem_mma(const T* x, int lo, int hi, const uint2
             const int k = j * 8 + 2 * tig;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                T* p = out.at_pixel<T>(r, gid + 8 * h, k);
-                put(p, out.act(d[j][2 * h], k), out.inv);
-                put(p + 1, out.act(d[j][2 * h + 1], k + 1), out.inv);
+                T even, odd;  // channels k and k + 1
+                keep_relu(even, out.pre(d[j][2 * h], k), out.inv);
+                keep_relu(odd, out.pre(d[j][2 * h + 1], k + 1), out.inv);
+                put_pair(out.at_pixel<T>(r, gid + 8 * h, k), even, odd);
             }
         }
     }
@@ -409,14 +434,20 @@ __device__ __forceinline__ void head(const float* pool, float* red, int n, int t
                                      const float* __restrict__ wd, const float* __restrict__ bd, float* logits,
                                      float* partial, int* done)
 {
+    // RPP of the tile's rows fall in each of its PR rows of pooled pixels: their sums are added first, so that each
+    // of the dense layer's weights is read once
     constexpr int TILES = net::IMG / TR, PER_ROW = net::POOL * net::CAT;
+    constexpr int RPP = TR < net::POOL ? TR : net::POOL, PR = TR / RPP;
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     float z[net::O];
 #pragma unroll
     for (int o = 0; o < net::O; ++o) z[o] = 0.0f;
-    for (int e = tid; e < TR * PER_ROW; e += NET_THREADS) {
-        const float p = pool[e];
-        const float* w = wd + ((size_t)((r0 + e / PER_ROW) / net::POOL) * PER_ROW + e % PER_ROW) * net::O;
+    for (int e = tid; e < PR * PER_ROW; e += NET_THREADS) {
+        const int pr = e / PER_ROW, c = e % PER_ROW;
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < RPP; ++i) p += pool[(pr * RPP + i) * PER_ROW + c];
+        const float* w = wd + ((size_t)(r0 / net::POOL + pr) * PER_ROW + c) * net::O;
 #pragma unroll
         for (int o = 0; o < net::O; o += 2) {
             const float2 v = __ldg(reinterpret_cast<const float2*>(w + o));
@@ -486,13 +517,27 @@ __device__ __forceinline__ void network(const float* __restrict__ x, const unsig
     auto scale = [&](int section) { return int8_plan ? f(section) : nullptr; };
 
     // 0. Zeros in the planes (their borders, and rows outside the image, are the next layers' padding), and the
-    //    image rows the tile sees, as the plan stores its input
+    //    image as the stem reads it (Tile::X_BYTES), in the plan's precision
     for (int e = tid; e < (G::POOL_AT - G::S_AT) / 16; e += NET_THREADS)
         reinterpret_cast<uint4*>(smem + G::S_AT)[e] = make_uint4(0u, 0u, 0u, 0u);
-    for (int e = tid; e < G::XR * G::XC; e += NET_THREADS) {
-        const int r = r0 - 3 + e / G::XC, c = e % G::XC - 1;
-        put(xs + e, r >= 0 && r < IMG && c >= 0 && c < IMG ? __ldg(x + (n * IMG + r) * IMG + c) : 0.0f,
-            __ldg(inv + INV_IN));
+    auto pixel = [&](int r, int c) {  // the image's pixel, zero outside it
+        return r >= 0 && r < IMG && c >= 0 && c < IMG ? __ldg(x + (n * IMG + r) * IMG + c) : 0.0f;
+    };
+    if constexpr (sizeof(T) == 1) {  // INT8: each stem pixel's taps (row r0 - 2 + e / 16, column e % 16), coded
+        for (int e = tid; e < G::SR * IMG; e += NET_THREADS) {
+            const int r = r0 - 3 + e / IMG, c = e % IMG - 1;
+            unsigned word[3] = {0u, 0u, 0u};
+#pragma unroll
+            for (int k = 0; k < 9; ++k) {
+                int8 code;
+                keep(code, pixel(r + k / 3, c + k % 3), __ldg(inv + INV_IN));
+                word[k / 4] |= (unsigned)(unsigned char)code << (8 * (k % 4));
+            }
+            reinterpret_cast<uint4*>(xs)[e] = make_uint4(word[0], word[1], word[2], 0u);
+        }
+    } else {
+        for (int e = tid; e < G::XR * G::XC; e += NET_THREADS)
+            put(xs + e, pixel(r0 - 3 + e / G::XC, e % G::XC - 1), __ldg(inv + INV_IN));
     }
     __syncthreads();
 

@@ -230,7 +230,8 @@ def smem_bytes(precision: str, rows: int) -> int:
     odd number of 16 bytes), each row's pooled sums, and the head's partial sums."""
     e = ITEM[precision]
     pitch = lambda b: b if (b // 16) % 2 else b + 16  # noqa: E731
-    return (-(-(rows + 6) * 18 * e // 16) * 16 + (rows + 4) * 18 * pitch(C * e) + (rows + 2) * 18 * pitch(R3 * e)
+    image = (rows + 4) * IMG * 16 if e == 1 else -(-(rows + 6) * 18 * e // 16) * 16  # INT8: each stem pixel's taps
+    return (image + (rows + 4) * 18 * pitch(C * e) + (rows + 2) * 18 * pitch(R3 * e)
             + (rows + 4) * 20 * pitch(R5 * e) + rows * POOL * CAT * 4 + (THREADS // 32 * O + 4) * 4)
 
 
