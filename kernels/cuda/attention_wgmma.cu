@@ -126,16 +126,19 @@ __device__ __forceinline__ void scale_rows(float (&o)[D / 16][8], const float (&
     for (int e = 0; e < 8; ++e) o[j][e] *= alpha[(e >> 1) & 1];
 }
 
-// S = Q K^T for this consumer's 64 rows: D / 16 wgmmas of k = 16. Q's and K's tiles are D / 64 boxes of 64 columns
-// (128 bytes: one row of the swizzle) each; k steps 32 bytes within a box, then to the next box.
+// The descriptor of k step kk (16 columns) of a tile of ROWS rows stored as the TMA writes Q's and K's: D / 64 boxes
+// of 64 columns (128 bytes: one row of the swizzle) each; k steps 32 bytes within a box, then to the next box.
+template <int ROWS>
+__device__ __forceinline__ unsigned long long k_step_desc(unsigned tile, int kk) {
+  return make_desc(tile + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
+}
+
+// S = Q K^T for this consumer's 64 rows: D / 16 wgmmas of k = 16, both operands from shared memory.
 template <int D, int BM, int BN>
 __device__ __forceinline__ void issue_scores(float (&s)[BN / 16][8], unsigned q_addr, unsigned k_addr) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) {
-    const unsigned long long da = make_desc(q_addr + (kk / 4) * BM * 128 + (kk % 4) * 32, 16, 1024);
-    const unsigned long long db = make_desc(k_addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024);
-    wgmma_k16<BN, 0>(s, da, db, kk > 0);
-  }
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_k16<BN, 0>(s, k_step_desc<BM>(q_addr, kk), k_step_desc<BN>(k_addr, kk), kk > 0);
 }
 
 // O += P V: BN / 16 wgmmas of k = 16 (16 keys each), P from registers, V's tile MN-major (a key's D values are
@@ -165,8 +168,7 @@ template <int D, int BN>
 __device__ __forceinline__ void issue_scores_rs(float (&s)[BN / 16][8], const unsigned (&qa)[D / 16][4],
                                                 unsigned k_addr) {
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_rs<BN, 0>(s, qa[kk], make_desc(k_addr + (kk / 4) * BN * 128 + (kk % 4) * 32, 16, 1024), kk > 0);
+  for (int kk = 0; kk < D / 16; ++kk) wgmma_rs<BN, 0>(s, qa[kk], k_step_desc<BN>(k_addr, kk), kk > 0);
 }
 #endif  // GPUCOURSE_WGMMA
 
