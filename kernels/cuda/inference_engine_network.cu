@@ -108,9 +108,6 @@ __device__ __forceinline__ unsigned max_packed(unsigned a, unsigned b)
 __device__ __forceinline__ void net_mma(float (&d)[4], const unsigned (&a)[4], uint2 b) { mma16816(d, a, b.x, b.y); }
 __device__ __forceinline__ void net_mma(int (&d)[4], const unsigned (&a)[4], uint2 b) { mma16832(d, a, b.x, b.y); }
 
-// Ask for the 128-byte line at p in L1 (and L2), without waiting for it
-__device__ __forceinline__ void net_prefetch(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 __device__ __forceinline__ unsigned net_dynamic_smem()
 {
     unsigned v;
@@ -162,6 +159,9 @@ struct Out {
     {
         return __fmul_rn((float)sum, __ldg(scale + k)) + __ldg(bias + k);
     }
+    // the same with channel k's scale and bias already in registers (s: INT8 only)
+    __device__ __forceinline__ float pre(float sum, float, float b) const { return sum + b; }
+    __device__ __forceinline__ float pre(int sum, float s, float b) const { return __fmul_rn((float)sum, s) + b; }
     template <typename A>
     __device__ __forceinline__ float act(A sum, int k) const { return relu(pre(sum, k)); }
     template <typename T>
@@ -191,6 +191,12 @@ __device__ __forceinline__ Out to_pool(float* pool, int at, const float* bias, c
 // fragment with one ldmatrix (each lane gives the address of one pixel's 16 bytes of the tap: the im2col matrix is
 // never formed). MAXPOOL: the A operand is the max over the 3 x 3 window around each pixel (the max pool before
 // the pool branch's 1 x 1). `slot`: the items of the phase's earlier layers, so that warps share the phase evenly.
+// A 1 x 1 layer whose items each take all NT n tiles uses the same B fragments, scales and biases in every item:
+// they are loaded once, before the first.
+// The tile's 16 rows are the row's pixels in the order perm (0 2 4 6 9 11 13 15, then 1 3 5 7 8 10 12 14): the two
+// rows a lane's sums hold (g and g + 8) are neighbours, and lanes g and g ^ 1 hold one pooling window of 4 pixels,
+// so a window's sum is one addition in the lane and one shuffle (in the order the plan adds them: the two pairs,
+// then their sums); each half of the order is 8 pixels in 8 different groups of banks, as ldmatrix needs.
 template <typename T, int KS, int CIN, int COLS, int BORDER, int PITCH, int NT, int MG, int NG, bool MAXPOOL>
 __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, int lo, int hi,
                                          const uint2* __restrict__ wf, int ntw, int nt0, int& slot, const Out& out)
@@ -198,8 +204,25 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
     typedef typename Acc<T>::type A;
     constexpr int CB = CIN * (int)sizeof(T), STEPS = (KS * KS * CB + 31) / 32, TAPS = KS * KS;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, gid = lane / 4, tig = lane % 4;
-    const int lpx = lane % 8 + 8 * ((lane / 8) % 2), lhalf = lane / 16;  // this lane's ldmatrix row: pixel, 16 bytes
+    auto perm = [](int i) { return (2 * (i % 8) + (i % 8 >= 4)) ^ (i / 8); };  // the tile's row i: pixel perm(i)
+    const int lpx = perm(lane % 8 + 8 * ((lane / 8) % 2)), lhalf = lane / 16;  // this lane's ldmatrix row, 16 bytes
     const int groups = (hi - lo + MG - 1) / MG, items = groups * (NT / NG);
+    constexpr bool SAME = KS == 1 && NG == NT;  // every item the same weights: in registers
+    uint2 wr[SAME ? STEPS : 1][NG];
+    float sr[NG][2], br[NG][2];
+    if constexpr (SAME) {
+#pragma unroll
+        for (int s = 0; s < STEPS; ++s)
+#pragma unroll
+            for (int j = 0; j < NG; ++j) wr[s][j] = __ldg(wf + (s * ntw + nt0 + j) * 32 + lane);
+#pragma unroll
+        for (int j = 0; j < NG; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                br[j][e] = __ldg(out.bias + j * 8 + 2 * tig + e);
+                sr[j][e] = sizeof(T) == 1 ? __ldg(out.scale + j * 8 + 2 * tig + e) : 1.0f;
+            }
+    }
     for (int it = (warp + NET_WARPS - slot % NET_WARPS) % NET_WARPS; it < items; it += NET_WARPS) {
         const int g = it / (NT / NG), nb = (it % (NT / NG)) * NG;
         const unsigned char* row[MG];
@@ -219,7 +242,10 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
         for (int s = 0; s < STEPS; ++s) {
             uint2 b[NG];
 #pragma unroll
-            for (int j = 0; j < NG; ++j) b[j] = __ldg(wf + (s * ntw + nt0 + nb + j) * 32 + lane);
+            for (int j = 0; j < NG; ++j) {
+                if constexpr (SAME) b[j] = wr[s][j];
+                else b[j] = __ldg(wf + (s * ntw + nt0 + nb + j) * 32 + lane);
+            }
             // this lane's 16 bytes of step s: tap t, channel byte cb (taps past the last: zero weights, any pixel)
             const int kb = s * 32 + lhalf * 16, t = kb / CB < TAPS ? kb / CB : 0, cb = kb / CB < TAPS ? kb % CB : 0;
             const int off = ((t / KS) * COLS + t % KS) * PITCH + cb;
@@ -242,7 +268,8 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
                 for (int j = 0; j < NG; ++j) net_mma(d[mi][j], a, b[j]);
             }
         }
-        // the epilogue: lane (gid, tig) holds pixels gid and gid + 8, channels 2 tig and 2 tig + 1 of each n tile
+        // the epilogue: lane (gid, tig) holds pixels perm(gid) and perm(gid + 8) (neighbours), channels 2 tig and
+        // 2 tig + 1 of each n tile
 #pragma unroll
         for (int mi = 0; mi < MG; ++mi) {
             const int r = lo + g * MG + mi;
@@ -253,21 +280,25 @@ __device__ __forceinline__ void conv_mma(const unsigned char* in, int in_row0, i
                 float v[4];
                 T t[4];
 #pragma unroll
-                for (int q = 0; q < 4; ++q) v[q] = keep_relu(t[q], out.pre(d[mi][j][q], k + q % 2), out.inv);
+                for (int q = 0; q < 4; ++q) {
+                    float pre;
+                    if constexpr (SAME) pre = out.pre(d[mi][j][q], sr[j][q % 2], br[j][q % 2]);
+                    else pre = out.pre(d[mi][j][q], k + q % 2);
+                    v[q] = keep_relu(t[q], pre, out.inv);
+                }
                 if (!out.pool) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) put_pair(out.at_pixel<T>(r, gid + 8 * h, k), t[2 * h], t[2 * h + 1]);
-                } else {  // the row's sums over pixels 4 pw .. 4 pw + 3: lanes gid, gid ^ 1, gid ^ 2, gid ^ 3
+                    for (int h = 0; h < 2; ++h)
+                        put_pair(out.at_pixel<T>(r, perm(gid + 8 * h), k), t[2 * h], t[2 * h + 1]);
+                } else {  // the row's sums over pooling window gid / 2: this lane's two pixels, then lane gid ^ 1's
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
+                    for (int q = 0; q < 2; ++q) {
+                        v[q] += v[q + 2];
                         v[q] += __shfl_xor_sync(0xffffffffu, v[q], 4);
-                        v[q] += __shfl_xor_sync(0xffffffffu, v[q], 8);
                     }
-                    if (gid % 4 == 0) {  // pixels 0-3 (pw 0) and 8-11 (pw 2) for gid 0, 4-7 and 12-15 for gid 4
-                        float* p = out.pool + (r * net::POOL + gid / 4) * net::CAT + out.at + k;
-                        *reinterpret_cast<float2*>(p) = make_float2(v[0], v[1]);
-                        *reinterpret_cast<float2*>(p + 2 * net::CAT) = make_float2(v[2], v[3]);
-                    }
+                    if (gid % 2 == 0)
+                        *reinterpret_cast<float2*>(out.pool + (r * net::POOL + gid / 2) * net::CAT + out.at + k) =
+                            make_float2(v[0], v[1]);
                 }
             }
         }
@@ -408,7 +439,8 @@ __device__ __forceinline__ void conv_simt(const unsigned char* in_bytes, int in_
 
 // One layer: on the tensor cores (FP16, INT8) or the CUDA cores (FP32), with the split of its work that gives the
 // 8 warps (256 threads) about one item each: KS > 1 (the 3 x 3 and 5 x 5 branches, most of the work) in smaller
-// items when the tile has fewer rows.
+// items when the tile has fewer rows; with a whole image a block, two rows an item (the max pool's 1 x 1, nine
+// loads a step, one).
 // w: the layer's weights, ldw output channels of which this call computes NCH from channel ch0.
 template <typename T, int TR, int KS, int CIN, int NCH, int COLS, int BORDER, int PITCH, bool MAXPOOL = false>
 __device__ __forceinline__ void layer(const unsigned char* in, int in_row0, int lo, int hi, const unsigned char* w,
@@ -419,7 +451,8 @@ __device__ __forceinline__ void layer(const unsigned char* in, int in_row0, int 
         conv_simt<KS, CIN, COLS, BORDER, PITCH, NCH, CHT, MAXPOOL>(
             in, in_row0, lo, hi, reinterpret_cast<const float*>(w) + ch0, ldw, slot, out);
     } else {
-        constexpr int NT = NCH / 8, MG = KS > 1 && TR >= 16 ? 2 : 1, NG = KS == 1 || TR >= 8 ? NT : NT / 2;
+        constexpr int NT = NCH / 8, MG = TR >= 16 && (KS > 1 || !MAXPOOL) ? 2 : 1;
+        constexpr int NG = KS == 1 || TR >= 8 ? NT : NT / 2;
         conv_mma<T, KS, CIN, COLS, BORDER, PITCH, NT, MG, NG, MAXPOOL>(
             in, in_row0, lo, hi, reinterpret_cast<const uint2*>(w), ldw / 8, ch0 / 8, slot, out);
     }
@@ -502,13 +535,6 @@ __device__ __forceinline__ void network(const float* __restrict__ x, const unsig
     auto w = [&](int section) { return blob + __ldg(off + section); };
     auto f = [&](int section) { return reinterpret_cast<const float*>(w(section)); };
     const float* inv = f(SCALARS);
-    // the weights this block reads, on their way to L1 while it sets up (the loop over a layer's reduction would
-    // otherwise wait for L2 at each step): every convolution's, and the dense layer's rows of this tile's rows
-    for (int e = tid * 128; e < __ldg(off + W_DENSE) - __ldg(off + W_STEM); e += NET_THREADS * 128)
-        net_prefetch(w(W_STEM) + e);
-    constexpr int DENSE_ROW = POOL * CAT * O * 4;  // bytes of the dense weights a row of pooled pixels reads
-    for (int e = tid * 128; e < ((TR + POOL - 1) / POOL) * DENSE_ROW; e += NET_THREADS * 128)
-        net_prefetch(w(W_DENSE) + (r0 / POOL) * DENSE_ROW + e);
     unsigned char* smem = net_smem;
     T* xs = reinterpret_cast<T*>(smem + G::X_AT);
     unsigned char *S = smem + G::S_AT, *R3p = smem + G::R3_AT, *R5p = smem + G::R5_AT;
