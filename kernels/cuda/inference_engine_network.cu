@@ -439,8 +439,8 @@ __device__ __forceinline__ void conv_simt(const unsigned char* in_bytes, int in_
 
 // One layer: on the tensor cores (FP16, INT8) or the CUDA cores (FP32), with the split of its work that gives the
 // 8 warps (256 threads) about one item each: KS > 1 (the 3 x 3 and 5 x 5 branches, most of the work) in smaller
-// items when the tile has fewer rows; with a whole image a block, two rows an item (the max pool's 1 x 1, nine
-// loads a step, one).
+// items when the tile has fewer rows; with a whole image a block, two rows an item (one for the max pool's 1 x 1,
+// whose steps make nine loads each).
 // w: the layer's weights, ldw output channels of which this call computes NCH from channel ch0.
 template <typename T, int TR, int KS, int CIN, int NCH, int COLS, int BORDER, int PITCH, bool MAXPOOL = false>
 __device__ __forceinline__ void layer(const unsigned char* in, int in_row0, int lo, int hi, const unsigned char* w,
