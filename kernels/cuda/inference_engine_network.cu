@@ -154,14 +154,13 @@ struct Out {
     const float* scale;  // INT8 only: s_x s_w[k], from the int32 sum to real units
     float inv;           // INT8 only: 1 / the stored tensor's scale
 
-    __device__ __forceinline__ float pre(float sum, int k) const { return sum + __ldg(bias + k); }
-    __device__ __forceinline__ float pre(int sum, int k) const  // INT8: the product rounded before the bias is added
-    {
-        return __fmul_rn((float)sum, __ldg(scale + k)) + __ldg(bias + k);
-    }
-    // the same with channel k's scale and bias already in registers (s: INT8 only)
+    // channel k's sum in real units plus its bias, from its scale s (INT8 only) and bias b in registers; INT8 rounds
+    // the product before the bias is added
     __device__ __forceinline__ float pre(float sum, float, float b) const { return sum + b; }
     __device__ __forceinline__ float pre(int sum, float s, float b) const { return __fmul_rn((float)sum, s) + b; }
+    // the same, loading them
+    __device__ __forceinline__ float pre(float sum, int k) const { return pre(sum, 1.0f, __ldg(bias + k)); }
+    __device__ __forceinline__ float pre(int sum, int k) const { return pre(sum, __ldg(scale + k), __ldg(bias + k)); }
     template <typename A>
     __device__ __forceinline__ float act(A sum, int k) const { return relu(pre(sum, k)); }
     template <typename T>
