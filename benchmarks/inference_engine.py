@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import inference_engine_network_phases as network_phases
 from benchmarks import inference_engine_pytorch as pytorch_reference
 from benchmarks import inference_engine_resnet
 from gpucourse.records import Figure
@@ -309,6 +310,7 @@ def run() -> tuple:
     figures["plan"] = plan_round_trip(plan, d, build_s)
     figures["cudnn"] = cudnn_table(engines)
     figures["pytorch"] = pytorch_table(g, engines, d)
+    figures["network_phases"] = network_phases.measure()
     return figures, ceilings
 
 
@@ -488,6 +490,8 @@ FIGURES = {  # run() builds the engines once for all of them; alone, each builds
     "plan": Figure(measure_plan),
     "cudnn": Figure(measure_cudnn),
     "pytorch": Figure(measure_pytorch, optional=True),
+    # where a call of the one-kernel network spends its time, FP16 and INT8 (benchmarks/inference_engine_network_phases.py)
+    "network_phases": Figure(network_phases.measure, network_phases.plot, network_phases.text, optional=True),
     # ResNet-50 at 224 x 224 beside PyTorch (benchmarks/inference_engine_resnet.py): its own run, not part of run()'s
     "resnet": Figure(inference_engine_resnet.measure, inference_engine_resnet.plot, inference_engine_resnet.text,
                      optional=True),

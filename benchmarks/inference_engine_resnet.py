@@ -506,3 +506,65 @@ def plot(t: dict, source: str, **_):
                             (xs, [max(r["compute_ms"], r["memory_ms"]) * 1e3 for r in convs])},
                        xlabel="convolution (in network order)", ylabel="µs at batch 64", logx=False, source=source,
                        title="ResNet-50 FP16 through the engine: each convolution against its floor")
+
+
+def mixed_bound(t: dict) -> dict:
+    """What the mixed plans (``MIXED``: the layers that keep the top-1 agreement at 99% stay in FP16) could reach
+    with perfect 8-bit kernels, from the per-layer times of one run: the FP16 plan's steps summed, against the same
+    sum with the 8-bit layers as measured in the mixed plan, at half their FP16 time (the 8-bit tensor cores' rate is
+    twice FP16's, their bytes half), and at their 8-bit floors (the larger of FLOPs at twice the FP16 peak and bytes
+    at one byte an element over the measured bandwidth); the reformat steps as measured. Returns {plan: {"share": the
+    8-bit layers' part of the FP16 plan's time, "top1": agreement, "everywhere": speed-up of the plan in 8 bits
+    everywhere, "measured" / "half" / "floor": speed-ups over the FP16 plan}}."""
+    fp16 = t["layers"]
+    total = sum(r["ms"] for r in fp16)
+    out = {}
+    for key, plan in t.get("layers_by_plan", {}).items():
+        row = t["engine"].get(key, {})
+        keep = row.get("keep_fp16")
+        if not keep:
+            continue
+        eight = [r for r in fp16 if r["kind"] == "conv" and not any(r["name"].startswith(k) for k in keep)]
+        t8 = sum(r["ms"] for r in eight)
+        reformat = sum(r["ms"] for r in plan if r["kind"] == "reformat")
+        floor = sum(max(r["compute_ms"], r["memory_ms"]) / 2 for r in eight)
+        everywhere = key.replace(" (mixed)", "")
+        out[key] = {"share": t8 / total,
+                    "top1": t.get("agreement", {}).get(key, {}).get("top1"),
+                    "everywhere": (total / sum(r["ms"] for r in t["layers_by_plan"][everywhere])
+                                   if everywhere in t["layers_by_plan"] else None),
+                    "top1_everywhere": t.get("agreement", {}).get(everywhere, {}).get("top1"),
+                    "measured": total / sum(r["ms"] for r in plan),
+                    "half": total / (total - t8 + t8 / 2 + reformat),
+                    "floor": total / (total - t8 + floor + reformat)}
+    return out
+
+
+def mixed_bound_text(t: dict) -> str:
+    goal = GOALS["int8_vs_fp16"]
+    lines = [f"speed over the FP16 plan at batch {t['batch']}, from the per-layer times summed (goal {goal:g}x with "
+             f"{100 * GOALS['top1_agreement']:.0f}% top-1 agreement):"]
+    for key, b in mixed_bound(t).items():
+        p = key.split(" ")[0]
+        if b["everywhere"]:
+            lines.append(f"  {p} everywhere: {b['everywhere']:.2f}x, top-1 {100 * (b['top1_everywhere'] or 0):.1f}%")
+        lines.append(f"  {p}, mixed ({100 * b['share']:.0f}% of the FP16 plan's time in 8 bits): {b['measured']:.2f}x "
+                     f"measured, top-1 {100 * (b['top1'] or 0):.1f}%; {b['half']:.2f}x with those layers at half their "
+                     f"FP16 time, {b['floor']:.2f}x at their 8-bit floors")
+    return "\n".join(lines)
+
+
+def plot_mixed_bound(t: dict, source: str, **_):
+    """The 8-bit plans' speed over FP16, measured and with perfect 8-bit kernels in the mixed plans, against the goal."""
+    from gpucourse import plots
+
+    values = {}
+    for key, b in mixed_bound(t).items():
+        p = key.split(" ")[0]
+        if b["everywhere"]:
+            values[f"{p} everywhere ({100 * (b['top1_everywhere'] or 0):.1f}% agree)"] = b["everywhere"]
+        values[f"{p} mixed, measured ({100 * (b['top1'] or 0):.1f}%)"] = b["measured"]
+        values[f"{p} mixed, 8-bit layers at half FP16's time"] = b["half"]
+        values[f"{p} mixed, 8-bit layers at their floors"] = b["floor"]
+    return plots.bars(values, unit="x FP16", source=source, goal=("goal", GOALS["int8_vs_fp16"]),
+                      title=f"ResNet-50, batch {t['batch']}: the 8-bit plans' speed over the FP16 plan")

@@ -1,4 +1,5 @@
-"""The course's figures: a roofline, bars against a ceiling, measured lines against a model.
+"""The course's figures: a roofline, bars against a ceiling or a goal, stacked bars (where a call's time goes),
+measured lines against a model.
 
 Every figure carries its source: "measured here on <GPU>" or "recorded on <GPU> on <date>" (``source``),
 so recorded numbers are never mistaken for the learner's own.
@@ -55,8 +56,10 @@ def number(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
-def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | None = None):
-    """Horizontal bars (one per kernel or library call), with an optional (label, value) ceiling."""
+def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | None = None,
+         goal: tuple | None = None):
+    """Horizontal bars (one per kernel or library call), with an optional (label, value) ceiling (each bar's
+    fraction of it printed beside the bar) or an optional (label, value) goal (a line only)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(values) + 1.8))
     names = list(values)
@@ -65,12 +68,39 @@ def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | N
     for i, v in enumerate(vals):
         text = f"{number(v)} {unit}" + (f"  ({v / ceiling[1]:.2f}x)" if ceiling else "")
         ax.text(v, i, " " + text, va="center", fontsize=8)
-    if ceiling:
-        ax.axvline(ceiling[1], color="tab:red", ls="--", label=f"{ceiling[0]}: {number(ceiling[1])} {unit}")
-        ax.legend(fontsize=8, loc="lower right")
+    for line, style in ((ceiling, "--"), (goal, ":")):
+        if line:
+            ax.axvline(line[1], color="tab:red", ls=style, label=f"{line[0]}: {number(line[1])} {unit}")
+            ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
     ax.set_xlabel(unit)
-    ax.set_xlim(0, max(vals + ([ceiling[1]] if ceiling else [])) * 1.35)
+    ax.set_xlim(0, max(vals + [line[1] for line in (ceiling, goal) if line]) * 1.35)
+    return _finish(ax, title, source)
+
+
+def stacked(rows: dict, *, unit: str, source: str, title: str, goal: tuple | None = None):
+    """Horizontal bars split into parts (where one call's time goes): rows {bar: {part: value}}, every bar the
+    same parts in the same order, each part one colour; the bar's total printed at its end; an optional (label,
+    value) goal as a line."""
+    plt = _plt()
+    names = list(rows)
+    parts = list(rows[names[0]]) if names else []
+    if any(list(rows[n]) != parts for n in names):
+        raise CourseInputError(f"stacked: every bar needs the parts {parts}, in that order")
+    fig, ax = plt.subplots(figsize=(8, 0.55 * len(names) + 2.2))
+    left = np.zeros(len(names))
+    for i, part in enumerate(parts):
+        vals = np.array([rows[n][part] for n in names], dtype=float)
+        ax.barh(names, vals, left=left, label=part, color=plt.get_cmap("tab20")(i))
+        left += vals
+    for i, total in enumerate(left):
+        ax.text(total, i, f" {number(total)} {unit}", va="center", fontsize=8)
+    if goal:
+        ax.axvline(goal[1], color="tab:red", ls=":", label=f"{goal[0]}: {number(goal[1])} {unit}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    ax.set_xlim(0, max(list(left) + ([goal[1]] if goal else [])) * 1.2)
     return _finish(ax, title, source)
 
 

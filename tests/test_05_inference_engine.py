@@ -826,15 +826,64 @@ def test_network_phase_stamps_compile():
 
     region = phases.stamped_region()
     assert region.count("clock64()") == len(phases.PHASES) + 1
+    assert region.count("%%globaltimer") == 2  # the block's start and end, for the kernel's span
     assert region.replace("    if (threadIdx.x == 0) stamps[", "").count("__syncthreads();") == 4
     plain = cuda_c.region(E.network.SOURCE, "network")
     assert all(line in region for line in plain.splitlines())  # nothing of the region's own is changed
     ptx = cuda_c.compile_ptx(E.network.SOURCE, "sm_80", edits={"network": region})
     for p in ("f16", "i8"):
         assert "%clock64" in cuda_c.ptx_entry(ptx, f"network_{p}_16")
+        assert "%globaltimer" in cuda_c.ptx_entry(ptx, f"network_{p}_16")
     row = {"precision": "int8", "what": "batch 256", "cycles": dict.fromkeys(phases.PHASES, 1000.0), "total": 5000.0}
     assert "INT8, batch 256" in phases.text({"gpu": "a GPU", "batch": 256, "phases": list(phases.PHASES),
                                              "rows": [row]})
+
+
+def _phases_figure(spans=(18.0, 16.0), calls=(20.0, 17.5)):
+    from benchmarks import inference_engine_network_phases as phases
+
+    def row(p, cycles, span):
+        return {"precision": p, "what": "batch 256", "blocks": 256, "sms": 132, "total": float(sum(cycles)),
+                "cycles": dict(zip(phases.PHASES, map(float, cycles))), "span_us": span, "start_spread_us": 0.2}
+    return {"gpu": "a GPU", "batch": 256, "runs": 5, "phases": list(phases.PHASES),
+            "rows": [row("fp16", [2000, 1600, 7000, 16000, 4400], spans[0]),
+                     row("int8", [2500, 2000, 8000, 11000, 4000], spans[1])],
+            "call_us": {"fp16": calls[0], "int8": calls[1]}}
+
+
+def test_the_phases_bound_models_int8_with_the_faster_cycles_and_half_fp16s_branches():
+    """benchmarks/inference_engine_network_phases.bound: a block's cycles become the span in proportion (INT8's
+    microseconds a cycle), each call adds its measured launch and gap, and end to end the engines' host time; the
+    models take the faster precision's cycles in each phase outside the branches, then half FP16's branches; the
+    ratios are FP16's call over each."""
+    from benchmarks import inference_engine_network_phases as phases
+
+    t = _phases_figure()
+    b = phases.bound(t)
+    assert not b["end_to_end"] and set(b["rows"]["FP16, measured"]) == set(phases.PHASES) | {"launch and gap"}
+    assert sum(b["rows"]["FP16, measured"].values()) == pytest.approx(20.0)  # span + launch and gap = the call
+    assert sum(b["rows"]["INT8, measured"].values()) == pytest.approx(17.5)
+    us = 16.0 / 27500  # INT8's span over its cycles
+    elsewhere = (2000 + 1600 + 7000 + 11000 + 4000) * us + 1.5  # FP16's image, stem and 1 x 1, INT8's head
+    ideal = (2000 + 1600 + 7000 + 8000 + 4000) * us + 1.5
+    assert b["ratio"]["INT8, the faster precision's cycles outside the branches"] == pytest.approx(20.0 / elsewhere)
+    assert b["ratio"]["INT8, that and the branches at half FP16's"] == pytest.approx(20.0 / ideal)
+    assert b["rows"]["INT8, that and the branches at half FP16's"]["3x3/5x5"] == pytest.approx(8000 * us)
+    engines = {"rows": [{"name": f"{bench_lesson.NETWORK}, FP16", "batch": 256, "batch_ms": 0.023,
+                         "batch_gpu_ms": 0.020},
+                        {"name": f"{bench_lesson.NETWORK}, INT8", "batch": 256, "batch_ms": 0.0205,
+                         "batch_gpu_ms": 0.0175}]}
+    e = phases.bound(t, engines)
+    assert e["end_to_end"] and e["rows"]["INT8, measured"]["host"] == pytest.approx(3.0)
+    assert e["ratio"]["INT8, measured"] == pytest.approx(23.0 / 20.5)
+    assert e["ratio"]["INT8, that and the branches at half FP16's"] == pytest.approx(23.0 / (ideal + 3.0))
+    assert "goal 1.3x" in phases.bound_text(e) and "end to end" in phases.bound_text(e)
+    assert "launch and gap 2.0 µs" in phases.text(t)
+    fig = phases.plot(t, "a test", engines=engines)
+    assert fig.axes[0].get_legend() is not None
+    assert not phases.bound(t, {"rows": engines["rows"][:1]})["end_to_end"]  # a record without INT8's row
+    with pytest.raises(ValueError, match="int8"):
+        phases.bound({**t, "rows": t["rows"][:1]})
 
 
 @pytest.mark.gpu

@@ -737,3 +737,31 @@ def test_a_compile_run_of_one_batch_size_keeps_the_others_from_the_record(monkey
     assert "batch  1: engine 0.324 ms, torch.compile 0.500 ms: the engine 1.54x" in text
     assert "batch 64: engine 2.200 ms, torch.compile 2.700 ms: the engine 1.23x" in text
     assert "(run of 2026-11-25 04:55 UTC)" in text and "(run of 2026-11-25 23:29 UTC)" in text
+
+
+def test_the_mixed_plans_bound_takes_their_8_bit_layers_at_half_and_at_their_floors():
+    """benchmarks/inference_engine_resnet.mixed_bound on a record of four layers: the layers the mixed plan keeps
+    in FP16 (by prefix) stay as the FP16 plan ran them, the others at half their FP16 time or at their 8-bit floors
+    (half the larger FP16 floor), the reformat as measured; the plan in 8 bits everywhere beside it."""
+    from benchmarks import inference_engine_resnet as R
+
+    def conv(name, ms, compute, memory):
+        return {"name": name, "kind": "conv", "ms": ms, "compute_ms": compute, "memory_ms": memory}
+    fp16 = [{"name": "conv1_conv+pool1_pool", "kind": "stem", "ms": 1.0}, conv("conv2_block1_1_conv", 2.0, 0.5, 1.0),
+            conv("conv5_block1_1_conv", 3.0, 1.0, 0.4), {"name": "predictions", "kind": "classifier", "ms": 1.0}]
+    mixed = fp16[:2] + [{"name": "x:fp16->int8", "kind": "reformat", "ms": 0.5}, conv("conv5_block1_1_conv", 2.0, 0, 0),
+                        fp16[3]]
+    t = {"batch": 64, "layers": fp16,
+         "layers_by_plan": {"INT8, batch 64": [dict(r, ms=r["ms"] / 2) for r in fp16], "INT8 (mixed), batch 64": mixed},
+         "engine": {"INT8 (mixed), batch 64": {"keep_fp16": ["conv1", "conv2"]}},
+         "agreement": {"INT8 (mixed), batch 64": {"top1": 0.99}, "INT8, batch 64": {"top1": 0.95}}}
+    b = R.mixed_bound(t)["INT8 (mixed), batch 64"]
+    assert b["share"] == pytest.approx(3.0 / 7.0)
+    assert b["measured"] == pytest.approx(7.0 / 6.5)
+    assert b["half"] == pytest.approx(7.0 / (4.0 + 1.5 + 0.5))
+    assert b["floor"] == pytest.approx(7.0 / (4.0 + 0.5 + 0.5))
+    assert b["everywhere"] == pytest.approx(2.0) and b["top1_everywhere"] == 0.95
+    text = R.mixed_bound_text(t)
+    assert "INT8 everywhere: 2.00x" in text and "99.0%" in text and "goal 1.3x" in text
+    assert R.plot_mixed_bound(t, "a test").axes[0].get_legend() is not None
+
