@@ -490,7 +490,8 @@ FIGURES = {  # run() builds the engines once for all of them; alone, each builds
     "plan": Figure(measure_plan),
     "cudnn": Figure(measure_cudnn),
     "pytorch": Figure(measure_pytorch, optional=True),
-    # where a call of the one-kernel network spends its time, FP16 and INT8 (benchmarks/inference_engine_network_phases.py)
+    # where a call of the one-kernel network spends its time, FP16 and INT8
+    # (benchmarks/inference_engine_network_phases.py)
     "network_phases": Figure(network_phases.measure, network_phases.plot, network_phases.text, optional=True),
     # ResNet-50 at 224 x 224 beside PyTorch (benchmarks/inference_engine_resnet.py): its own run, not part of run()'s
     "resnet": Figure(inference_engine_resnet.measure, inference_engine_resnet.plot, inference_engine_resnet.text,

@@ -130,16 +130,17 @@ def text(t: dict) -> str:
                      + (f"   {r['span_us']:9.1f}" if "span_us" in r else ""))
     for p, us in t.get("call_us", {}).items():
         span = _batch_row(t, p)["span_us"]
-        lines.append(f"{p.upper()}, batch {t['batch']}: a call {us:.1f} µs on the GPU (calls back to back), the kernel's "
-                     f"span {span:.1f} µs (first block's start to last block's end), launch and gap {us - span:.1f} µs")
+        lines.append(f"{p.upper()}, batch {t['batch']}: a call {us:.1f} µs on the GPU (calls back to back), the "
+                     f"kernel's span {span:.1f} µs (first block's start to last block's end), launch and gap "
+                     f"{us - span:.1f} µs")
     return "\n".join(lines)
 
 
 def bound(t: dict, engines: dict | None = None) -> dict:
-    """INT8 over FP16 at the measured batch, as measured and as it would be: with each phase but the branches at
-    the cycles of the faster precision there, then with the branches at half FP16's cycles as well. A block's cycles become
-    the kernel's span in proportion (INT8's span / INT8's cycles: the tail of slower blocks kept); each call adds
-    its measured launch and gap, and, where the lesson's engines figure is given, the host time its one-kernel
+    """INT8 over FP16 at the measured batch, as measured and as it would be: with each phase but the branches at the
+    cycles of the faster precision there, then with the branches at half FP16's cycles as well. A block's cycles
+    become the kernel's span in proportion (INT8's span / INT8's cycles: the tail of slower blocks kept); each call
+    adds its measured launch and gap, and, where the lesson's engines figure is given, the host time its one-kernel
     engines spend a call (end to end less GPU only). Returns {"rows": {name: {part: µs}}, "ratio": {name: x},
     "end_to_end": bool}: the parts the phases, "launch and gap" and (end to end) "host". Without the engines'
     one-kernel rows at this batch (no figure given, or one recorded before them) the calls are GPU only."""

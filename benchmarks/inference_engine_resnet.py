@@ -555,7 +555,8 @@ def mixed_bound_text(t: dict) -> str:
 
 
 def plot_mixed_bound(t: dict, source: str, **_):
-    """The 8-bit plans' speed over FP16, measured and with perfect 8-bit kernels in the mixed plans, against the goal."""
+    """The 8-bit plans' speed over FP16, measured and with perfect 8-bit kernels in the mixed plans, against the
+    goal."""
     from gpucourse import plots
 
     values = {}
