@@ -179,7 +179,7 @@ def bound(t: dict, engines: dict | None = None) -> dict:
 def bound_text(b: dict) -> str:
     how = "end to end" if b["end_to_end"] else "GPU only"
     goal = _goal()
-    return "\n".join(f"{name:50} {sum(parts.values()):6.1f} µs a call at batch {b['batch']} ({how}): "
+    return "\n".join(f"{name:56} {sum(parts.values()):6.1f} µs a call at batch {b['batch']} ({how}): "
                      f"{b['ratio'][name]:.2f}x FP16 (goal {goal:g}x)" for name, parts in b["rows"].items())
 
 
