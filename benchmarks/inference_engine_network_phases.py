@@ -197,7 +197,7 @@ def plot(t: dict, source: str, engines: dict | None = None, **_):
     fp16 = sum(b["rows"]["FP16, measured"].values())
     how = "end to end" if b["end_to_end"] else "GPU only"
     return plots.stacked(b["rows"], unit="µs", source=source, goal=(f"FP16 / {_goal():g}", fp16 / _goal()),
-                         title=f"The digits network in one kernel, batch {t['batch']}: one call ({how})")
+                         title=f"The digits network in one kernel: a call at batch {t['batch']} ({how})")
 
 
 def main(argv=None) -> None:

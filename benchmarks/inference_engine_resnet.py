@@ -568,4 +568,4 @@ def plot_mixed_bound(t: dict, source: str, **_):
         values[f"{p} mixed, 8-bit layers at half FP16's time"] = b["half"]
         values[f"{p} mixed, 8-bit layers at their floors"] = b["floor"]
     return plots.bars(values, unit="x FP16", source=source, goal=("goal", GOALS["int8_vs_fp16"]),
-                      title=f"ResNet-50, batch {t['batch']}: the 8-bit plans' speed over the FP16 plan")
+                      title=f"ResNet-50, batch {t['batch']}: 8-bit plans over FP16")

@@ -87,7 +87,7 @@ def stacked(rows: dict, *, unit: str, source: str, title: str, goal: tuple | Non
     parts = list(rows[names[0]]) if names else []
     if any(list(rows[n]) != parts for n in names):
         raise CourseInputError(f"stacked: every bar needs the parts {parts}, in that order")
-    fig, ax = plt.subplots(figsize=(8, 0.55 * len(names) + 2.2))
+    fig, ax = plt.subplots(figsize=(10, 0.55 * len(names) + 2.4))
     left = np.zeros(len(names))
     for i, part in enumerate(parts):
         vals = np.array([rows[n][part] for n in names], dtype=float)
