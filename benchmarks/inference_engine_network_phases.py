@@ -148,13 +148,11 @@ def bound(t: dict, engines: dict | None = None) -> dict:
 
     f16, i8 = _batch_row(t, "fp16"), _batch_row(t, "int8")
     calls = t["call_us"]
-    host = dict.fromkeys(("fp16", "int8"), 0.0)
     rows = {r["name"]: r for r in (engines or {}).get("rows", [])}
-    mine = {p: rows.get(f"{lesson.NETWORK}, {p.upper()}") for p in host}
-    if not all(r and r["batch"] == t["batch"] for r in mine.values()):  # no figure, one recorded before the
-        engines = None                                                    # one-kernel engines, another batch
-    else:
-        host = {p: 1e3 * (r["batch_ms"] - r["batch_gpu_ms"]) for p, r in mine.items()}
+    mine = {p: rows.get(f"{lesson.NETWORK}, {p.upper()}") for p in ("fp16", "int8")}
+    # GPU only without a figure, with one recorded before the one-kernel engines, or with one at another batch
+    end_to_end = all(r and r["batch"] == t["batch"] for r in mine.values())
+    host = {p: 1e3 * (r["batch_ms"] - r["batch_gpu_ms"]) for p, r in mine.items()} if end_to_end else {}
     elsewhere = {ph: min(f16["cycles"][ph], i8["cycles"][ph]) if ph != BRANCHES else i8["cycles"][ph]
                  for ph in PHASES}
     ideal = {**elsewhere, BRANCHES: f16["cycles"][BRANCHES] / 2}
@@ -163,7 +161,7 @@ def bound(t: dict, engines: dict | None = None) -> dict:
         us_a_cycle = row["span_us"] / row["total"]
         out = {ph: cycles[ph] * us_a_cycle for ph in PHASES}
         out["launch and gap"] = calls[p] - row["span_us"]
-        if engines is not None:
+        if end_to_end:
             out["host"] = host[p]
         return out
 
@@ -173,7 +171,7 @@ def bound(t: dict, engines: dict | None = None) -> dict:
             "INT8, that and the branches at half FP16's": parts(ideal, i8, "int8")}
     fp16 = sum(rows["FP16, measured"].values())
     return {"rows": rows, "ratio": {k: fp16 / sum(v.values()) for k, v in rows.items()},
-            "end_to_end": engines is not None, "batch": t["batch"]}
+            "end_to_end": end_to_end, "batch": t["batch"]}
 
 
 def bound_text(b: dict) -> str:

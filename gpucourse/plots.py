@@ -71,7 +71,8 @@ def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | N
     for line, style in ((ceiling, "--"), (goal, ":")):
         if line:
             ax.axvline(line[1], color="tab:red", ls=style, label=f"{line[0]}: {number(line[1])} {unit}")
-            ax.legend(fontsize=8, loc="lower right")
+    if ceiling or goal:
+        ax.legend(fontsize=8, loc="lower right")
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     ax.set_xlim(0, max(vals + [line[1] for line in (ceiling, goal) if line]) * 1.35)
