@@ -1,4 +1,9 @@
-"""Execute notebooks headless (nbclient) and summarise: notebook, mode, seconds, pass/fail."""
+"""The course's notebooks, and running them headless (nbclient): notebook, mode, seconds, pass/fail.
+
+Each lesson NN_topic has a core notebook, ``notebooks/NN_topic.ipynb`` (what a learner follows in one sitting), may
+have an optional deep dive beside it, ``notebooks/NN_topic_deep_dive.ipynb``, and has its graded exercises' source
+in ``solutions/NN_topic/``.
+"""
 from __future__ import annotations
 
 import os
@@ -18,11 +23,52 @@ class Outcome:
     seconds: float
     ok: bool
     error: str = ""
+    wide: tuple = ()  # printed lines wider than WIDTH (wide_lines)
+
+
+DEEP_DIVE = "_deep_dive"  # notebooks/NN_topic_deep_dive.ipynb: the optional deep dive of lesson NN_topic
+WIDTH = 100  # characters: a printed line wider than this wraps in a notebook cell at JupyterLab's default width
+
+
+def core_notebooks() -> list[Path]:
+    """Each lesson's core notebook, in lesson order."""
+    return sorted(p for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb") if not p.stem.endswith(DEEP_DIVE))
+
+
+def deep_dives() -> list[Path]:
+    """The lessons' optional deep-dive notebooks, in lesson order."""
+    return sorted(ROOT.glob(f"notebooks/[0-9][0-9]_*{DEEP_DIVE}.ipynb"))
+
+
+def lesson_of(path: Path) -> str:
+    """The lesson a notebook belongs to ("05_inference_engine"): its stem, less "_deep_dive", or its folder's name."""
+    path = Path(path)
+    if path.parent.name == "notebooks":
+        return path.stem.removesuffix(DEEP_DIVE)
+    return path.parent.name
 
 
 def lesson_notebooks() -> list[Path]:
-    """Every lesson notebook and every solution notebook, in lesson order."""
-    return sorted(ROOT.glob("notebooks/[0-9]*.ipynb")) + sorted(ROOT.glob("solutions/[0-9]*/*.ipynb"))
+    """Every lesson's core notebook and deep dive, then every solution notebook, in lesson order."""
+    return sorted(core_notebooks() + deep_dives()) + sorted(ROOT.glob("solutions/[0-9]*/*.ipynb"))
+
+
+def wide_lines(nb, width: int = WIDTH) -> list[str]:
+    """Printed lines of an executed notebook wider than ``width``: text a cell prints or returns, where no HTML
+    rendering of it is shown instead (tracebacks and warnings on stderr aside). "cell N: <line>" each."""
+    out = []
+    for i, cell in enumerate(nb.cells):
+        for o in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            if o.get("output_type") == "stream" and o.get("name") == "stdout":
+                text = o.get("text", "")
+            elif o.get("output_type") in ("execute_result", "display_data") and "text/html" not in o.get("data", {}) \
+                    and not any(k.startswith("image/") for k in o.get("data", {})):
+                text = o.get("data", {}).get("text/plain", "")
+            else:
+                continue
+            text = "".join(text) if isinstance(text, list) else text
+            out += [f"cell {i}: {line}" for line in text.splitlines() if len(line.rstrip()) > width]
+    return out
 
 
 def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None = None) -> Outcome:
@@ -59,7 +105,8 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
     if save_to is not None:
         save_to.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, save_to / path.name)
-    return Outcome(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), mode, seconds, not error, error)
+    return Outcome(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), mode, seconds, not error, error,
+                   tuple(wide_lines(nb)))
 
 
 def _short(exc: Exception) -> str:
@@ -75,6 +122,8 @@ def summary(outcomes: list[Outcome]) -> str:
         lines.append(f"{o.path:{width}}  {o.mode:4}  {o.seconds:7.1f}  {'pass' if o.ok else 'FAIL'}")
         if o.error:
             lines.append(f"{'':{width}}  {o.error}")
+        if o.wide:
+            lines.append(f"{'':{width}}  {len(o.wide)} printed lines wider than {WIDTH} characters, e.g. {o.wide[0][:80]}")
     passed = sum(o.ok for o in outcomes)
     lines.append(f"{passed} passed, {len(outcomes) - passed} failed")
     return "\n".join(lines)

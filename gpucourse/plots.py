@@ -219,3 +219,63 @@ def _in_kernel() -> bool:
     except ImportError:
         return False
     return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
+
+
+class Table:
+    """A table a notebook shows as HTML (it fits any cell width: no wrapped rows) and a terminal prints as aligned
+    text. ``table(header, rows, title=..., source=...)`` makes one; as a cell's last expression it renders, and
+    ``print(t)`` or ``str(t)`` gives the text."""
+
+    def __init__(self, header, rows, *, title: str = "", source: str = "", align: str = ""):
+        self.header = [str(h) for h in header]
+        self.rows = [[_cell(v) for v in row] for row in rows]
+        if any(len(r) != len(self.header) for r in self.rows):
+            raise CourseInputError(f"every row needs {len(self.header)} cells, one per column of {self.header}")
+        # "l" or "r" per column; by default numbers (after the first column) align right
+        self.align = align or "l" + "".join("r" if all(_numeric(r[i]) for r in self.rows) else "l"
+                                           for i in range(1, len(self.header)))
+        self.title, self.source = title, source
+
+    def __str__(self) -> str:
+        widths = [max([len(h)] + [len(r[i]) for r in self.rows]) for i, h in enumerate(self.header)]
+
+        def line(cells):
+            return "  ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                             for c, w, a in zip(cells, widths, self.align)).rstrip()
+
+        out = [self.title] if self.title else []
+        out += [line(self.header), line(["-" * w for w in widths]), *map(line, self.rows)]
+        return "\n".join(out + ([f"({self.source})"] if self.source else []))
+
+    __repr__ = __str__
+
+    def _repr_html_(self) -> str:
+        import html
+
+        def row(cells, tag):
+            return "<tr>" + "".join(f'<{tag} style="text-align:{"right" if a == "r" else "left"}">'
+                                    f"{html.escape(c)}</{tag}>" for c, a in zip(cells, self.align)) + "</tr>"
+
+        caption = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
+        body = "".join(row(r, "td") for r in self.rows)
+        note = f"<p><small>({html.escape(self.source)})</small></p>" if self.source else ""
+        return f"<table>{caption}<thead>{row(self.header, 'th')}</thead><tbody>{body}</tbody></table>{note}"
+
+
+def table(header, rows, *, title: str = "", source: str = "", align: str = "") -> Table:
+    """A table of ``rows`` under ``header`` (see Table); numbers are formatted with ``number``."""
+    return Table(header, rows, title=title, source=source, align=align)
+
+
+def _cell(v) -> str:
+    if isinstance(v, (bool, np.bool_)) or v is None:
+        return "" if v is None else str(v)
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        return number(float(v))
+    return str(v)
+
+
+def _numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?\s*\S{0,6}", text)) or text == ""

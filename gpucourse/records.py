@@ -137,9 +137,14 @@ def measured_here() -> str:
 
 
 def recall(lesson: str, key: str, *, optional: bool = False) -> tuple:
-    """(figures[key] of the lesson's newest record that has it, its label). Where no record has it: a CourseError,
-    or for an ``optional`` figure (None, a sentence saying why)."""
+    """(figures[key] of the lesson's newest record that has it, its label); in GPU mode the newest record of this
+    GPU where there is one, so that what a learner reads beside it describes the GPU in front of them. Where no
+    record has it: a CourseError, or for an ``optional`` figure (None, a sentence saying why)."""
     recs = [r for r in all_records(lesson) if key in r["figures"]]
+    rt = runtime.get()
+    if rt.gpu:
+        mine = [r for r in recs if slug(r["gpu"]["name"]) == slug(rt.device["name"])]
+        recs = mine or recs
     if recs:
         return recs[-1]["figures"][key], label(recs[-1], key)
     why = (f"no GPU record of {lesson} in {results_dir()} holds {key!r} yet: record it on a GPU with "

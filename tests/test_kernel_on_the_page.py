@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from gpucourse import cuda_c
+from gpucourse import cuda_c, notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = sorted(ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
-NOTEBOOKS = LESSONS + sorted(ROOT.glob("solutions/[0-9][0-9]_*/*.ipynb"))
+LESSONS = notebooks.core_notebooks()
+NOTEBOOKS = LESSONS + notebooks.deep_dives() + sorted(ROOT.glob("solutions/[0-9][0-9]_*/*.ipynb"))
 HEADER = re.compile(r"^# ((?:kernels|systems|benchmarks|gpucourse)/[\w/]+\.(py|cuh|cu))(?:, region ([\w.-]+))?")
 
 

@@ -8,7 +8,7 @@ import pytest
 from gpucourse import notebooks, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = sorted(p.stem for p in ROOT.glob("notebooks/[0-9][0-9]_*.ipynb"))
+LESSONS = [p.stem for p in notebooks.core_notebooks()]
 COMMITTED = sorted(ROOT.glob("notebooks/*.ipynb")) + sorted(ROOT.glob("solutions/*/*.ipynb")) \
     + sorted(ROOT.glob("exercises/*/*.ipynb"))
 
@@ -40,17 +40,36 @@ def test_lesson_is_a_complete_slice(lesson):
     assert list(ROOT.glob(f"results/*/{lesson}.json")), f"no results/<gpu>/{lesson}.json"
 
 
-@pytest.mark.parametrize("path", [ROOT / f"notebooks/{n}.ipynb" for n in LESSONS]
+def test_every_deep_dive_belongs_to_a_lesson():
+    for path in notebooks.deep_dives():
+        assert notebooks.lesson_of(path) in LESSONS, f"{path.name}: no core notebook {notebooks.lesson_of(path)}.ipynb"
+
+
+@pytest.mark.parametrize("path", notebooks.core_notebooks() + notebooks.deep_dives()
                          + sorted(ROOT.glob("solutions/*/*.ipynb")), ids=lambda p: p.name)
 def test_first_code_cell_is_the_probe(path):
     nb = json.loads(path.read_text())
     first = next("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    lesson = path.stem if path.parent.name == "notebooks" else path.parent.name
-    assert re.search(rf'setup\(.*lesson="{lesson}"', first), "start with gpucourse.setup(lesson=...)"
+    assert re.search(rf'setup\(.*lesson="{notebooks.lesson_of(path)}"', first), "start with gpucourse.setup(lesson=...)"
+
+
+def test_wide_printed_lines_are_found():
+    """What a cell prints wider than a notebook cell is reported; what renders as HTML or an image is not."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="short\n" + "w" * 101 + "\n"),
+                           nbformat.v4.new_output("display_data", data={"text/plain": "p" * 120,
+                                                                        "text/html": "<table></table>"}),
+                           nbformat.v4.new_output("execute_result", data={"text/plain": "r" * 130}, execution_count=1)]
+    assert notebooks.wide_lines(nb) == ["cell 0: " + "w" * 101, "cell 0: " + "r" * 130]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lesson", LESSONS)
-def test_lesson_notebook_runs(lesson):
-    outcome = notebooks.execute(ROOT / f"notebooks/{lesson}.ipynb", mode=runtime.get().mode, timeout=600)
+@pytest.mark.parametrize("path", notebooks.core_notebooks() + notebooks.deep_dives(), ids=lambda p: p.stem)
+def test_lesson_notebook_runs(path):
+    """Every core notebook and deep dive runs top to bottom in this machine's mode, and nothing it prints is wider
+    than a notebook cell."""
+    outcome = notebooks.execute(path, mode=runtime.get().mode, timeout=600)
     assert outcome.ok, outcome.error
+    assert not outcome.wide, f"printed lines wider than {notebooks.WIDTH} characters:\n" + "\n".join(outcome.wide[:10])

@@ -230,6 +230,22 @@ def test_records_latest_and_label(tmp_path, monkeypatch):
     assert records.label(rec, "z").endswith("on 2026-11-23") and records.label(rec, "x").endswith("on 2026-11-22")
 
 
+def test_a_gpu_recalls_its_own_record_first(tmp_path, monkeypatch):
+    """On a GPU, a figure this run does not measure comes from this GPU's record where there is one (the prose
+    beside it describes the GPU in front of the learner), else from the newest record; CPU mode takes the newest."""
+    monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
+    _fake_record(tmp_path, "NVIDIA H100 80GB HBM3", "2026-11-20 10:00 UTC", {"x": 1})
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-21 10:00 UTC", {"x": 2, "y": 7})
+    assert records.recall("99_test", "x")[0] == 2  # this process: CPU mode, the newest
+    h100 = runtime.Runtime("gpu", "test", {"name": "NVIDIA H100 80GB HBM3", "sms": 132})
+    monkeypatch.setattr(runtime, "_runtime", h100)
+    figures, source = records.recall("99_test", "x")
+    assert figures == 1 and source.startswith("recorded on NVIDIA H100")
+    assert records.recall("99_test", "y")[0] == 7  # no H100 record holds y: the newest that does
+    monkeypatch.setattr(runtime, "_runtime", runtime.Runtime("gpu", "test", {"name": "NVIDIA A100-SXM4-80GB"}))
+    assert records.recall("99_test", "x")[0] == 2  # a GPU without records: the newest
+
+
 def test_committed_records_are_complete():
     """Every lesson with benchmarks has a record from a real GPU, and its records hold every figure it declares."""
     import benchmarks
@@ -365,3 +381,17 @@ def test_native_stderr_is_kept_aside_unless_the_block_fails(capfd):
     assert "why it failed" in capfd.readouterr().err
     os.write(2, b"after\n")  # descriptor 2 is back
     assert "after" in capfd.readouterr().err
+
+
+def test_a_table_prints_aligned_and_renders_as_html():
+    """plots.table: aligned text in a terminal (numbers to the right), an HTML table in a notebook; a short row is
+    refused."""
+    from gpucourse import plots
+
+    t = plots.table(["kernel", "GB/s"], [["numba", 3400.2], ["cupy.multiply", 2533]], title="T", source="measured")
+    assert str(t).splitlines() == ["T", "kernel          GB/s", "-------------  -----", "numba          3,400",
+                                   "cupy.multiply  2,533", "(measured)"]
+    html = t._repr_html_()
+    assert html.count("<tr>") == 3 and "<caption>T</caption>" in html and "text-align:right" in html
+    with pytest.raises(runtime.CourseInputError, match="every row needs 2 cells"):
+        plots.table(["a", "b"], [[1]])
