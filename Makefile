@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
 
-.PHONY: setup lab test test-fast check-records results notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
+.PHONY: setup lab test test-fast check-records notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -31,6 +31,7 @@ test-fast: setup                        ## the unit tests alone, for day-to-day 
 check-records: setup                    ## check the committed GPU records in results/
 	$(BIN)/python -m gpucourse check-records
 
+.PHONY: results
 results: setup                          ## write RESULTS.md from the records in results/ (check: python -m gpucourse results --check)
 	$(BIN)/python -m gpucourse results
 

@@ -218,22 +218,6 @@ def _release_feedback(args) -> int:
     return classroom.release_feedback_cli(args.assignment, course_dir=args.course_dir, graded=args.graded)
 
 
-def _check_records(args) -> int:
-    import benchmarks
-    from . import records
-
-    problems = records.check_all({lesson: benchmarks.figures(lesson) for lesson in benchmarks.LESSONS})
-    for lesson in benchmarks.LESSONS:
-        gpus_ = sorted({r["gpu"]["name"] for r in records.all_records(lesson)})
-        mine = [p for p in problems if p.startswith(lesson)]
-        print(f"{lesson:22} {'ok' if not mine else 'PROBLEMS'}  ({', '.join(gpus_) or 'no record'})")
-    for p in problems:
-        print(f"  {p}")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "records", "-p", "no:cacheprovider",
-                           str(ROOT / "tests")], cwd=ROOT)
-    return 1 if problems or done.returncode != 0 else 0
-
-
 def results_registry() -> dict:
     """{lesson: its benchmarks module's results_rows}: what RESULTS.md is written from (gpucourse.results)."""
     import benchmarks
@@ -252,6 +236,22 @@ def _results(args) -> int:
     if not problems and args.check:
         print("RESULTS.md and the README's headline figures agree with the records")
     return 1 if problems else 0
+
+
+def _check_records(args) -> int:
+    import benchmarks
+    from . import records
+
+    problems = records.check_all({lesson: benchmarks.figures(lesson) for lesson in benchmarks.LESSONS})
+    for lesson in benchmarks.LESSONS:
+        gpus_ = sorted({r["gpu"]["name"] for r in records.all_records(lesson)})
+        mine = [p for p in problems if p.startswith(lesson)]
+        print(f"{lesson:22} {'ok' if not mine else 'PROBLEMS'}  ({', '.join(gpus_) or 'no record'})")
+    for p in problems:
+        print(f"  {p}")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "records", "-p", "no:cacheprovider",
+                           str(ROOT / "tests")], cwd=ROOT)
+    return 1 if problems or done.returncode != 0 else 0
 
 
 COMMANDS = {"probe": _probe, "check-records": _check_records, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
