@@ -147,7 +147,7 @@ def _run(args) -> int:
 
 def _record(args) -> int:
     import benchmarks
-    from . import records, results
+    from . import records
 
     runtime.setup(args.mode or "gpu")
     if args.figure:
@@ -155,7 +155,7 @@ def _record(args) -> int:
             raise runtime.CourseInputError(f"--figure needs exactly one lesson; known: {', '.join(benchmarks.LESSONS)}")
         data = benchmarks.measure_one(args.lessons[0], args.figure)
         print(f"wrote {records.add_figure(args.lessons[0], args.figure, data)}")
-        print(f"wrote {results.write(results_registry())}")
+        _rewrite_results()
         return 0
     have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
     for lesson in args.lessons or list(benchmarks.LESSONS):
@@ -167,9 +167,19 @@ def _record(args) -> int:
             continue
         figures, ceilings = benchmarks.run(lesson)
         print(f"wrote {records.write(lesson, figures, ceilings=ceilings)}")
-    print(f"wrote {results.write(results_registry())} (check the README's headline figures: "
-          "python -m gpucourse results --check)")
+    _rewrite_results()
     return 0
+
+
+def _rewrite_results() -> None:
+    """After recording into the repository's results/: RESULTS.md again, and whether the README's figures hold."""
+    from . import records, results
+
+    if records.results_dir().resolve() != (results.ROOT / "results").resolve():
+        return  # GPUCOURSE_RESULTS elsewhere: RESULTS.md describes the repository's records
+    print(f"wrote {results.write(results_registry())}")
+    for p in results.check(results_registry()):
+        print(f"  {p}")
 
 
 def _ceilings(args) -> int:
