@@ -31,6 +31,10 @@ test-fast: setup                        ## the unit tests alone, for day-to-day 
 check-records: setup                    ## check the committed GPU records in results/
 	$(BIN)/python -m gpucourse check-records
 
+.PHONY: results
+results: setup                          ## write RESULTS.md from the records in results/ (check: python -m gpucourse results --check)
+	$(BIN)/python -m gpucourse results
+
 probe: setup                            ## GPU or CPU mode, what the GPU is, which lesson steps it runs
 	$(BIN)/python -m gpucourse probe
 

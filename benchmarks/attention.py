@@ -500,3 +500,46 @@ FIGURES = {
     "field": Figure(measure_field, plot_field, text_field),
     "profile": Figure(measure_profile, None, text_profile, optional=True),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline. The Hopper kernel: its fastest order in each run (the "wgmma ..." rows); None on a GPU without
+    Hopper's wgmma."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    field = f.get("field", {})
+    runs, q = field.get("runs", []), (ratios(field) if field.get("runs") else [])
+    hopper = [max((v for k, v in r.items() if k.startswith("wgmma ") and k.endswith(" / fastest")), default=None)
+              for r in q]
+    largest = max((r["N"] for r in runs), default=None)
+    at_largest = sorted((r for r in runs if r["N"] == largest), key=lambda r: r["causal"])
+
+    def tflops(pick):
+        values = [pick(r["fwd"]) for r in at_largest]
+        return R.joined(values, R.number) if len(values) == 2 else None
+
+    def ours(fwd):
+        return max((v for k, v in fwd.items() if k.startswith("wgmma ")), default=None)
+
+    soft = softmax_ratios(f["softmax"]) if f.get("softmax") else {}
+    n = f.get("softmax", {}).get("lengths", [])
+    of_copy = [x for r in soft.values() for length, x in zip(n, r["of_copy"]) if length >= SOFTMAX_GOAL_FROM]
+    big = f"N = {largest // 1024}k" if largest else "the largest N"
+    return [
+        ("Hopper attention forward, speed against the fastest SDPA backend", R.span(hopper), "field"),
+        (f"Hopper attention forward, {big}, full / causal, TFLOP/s", tflops(ours), "field"),
+        (f"cuDNN SDPA forward, {big}, full / causal, TFLOP/s", tflops(lambda fwd: fwd.get("cuDNN")), "field"),
+        ("Triton forward, speed against FlashAttention-2", R.span([r.get("Triton / FlashAttention-2") for r in q]),
+         "field"),
+        ("Triton backward, speed against the fastest backend's", R.span([r.get("Triton bwd / fastest") for r in q]),
+         "field"),
+        ("mma.sync kernel (sm_80 on), speed against the fastest", R.span([r.get(f"{MMA_NAME} / fastest") for r in q]),
+         "field"),
+        (f"row softmax, rows of {SOFTMAX_GOAL_FROM // 1024}k and more, share of the copy's GB/s",
+         R.span(of_copy, R.share), "softmax"),
+        ("PyTorch version", field.get("torch"), "field"),
+    ]

@@ -731,3 +731,33 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline. Per ring of k GPUs recorded: the all-reduce's fastest version against NCCL's at the largest and
+    smallest sizes, and the broadcast of the headline size."""
+    from gpucourse import results as R
+
+    rows = []
+    for k, entry in sorted(record["figures"].get("runs", {}).items(), key=lambda kv: int(kv[0])):
+        a = entry.get("allreduce", {})
+        versions = allreduce_times(entry) if a else {}
+        best = [min(r[i] for _, _, r in versions.values()) for i in range(len(a.get("N", [])))]
+
+        def size(n):
+            return f"{n / 2**30:g} GiB" if n >= 2**30 else f"{n / 2**20:g} MiB"
+
+        h = entry.get("headline", {})
+        if best:
+            rows.append((f"ring all-reduce of {size(a['N'][-1])}, {k} GPUs, time against NCCL's", R.ratio(best[-1]),
+                         "runs"))
+            rows.append((f"ring all-reduce of {size(a['N'][0])}, {k} GPUs, time against NCCL's", R.ratio(best[0]),
+                         "runs"))
+        if h:
+            rows.append((f"ring broadcast of {size(h['N'])}, {k} GPUs, speed against NCCL's",
+                         R.ratio(h.get("ring_over_nccl")), "runs"))
+            rows.append((f"ring broadcast of {size(h['N'])}, {k} GPUs, GB/s", R.number(h["ring"]["gbps"]), "runs"))
+    return rows or [("ring all-reduce, time against NCCL's", None, "runs")]

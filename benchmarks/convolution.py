@@ -486,3 +486,36 @@ FIGURES = {
     "layers": Figure(all_layers),
     "fused": Figure(fused),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline. Each kernel's time over cuDNN's fastest algorithm for the same data type and layout, per
+    layer; the wgmma rows are None on a GPU without Hopper's wgmma."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    layers = f.get("layers", [])
+    sizes = " / ".join(lt["name"].split(":")[1].split(",")[0].strip() if ":" in lt["name"] else lt["name"]
+                       for lt in layers)
+
+    def per_layer(name, dtype="float16", layout="NHWC"):
+        out = []
+        for lt in layers:
+            times = [r["of_cudnn_fastest"] for r in lt["rows"] if r["name"] == name and r["dtype"] == dtype
+                     and (layout is None or r["layout"] == layout)]
+            out.append(min(times) if times else None)
+        return out
+
+    wgmma = per_layer(TC_WGMMA)
+    return [
+        ("Hopper wgmma convolution, time against cuDNN's", R.span(wgmma), "layers"),
+        (f"the same per layer ({sizes})", R.joined(wgmma), "layers"),
+        ("WMMA direct convolution, time against cuDNN's", R.joined(per_layer(TC_DIRECT)), "layers"),
+        ("im2col + cuBLAS FP16, time against cuDNN's", R.joined(per_layer("im2col + cuBLAS FP16 GEMM")), "layers"),
+        ("CUDA-core FP32 kernel, time against cuDNN's FP32", R.joined(per_layer(CORES_IGEMM, "float32", None)),
+         "layers"),
+        ("cuDNN version", f.get("cudnn", {}).get("version"), None),
+    ]

@@ -664,3 +664,30 @@ def run() -> tuple:
             figures[name] = {"error": f"{type(exc).__name__}: {exc}"}
         print(f"{name}: {time.perf_counter() - t0:.1f} s", flush=True)
     return figures, ceilings
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    m = f.get("mps", {})
+    ks = [k for k in map(str, m.get("ks", [])) if "mps_gain" in m.get("ratios", {}).get(k, {})]
+    top = ks[-1] if ks else "16"
+    best = f.get("overlap", {}).get("best", {})
+    s = f.get("small_kernels", {}).get("us_per_launch", {})
+    u = f.get("unified_memory", {})
+    launches = [s.get("CuPy, one stream"), s.get("CuPy, one CUDA graph")]
+    return [
+        (f"MPS, {top} processes, images/s against time-slicing",
+         R.ratio(m.get("ratios", {}).get(top, {}).get("mps_gain"), 1), "mps"),
+        ("copies and kernel on streams, time against the longer copy alone",
+         R.ratio(best.get("ratio_to_longer_copy")), "overlap"),
+        ("a tiny kernel launched from CuPy / replayed in a CUDA graph, µs",
+         R.joined(launches, lambda v: R.number(v, 2)), "small_kernels"),
+        ("unified memory, prefetched / last touched by the CPU, GB/s",
+         R.joined([u.get("prefetched_gbps"), u.get("cold_gbps")], R.number), "unified_memory"),
+    ]

@@ -499,3 +499,45 @@ FIGURES = {  # run() builds the engines once for all of them; alone, each builds
     "resnet_compile": Figure(inference_engine_resnet.measure_compile, text=inference_engine_resnet.compile_text,
                              optional=True),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline. ResNet-50 against PyTorch's best: the slower of the engine's two ratios, against PyTorch's
+    fastest eager or CUDA-graph row (figure "resnet") and against torch.compile in a CUDA graph ("resnet_compile"),
+    each ratio from one run."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    resnet, compiled = f.get("resnet", {}), f.get("resnet_compile", {})
+    engine = resnet.get("engine", {})
+
+    def against_pytorch(n):
+        key = f"FP16, batch {n}"
+        ratios = []
+        rows = [r[f"b{n}"]["ms"] for r in resnet.get("pytorch", {}).get("rows", []) if r.get(f"b{n}", {}).get("ms")]
+        if rows and key in engine:
+            ratios.append(min(rows) / engine[key]["ms"])
+        if compiled.get(f"fp16_vs_compile_b{n}", {}).get("ratio"):
+            ratios.append(compiled[f"fp16_vs_compile_b{n}"]["ratio"])
+        return min(ratios) if ratios else None
+
+    def over_fp16(key):
+        base = engine.get("FP16, batch 64")
+        return base["ms"] / engine[key]["ms"] if base and key in engine else None
+
+    q = f.get("engines", {}).get("ratios", {})
+    layer = [q.get(f"optimised_vs_layer_{p}_latency") for p in ("fp32", "fp16")]
+    net = f.get("pytorch", {}).get("speedups", {}).get("network_fp16_batch")
+    batch = f.get("engines", {}).get("rows", [{}])[0].get("batch", 256)
+    return [
+        ("ResNet-50 FP16, batch 64, speed against PyTorch's best", R.ratio(against_pytorch(64)), "resnet_compile"),
+        ("ResNet-50 FP16, batch 1, speed against PyTorch's best", R.ratio(against_pytorch(1)), "resnet_compile"),
+        ("ResNet-50 INT8 / FP8, batch 64, speed against FP16",
+         R.joined([over_fp16("INT8, batch 64"), over_fp16("FP8, batch 64")]), "resnet"),
+        ("digits CNN, fused + graph against layer by layer, batch 1, FP32 / FP16", R.joined(layer), "engines"),
+        (f"digits CNN in one kernel, FP16, batch {batch}, speed against PyTorch's best", R.ratio(net), "pytorch"),
+        ("PyTorch version", f.get("pytorch", {}).get("torch"), "pytorch"),
+    ]

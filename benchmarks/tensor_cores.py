@@ -406,3 +406,30 @@ FIGURES = {  # run() records them together (the kernels and sizes use the config
     "errors": Figure(lambda: error_table(config=_best_configs()[0])),
     "accumulation": Figure(accumulation_on_gpu),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline. The wgmma rows are None on a GPU without Hopper's wgmma."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    w = f.get("wgmma", {})
+    wrows = w.get("rows", [])
+    hopper = max((r for r in wrows if w.get("default") and r.get("config") == w["default"]),
+                 key=lambda r: r["tflops"], default=None)  # the default configuration, as lesson 4 compares it
+    wmma = next((r for r in wrows if r["name"].startswith("WMMA, tiled")), None)
+    if wmma is None:
+        wmma = next((r for r in f.get("kernels", {}).get("rows", []) if r["name"].startswith("WMMA, tiled (")), None)
+    simt = next((r for r in f.get("kernels", {}).get("rows", []) if r["name"].startswith("CUDA C, register tiles")), None)
+    n = w.get("n") or f.get("kernels", {}).get("n")
+    return [
+        ("Hopper wgmma GEMM, speed against cuBLAS FP16", R.ratio(hopper and hopper["of_cublas"]), "wgmma"),
+        ("Hopper wgmma GEMM, TFLOP/s", R.number(hopper and hopper["tflops"]), "wgmma"),
+        ("cuBLAS FP16 GEMM, TFLOP/s", R.number(w.get("cublas_fp16_tflops")), "wgmma"),
+        ("tiled WMMA GEMM, speed against cuBLAS FP16", R.ratio(wmma and wmma["of_cublas"]), "wgmma"),
+        ("register-tiled SGEMM, speed against cuBLAS FP32", R.ratio(simt and simt["of_cublas"]), "kernels"),
+        ("matrix size (M = N = K)", None if n is None else str(n), "kernels"),
+    ]

@@ -619,3 +619,29 @@ FIGURES = {
     "overlap_standin": Figure(measure_overlap_standin, plot_overlap_standin, text_overlap_standin),
     "launchers": Figure(measure_launchers, None, text_launchers, optional=True, gpus=2),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    mp, rc, lb = f.get("mixed_precision", {}), f.get("recompute", {}), f.get("largest_batch", {})
+    s = rc.get("runs", {}).get(rc.get("sqrt_n"), {})
+    rows = [
+        ("mixed-precision training step, speed against FP32", R.ratio(mp.get("speedup")), "mixed_precision"),
+        ("FP32 training step, TFLOP/s", R.number(mp.get("fp32_tflops"), 1), "mixed_precision"),
+        ("recomputation every √n layers, activation memory saved", R.ratio(s.get("memory_saving")), "recompute"),
+        ("recomputation every √n layers, step time against none", R.ratio(s.get("time_ratio")), "recompute"),
+        (f"largest batch in {lb.get('budget_gib', 4):g} GiB, with recomputation against without",
+         R.ratio(lb.get("ratio")), "largest_batch"),
+    ]
+    dp = f.get("data_parallel", {})
+    for k, sc in (scaling(dp).items() if dp.get("runs") else ()):
+        if k > 1:
+            rows.append((f"data parallel on {k} GPUs, a process each, weak-scaling efficiency",
+                         R.percent(sc.get("weak_scaling_procs")), "data_parallel"))
+    return rows

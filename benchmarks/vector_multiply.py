@@ -281,3 +281,27 @@ FIGURES = {  # what run() records, in this order; the notebook draws them with t
     "utilisation": Figure(utilisation),
     "sweep": Figure(size_sweep),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline."""
+    from gpucourse import results as R
+
+    k = record["figures"].get("kernels", {})
+    rows = k.get("rows", [])
+    numba = max((r for r in rows if r["name"].startswith("numba")), key=lambda r: r["gbps"], default=None)
+    cuda_c = max((r for r in rows if r["name"].startswith("CUDA C")), key=lambda r: r["gbps"], default=None)
+    cupy = next((r for r in rows if r["kind"] == "library"), None)
+    pinned = next((r for r in record["figures"].get("transfers", {}).get("rows", [])
+                   if r["name"].endswith("host->device, pinned")), None)
+    return [
+        ("fastest numba multiply, share of the copy's GB/s", R.share(numba and numba["of_copy"]), "kernels"),
+        ("device-to-device copy, GB/s", R.number(k.get("copy_gbps")), "kernels"),
+        ("fastest numba multiply, GB/s", R.number(numba and numba["gbps"]), "kernels"),
+        ("fastest CUDA C multiply, share of the copy's GB/s", R.share(cuda_c and cuda_c["of_copy"]), "kernels"),
+        ("cupy.multiply, share of the copy's GB/s", R.share(cupy and cupy["of_copy"]), "kernels"),
+        ("pinned host-to-device copy, GB/s", R.number(pinned and pinned["gbps"]), "transfers"),
+    ]

@@ -410,3 +410,32 @@ FIGURES = {  # what run() records, in this order
     "reductions": Figure(reductions, plot_reductions, reduction_text),
     "reduce_grids": Figure(reduce_grids),
 }
+
+
+# ------------------------------------------------------------------------------------ RESULTS.md
+
+def results_rows(record: dict) -> list:
+    """The lesson's headline figures in one record, for RESULTS.md and the README (gpucourse.results): the first row
+    is the headline."""
+    from gpucourse import results as R
+
+    f = record["figures"]
+    red = {r["name"]: r for r in f.get("reductions", {}).get("rows", [])}
+    shuffles, atomics = red.get("CUDA C, warp shuffles"), red.get("CUDA C, atomics (one per thread)")
+    lanes = f.get("lanes", {})
+    by_lane = lanes.get("series", {}).get("CUDA C, branch on lane id")
+    by_warp = lanes.get("series", {}).get("CUDA C, branch on warp id")
+    paths = lanes.get("paths", [])
+
+    def slowdowns(series, ways):
+        if not series or not all(w in paths for w in ways):
+            return None
+        return R.joined([series["slowdown"][paths.index(w)] for w in ways])
+
+    return [
+        ("warp-shuffle sum, share of the read ceiling", R.share(shuffles and shuffles["of_read"]), "reductions"),
+        ("warp-shuffle sum, speed against cupy.sum", R.ratio(shuffles and shuffles["of_cupy"]), "reductions"),
+        ("atomics (one a thread), share of the read ceiling", R.share(atomics and atomics["of_read"]), "reductions"),
+        ("branch split 2 / 4 / 8 ways in a warp, slowdown", slowdowns(by_lane, (2, 4, 8)), "lanes"),
+        ("the same split by warp, 32 ways, slowdown", slowdowns(by_warp, (32,)), "lanes"),
+    ]

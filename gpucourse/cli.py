@@ -11,6 +11,8 @@
   exercises [--check]   generate exercises/ from solutions/ (or check they are in sync)
   check-records         check the committed GPU records in results/ (complete, every declared figure held,
                         each lesson's checks of its recorded figures: the tests marked "records")
+  results [--check]     write RESULTS.md, every record's headline figures, from results/ (or check it and the
+                        figures the README quotes)
   hub --instructor NAME [--students A,B,...]
                         as root: a JupyterHub for a class, with nbgrader's exchange (Ctrl-C stops it)
   release-feedback LESSON
@@ -63,6 +65,9 @@ def main(argv=None) -> int:
     klass.add_argument("--workers", type=int, help="notebooks graded at a time (default 2)")
     klass.add_argument("--json", action="store_true", help="print the reports as JSON (progress goes to stderr)")
     sub.add_parser("check-records")
+    res = sub.add_parser("results", help="write RESULTS.md from the records in results/")
+    res.add_argument("--check", action="store_true",
+                     help="only check that RESULTS.md and the README's quoted figures agree with the records")
     ex = sub.add_parser("exercises")
     ex.add_argument("--check", action="store_true", help="only check that exercises/ is in sync")
     # hub: the classroom route (gpucourse.classroom, README "Classroom on JupyterHub")
@@ -150,6 +155,7 @@ def _record(args) -> int:
             raise runtime.CourseInputError(f"--figure needs exactly one lesson; known: {', '.join(benchmarks.LESSONS)}")
         data = benchmarks.measure_one(args.lessons[0], args.figure)
         print(f"wrote {records.add_figure(args.lessons[0], args.figure, data)}")
+        _rewrite_results()
         return 0
     have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
     for lesson in args.lessons or list(benchmarks.LESSONS):
@@ -161,7 +167,19 @@ def _record(args) -> int:
             continue
         figures, ceilings = benchmarks.run(lesson)
         print(f"wrote {records.write(lesson, figures, ceilings=ceilings)}")
+    _rewrite_results()
     return 0
+
+
+def _rewrite_results() -> None:
+    """After recording into the repository's results/: RESULTS.md again, and whether the README's figures hold."""
+    from . import records, results
+
+    if records.results_dir().resolve() != (results.ROOT / "results").resolve():
+        return  # GPUCOURSE_RESULTS elsewhere: RESULTS.md describes the repository's records
+    print(f"wrote {results.write(results_registry())}")
+    for p in results.check(results_registry()):
+        print(f"  {p}")
 
 
 def _ceilings(args) -> int:
@@ -210,6 +228,26 @@ def _release_feedback(args) -> int:
     return classroom.release_feedback_cli(args.assignment, course_dir=args.course_dir, graded=args.graded)
 
 
+def results_registry() -> dict:
+    """{lesson: its benchmarks module's results_rows}: what RESULTS.md is written from (gpucourse.results)."""
+    import benchmarks
+
+    return {lesson: benchmarks.module(lesson).results_rows for lesson in benchmarks.LESSONS}
+
+
+def _results(args) -> int:
+    from . import results
+
+    if not args.check:
+        print(f"wrote {results.write(results_registry())}")
+    problems = results.check(results_registry())
+    for p in problems:
+        print(p, file=sys.stderr)
+    if not problems and args.check:
+        print("RESULTS.md and the README's headline figures agree with the records")
+    return 1 if problems else 0
+
+
 def _check_records(args) -> int:
     import benchmarks
     from . import records
@@ -228,4 +266,4 @@ def _check_records(args) -> int:
 
 COMMANDS = {"probe": _probe, "check-records": _check_records, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
             "grade": _grade, "grade-class": _grade_class, "exercises": _exercises, "hub": _hub,
-            "release-feedback": _release_feedback}
+            "release-feedback": _release_feedback, "results": _results}
