@@ -466,7 +466,100 @@ def summary_text(entry: dict) -> str:
     g = entry["gradients"]
     lines.append(f"gradients of {g['parameters']} parameters averaged over {len(sysinfo['devices'])} GPUs against "
                  f"one GPU's whole batch: max relative error {g['max_rel_error']:.1e}")
-    return "\n".join(lines)
+    return plots.wrap("\n".join(lines))
+
+
+def sources_line(entries: dict) -> str:
+    """One line per ring size: where its figures come from ({k: (entry, source)})."""
+    return "\n".join(plots.wrap(f"k = {k}: {source}") for k, (_, source) in sorted(entries.items()))
+
+
+def headline_table(entries: dict):
+    """The broadcast of the headline size for every ring size ({k: (entry, source)}): the course's ring at its best S,
+    NCCL's broadcast and one peer copy, as algorithm bandwidth N / t."""
+    rows = []
+    for k, (entry, _) in sorted(entries.items()):
+        h = entry["headline"]
+        links = ", ".join(sorted(set(entry["system"]["links"].values())))
+        rows.append([k, links, h["S"], h["ring"]["gbps"], h["nccl"]["gbps"], h["peer_copy"]["gbps"],
+                     f"{h['ring_over_nccl']:.2f}"])
+    size = next(iter(entries.values()))[0]["headline"]["N"]
+    return plots.table(["k", "links", "best S", "ring GB/s", "NCCL GB/s", "one peer copy GB/s", "ring / NCCL"], rows,
+                       title=f"Broadcast of {size / 2**30:.3g} GiB (N / time)")
+
+
+def topology_text(entry: dict) -> str:
+    """``nvidia-smi topo -m`` as recorded or read here, its long legend lines wrapped."""
+    return plots.wrap(entry["system"]["topology"].expandtabs(8).rstrip())
+
+
+def fit_table(entry: dict, source: str, *, startup: bool = True):
+    """Measured time over the fitted model's at every (N, S) of the broadcast sweep: 1.00 is the model exactly."""
+    b, k = entry["broadcast"], len(entry["system"]["devices"])
+    times = gpu_times(b)[0]
+    fit = fit_broadcast(b, k, startup=startup)
+    rows = [[f"{n / 2**20:.0f} MiB"] + ["" if t is None else f"{t / model_ms(fit, n, k, S):.2f}"
+                                        for S, t in zip(b["S"], row)] for n, row in zip(b["N"], b[times])]
+    what = (f"t0 = {fit['startup_s'] * 1e6:.1f} µs, " if startup else "") + \
+        f"alpha = {fit['alpha_s'] * 1e6:.2f} µs, B = {fit['bandwidth'] / 1e9:.0f} GB/s"
+    return plots.table(["N"] + [f"S = {S}" for S in b["S"]], rows, source=source,
+                       title=f"k = {k}: measured / model ({what})")
+
+
+def fit_errors_table(entry: dict, source: str):
+    """At every N: the largest distance of a measured time (any S) from the model fitted without and with t0, and
+    the best S measured and predicted (with t0), and how many steps apart they are in the S swept."""
+    b, k = entry["broadcast"], len(entry["system"]["devices"])
+    fit, seed = fit_broadcast(b, k), fit_broadcast(b, k, startup=False)
+    rows = []
+    for n, e in seed["max_abs_rel_error_by_N"].items():
+        bs = fit["best_S"].get(n, {})
+        rows.append([f"{int(n) / 2**20:.0f} MiB", f"{100 * e:.1f}%", f"{100 * fit['max_abs_rel_error_by_N'][n]:.1f}%",
+                     bs.get("measured"), bs.get("model"), bs.get("steps_apart")])
+    return plots.table(["N", "largest distance, no t0", "with t0", "best S measured", "predicted", "steps apart"],
+                       rows, title=f"k = {k}: the model against every measured time", source=source)
+
+
+def record_ceilings(entries: dict) -> tuple:
+    """(ceilings, source) that belong with the ring's figures: this GPU's where the figures were measured here,
+    else those of the newest record that holds them (the GPU the times come from)."""
+    if runtime.is_gpu() and col.gpu_count() >= GPUS:
+        return records.ceilings_or_recall(LESSON)
+    recs = [r for r in records.all_records(LESSON) if "runs" in r["figures"]]
+    if runtime.is_gpu():
+        mine = [r for r in recs if records.slug(r["gpu"]["name"]) == records.slug(runtime.get().device["name"])]
+        recs = mine or recs
+    return recs[-1]["ceilings"], records.label(recs[-1])
+
+
+def pass_model_table(entry: dict, source: str, M: float):
+    """The all-reduce's bytes alone (``col.allreduce_pass_times``, B the headline's one peer copy, M the GPU's
+    device-to-device copy) beside NCCL's and every measured version's time, at every N."""
+    k = len(entry["system"]["devices"])
+    B = entry["headline"]["peer_copy"]["gbps"] * 1e9
+    a, versions = entry["allreduce"], allreduce_times(entry)
+    rows = []
+    for i, n in enumerate(a["N"]):
+        model = col.allreduce_pass_times(n, B, M, k)
+        rows.append([f"{n / 2**20:.0f} MiB", bench.format_ms(1e3 * model["copy-add"]), bench.format_ms(1e3 * model["pull"]),
+                     bench.format_ms(a["nccl_ms"][i])] + [bench.format_ms(t[i]) for _, t, _ in versions.values()])
+    return plots.table(["N", "model copy+add", "model pull", "NCCL"] + list(versions), rows, source=source,
+                       title=f"k = {k}: all-reduce times, the bytes alone (B = {B / 1e9:.0f}, M = {M / 1e9:.0f} GB/s) "
+                             "and measured")
+
+
+def scale_out_table(params: dict):
+    """Ring and tree all-reduce times on 1 to 128 nodes of 8 GPUs at 1 MiB, 64 MiB and 1 GiB, and the size above
+    which the ring wins (``col.ring_tree_crossover``)."""
+    rows = []
+    for nodes in (1, 2, 4, 8, 16, 32, 64, 128):
+        row = [nodes, 8 * nodes]
+        for N in (2**20, 2**26, 2**30):
+            row += [bench.format_ms(1e3 * col.cluster_allreduce_time(N, nodes, a, **params)) for a in ("ring", "tree")]
+        cross = col.ring_tree_crossover(nodes, **params)
+        rows.append(row + ["always" if cross == 0 else f"{cross / 2**20:,.0f} MiB"])
+    return plots.table(["nodes", "GPUs", "1 MiB ring", "tree", "64 MiB ring", "tree", "1 GiB ring", "tree",
+                        "ring wins above"], rows, title="All-reduce across nodes of 8 GPUs, as NCCL's tuning model counts it")
 
 
 def _pair_colours(fig, n: int):

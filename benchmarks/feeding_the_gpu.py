@@ -8,6 +8,7 @@ Nsight Compute, and MPS against time-slicing (its client processes: systems/feed
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import time
 import traceback
@@ -85,14 +86,14 @@ def text_overlap(o: dict) -> str:
     for r in o["runs"].values():
         both = S.overlap_fraction(S.engine_timeline(r["timeline"]))
         lines.append(f"{r['streams']} stream(s): {r['total_ms']:7.1f} ms = {r['ratio_to_longer_copy']:.2f} x the longer "
-                     f"copy alone; two or more engines busy at once {100 * both:.0f}% of the time")
+                     f"copy alone; two or more engines busy {100 * both:3.0f}% of it")
     best = o["best"]
     lines.append(f"copies in {o['h2d_gbps']:.1f} GB/s, copy out {o['d2h_gbps']:.1f} GB/s, "
                  f"kernel {o['kernel_gbps']:.0f} GB/s")
     lines.append(f"best: {best['streams']} streams, {best['ratio_to_longer_copy']:.3f} x the longer copy (goal <= "
                  f"{best['goal']}: {'met' if best['met'] else 'NOT met'}), {best['speedup_over_serial']:.2f} x faster "
                  "than the stages one after another")
-    return "\n".join(lines)
+    return plots.wrap("\n".join(lines))
 
 
 def plot_overlap(o: dict, source: str):
@@ -158,9 +159,10 @@ def measure_small_kernels(launches: int = 2000, n: int = 1024, streams: int = 4,
 
 
 def text_small_kernels(s: dict) -> str:
-    return (", ".join(f"{way} {us:.2f} µs" for way, us in s["us_per_launch"].items()) + " a launch\n"
-            f"graph replay: {s['graph_speedup']:.1f} x fewer µs per launch than one launch at a time; the GPU itself "
-            f"needs {s['gpu_us_per_kernel_in_graph']:.2f} µs per kernel inside the graph")
+    return plots.wrap(
+        "a launch: " + ", ".join(f"{way} {us:.2f} µs" for way, us in s["us_per_launch"].items()) + "\n"
+        f"graph replay: {s['graph_speedup']:.1f} x fewer µs per launch than one launch at a time; the GPU itself "
+        f"needs {s['gpu_us_per_kernel_in_graph']:.2f} µs per kernel inside the graph")
 
 
 def plot_small_kernels(s: dict, source: str):
@@ -265,7 +267,7 @@ def text_mps(m: dict) -> str:
                                            for rows in m["configs"].values())
                      + f" {r.get('mps_gain', float('nan')):>8.2f}x {r.get('batching_gain', float('nan')):>8.2f}x")
     lines.append(f"the seed: MPS {SEED_MPS_GAIN:.0f}x, batching +{100 * (SEED_BATCHING_GAIN - 1):.0f}%")
-    return "\n".join(lines)
+    return plots.wrap("\n".join(lines))
 
 
 def plot_mps(m: dict, source: str):
@@ -346,10 +348,10 @@ def batcher_lines(rows: list) -> list:
     """The batcher's table in words: a line per rate and policy, then per rate what batching and waiting did."""
     lines = []
     for r in rows:
-        policy = ("one at a time        " if r.get("max_batch") == 1 else f"batching, wait {r['max_wait_ms']:4.2f} ms")
+        policy = ("one at a time   " if r.get("max_batch") == 1 else f"wait {r['max_wait_ms']:4.2f} ms    ")
         busy = f", GPU busy {100 * r['gpu_busy']:3.0f}%" if "gpu_busy" in r else ""
-        lines.append(f"{r['rate_per_s']:>9,} req/s, {policy}: p50 {r['p50_ms']:8.3f} ms, p99 {r['p99_ms']:8.3f} ms, "
-                     f"{r['throughput_per_s']:>9,.0f} served/s, mean batch {r['mean_batch']:6.1f}{busy}")
+        lines.append(f"{r['rate_per_s']:>6,} req/s, {policy} p50 {r['p50_ms']:7.3f} ms, p99 {r['p99_ms']:7.3f} ms, "
+                     f"{r['throughput_per_s']:>6,.0f}/s, batch {r['mean_batch']:5.1f}{busy}")
     for rate in sorted({r["rate_per_s"] for r in rows}):
         alone = [r for r in rows if r["rate_per_s"] == rate and r.get("max_batch") == 1]
         waits = sorted((r for r in rows if r["rate_per_s"] == rate and r.get("max_batch", 2) > 1),
@@ -357,8 +359,8 @@ def batcher_lines(rows: list) -> list:
         if not alone or len(waits) < 2 or "gpu_busy" not in waits[0]:
             continue
         a, w0, w1 = alone[0], waits[0], waits[1]
-        lines.append(f"at {rate:,} req/s: one at a time p99 {a['p99_ms']:,.3g} ms, batching {w0['p99_ms']:.3g} ms; "
-                     f"waiting up to {w1['max_wait_ms']:g} ms: p99 {w1['p99_ms']:.3g} ms and the GPU busy "
+        lines.append(f"at {rate:,} req/s: one at a time p99 {a['p99_ms']:,.3g} ms, batching {w0['p99_ms']:.3g} ms;\n"
+                     f"    waiting up to {w1['max_wait_ms']:g} ms: p99 {w1['p99_ms']:.3g} ms and the GPU busy "
                      f"{100 * w1['gpu_busy']:.0f}% of the time instead of {100 * w0['gpu_busy']:.0f}%")
     return lines
 
@@ -530,11 +532,15 @@ def phase_medians(m: dict, settle_s: float = MONITOR_SETTLE_S) -> list:
 
 
 def text_monitoring(m: dict) -> str:
-    return "\n".join(
-        f"{r['label']:>26}: utilisation {r['util_gpu']:5.0f}%, power {r['power_w']:6.0f} W, SM clock "
-        f"{r['sm_clock_mhz']:5.0f} MHz, memory used {r['mem_used_mib']:7.0f} MiB ({r['samples']} samples"
-        + (f", after its first {MONITOR_SETTLE_S:g} s)" if r["settled"] else
-           ", the whole phase: too short to leave NVML's lag out)") for r in phase_medians(m))
+    rows = phase_medians(m)
+    lines = [f"{'phase':>26}  utilisation  power   SM clock  memory used  samples"]
+    lines += [f"{r['label']:>26}  {r['util_gpu']:10.0f}%  {r['power_w']:3.0f} W  {r['sm_clock_mhz']:5.0f} MHz  "
+              f"{r['mem_used_mib']:7.0f} MiB  {r['samples']:5d}" + ("" if r["settled"] else " (whole phase)")
+              for r in rows]
+    if any(r["settled"] for r in rows):
+        lines.append(f"(medians of each phase after its first {MONITOR_SETTLE_S:g} s; a phase marked 'whole phase' was "
+                     "too short to leave NVML's lag out)")
+    return plots.wrap("\n".join(lines))
 
 
 def plot_monitoring(m: dict, source: str):
@@ -593,11 +599,14 @@ def text_profile(p: dict) -> str:
     if not p["ok"]:
         return f"ncu: {p['why']}"
     keys = [k for k in profile.DEFAULT_METRICS if k != "gpu__time_duration.sum"]
-    lines = [f"{'kernel':32} " + " ".join(f"{profile.DEFAULT_METRICS[k][:22]:>23}" for k in keys)]
+    short = {k: re.sub(r"\s*\(.*\)|utilisation|throughput|achieved ", "", profile.DEFAULT_METRICS[k]).strip()[:14]
+             for k in keys}
+    lines = [f"{'kernel':32}" + "".join(f"{short[k] + ' %':>16}" for k in keys)]
     for r in p["rows"]:
-        lines.append(f"{profile.short_name(r['kernel'], 32):32} " + " ".join(
-            f"{r[k]:23.1f}" if isinstance(r.get(k), float) else f"{'-':>23}" for k in keys))
-    return "\n".join(lines)
+        lines.append(f"{profile.short_name(r['kernel'], 32):32}" + "".join(
+            f"{r[k]:16.1f}" if isinstance(r.get(k), float) else f"{'-':>16}" for k in keys))
+    return "\n".join(lines + ["(DRAM: % of its peak; pipes: % of the cycles busy; occupancy: warps resident, % of "
+                              "an SM's most)"])
 
 
 def profile_reading(p: dict, ceilings: dict) -> list:
@@ -619,15 +628,16 @@ def profile_reading(p: dict, ceilings: dict) -> list:
             gbps = 3 * 4 * PROFILE_N / seconds / 1e9
             peak = f", so a DRAM peak of about {gbps / (r[dram] / 100):,.0f} GB/s" if r.get(dram) else ""
             lines.append(f"vector multiply: {gbps:,.0f} GB/s = {gbps / ceilings['copy_gbps']:.2f} x the copy lesson 1 "
-                         f"measures ({ceilings['copy_gbps']:,.0f} GB/s); ncu: DRAM at {r.get(dram, float('nan')):.1f}% "
-                         f"of its peak{peak}; FMA pipes {r.get(fma, float('nan')):.1f}% busy")
+                         f"measures ({ceilings['copy_gbps']:,.0f} GB/s);\n"
+                         f"    ncu: DRAM at {r.get(dram, float('nan')):.1f}% of its peak{peak}; "
+                         f"FMA pipes {r.get(fma, float('nan')):.1f}% busy")
         else:
             on_tensor = r.get(tensor, 0.0) >= r.get(fma, 0.0)
             name, ceiling = ("FP16 GEMM", "fp16_tflops") if on_tensor else ("FP32 GEMM", "fp32_tflops")
             tflops = 2 * PROFILE_GEMM**3 / seconds / 1e12
             pipe = f"tensor pipes {r.get(tensor, float('nan')):.1f}%" if on_tensor else f"FMA pipes {r.get(fma, float('nan')):.1f}%"
             lines.append(f"{name} {PROFILE_GEMM}^3 ({profile.short_name(r['kernel'], 28)}): {tflops:,.1f} TFLOP/s = "
-                         f"{tflops / ceilings[ceiling]:.2f} x the cuBLAS ceiling lesson 3 measures at 8192^3 "
+                         f"{tflops / ceilings[ceiling]:.2f} x\n    the cuBLAS ceiling lesson 3 measures at 8192^3 "
                          f"({ceilings[ceiling]:,.1f}); ncu: {pipe} busy")
     return lines
 

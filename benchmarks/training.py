@@ -276,7 +276,7 @@ def text_largest_batch(lb: dict) -> str:
     if lb.get("ratio"):
         lines.append(f"checkpoints every {list(lb['runs'])[-1]} layers: {lb['ratio']:.2f}x the batch, found in "
                      f"{len(lb['probes'])} steps run")
-    return "\n".join(lines)
+    return plots.wrap("\n".join(lines))
 
 
 # --------------------------------------------------------------------------------- data parallelism
@@ -410,7 +410,7 @@ def scaling_lines(d: dict) -> list:
 
 
 def text_data_parallel(d: dict) -> str:
-    return "\n".join(scaling_lines(d))
+    return plots.wrap("\n".join(scaling_lines(d)))
 
 
 def plot_data_parallel(d: dict, source: str):
@@ -561,7 +561,7 @@ def standin_lines(o: dict) -> list:
 
 
 def text_overlap_standin(o: dict) -> str:
-    return "\n".join(standin_lines(o))
+    return plots.wrap("\n".join(standin_lines(o)))
 
 
 def plot_overlap_standin(o: dict, source: str):

@@ -56,6 +56,22 @@ def number(v: float) -> str:
     return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+def wrap(text: str, width: int = 100, indent: str = "    ") -> str:
+    """``text`` with every line longer than ``width`` broken at spaces, its continuations indented by ``indent``
+    more than the line itself: printed text that fits a notebook cell at JupyterLab's default width."""
+    import textwrap
+
+    out = []
+    for line in str(text).splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        out += textwrap.wrap(line.lstrip(), width, initial_indent=lead, subsequent_indent=lead + indent,
+                             break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
+
+
 def bars(values: dict, *, unit: str, source: str, title: str, ceiling: tuple | None = None,
          goal: tuple | None = None):
     """Horizontal bars (one per kernel or library call), with an optional (label, value) ceiling (each bar's

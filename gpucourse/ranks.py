@@ -35,6 +35,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import time
 import traceback
@@ -686,8 +687,10 @@ def launchers_text(t: dict, what: str) -> str:
             diff = "no result" if v["max_abs_diff"] is None else f"largest difference {v['max_abs_diff']:.1e}"
             lines.append(f"  {name:18} {'ok' if v['ok'] else 'FAILED'} ({diff}; {v['seconds']:.1f} s with start-up)")
             lines.append(f"      $ {v['command']}")
-            lines += [f"      {ln}" for ln in v["lines"]]
-    return "\n".join(lines)
+            lines += ["      " + re.sub(r": [\w.]+:\w+ done in", ": done in", ln) for ln in v["lines"]]  # as named above
+    from .plots import wrap
+
+    return wrap("\n".join(lines))
 
 
 def _program(spec: str):

@@ -127,7 +127,9 @@ def describe(lesson: str | None = None) -> str:
         if rec is None:
             text += f"\n          No GPU record of lesson {lesson} is in this repository yet."
         else:
-            text += f"\n          GPU figures shown are {label(rec)}."
+            from .plots import wrap
+
+            text += "\n" + wrap(f"          GPU figures shown are {label(rec)}.")
     return text
 
 

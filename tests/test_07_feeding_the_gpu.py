@@ -803,3 +803,75 @@ def test_gpu_sampler_reads_nvml():
     with monitor.Sampler(interval_s=0.02) as s:
         time.sleep(0.2)
     assert s.samples and set(monitor.FIELDS) <= set(s.samples[0])
+
+
+def _records07():
+    from gpucourse import records
+
+    recs = records.all_records("07_feeding_the_gpu")
+    if not recs:
+        pytest.skip("no GPU record of lesson 7 in results/ yet")
+    return recs
+
+
+def test_recorded_what_the_lesson_says_of_streams_mps_and_memory():
+    """What notebook 07 says, on every record: the kernel moves its bytes tens of times faster than the copies, and
+    streams beyond two or three gain nothing; time-slicing gives no more than one process, MPS more with every k,
+    batching more again; a prefetch recovers most of the device's speed but not all, resident pages about all of it,
+    faulting far less, and the CPU's first read is slower than its second; one spinning thread reads as fully
+    utilised; ncu: the multiply near DRAM's peak with its FMA pipes idle, the FP32 GEMM on the FMA pipes, the FP16
+    GEMM on the tensor pipes."""
+    for rec in _records07():
+        f, gpu = rec["figures"], rec["gpu"]["name"]
+        o = f["overlap"]
+        assert o["kernel_gbps"] > 10 * max(o["h2d_gbps"], o["d2h_gbps"]), gpu
+        ratio = {int(k): r["ratio_to_longer_copy"] for k, r in o["runs"].items()}
+        assert min(v for k, v in ratio.items() if k >= 4) >= min(ratio[2], ratio[3]) - 0.05, (gpu, ratio)
+        c = f["mps"]["configs"]
+        sliced, mps1, mps8 = c["time-slicing, batch 1"], c["MPS, batch 1"], c["MPS, batch 8"]
+        ks = sorted(map(int, sliced))
+        assert all(sliced[str(k)]["images_per_s"] <= sliced["1"]["images_per_s"] for k in ks), gpu
+        assert all(mps1[str(a)]["images_per_s"] < mps1[str(b)]["images_per_s"] for a, b in zip(ks, ks[1:])), gpu
+        assert all(mps8[str(k)]["images_per_s"] > mps1[str(k)]["images_per_s"] for k in ks), gpu
+        u = f["unified_memory"]
+        assert 0.5 < u["prefetched_gbps"] / u["device_gbps"] < 1.0, gpu
+        assert 0.9 < u["resident_gbps"] / u["device_gbps"] < 1.1, gpu
+        assert u["cold_gbps"] < 0.1 * u["prefetched_gbps"], gpu
+        assert u["cpu_first_touch_gbps"] < u["cpu_second_touch_gbps"], gpu
+        from benchmarks import feeding_the_gpu as lesson
+
+        spinning = next(r for r in lesson.phase_medians(f["monitoring"]) if "spinning" in r["label"])
+        assert spinning["util_gpu"] >= 95, gpu
+        p = f["profile"]
+        if p.get("ok"):
+            dram, fma = "dram__throughput.avg.pct_of_peak_sustained_elapsed", \
+                "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
+            tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+            mul, sgemm, hgemm = p["rows"]
+            assert mul[dram] > 70 and mul[fma] < 10, gpu
+            assert sgemm[fma] > sgemm[tensor] and hgemm[tensor] > hgemm[fma], gpu
+
+
+def test_recorded_what_the_lesson_says_of_the_batcher():
+    """Notebook 07, section 4, on every record: the batcher run on the record's batch times (as the notebook runs it
+    in CPU mode) and as the GPU served it. One request at a time keeps up at half its capacity and falls behind
+    above it; batching with no wait keeps up at eight times it with p99 under a millisecond; a quarter of a
+    millisecond's wait makes the batches larger and the GPU busy a smaller share of the time."""
+    from systems.feeding_the_gpu import serving
+
+    for rec in _records07():
+        f, gpu = rec["figures"], rec["gpu"]["name"]
+        service = serving.service_model(f["batching"]["rows"])
+        rates = [round(x / service(1)) for x in (0.5, 2.0, 8.0)]
+        for rows in (serving.batcher_table(service, rates, count=2000), f["batcher"]["rows"]):
+            by = {(r["rate_per_s"], r["max_batch"], r["max_wait_ms"]): r for r in rows}
+            low, *high = sorted({r["rate_per_s"] for r in rows})
+            big = max(r["max_batch"] for r in rows)
+            alone = by[(low, 1, 0.0)]  # keeps up: serves the rate, its p99 bounded
+            assert alone["p99_ms"] < 1.0 and alone["throughput_per_s"] > 0.95 * low, gpu
+            for rate in high:
+                assert by[(rate, 1, 0.0)]["p99_ms"] > 10 * by[(rate, big, 0.0)]["p99_ms"], (gpu, rate)
+            for rate in [low, *high]:
+                now, waited = by[(rate, big, 0.0)], by[(rate, big, 0.25)]
+                assert now["p99_ms"] < 1.0, (gpu, rate)
+                assert waited["mean_batch"] > now["mean_batch"] and waited["gpu_busy"] < now["gpu_busy"], (gpu, rate)

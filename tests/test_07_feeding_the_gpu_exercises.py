@@ -61,6 +61,13 @@ def inverted_gain(nb):
                     'mps_gain = sliced[largest]["images_per_s"] / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"]')
 
 
+def gain_at_smallest_k(nb):
+    """Task 7.3: the gains read at the smallest k of the table (one client), not the largest."""
+    replace_in_cell(nb, "task-7-3-answer",
+                    'largest = str(max(int(c) for c in MPS["configs"]["time-slicing, batch 1"]))',
+                    'largest = str(min(int(c) for c in MPS["configs"]["time-slicing, batch 1"]))')
+
+
 def closed_intervals(nb):
     """Task 7.4: every moment some stage runs counted, not only those where two do: the busy fraction."""
     replace_in_cell(nb, "task-7-4-overlap", "if sum(lo <= mid < hi for lo, hi in spans) >= 2:",
@@ -87,6 +94,7 @@ class TestExercises(LessonExercises):
         full_batches_only: ["test_7_2_batcher"],
         server_never_busy: ["test_7_2_batcher"],
         inverted_gain: ["test_7_3_table"],
+        gain_at_smallest_k: ["test_7_3_table"],
         closed_intervals: ["test_7_4_overlap"],
         overlap_by_reference: ["test_7_4_overlap"],
     }
@@ -106,3 +114,4 @@ class TestExercises(LessonExercises):
                    for n in graded["overlap_by_reference"].notes), graded["overlap_by_reference"].format()
         assert "batch sizes" in message("full_batches_only", "test_7_2_batcher")
         assert "mps_gain" in message("inverted_gain", "test_7_3_table")
+        assert "at the largest k of the table" in message("gain_at_smallest_k", "test_7_3_table")  # a visible test

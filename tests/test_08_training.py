@@ -229,6 +229,41 @@ def test_standin_for_the_all_reduces_in_words():
         bench.hold(1.0, blocks=0)
 
 
+
+def test_recorded_what_the_lesson_says_of_data_parallelism():
+    """What notebook 08 says, on every record: the one-GPU stand-in for the all-reduces is mostly hidden beside the
+    step; with two or more GPUs one process per GPU gives the fastest of the steps that communicate; and, with the
+    links of the last cell (NVLink as lesson 6 measured it, two networks at their nominal rates), the all-reduce of
+    the gradients at k = 8 takes a fraction of the backward pass over NVLink and longer than it over a network."""
+    from benchmarks import training as bt
+    from gpucourse import records
+
+    recs = records.all_records("08_training")
+    if not recs:
+        pytest.skip("no GPU record of lesson 8 in results/ yet")
+    links = bt.links()
+    for rec in recs:
+        f, gpu = rec["figures"], rec["gpu"]["name"]
+        o = f.get("overlap_standin")
+        if o is not None:
+            step = o["step"]["median_ms"]
+            for C, r in o["runs"].items():
+                added = r["with_step"]["median_ms"] - step
+                assert added < 0.5 * r["alone"]["median_ms"], (gpu, C)
+        d = f["data_parallel"]
+        s = bt.scaling(d)
+        for k, e in s.items():
+            if k > 1 and e.get("nccl_procs_ms"):
+                others = [e[key] for key in ("step_ms", "nccl_after_ms", "nccl_priority_ms", "ring_ms") if key in e]
+                assert e["nccl_procs_ms"] < min(others), (gpu, k, e)
+                assert e["weak_scaling_procs"] > e["weak_scaling"], (gpu, k)
+        if 1 in s:
+            backward = 2 / 3 * s[1]["compute_ms"]
+            for link, gbs in links.items():
+                t8 = 2 * 7 / 8 * bt.gradient_bytes(d) / (gbs * 1e9) * 1e3
+                assert (t8 < backward) == link.startswith("NVLink"), (gpu, link, t8, backward)
+
+
 @pytest.mark.gpu
 def test_overlap_standin_runs_beside_the_step():
     from benchmarks import training as bt
