@@ -127,14 +127,15 @@ def softmax_table(t: dict, source: str = "", dtype: str = "float32") -> plots.Ta
     body = [[name, *gbps] for name, gbps in rows.items()]
     body.append(["copy of the same bytes", *r["copy_gbps"]])
     if CLUSTER_ROW in rows:
-        body.append(["fastest one pass (o: online, c: cluster)", *("c" if n == CLUSTER_ROW else "o" for n in r["best"])])
+        body.append(["fastest one pass (o: online, c: cluster)",
+                     *("c" if name == CLUSTER_ROW else "o" for name in r["best"])])
     body.append(["fastest one pass / copy", *(f"{q:.2f}" for q in r["of_copy"])])
     if "of_torch" in r:
         body.append(["fastest one pass / torch.softmax", *(f"{q:.2f}" for q in r["of_torch"])])
     met = "met" if r["goal_met"] else "not met"
     return plots.table(["kernel", *map(_k, t["lengths"])], body, source=source,
-                       title=f"Row softmax, {dtype}: GB/s read + written (goal: one pass >= {GOALS['softmax_of_copy']}x "
-                             f"the copy from {_k(SOFTMAX_GOAL_FROM)}: {met})")
+                       title=f"Row softmax, {dtype}: GB/s read + written (goal: one pass >= "
+                             f"{GOALS['softmax_of_copy']}x the copy from {_k(SOFTMAX_GOAL_FROM)}: {met})")
 
 
 def text_softmax(t: dict) -> str:
