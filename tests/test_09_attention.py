@@ -874,11 +874,14 @@ def records_of(figure: str) -> list:
 
 
 def test_recorded_flash_memory_is_what_it_must_hold():
+    """The goal in every record, and what notebook 09 says of its table: each kernel's peak reads 1.000 times what
+    it must hold (Q + K + V + O + lse), nothing else allocated."""
     from benchmarks import attention as B
 
     for rec in _field_records():
         for name, r in rec["figures"]["memory"]["rows"].items():
             assert r["of_needed"] <= B.GOALS["flash_memory"], (rec["gpu"]["name"], name)
+            assert f"{r['of_needed']:.3f}" == "1.000", (rec["gpu"]["name"], name, r["of_needed"])
 
 
 def test_the_item_sweep_fits_an_items_fixed_cost_and_refuses_without_a_gpu(capsys):
