@@ -115,22 +115,31 @@ def softmax_ratios(t: dict) -> dict:
     return out
 
 
+def _k(n: int) -> str:
+    """A row length or N as a column head: 1024 -> "1k"."""
+    return f"{n // 1024}k" if n % 1024 == 0 else f"{n:,}"
+
+
+def softmax_table(t: dict, source: str = "", dtype: str = "float32") -> plots.Table:
+    """GB/s (read + written) of every row-softmax kernel at each row length, with the copy of the same bytes and the
+    fastest one-pass kernel against the copy and against torch.softmax."""
+    rows, r = t["dtypes"][dtype], softmax_ratios(t)[dtype]
+    body = [[name, *gbps] for name, gbps in rows.items()]
+    body.append(["copy of the same bytes", *r["copy_gbps"]])
+    if CLUSTER_ROW in rows:
+        body.append(["fastest one pass (o: online, c: cluster)",
+                     *("c" if name == CLUSTER_ROW else "o" for name in r["best"])])
+    body.append(["fastest one pass / copy", *(f"{q:.2f}" for q in r["of_copy"])])
+    if "of_torch" in r:
+        body.append(["fastest one pass / torch.softmax", *(f"{q:.2f}" for q in r["of_torch"])])
+    met = "met" if r["goal_met"] else "not met"
+    return plots.table(["kernel", *map(_k, t["lengths"])], body, source=source,
+                       title=f"Row softmax, {dtype}: GB/s read + written (goal: one pass >= "
+                             f"{GOALS['softmax_of_copy']}x the copy from {_k(SOFTMAX_GOAL_FROM)}: {met})")
+
+
 def text_softmax(t: dict) -> str:
-    lines = [f"GB/s (bytes read + written), rows of N elements; device-to-device copy: {t['copy_gbps']:.0f} GB/s"]
-    for (dtype, rows), r in zip(t["dtypes"].items(), softmax_ratios(t).values()):
-        lines.append(f"  {dtype}: " + " ".join(f"{n:>8}" for n in t["lengths"]))
-        for name, gbps in rows.items():
-            lines.append(f"    {name:42}" + " ".join(f"{g:8.0f}" for g in gbps))
-        lines.append(f"    {'copy of the same bytes':42}" + " ".join(f"{g:8.0f}" for g in r["copy_gbps"]))
-        if CLUSTER_ROW in rows:
-            lines.append(f"    {'fastest one pass (o: online, c: cluster)':42}" + " ".join(
-                f"{'c' if name == CLUSTER_ROW else 'o':>8}" for name in r["best"]))
-        lines.append(f"    {'one pass / copy':42}" + " ".join(f"{q:8.2f}" for q in r["of_copy"])
-                     + f"   (goal >= {GOALS['softmax_of_copy']} from N = {SOFTMAX_GOAL_FROM}: "
-                     + f"{'met' if r['goal_met'] else 'not met'})")
-        if "of_torch" in r:
-            lines.append(f"    {'one pass / torch.softmax':42}" + " ".join(f"{q:8.2f}" for q in r["of_torch"]))
-    return "\n".join(lines)
+    return "\n\n".join(str(softmax_table(t, dtype=dtype)) for dtype in t["dtypes"])
 
 
 def plot_softmax(t: dict, source: str, dtype: str = "float32"):
@@ -169,15 +178,30 @@ def measure_naive(ns=(1024, 2048, 4096, 8192, 16384, 32768, 65536), batch: int =
     return {"batch": batch, "heads": heads, "d": d, "rows": rows}
 
 
-def text_naive(t: dict) -> str:
-    lines = [f"naive attention, batch {t['batch']}, {t['heads']} heads of {t['d']}, FP16: S and P in memory"]
+def naive_table(t: dict, source: str = "") -> plots.Table:
+    """Naive attention against N: time, TFLOP/s, peak memory and S and P's bytes; "refused" where it did not fit."""
+    body = []
     for r in t["rows"]:
         if "refused" in r:
-            lines.append(f"  N = {r['N']:6,}: refused: {r['refused']}")
+            body.append([f"{r['N']:,}", "refused", "", "", ""])
         else:
-            lines.append(f"  N = {r['N']:6,}: {bench.format_ms(r['ms']):>9}  {r['tflops']:6.1f} TFLOP/s  peak memory "
-                         f"{r['peak_bytes'] / 2**30:7.2f} GiB (S and P: {r['s_p_bytes'] / 2**30:6.2f} GiB)")
-    return "\n".join(lines)
+            body.append([f"{r['N']:,}", bench.format_ms(r["ms"]), r["tflops"], r["peak_bytes"] / 2**30,
+                         r["s_p_bytes"] / 2**30])
+    return plots.table(["N", "time", "TFLOP/s", "peak memory (GiB)", "S and P (GiB)"], body, source=source,
+                       align="lrrrr", title=f"Naive attention, batch {t['batch']}, {t['heads']} heads of {t['d']}, "
+                                            "FP16: S and P in memory")
+
+
+def naive_refusals(t: dict) -> list:
+    """The refusals' words, wrapped to a notebook cell's width."""
+    import textwrap
+
+    return [textwrap.fill(f"N = {r['N']:,}: {r['refused']}", 100, subsequent_indent="  ")
+            for r in t["rows"] if "refused" in r]
+
+
+def text_naive(t: dict) -> str:
+    return "\n".join([str(naive_table(t)), *naive_refusals(t)])
 
 
 def plot_naive(t: dict, source: str):
@@ -246,14 +270,21 @@ def measure_memory(n: int = 16384, batch: int = 2, heads: int = HEADS, d: int = 
     return {"N": n, "batch": batch, "heads": heads, "d": d, "needed_bytes": need, "rows": rows}
 
 
+def memory_table(t: dict, source: str = "") -> plots.Table:
+    """Each flash kernel's peak memory against what it must hold (Q + K + V + O + lse)."""
+    body = [[name, f"{r['peak_bytes'] / 2**30:.3f}", f"{r['of_needed']:.3f}"] for name, r in t["rows"].items()]
+    return plots.table(["kernel", "peak memory (GiB)", "x what it must hold"], body, source=source,
+                       title=f"FlashAttention at N = {t['N']:,} (batch {t['batch']}, {t['heads']} heads of {t['d']}): "
+                             f"Q + K + V + O + lse = {t['needed_bytes'] / 2**30:.3f} GiB; naive attention's S and P "
+                             f"would be {A.naive_bytes(t['batch'], t['heads'], t['N']) / 2**30:.0f} GiB "
+                             f"(goal <= {GOALS['flash_memory']}x)")
+
+
 def text_memory(t: dict) -> str:
-    lines = [f"FlashAttention at N = {t['N']:,} (batch {t['batch']}, {t['heads']} heads of {t['d']}): Q + K + V + O + lse "
-             f"= {t['needed_bytes'] / 2**30:.3f} GiB; naive attention's S and P alone would be "
-             f"{A.naive_bytes(t['batch'], t['heads'], t['N']) / 2**30:.0f} GiB"]
-    for name, r in t["rows"].items():
-        lines.append(f"  {name:22} peak {r['peak_bytes'] / 2**30:.3f} GiB = {r['of_needed']:.3f} x what it must hold "
-                     f"(goal <= {GOALS['flash_memory']})")
-    return "\n".join(lines)
+    import textwrap
+
+    table = memory_table(t)
+    return "\n".join([textwrap.fill(table.title, 100)] + str(plots.table(table.header, table.rows)).splitlines())
 
 
 # ------------------------------------------------------------------------------------------ the field
@@ -386,19 +417,50 @@ def ratios(t: dict) -> list:
     return rows
 
 
+def _run_head(r: dict) -> str:
+    return _k(r["N"]) + (" causal" if r["causal"] else "")
+
+
+def field_table(t: dict, source: str = "", part: str = "fwd") -> plots.Table:
+    """TFLOP/s of every contender in one part of the field (forward, backward alone, or both), a column per run."""
+    if part not in PARTS:
+        raise runtime.CourseInputError(f"field_table: part is one of {', '.join(PARTS)}, not {part!r}")
+    names = list(dict.fromkeys(k for r in t["runs"] for k in r[part]))
+    body = [[name, *(r[part].get(name) for r in t["runs"])] for name in names]
+    return plots.table(["TFLOP/s", *map(_run_head, t["runs"])], body, source=source,
+                       align="l" + "r" * len(t["runs"]),
+                       title=f"Attention {PARTS[part]}: FP16, {t['heads']} heads of {t['d']}, batch x N = "
+                             f"{t['tokens']:,} tokens; FP16 peak {t['fp16_peak_tflops']:.0f}")
+
+
+RATIO_ROWS = {"Triton / FlashAttention-2": "Triton forward / FlashAttention-2's",
+              "Triton bwd / fastest": "Triton backward / fastest backward",
+              "Triton fwd+bwd / fastest": "Triton fwd + bwd / fastest fwd + bwd"}
+
+
+def field_ratio_table(t: dict, source: str = "") -> plots.Table:
+    """Each course kernel's forward against the fastest SDPA backend's forward (which backend that is, first);
+    Triton's forward against FlashAttention-2's, and its backward and forward + backward against the fastest
+    backend's (``ratios``)."""
+    qs = ratios(t)
+    course = list(dict.fromkeys(k for q in qs for k in q if k.endswith(" / fastest") and k not in RATIO_ROWS
+                                and not k.startswith("best ")))
+    body = [["fastest backend (forward)", *(q["fastest"] for q in qs)]]
+    body += [[k.removesuffix(" / fastest"), *(None if q.get(k) is None else f"{q[k]:.2f}" for q in qs)]
+             for k in course]
+    body += [[label, *(None if q.get(k) is None else f"{q[k]:.2f}" for q in qs)]
+             for k, label in RATIO_ROWS.items() if any(k in q for q in qs)]
+    return plots.table(["forward / fastest backend's", *map(_run_head, t["runs"])], body, source=source,
+                       align="l" + "r" * len(qs),
+                       title=f"Against PyTorch's fastest backend (goals: Triton forward >= "
+                             f"{GOALS['triton_fwd_of_fa2']}x FA-2's, backward >= {GOALS['bwd_of_fastest']}x)")
+
+
 def text_field(t: dict) -> str:
-    lines = [f"attention, FP16, {t['heads']} heads of {t['d']}, batch x N = {t['tokens']:,} tokens; PyTorch {t['torch']} "
-             f"(cuDNN {t['cudnn']}); TFLOP/s (share of the dense FP16 peak {t['fp16_peak_tflops']:.0f})"]
-    for r, q in zip(t["runs"], ratios(t)):
-        lines.append(f"  N = {r['N']:6,} {'causal' if r['causal'] else 'full  '} (batch {r['batch']}):")
-        for part, label in PARTS.items():
-            cells = [f"{k} {v:.0f} ({v / t['fp16_peak_tflops']:.0%})" for k, v in r[part].items()]
-            lines.append(f"    {label}: " + ", ".join(cells))
-        best = f" (best sm_80 kernel: {q['best sm_80 kernel']})" if "best sm_80 kernel" in q else ""
-        lines.append("    " + ", ".join(f"{k} {v:.2f}" for k, v in q.items() if " / " in k) + best)
-        bad = {k: v for k, v in r["errors"].items() if isinstance(v, str)}
-        if bad:
-            lines.append("    " + "; ".join(f"{k}: {v}" for k, v in bad.items()))
+    lines = [f"PyTorch {t['torch']} (cuDNN {t['cudnn']})"]
+    for part in PARTS:
+        lines += ["", str(field_table(t, part=part))]
+    lines += ["", str(field_ratio_table(t))]
     return "\n".join(lines)
 
 
@@ -473,24 +535,42 @@ def measure_profile() -> dict:
         return {"ok": False, "why": str(exc), "rows": []}
 
 
-def text_profile(p: dict) -> str:
-    """A row per kernel: TFLOP/s from ncu's duration, and its counters."""
+PROFILE_SHORT = {"tensor pipes (%)": "tensor %", "exp2 (XU) pipe (%)": "exp2 %", "occupancy (%)": "occupancy %",
+                 "SMs busy (%)": "SMs busy %", "DRAM (%)": "DRAM %", "registers": "regs"}
+
+
+def profile_kernel(name: str) -> str:
+    """A profiled kernel as a reader knows it: cuDNN's and FlashAttention-2's by their library, the course's by
+    the kernel's own name."""
     from gpucourse import profile
 
+    if "cudnn" in name:
+        return "cuDNN (SDPA)"
+    if "pytorch_flash" in name:
+        return "FlashAttention-2 (SDPA)"
+    return profile.short_name(name, 30)
+
+
+def profile_table(p: dict, source: str = "", causal: bool = False) -> plots.Table:
+    """ncu on each forward kernel: TFLOP/s from its duration, and its counters (PROFILE_METRICS)."""
+    keys = [k for k in PROFILE_METRICS if k != "gpu__time_duration.sum"]
+    rows, flops = (p["causal_rows"], p["causal_flops"]) if causal else (p["rows"], p["flops"])
+    body = []
+    for r in rows:
+        dur = r.get("gpu__time_duration.sum")
+        tf = flops / (dur * 1e-9) / 1e12 if isinstance(dur, float) and dur > 0 else None
+        body.append([profile_kernel(r["kernel"]), tf, *(r.get(k) if isinstance(r.get(k), float) else None
+                                                        for k in keys)])
+    return plots.table(["kernel", "TFLOP/s", *(PROFILE_SHORT[PROFILE_METRICS[k]] for k in keys)], body,
+                       source=source, align="l" + "r" * (len(keys) + 1),
+                       title=f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, "
+                             f"{'causal' if causal else 'not causal'})")
+
+
+def text_profile(p: dict) -> str:
     if not p["ok"]:
         return f"ncu: {p['why']}"
-    keys = [k for k in PROFILE_METRICS if k != "gpu__time_duration.sum"]
-    lines = []
-    for causal, rows, flops in ((False, p["rows"], p["flops"]), (True, p["causal_rows"], p["causal_flops"])):
-        lines += [f"ncu, forward at N = {p['N']:,} (batch {p['batch']}, {p['heads']} heads of {p['d']}, "
-                  f"{'causal' if causal else 'not causal'})",
-                  f"{'kernel':44} {'TFLOP/s':>8} " + " ".join(f"{PROFILE_METRICS[k]:>19}" for k in keys)]
-        for r in rows:
-            dur = r.get("gpu__time_duration.sum")
-            tf = flops / (dur * 1e-9) / 1e12 if isinstance(dur, float) and dur > 0 else float("nan")
-            lines.append(f"{profile.short_name(r['kernel'], 44):44} {tf:8.0f} " + " ".join(
-                f"{r[k]:19.1f}" if isinstance(r.get(k), float) else f"{'-':>19}" for k in keys))
-    return "\n".join(lines)
+    return "\n\n".join(str(profile_table(p, causal=causal)) for causal in (False, True))
 
 
 FIGURES = {

@@ -48,19 +48,28 @@ def graded_variants(tmp: Path, solution: Path, exercise: Path, variants, *, time
 
 # ------------------------------------------------------------------ what every lesson's exercise must meet
 
-def gradable_points(points: dict) -> float:
-    """The points CPU mode can grade: all but the performance tests'."""
-    return sum(p for g, p in points.items() if not g.startswith(grading.PERF_PREFIX))
+def gradable_points(points: dict, lacking=()) -> float:
+    """The points CPU mode can grade here: all but the performance tests' and those of the tests in ``lacking``
+    (tests of software this machine lacks, "not gradable here")."""
+    return sum(p for g, p in points.items() if not g.startswith(grading.PERF_PREFIX) and g not in lacking)
 
 
-def assert_full_marks(report, points: dict) -> None:
+def assert_lacking_not_gradable(report, lacking) -> None:
+    """The tests of software this machine lacks: "not gradable here (needs software this machine lacks)", 0 points."""
+    for grade_id in lacking:
+        t = report.test(grade_id)
+        assert (t.points, t.status) == (0, grading.NOT_GRADABLE_SOFTWARE) and not t.gradable, report.format()
+
+
+def assert_full_marks(report, points: dict, lacking=()) -> None:
     """The solution: every test in order with its points, every gradable point earned (CPU mode)."""
     assert report.mode == "cpu"
     assert [t.grade_id for t in report.tests] == list(points)
     assert {t.grade_id: t.max_points for t in report.tests} == points
-    assert report.score == gradable_points(points) == report.gradable_max_score, report.format()
+    assert report.score == gradable_points(points, lacking) == report.gradable_max_score, report.format()
     assert report.max_score == sum(points.values())
     assert all(t.status == "passed" for t in report.tests if t.gradable), report.format()
+    assert_lacking_not_gradable(report, lacking)
 
 
 def assert_performance_not_gradable(report, points: dict) -> None:
@@ -71,17 +80,21 @@ def assert_performance_not_gradable(report, points: dict) -> None:
         assert perf.status == grading.NOT_GRADABLE, report.format()
 
 
-def assert_scores_zero(report, points: dict) -> None:
+def assert_scores_zero(report, points: dict, lacking=()) -> None:
     """The released exercise, unanswered: nothing earned, every gradable test failed."""
     assert report.score == 0 and report.max_score == sum(points.values())
     assert all(t.status == "failed" for t in report.tests if t.gradable), report.format()
+    assert_lacking_not_gradable(report, lacking)
 
 
-def assert_loses_exactly(report, points: dict, lost) -> None:
+def assert_loses_exactly(report, points: dict, lost, lacking=()) -> None:
     """A wrong variant: 0 points on exactly the tests in ``lost`` (a list, or {grade_id: expected status}; a
-    list means "failed"), full points on every other gradable test."""
+    list means "failed"), full points on every other gradable test. Tests in ``lacking`` (software this machine
+    lacks) are "not gradable here" whatever the variant."""
     lost = lost if isinstance(lost, dict) else dict.fromkeys(lost, "failed")
-    assert report.score == gradable_points(points) - sum(points[g] for g in lost), report.format()
+    lost = {g: status for g, status in lost.items() if g not in lacking}
+    assert_lacking_not_gradable(report, lacking)
+    assert report.score == gradable_points(points, lacking) - sum(points[g] for g in lost), report.format()
     for t in report.tests:
         if t.grade_id in lost:
             assert (t.points, t.status) == (0, lost[t.grade_id]), report.format()
@@ -132,6 +145,8 @@ class LessonExercises:
     UNANSWERED: {grade_id: text its message holds in the blank exercise} ("NotImplementedError", ...).
     ANSWERS: snippets of the solution that must not be released.
     TIMEOUT: seconds per cell.
+    lacking(): the grade_ids of tests this machine lacks the software for (grading.software_missing), which the
+    grader reports "not gradable here"; none by default.
 
     A subclass adds its own tests (what the feedback says) with the ``graded`` fixture: {"solution",
     "exercise", variant name: GradeReport}."""
@@ -144,6 +159,10 @@ class LessonExercises:
     UNANSWERED: dict = {}
     ANSWERS: list = []
     TIMEOUT = 60
+
+    @classmethod
+    def lacking(cls) -> set:
+        return set()
 
     @classmethod
     def solution(cls) -> Path:
@@ -165,7 +184,7 @@ class LessonExercises:
                                timeout=cls.TIMEOUT)
 
     def test_solution_scores_every_gradable_point(self, graded):
-        assert_full_marks(graded["solution"], self.POINTS)
+        assert_full_marks(graded["solution"], self.POINTS, self.lacking())
         assert graded["solution"].notes == [], graded["solution"].notes
 
     def test_performance_tests_are_not_gradable_in_cpu_mode(self, graded):
@@ -175,12 +194,13 @@ class LessonExercises:
 
     def test_generated_exercise_scores_zero(self, graded):
         report = graded["exercise"]
-        assert_scores_zero(report, self.POINTS)
+        assert_scores_zero(report, self.POINTS, self.lacking())
         for grade_id, text in self.UNANSWERED.items():
-            assert text in report.test(grade_id).message, report.format()
+            if grade_id not in self.lacking():
+                assert text in report.test(grade_id).message, report.format()
 
     def test_wrong_variant_gets_exactly_its_partial_score(self, graded, variant):
-        assert_loses_exactly(graded[variant.__name__], self.POINTS, self.VARIANTS[variant])
+        assert_loses_exactly(graded[variant.__name__], self.POINTS, self.VARIANTS[variant], self.lacking())
 
     def test_exercise_matches_generation(self):
         assert grading.check_exercises([self.LESSON]) == []

@@ -1,7 +1,8 @@
 """Lesson 9's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
 released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
-(the kernels in the simulator), where the performance test is "not gradable here"; its GPU side is checked by
-grading the filled-in exercise on a GPU (tests/test_grading.py's GPU test)."""
+(the numba kernels in the simulator, Task 9.6's Triton kernel in Triton's interpreter where PyTorch is installed),
+where the performance tests are "not gradable here"; without PyTorch, Task 9.6's tests are "not gradable here (needs
+software this machine lacks)" too. The GPU side is checked by running the solution notebook on a GPU."""
 from __future__ import annotations
 
 import pytest
@@ -32,6 +33,17 @@ def causal_loads_everything(nb):
     replace_in_cell(nb, "task-9-4-tiles", "last_key = min(n, (b + 1) * block_m) if causal else n", "last_key = n")
 
 
+def sum_not_rescaled(nb):
+    """Task 9.6: the running max is updated and the output rescaled, but the running sum is not: wrong wherever a
+    later tile raises a row's max."""
+    replace_in_cell(nb, "task-9-6-kernel", "l_i = l_i * alpha + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)")
+
+
+def causal_mask_off_by_one(nb):
+    """Task 9.6: the causal mask hides the query's own key (j < i instead of j <= i): the first row sees nothing."""
+    replace_in_cell(nb, "task-9-6-kernel", "cols[None, :] <= offs_m[:, None]", "cols[None, :] < offs_m[:, None]")
+
+
 def counts_scores_bytes(nb):
     """Task 9.5: the bytes of S and P counted too, as if the scores went to memory."""
     replace_in_cell(nb, "task-9-5-cost", "return flops, 4.0 * batch * heads * n * d * itemsize",
@@ -44,17 +56,29 @@ class TestExercises(LessonExercises):
     TIMEOUT = 120  # seconds per cell: Task 9.3's kernel in the simulator takes a few
     POINTS = {"test_9_1_merge": 2, "test_9_1_empty": 1, "test_9_2_softmax": 2, "test_9_2_minus_infinity": 1,
               "perf_9_2_softmax": 2, "test_9_3_output": 3, "test_9_3_lse": 1, "test_9_4_tiles": 2,
-              "test_9_4_fraction": 1, "test_9_5_cost": 2, "test_9_5_ridge": 1}
+              "test_9_4_fraction": 1, "test_9_5_cost": 2, "test_9_5_ridge": 1, "test_9_6_forward": 3,
+              "test_9_6_causal": 2, "perf_9_6_forward": 2}
     VARIANTS = {
         merge_without_rescale: ["test_9_1_merge"],
         softmax_without_max: ["test_9_2_softmax"],
         forgets_rescale: ["test_9_3_output"],
         causal_loads_everything: ["test_9_4_tiles", "test_9_4_fraction"],
         counts_scores_bytes: ["test_9_5_cost", "test_9_5_ridge"],
+        sum_not_rescaled: ["test_9_6_forward", "test_9_6_causal"],
+        causal_mask_off_by_one: ["test_9_6_causal"],
     }
     UNANSWERED = {"test_9_1_merge": "NotImplementedError", "test_9_4_tiles": "NotImplementedError",
-                  "test_9_5_cost": "NotImplementedError", "test_9_5_ridge": "NameError"}
-    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m"]
+                  "test_9_5_cost": "NotImplementedError", "test_9_5_ridge": "NameError",
+                  "test_9_6_forward": "NotImplementedError", "test_9_6_causal": "NotImplementedError"}
+    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
+               "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
+
+    @classmethod
+    def lacking(cls) -> set:
+        """Task 9.6's tests where Triton cannot run here (no PyTorch for its interpreter, or no triton)."""
+        from kernels.attention import triton_kernels as T
+
+        return {g for g in cls.POINTS if g.startswith("test_9_6")} if T.available() else set()
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -65,3 +89,6 @@ class TestExercises(LessonExercises):
         assert "attention_forward's output" in message("forgets_rescale", "test_9_3_output")
         assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_9_4_tiles")
         assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_9_5_cost")
+        if not self.lacking():
+            assert "attention_kernel's output" in message("sum_not_rescaled", "test_9_6_forward")
+            assert "attention_kernel's output (causal)" in message("causal_mask_off_by_one", "test_9_6_causal")

@@ -1316,3 +1316,31 @@ def test_class_of_50_within_10_minutes_on_2_cores(tmp_path):
     assert max(r.seconds for r in report.reports.values()) < 30
     with open(report.csv) as f:
         assert len(list(csv.DictReader(f))) == 50
+
+
+def test_a_test_this_machine_lacks_the_software_for_is_not_gradable_rather_than_failed(capsys):
+    """A test of something this machine lacks the software for (Triton's kernels without a GPU or PyTorch) says so
+    in one line and is left out of the gradable total, performance test or not; a test whose source does not ask
+    (software_missing) is graded as usual when it prints the same line, and an error is still a failure."""
+    assert grading.software_missing(None, 3.0) is False and capsys.readouterr().out == ""
+    assert grading.software_missing("Triton's kernels need triton and PyTorch,\n and torch is not installed", 3) is True
+    line = capsys.readouterr().out.strip()
+    assert line == ("not gradable here: Triton's kernels need triton and PyTorch, and torch is not installed; "
+                    "0 of 3 points given here"), line
+    said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
+    asks = "if not grading.software_missing(TRITON, 3):\n    check()"
+    for grade_id in ("test_x", "perf_x"):
+        cell = _graded_cell(asks, [said], grade_id=grade_id)
+        assert grading.verdicts.cell_verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_SOFTWARE, line)
+    verdict = grading.verdicts.cell_verdict
+    assert verdict(_graded_cell(asks, [said]), 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE_SOFTWARE)
+    assert verdict(_graded_cell(asks, [said], "perf_x"), 3.0, "cpu")[:2] == (0.0, grading.NOT_GRADABLE)  # needs a GPU
+    assert not grading.TestResult("test_x", 0.0, 3.0, grading.NOT_GRADABLE_SOFTWARE, line).gradable
+    assert grading.verdicts.cell_verdict(_graded_cell("check()", [said]), 3.0, "cpu")[:2] == (3.0, "passed")
+    error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
+    assert grading.verdicts.cell_verdict(_graded_cell(asks, [said, error]), 3.0, "cpu")[:2] == (0.0, "failed")
+    report = grading.GradeReport("x.ipynb", "09_attention", "cpu", tests=[
+        grading.TestResult("test_a", 2.0, 2.0, "passed", ""),
+        grading.TestResult("test_x", 0.0, 3.0, grading.NOT_GRADABLE_SOFTWARE, line)])
+    assert report.gradable_max_score == 2.0
+    assert "3 points need software this machine lacks and were not given" in report.format(), report.format()

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .. import gpus, runtime
 from .reports import number
-from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
+from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, SOFTWARE_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
 from .verdicts import first_lines
 
 
@@ -195,6 +195,18 @@ def step_missing(step: str | None, max_points: float, cc=None) -> bool:
     if st.runs:
         return False
     print(STEP_PERF_MESSAGE.format(why=st.line(), points=number(max_points)))
+    return True
+
+
+def software_missing(why: str | None, max_points: float) -> bool:
+    """Where a test needs software this machine lacks (``why``: one line saying what, e.g. from
+    ``kernels.attention.triton_kernels.available()``; None where all is there), print the line that makes the test
+    "not gradable here (needs software this machine lacks)" (0 points, left out of the gradable total) and return
+    True; otherwise False. Any test cell, not only a ``perf_`` one, starts with ``if not grading.software_missing(why,
+    points): ...``; the verdict believes the line only in a test whose own source calls this function."""
+    if why is None:
+        return False
+    print(SOFTWARE_MESSAGE.format(why=" ".join(str(why).split()), points=number(max_points)))
     return True
 
 

@@ -7,7 +7,7 @@ from .text import number  # noqa: F401 (used here and by the rooms that import i
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .settings import NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, PERF_PREFIX
+from .settings import NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, NOT_GRADABLE_SOFTWARE, NOT_GRADABLE_STATUSES, PERF_PREFIX
 
 
 @dataclass
@@ -20,7 +20,8 @@ class TestResult:
     points: float
     max_points: float
     # passed | partial | failed | timed out | kernel died | not run | not gradable here (needs a GPU)
-    # | not gradable here (needs more GPUs) | needs manual grading
+    # | not gradable here (needs more GPUs) | not gradable here (needs a newer GPU)
+    # | not gradable here (needs software this machine lacks) | needs manual grading
     status: str
     message: str
 
@@ -30,7 +31,7 @@ class TestResult:
 
     @property
     def gradable(self) -> bool:
-        return self.status not in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH)
+        return self.status not in NOT_GRADABLE_STATUSES
 
 
 @dataclass
@@ -90,9 +91,10 @@ class GradeReport:
             held = sum(t.max_points for t in skipped)
             kinds = {t.status for t in skipped}
             need = ("more GPUs" if kinds == {NOT_GRADABLE_GPUS} else "a newer GPU" if kinds == {NOT_GRADABLE_ARCH}
-                    else "a GPU")
+                    else "software this machine lacks" if kinds == {NOT_GRADABLE_SOFTWARE} else "a GPU")
+            what = "performance point" if all(t.performance for t in skipped) else "point"
             total += (f"  ({number(self.score)} / {number(self.gradable_max_score)} gradable here; "
-                      f"{number(held)} performance point{'s' if held != 1 else ''} need {need} and were not given)")
+                      f"{number(held)} {what}{'s' if held != 1 else ''} need {need} and were not given)")
         lines.append(total)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

@@ -54,11 +54,16 @@ PERF_PREFIX = "perf_"
 NOT_GRADABLE = "not gradable here (needs a GPU)"
 NOT_GRADABLE_GPUS = "not gradable here (needs more GPUs)"
 NOT_GRADABLE_ARCH = "not gradable here (needs a newer GPU)"
+NOT_GRADABLE_SOFTWARE = "not gradable here (needs software this machine lacks)"
+NOT_GRADABLE_STATUSES = (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH, NOT_GRADABLE_SOFTWARE)
 CPU_PERF_MESSAGE = "performance: not gradable in CPU mode (needs a GPU); 0 of {points} points given here"
 GPUS_PERF_MESSAGE = ("performance: not gradable on this machine (needs {needed} GPUs, it has {have}); "
                      "0 of {points} points given here")
 # A performance test of a lesson step this GPU cannot run (gpucourse.gpus says which GPU each step needs).
 STEP_PERF_MESSAGE = "performance: not gradable on this GPU ({why}); 0 of {points} points given here"
+# Any test (not only a performance test) of something this machine lacks the software for, e.g. Triton's kernels
+# without PyTorch (grading.software_missing): the test cell prints this line and checks nothing.
+SOFTWARE_MESSAGE = "not gradable here: {why}; 0 of {points} points given here"
 
 # A cell's stderr output that holds a Python warning ("file.py:12: SomeWarning: text") is removed before
 # scoring: a NumbaPerformanceWarning about a small grid must not cost a test its points.

@@ -14,6 +14,10 @@
       test prints ``GPUS_PERF_MESSAGE`` (``gpus_missing``) and is "not gradable here (needs more GPUs)"; on a
       GPU that cannot run the lesson step a performance test times (gpucourse.gpus), it prints
       ``STEP_PERF_MESSAGE`` (``step_missing``) and is "not gradable here (needs a newer GPU)".
+    * Any test whose own (locked) source calls ``software_missing`` and which printed ``SOFTWARE_MESSAGE`` without an
+      error is "not gradable here (needs software this machine lacks)": 0 points, left out of the gradable total,
+      e.g. a Triton test where neither a GPU nor PyTorch for Triton's interpreter is there. A test that does not
+      call it and prints the line is graded as usual.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import re
 from .integrity import transform_ipython
 from .reports import number
 from .settings import (CPU_PERF_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS,
-                       PERF_PREFIX, STEP_PERF_MESSAGE, ANSI)
+                       NOT_GRADABLE_SOFTWARE, PERF_PREFIX, SOFTWARE_MESSAGE, STEP_PERF_MESSAGE, ANSI)
 
 
 def clip_text(text: str, chars: int) -> str:
@@ -51,6 +55,10 @@ def cell_verdict(cell, max_points: float, mode: str | None, event=None) -> tuple
         return 0.0, NOT_GRADABLE, line
     if event:
         return 0.0, event[0], event[1]
+    lacking = [line for line in stdout.splitlines() if line.startswith(SOFTWARE_MESSAGE.split("{")[0])]
+    if lacking and "software_missing(" in as_text(cell.get("source")) \
+            and not any(o.get("output_type") == "error" for o in outputs):
+        return 0.0, NOT_GRADABLE_SOFTWARE, lacking[-1]
     if grade_id.startswith(PERF_PREFIX) and said and said[-1].startswith(GPUS_PERF_MESSAGE.split("{")[0]) \
             and not any(o.get("output_type") == "error" for o in outputs):
         return 0.0, NOT_GRADABLE_GPUS, said[-1]

@@ -24,8 +24,7 @@ from .. import runtime
 from .course import course_config, tail
 from .reports import number
 from .settings import (
-    COURSE_ID, KERNEL_NAME, Limits, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS, TRACEBACK_LINES, VALUE_CHARS,
-    WARNING_PATTERN)
+    COURSE_ID, KERNEL_NAME, Limits, NOT_GRADABLE_STATUSES, TRACEBACK_LINES, VALUE_CHARS, WARNING_PATTERN)
 from .submissions import prepare_submission, read_notebook
 from .verdicts import clip_text, first_lines, as_text, cell_verdict
 
@@ -200,7 +199,7 @@ def _annotate(graded: Path, tests: list[dict]) -> None:
         t = verdicts.get(cell.get("metadata", {}).get("nbgrader", {}).get("grade_id"))
         if t is None or cell.get("cell_type") != "code":
             continue
-        got = "-" if t["status"] in (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH) else number(t["points"])
+        got = "-" if t["status"] in NOT_GRADABLE_STATUSES else number(t["points"])
         detail = t["status"] if t["message"] in ("", t["status"]) else f"{t['status']}: {t['message']}"
         cell.setdefault("outputs", []).append({"output_type": "stream", "name": "stdout",
                                                "text": f"grader: {got} / {number(t['max_points'])}, {detail}\n"})
