@@ -261,6 +261,15 @@ def plot_roofline(table: dict, ceilings: dict, source: str):
                           title="Vector multiply on the roofline")
 
 
+def kernels_table(table: dict, source: str):
+    """The kernel table for a notebook (plots.table: HTML there, aligned text elsewhere): time, GB/s, and the
+    fractions of the copy and of cupy.multiply."""
+    rows = [(r["name"], bench.format_ms(r["median_ms"]), round(r["gbps"]), f"{r['of_copy']:.2f}",
+             f"{r['of_library']:.2f}") for r in table["rows"]]
+    return plots.table(["kernel", "median", "GB/s", "of copy", "of cupy"], rows, source=source,
+                       title=f"Vector multiply, 2 x {table['n'] * 4 / 2**30:.0f} GiB float32 (bytes read + written)")
+
+
 def table_text(table: dict) -> str:
     """The kernel table as aligned text."""
     lines = [f"{'':32} {'median':>10} {'GB/s':>8} {'of copy':>8} {'of cupy':>8}"]

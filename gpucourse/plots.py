@@ -295,3 +295,101 @@ def _cell(v) -> str:
 
 def _numeric(text: str) -> bool:
     return bool(re.fullmatch(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?\s*\S{0,6}", text)) or text == ""
+
+
+def execution_model(*, blocks: int = 10, threads_per_block: int = 128, sms: int = 4, blocks_per_sm: int = 2,
+                    block: int = 2, thread: int = 37, warp_size: int = 32, source: str = "",
+                    title: str = "How a launch kernel[blocks, threads_per_block] runs"):
+    """The picture lesson 1 draws and every later lesson builds on: a launch's grid of blocks, one block split
+    into warps of ``warp_size`` threads, and the blocks placed on the GPU's streaming multiprocessors (SMs).
+
+    Top: the grid, ``blocks`` blocks (blockIdx.x) of ``threads_per_block`` threads (blockDim.x), and the
+    elements each covers with one thread per element. Middle: block ``block``, its threads (threadIdx.x) in
+    rows of one warp each; thread ``thread`` is marked, with the global index cuda.grid(1) it computes. A
+    last warp that the block does not fill has lanes with no thread (hatched). Bottom: ``sms`` SMs holding up to
+    ``blocks_per_sm`` blocks each, the first blocks in launch order placed one SM after another; the rest wait
+    for a place. (The hardware chooses the order and the SM; the picture shows one possibility.)"""
+    import math
+
+    from matplotlib.patches import Rectangle
+
+    if not (1 <= blocks <= 64 and 1 <= threads_per_block <= 1024 and 1 <= sms <= 16 and 1 <= blocks_per_sm <= 8):
+        raise CourseInputError("execution_model draws 1..64 blocks of 1..1024 threads on 1..16 SMs holding 1..8 "
+                               f"blocks each; got blocks={blocks}, threads_per_block={threads_per_block}, "
+                               f"sms={sms}, blocks_per_sm={blocks_per_sm}")
+    if not (0 <= block < blocks and 0 <= thread < threads_per_block):
+        raise CourseInputError(f"the marked thread must be in the grid: block 0..{blocks - 1}, thread "
+                               f"0..{threads_per_block - 1}; got block={block}, thread={thread}")
+    plt = _plt()
+    warps = math.ceil(threads_per_block / warp_size)
+    mark, plain, empty = "tab:orange", "#cfe0f3", "white"
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(11, 9.5), gridspec_kw={"height_ratios": [1.1, 1.7, 1.6]})
+    for ax in (top, mid, low):
+        ax.set_axis_off()
+
+    # The grid: one box per block, with the elements it covers (one thread per element).
+    top.set_xlim(-0.5, blocks + 0.5)
+    top.set_ylim(-1.3, 1.4)
+    for b in range(blocks):
+        top.add_patch(Rectangle((b, 0), 0.9, 0.9, facecolor=mark if b == block else plain, edgecolor="black"))
+        top.text(b + 0.45, 0.45, f"block\n{b}", ha="center", va="center", fontsize=8)
+        first, last = b * threads_per_block, (b + 1) * threads_per_block - 1
+        top.text(b + 0.45, -0.25, f"{first:,}-\n{last:,}", ha="center", va="top", fontsize=6.5, color="dimgrey")
+    top.text(-0.5, 1.15, f"The grid: {blocks} blocks (blockIdx.x = 0..{blocks - 1}, gridDim.x = {blocks}), each of "
+             f"{threads_per_block} threads (blockDim.x = {threads_per_block}).\nGrey: the elements each block covers "
+             "with one thread per element.", fontsize=9)
+
+    # One block: its threads in rows of one warp each.
+    mid.set_xlim(-7, warp_size + 1)
+    mid.set_ylim(warps + 1.1, -1.0)
+    for w in range(warps):
+        last = min(threads_per_block, (w + 1) * warp_size) - 1
+        mid.text(-0.6, w + 0.45, f"warp {w}: threadIdx.x {w * warp_size}..{last}",
+                 ha="right", va="center", fontsize=7.5)
+        for lane in range(warp_size):
+            t = w * warp_size + lane
+            real = t < threads_per_block
+            mid.add_patch(Rectangle((lane, w), 0.9, 0.9, facecolor=(mark if t == thread else plain) if real else empty,
+                                    edgecolor="grey", lw=0.4, hatch=None if real else "////"))
+    for lane in (0, warp_size - 1):
+        mid.text(lane + 0.45, -0.2, f"lane {lane}", ha="center", va="bottom", fontsize=7)
+    w, lane = divmod(thread, warp_size)
+    i = block * threads_per_block + thread
+    mid.annotate(f"threadIdx.x = {thread} (warp {w}, lane {lane})\ncuda.grid(1) = blockIdx.x * blockDim.x + "
+                 f"threadIdx.x = {block} * {threads_per_block} + {thread} = {i}: this thread's element",
+                 xy=(lane + 0.45, w + 0.9), xytext=(2, warps + 0.9), fontsize=8.5,
+                 arrowprops={"arrowstyle": "->", "color": mark})
+    note = "" if threads_per_block % warp_size == 0 else "; hatched: lanes of the last warp with no thread"
+    mid.text(-7, -0.75, f"Block {block}: {threads_per_block} threads run as {warps} warps of {warp_size} threads "
+             f"(lanes 0..{warp_size - 1}); a warp executes one instruction for all its threads at once{note}.",
+             fontsize=9)
+
+    # The GPU: SMs, each holding a few blocks; the rest wait.
+    low.set_xlim(-0.2, sms * 3.2 + 2.6)
+    low.set_ylim(-1.7, blocks_per_sm * 1.1 + 1.5)
+    placed = {s: [] for s in range(sms)}
+    waiting = []
+    for b in range(blocks):
+        s = b % sms
+        (placed[s] if len(placed[s]) < blocks_per_sm else waiting).append(b)
+    for s in range(sms):
+        x0 = s * 3.2
+        low.add_patch(Rectangle((x0, 0), 3.0, blocks_per_sm * 1.1 + 0.4, facecolor="#f2f2f2", edgecolor="black"))
+        low.text(x0 + 1.5, blocks_per_sm * 1.1 + 0.55, f"SM {s}", ha="center", va="bottom", fontsize=9)
+        for k, b in enumerate(placed[s]):
+            y = 0.2 + (blocks_per_sm - 1 - k) * 1.1  # the first block placed at the top
+            low.add_patch(Rectangle((x0 + 0.2, y), 2.6, 0.9, facecolor=mark if b == block else plain,
+                                    edgecolor="black", lw=0.6))
+            low.text(x0 + 1.5, y + 0.45, f"block {b}: {warps} warps", ha="center", va="center", fontsize=7.5)
+    if waiting:
+        low.text(sms * 3.2 + 0.1, blocks_per_sm * 0.55, "waiting for a place\n(each takes one as a block ends):\n"
+                 + ", ".join(f"block {b}" for b in waiting[:6]) + (" ..." if len(waiting) > 6 else ""),
+                 fontsize=8, va="center")
+    low.text(-0.2, -0.5, f"The GPU: {sms} streaming multiprocessors (SMs) in this picture. A block runs on one SM "
+             "from start to end; an SM holds several blocks at once\nand switches between their warps, so that "
+             "while one warp waits for memory another computes. Which SM runs which block, and when, is the\n"
+             "hardware's choice: threads of different blocks must not depend on each other's order.", fontsize=8.5,
+             va="top")
+    fig.suptitle(title + (f"\n{source}" if source else ""), fontsize=11)
+    fig.tight_layout()
+    return fig

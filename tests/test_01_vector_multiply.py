@@ -172,3 +172,113 @@ def test_lesson_benchmark_at_small_size():
     assert {r["name"] for r in table["rows"]} >= {"numba, grid-stride", "cupy.multiply", "device-to-device copy"}
     for r in table["rows"]:
         assert r["median_ms"] > 0 and r["gbps"] > 0
+
+
+# ------------------------------------------------------------------ the picture lesson 1 draws
+
+def test_execution_model_draws_grid_warps_and_sms():
+    """plots.execution_model: the grid's blocks, the marked block's warps with the marked thread and the index it
+    computes, the SMs with the blocks they hold and the blocks that wait; offline, in either mode."""
+    from matplotlib.patches import Rectangle
+
+    from gpucourse import plots
+
+    fig = plots.execution_model(blocks=10, threads_per_block=100, sms=4, blocks_per_sm=2, block=2, thread=37)
+    top, mid, low = fig.axes
+    texts = " | ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+    assert sum(isinstance(p, Rectangle) for p in top.patches) == 10  # one box per block
+    assert sum(isinstance(p, Rectangle) for p in mid.patches) == 4 * 32  # 100 threads: 4 warps of 32 lanes
+    assert sum(p.get_hatch() == "////" for p in mid.patches) == 4 * 32 - 100  # lanes with no thread
+    assert "cuda.grid(1) = blockIdx.x * blockDim.x + threadIdx.x = 2 * 100 + 37 = 237" in texts
+    assert "threadIdx.x = 37 (warp 1, lane 5)" in texts and "warp 3: threadIdx.x 96..99" in texts
+    assert all(f"SM {s}" in texts for s in range(4)) and "block 8, block 9" in texts  # 8 placed, 2 waiting
+    assert sum(isinstance(p, Rectangle) for p in low.patches) == 4 + 8
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    with pytest.raises(runtime.CourseInputError, match="marked thread must be in the grid"):
+        plots.execution_model(blocks=2, threads_per_block=64, block=2)
+    with pytest.raises(runtime.CourseInputError, match="1..1024 threads"):
+        plots.execution_model(threads_per_block=2048)
+
+
+# ------------------------------------------------------------ what the prose says, on every record
+
+def _records_with(figure):
+    from gpucourse import records
+
+    recs = [r for r in records.all_records("01_vector_multiply") if figure in r["figures"]]
+    if not recs:
+        pytest.skip(f"no record of lesson 1 holds {figure!r}")
+    return recs
+
+
+def test_recorded_kernel_table_reads_as_the_lesson_says():
+    """Notebook 01, section 8: cupy.multiply and the numba grid-stride loop stay below the copy; the float4 loads
+    bring CUDA C to the copy's rate; four float4 loads in flight add nothing more."""
+    for rec in _records_with("kernels"):
+        rows = {r["name"]: r for r in rec["figures"]["kernels"]["rows"]}
+        where = rec["path"]
+        assert rows["cupy.multiply"]["of_copy"] < 0.95, where
+        assert rows["numba, grid-stride"]["of_copy"] < 0.95, where
+        assert rows["CUDA C, float4"]["of_copy"] >= 0.97, where
+        assert rows["CUDA C, float4 x4 unrolled"]["gbps"] <= 1.02 * rows["CUDA C, float4"]["gbps"], where
+
+
+def test_recorded_grid_sweep_best_grid_differs_between_kernels():
+    """Notebook 01: 'the answer differs between the scalar kernel and the float4 one'."""
+    for rec in _records_with("grids"):
+        series = rec["figures"]["grids"]["series"]
+        best = {k: int(np.argmax(v["gbps"])) for k, v in series.items()}
+        assert best["vmul_grid_stride"] != best["vmul_vec4"], rec["path"]
+
+
+def test_recorded_size_sweep_small_vectors_pay_the_launch():
+    """Notebook 01: small vectors are dominated by the launch, and numba's launch costs more than CuPy's."""
+    for rec in _records_with("sweep"):
+        gbps = rec["figures"]["sweep"]["gbps"]
+        assert gbps["numba, grid-stride"][0] < gbps["cupy.multiply"][0], rec["path"]
+        assert all(v[0] < 0.1 * max(v) for v in gbps.values()), rec["path"]
+
+
+def test_recorded_transfers_and_timing_read_as_the_lesson_says():
+    """Notebook 01, sections 6 and 7: pinned copies beat pageable ones; even pinned they move data at a small
+    fraction of the kernel's rate; the unsynchronised host timer reads a small part of the kernel's time."""
+    for rec in _records_with("transfers"):
+        rows = {r["name"]: r for r in rec["figures"]["transfers"]["rows"]}
+        kernel = rows["kernel (numba grid-stride)"]["gbps"]
+        for direction in ("a, b host->device", "out device->host"):
+            assert rows[f"{direction}, pinned"]["gbps"] > 2 * rows[f"{direction}, pageable"]["gbps"], rec["path"]
+            assert rows[f"{direction}, pinned"]["gbps"] < 0.1 * kernel, rec["path"]
+        launch = rec["figures"]["launch"]
+        assert launch["wall_no_sync_ms"] < 0.5 * launch["events_ms"], rec["path"]
+
+
+def test_recorded_utilisation_is_the_same_reading_for_different_work():
+    """Notebook 01, section 9: one block on one SM and blocks on every SM read (nearly) the same utilisation, for
+    very different work."""
+    for rec in _records_with("utilisation"):
+        u = rec["figures"]["utilisation"]
+        assert abs(u["one_block_pct"] - u["every_sm_pct"]) <= 10 and u["work_ratio"] > 10, rec["path"]
+
+
+def test_recorded_numba_sweep_lessons_of_the_deep_dive():
+    """Notebook 01's deep dive, 'Lessons learned', on every record: one block of 256 threads per SM reaches well
+    under half the copy and from 8 blocks per SM on more change next to nothing; four loads in flight more than
+    double the rate at one block per SM and add next to nothing at a full SM; the pairs kernel comes within a
+    few hundredths of the copy, below the CUDA C float4 kernel."""
+    for rec in _records_with("numba"):
+        kernels = rec["figures"]["kernels"]
+        copy = kernels["copy_gbps"]
+        series = rec["figures"]["numba"]["series"]
+        per_sm = series["grid_stride, 256 threads"]["per_sm"]
+        plain = np.array(series["grid_stride, 256 threads"]["gbps"]) / copy
+        x4 = np.array(series["grid_stride_x4, 256 threads"]["gbps"]) / copy
+        full, most = per_sm.index(8), per_sm.index(32)
+        where = rec["path"]
+        assert plain[0] < 0.5 and abs(plain[most] - plain[full]) < 0.05, where
+        assert x4[0] > 2 * plain[0], where
+        assert abs(x4[full] - plain[full]) <= 0.05 and abs(x4[most] - plain[most]) <= 0.05, where
+        rows = {r["name"]: r for r in kernels["rows"]}
+        pairs = rows["numba, grid-stride, pairs (two adjacent elements a thread)"]
+        assert pairs["of_copy"] >= 0.95 and pairs["gbps"] < rows["CUDA C, float4"]["gbps"], where

@@ -362,6 +362,38 @@ def test_recorded_reduction_targets(record):
             assert r["rel_error"] < 1e-4
 
 
+def test_recorded_figures_read_as_the_lessons_say(record):
+    """Notebook 02 and its deep dive, in words that must hold on every record: the one-path body runs at a rate
+    comparable to cuBLAS FP32; numba's branch kernel takes longer than the CUDA C one at every path count;
+    without __syncwarp B read -1 and Y read A's values; tree and shuffle sums run close to the read ceiling,
+    level with cupy.sum, and ahead of numba's; one atomic per thread takes several times as long, one per element
+    orders of magnitude longer, and gets the sum wrong; from a few blocks per SM on the grid hardly matters;
+    the read probe needs many blocks with one load in flight and a handful with four or more."""
+    for rec in records.all_records(LESSON):
+        f, where = rec["figures"], rec["path"]
+        lanes = f["lanes"]
+        assert 0.5 * rec["ceilings"]["fp32_tflops"] <= lanes["tflops_one_path"] <= 2 * rec["ceilings"]["fp32_tflops"]
+        c, nb = lanes["series"]["CUDA C, branch on lane id"], lanes["series"]["numba, branch on lane id"]
+        assert all(n > 1.5 * m for n, m in zip(nb["median_ms"], c["median_ms"])), where
+        seen = f["order"]["no_sync"]["seen"]
+        assert seen[:4] == [-1.0] * 4 and seen[4:8] == [100.0, 101.0, 102.0, 103.0], where
+        rows = {r["name"]: r for r in f["reductions"]["rows"]}
+        shuffle, cupy = rows["CUDA C, warp shuffles"], rows["cupy.sum"]
+        for name in ("CUDA C, warp shuffles", "CUDA C, shared-memory tree"):
+            assert rows[name]["of_read"] >= 0.85 and rows[name]["gbps"] >= 0.97 * cupy["gbps"], (where, name)
+            assert rows[name.replace("CUDA C", "numba")]["gbps"] < rows[name]["gbps"], (where, name)
+        assert rows["CUDA C, atomics (one per thread)"]["median_ms"] >= 2 * shuffle["median_ms"], where
+        each = rows["CUDA C, atomics (one per element)"]
+        assert each["median_ms"] >= 100 * shuffle["median_ms"] and each["rel_error"] > 0.1, where
+        grids = f["reduce_grids"]
+        for method, gbps in grids["gbps"].items():
+            few = grids["blocks_per_sm"].index(4)
+            assert min(gbps[few:]) >= 0.95 * max(gbps) and gbps[0] < 0.9 * max(gbps), (where, method)
+        probes = {(p["unroll"], p["blocks_per_sm"]): p["gbps"] for p in f["reductions"]["probes"]}
+        best = max(probes.values())
+        assert probes[1, 4] < 0.9 * best and all(probes[u, 4] >= 0.95 * best for u in (4, 8)), where
+
+
 # ----------------------------------------------------------------------------------- GPU only
 
 @pytest.mark.gpu

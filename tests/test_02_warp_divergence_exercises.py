@@ -61,6 +61,16 @@ def no_serialisation(nb):
     replace_in_cell(nb, "task-2-3-slowdown", "slowdown_c = (2 + 4 * 6) / (2 + 6)", "slowdown_c = (2 + 5 * 6) / (2 + 6)")
 
 
+def efficiency_of_whole_warps(nb):
+    """Task 2.3 (a): the cost right, but every trip of the loop counted as if all 32 lanes took part."""
+    replace_in_cell(nb, "task-2-3-answers", "(24 + 16 + 8) * 3", "32 * 3 * 3")
+
+
+def slowdown_without_common_steps(nb):
+    """Task 2.3 (c): the paths per warp right (4), but the 2 steps every thread runs left out of the ratio."""
+    replace_in_cell(nb, "task-2-3-slowdown", "slowdown_c = (2 + 4 * 6) / (2 + 6)", "slowdown_c = 4 * 6 / 6")
+
+
 def average_cost_in_exercise(nb):
     """The released exercise filled in, with expected_warp_cost = expected paths x the mean body: right when the
     two bodies cost the same, which is all the visible test tries; the hidden tests nbgrader puts back try
@@ -90,6 +100,8 @@ class TestExercises(LessonExercises):
         forgets_to_zero: ["test_2_2_launcher"],
         blocks_of_1024: [],
         no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
+        efficiency_of_whole_warps: ["test_2_3_efficiency"],
+        slowdown_without_common_steps: ["test_2_3_slowdown"],
         average_cost_in_exercise: ["test_2_3_expected_cost"],
     }
     UNANSWERED = {"test_2_1_element_of": "NotImplementedError", "test_2_1_kernel": "NotImplementedError",
@@ -108,6 +120,8 @@ class TestExercises(LessonExercises):
         assert "ran [0] shuffles" in message("atomic_per_thread", "test_2_2_kernel")
         assert "33 elements: got nan" in message("early_return", "test_2_2_kernel")  # a hidden test
         assert "got nan" in message("forgets_to_zero", "test_2_2_launcher")
-        assert "the model gives 31" in message("no_serialisation", "test_2_3_cost")  # a hidden test
-        assert "the model gives 3.25" in message("no_serialisation", "test_2_3_slowdown")
+        assert "cost_a = 23 is not the model's cost" in message("no_serialisation", "test_2_3_cost")
+        assert "slowdown_c = 4.0 is not the model's" in message("no_serialisation", "test_2_3_slowdown")
+        assert "efficiency_a = 0.532" in message("efficiency_of_whole_warps", "test_2_3_efficiency")
+        assert "slowdown_c = 4.0 is not the model's" in message("slowdown_without_common_steps", "test_2_3_slowdown")
         assert "expected_warp_cost(0.015625, 10, 1)" in message("average_cost_in_exercise", "test_2_3_expected_cost")

@@ -74,6 +74,19 @@ def kernel_dies(nb):
     replace_in_cell(nb, "task-1-2-gbps", "    nbytes = 3 * n * itemsize", "    import os\n    os._exit(1)")
 
 
+def kernel_ms_not_seconds(nb):
+    """Task 1.3 (b): the kernel's 2.3 ms used as if it were seconds: copy_over_kernel a thousand times too small.
+    The visible test catches it."""
+    replace_in_cell(nb, "task-1-3-answers", "copy_over_kernel = pinned_s / (KERNEL_MS * 1e-3)",
+                    "copy_over_kernel = pinned_s / KERNEL_MS")
+
+
+def one_input_only(nb):
+    """Task 1.3 (b): copies one input vector (2 GiB), not both: every time half the truth, the ratio right. The
+    visible test catches it."""
+    replace_in_cell(nb, "task-1-3-answers", "both_inputs = 2 * 2 * 2**30", "both_inputs = 2 * 2**30")
+
+
 # variant -> (points lost by grade_id, expected status of those tests)
 VARIANTS = {
     skips_last_element: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
@@ -83,6 +96,8 @@ VARIANTS = {
     float_grid: {"test_1_4_fast_multiply": "failed"},
     odd_sizes_in_exercise: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
                             "test_1_4_fast_multiply": "failed"},
+    kernel_ms_not_seconds: {"test_1_3_answers": "failed"},
+    one_input_only: {"test_1_3_answers": "failed"},
 }
 
 
@@ -131,6 +146,9 @@ def test_feedback_names_the_error(graded):
     assert graded["float_grid"].test("test_1_4_fast_multiply").message.startswith("TypeError")
     assert "n=1001" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
     assert "n=5," in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
+    assert "pinned_s over the kernel's 2.3 ms, both in seconds" in \
+        graded["kernel_ms_not_seconds"].test("test_1_3_answers").message
+    assert "is not the time to copy both inputs at 10 GB/s" in graded["one_input_only"].test("test_1_3_answers").message
 
 
 def test_a_kernel_that_dies_fails_its_cell_and_stops_the_rest(graded):
