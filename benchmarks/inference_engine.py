@@ -19,32 +19,11 @@ from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import inference_engine as E
 
-LESSON = "05_inference_engine"
+# the lesson's model, its engines and their goals: shared with the phases benchmark, which this module imports
+from benchmarks.inference_engine_model import (ENGINES, LESSON, load, NETWORK, NETWORK_GOALS, OPTIMISED,  # noqa: F401
+                                               TARGETS)
+
 # run() records "pytorch" too (PyTorch beside the engine, or why not: pytorch_table); records made before it have none
-ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
-    "layer by layer, FP32": (False, "fp32", False),
-    "layer by layer + graph, FP32": (False, "fp32", True),
-    "fused, FP32": (True, "fp32", False),
-    "fused + graph, FP32": (True, "fp32", True),
-    "layer by layer, FP16": (False, "fp16", False),
-    "layer by layer + graph, FP16": (False, "fp16", True),
-    "fused, FP16": (True, "fp16", False),
-    "fused + graph, FP16": (True, "fp16", True),
-    "fused + graph, INT8": (True, "int8", True),
-    # the fused graph's whole network as one kernel (build_plan(fuse_network=True), network.py), replayed as a graph
-    "one kernel (the network), FP32": (True, "fp32", True),
-    "one kernel (the network), FP16": (True, "fp16", True),
-    "one kernel (the network), INT8": (True, "int8", True),
-}
-OPTIMISED = "fused + graph"  # the engine the targets are about, against "layer by layer" (eager)
-NETWORK = "one kernel (the network)"  # rows of ENGINES whose plan is one step; records made before them have none
-NETWORK_GOALS = {"vs_pytorch": 1.2, "int8_vs_fp16_batch": 1.3}  # the issue's goals for them (PyTorch's: pytorch_table)
-
-
-def load() -> tuple:
-    """(imported graph, optimisation stages, data) of the lesson's model file."""
-    g, data = E.load_model_file()
-    return g, E.optimize(g), E.dataset(data)
 
 
 def build_engines(stages: list, d: dict, *, max_batch: int | None = None, calibration: str = "percentile") -> dict:
@@ -121,9 +100,6 @@ def engine_table(engines: dict, d: dict, *, repeats: int = 30) -> dict:
                      "build_s": build_s})
     return {"rows": rows, "ratios": ratios(rows), "keras_accuracy": d["keras_accuracy"],
             "test_images": len(d["y_test"]), "targets": TARGETS}
-
-
-TARGETS = {"optimised_vs_layer": 2.0, "fp16_vs_fp32": 1.5}  # the lesson's goals (see ratios)
 
 
 def ratios(rows: list) -> dict:

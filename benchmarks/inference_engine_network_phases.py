@@ -71,14 +71,14 @@ def stamped_region() -> str:
 
 
 def measure(batch: int = 256, runs: int = 5) -> dict:
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import load
     from gpucourse import bench, cuda_c, runtime
     from kernels import inference_engine as E
     from kernels.inference_engine import network as N
 
     runtime.require_gpu("stamping the network kernel's phases")
     cp = runtime.cupy()
-    _, stages, d = lesson.load()
+    _, stages, d = load()
     region = stamped_region()
     xs = cp.asarray(d["x_test"][np.arange(batch) % len(d["x_test"])].astype(np.float32))
     out = {"gpu": runtime.get().device.get("name"), "batch": batch, "runs": runs, "phases": list(PHASES), "rows": [],
@@ -144,12 +144,12 @@ def bound(t: dict, engines: dict | None = None) -> dict:
     engines spend a call (end to end less GPU only). Returns {"rows": {name: {part: µs}}, "ratio": {name: x},
     "end_to_end": bool}: the parts the phases, "launch and gap" and (end to end) "host". Without the engines'
     one-kernel rows at this batch (no figure given, or one recorded before them) the calls are GPU only."""
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import NETWORK
 
     f16, i8 = _batch_row(t, "fp16"), _batch_row(t, "int8")
     calls = t["call_us"]
     rows = {r["name"]: r for r in (engines or {}).get("rows", [])}
-    mine = {p: rows.get(f"{lesson.NETWORK}, {p.upper()}") for p in ("fp16", "int8")}
+    mine = {p: rows.get(f"{NETWORK}, {p.upper()}") for p in ("fp16", "int8")}
     # GPU only without a figure, with one recorded before the one-kernel engines, or with one at another batch
     end_to_end = all(r and r["batch"] == t["batch"] for r in mine.values())
     host = {p: 1e3 * (r["batch_ms"] - r["batch_gpu_ms"]) for p, r in mine.items()} if end_to_end else {}
@@ -182,9 +182,9 @@ def bound_text(b: dict) -> str:
 
 
 def _goal() -> float:
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import NETWORK_GOALS
 
-    return lesson.NETWORK_GOALS["int8_vs_fp16_batch"]
+    return NETWORK_GOALS["int8_vs_fp16_batch"]
 
 
 def plot(t: dict, source: str, engines: dict | None = None, **_):

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from benchmarks.inference_engine_model import NETWORK, OPTIMISED
 from gpucourse import bench, records, runtime
 from kernels import inference_engine as E
 
@@ -52,8 +53,8 @@ COMPILE_MODE = "max-autotune-no-cudagraphs"
 # with the reason. A first compile with max-autotune takes tens of seconds per shape; 5 minutes keeps a record of
 # the lesson (or its notebook cell) within 10 minutes
 COMPILE_BUDGET_S = 300
-COURSE = "fused + graph"  # the course's engine compared
-NETWORK = "one kernel (the network)"  # and, where ``engines`` has them, the network in one kernel (its "network" rows)
+COURSE = OPTIMISED  # the course's engine compared ("fused + graph"), and, where ``engines`` has them, the network in
+# one kernel (NETWORK: its "network" rows)
 
 
 # ------------------------------------------------------------------------------------ is PyTorch here?

@@ -807,6 +807,36 @@ def test_engines_table_has_the_one_kernel_rows():
     assert not any(k.startswith("network") for k in old) and set(q) - set(old) == {k for k in q if "network" in k}
 
 
+def test_the_lesson_5_benchmarks_import_one_another_without_a_circle():
+    """benchmarks/inference_engine.py imports the phases benchmark (its figure network_phases); what both need (the
+    model, the engines' names, the goals) lives in benchmarks/inference_engine_model.py, which imports no benchmark:
+    no chain of imports among the lesson's benchmark modules, function-level ones included, comes back to where it
+    started."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(bench_lesson.__file__).parent
+    mods = {p.stem: p for p in folder.glob("inference_engine*.py")}
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "benchmarks":
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks."):
+                deps.add(node.module.split(".", 1)[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("benchmarks.")}
+        graph[name] = deps & set(mods) - {name}
+    assert "inference_engine_network_phases" in graph["inference_engine"]
+    assert graph["inference_engine_model"] == set(), graph["inference_engine_model"]
+
+    def reaches(start, goal, seen=()):
+        return any(d == goal or (d not in seen and reaches(d, goal, seen + (d,))) for d in graph[start])
+    circles = sorted(m for m in graph if reaches(m, m))
+    assert not circles, f"lesson 5's benchmark modules import one another in a circle: {circles} ({graph})"
+
+
 @needs_compiler
 def test_network_kernel_compiles():
     ptx = cuda_c.compile_ptx(E.network.SOURCE, "sm_80")
