@@ -136,6 +136,37 @@ def text(t: dict) -> str:
     return "\n".join(lines)
 
 
+def view(t: dict, source: str = ""):
+    """The phases' median cycles a block (and the kernel's span) as a table."""
+    from gpucourse import plots
+
+    rows = [[f"{r['precision'].upper()}, {r['what']}"] + [f"{r['cycles'][ph]:,.0f}" for ph in t["phases"]]
+            + [f"{r['total']:,.0f}", f"{r['span_us']:.1f} µs" if "span_us" in r else ""] for r in t["rows"]]
+    return plots.table(["", *t["phases"], "total", "span"], rows, align="l" + "r" * (len(t["phases"]) + 2),
+                       title=f"{t['gpu']}: the one-kernel network, median cycles a phase (16 rows a block)",
+                       source=source)
+
+
+def call_lines(t: dict) -> list:
+    """A call's time on the GPU, the kernel's span and the launch and gap between, a line each precision."""
+    out = []
+    for p, us in t.get("call_us", {}).items():
+        span = _batch_row(t, p)["span_us"]
+        out.append(f"{p.upper()}, batch {t['batch']}: a call {us:.1f} µs on the GPU, the kernel's span {span:.1f} µs, "
+                   f"launch and gap {us - span:.1f} µs")
+    return out
+
+
+def bound_view(b: dict, source: str = ""):
+    """``bound`` as a table: each row's microseconds a call and its speed over FP16, against the goal."""
+    from gpucourse import plots
+
+    how = "end to end" if b["end_to_end"] else "GPU only"
+    rows = [[name, f"{sum(parts.values()):.1f} µs", f"{b['ratio'][name]:.2f}x"] for name, parts in b["rows"].items()]
+    return plots.table(["", f"a call ({how})", f"over FP16 (goal {_goal():g}x)"], rows, align="lrr",
+                       title=f"INT8 over FP16 at batch {b['batch']}: measured, and as it could be", source=source)
+
+
 def bound(t: dict, engines: dict | None = None) -> dict:
     """INT8 over FP16 at the measured batch, as measured and as it would be: with each phase but the branches at the
     cycles of the faster precision there, then with the branches at half FP16's cycles as well. A block's cycles

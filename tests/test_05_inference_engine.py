@@ -2,7 +2,9 @@
 CBR kernel in the simulator; the CUDA C kernels compiled to PTX without a GPU; the recorded figures against
 the lesson's targets; and on a GPU every kernel against the NumPy runtime."""
 import json
+import tempfile
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -959,3 +961,57 @@ def test_network_kernel_matches_the_numpy_runtime(model, precision):
                 assert np.array_equal(got.argmax(1)[clear], want.argmax(1)[clear]), where
                 assert not eng.dev["0/done"].any(), where
     plan.steps[0]["tile_rows"] = None
+
+
+# ------------------------------------------------------------------------------------ a faked GPU (issue 50)
+
+def test_a_plan_is_keyed_by_the_compute_capability_the_course_builds_for(plans, monkeypatch):
+    """GPUCOURSE_FAKE_CC makes the builder choose kernels for another GPU (the tuner's candidates, FP8, the
+    fallbacks: gpucourse/gpus.py), so a plan's target carries that capability, not only the GPU's own: a plan built
+    under a faked 8.0 on an H100 is refused under a faked 7.5 and under the H100's own 9.0, with a message that
+    names the setting, and accepted where it was built. (Its target held the GPU's own capability, so a plan tuned
+    under one capability ran under another.) CPU mode: the GPU is a stand-in runtime."""
+    h100 = runtime.Runtime(mode="gpu", reason="a test's stand-in",
+                           device={"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"})
+    monkeypatch.setattr(runtime, "get", lambda: h100)
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE, raising=False)
+    assert E.this_target() == {"kind": "gpu", "name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "8.0")
+    target = E.this_target()
+    assert target["compute_capability"] == "8.0"
+    plan = E.Plan(dict(plans["fp32"].header, target=target), plans["fp32"].arrays)
+    E.check_target(plan)  # where it was built: accepted
+    monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "7.5")
+    with pytest.raises(runtime.CourseError) as err:
+        E.check_target(plan)
+    msg = str(err.value)
+    assert "compute capability 8.0" in msg and "GPUCOURSE_FAKE_CC=7.5 is set" in msg and "rebuild the plan" in msg
+    monkeypatch.delenv(runtime.FAKE_CC_VARIABLE)
+    with pytest.raises(runtime.CourseError, match="run with the GPUCOURSE_FAKE_CC it was built with"):
+        E.check_target(plan)
+
+
+def test_a_lost_kernel_is_reported_with_the_cell_and_what_to_do(monkeypatch):
+    """Lesson 5's notebook once failed a run of the capability matrix with a bare "AssertionError": no assert of the
+    lesson's code lacks a message, but nbclient's own (``assert self.kc is not None``) fire when its kernel client is
+    torn down mid-run (the kernel process died or was shut down), and the runner kept only that line. Now the runner
+    says which cell was running and what to do. CPU mode: nbclient's failure is simulated after the first cell."""
+    import nbclient
+    import nbformat
+
+    from gpucourse import notebooks
+
+    def execute(self, **_):
+        first, second = self.nb.cells[0], self.nb.cells[1]
+        first.metadata["execution"] = {"iopub.execute_input": "t0", "shell.execute_reply": "t1"}
+        second.metadata["execution"] = {"iopub.execute_input": "t2"}
+        assert self.kc is not None  # as nbclient asserts, with no message
+
+    monkeypatch.setattr(nbclient.NotebookClient, "execute", execute)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1"), nbformat.v4.new_code_cell("2")])
+    path = Path(tempfile.mkdtemp()) / "lost.ipynb"
+    nbformat.write(nb, path)
+    out = notebooks.execute(path, mode="cpu")
+    assert not out.ok
+    assert out.error.startswith("the notebook's kernel went away while cell 1 ran (nbclient: AssertionError")
+    assert "Run the notebook again alone" in out.error
