@@ -1045,6 +1045,10 @@ def test_recorded_engine_claims_hold_in_every_record(each_record):
     for name in ("fused, FP16", "layer by layer, FP16"):  # the direct tensor-core kernels win them in FP16
         kept = {r["layer"]: r["kernel"] for r in f["tuning"][name]}
         assert kept["branch3x3"].startswith("tcd3") and kept["branch5x5"].startswith("tcd5"), (name, kept)
+        for r in f["tuning"][name]:  # deep dive, section 1: the 16-byte WMMA tiles beat every 2-byte one
+            wide = [v for k, v in r["tuning_ms"].items() if k.startswith("wmmav_")]
+            if wide:
+                assert min(wide) < min(v for k, v in r["tuning_ms"].items() if k.startswith("wmma_")), r["layer"]
     int8, fp16 = rows["fused + graph, INT8"], rows["fused + graph, FP16"]
     assert int8["latency_ms"] > fp16["latency_ms"] and int8["batch_ms"] > fp16["batch_ms"], "INT8 not faster here"
     fp32 = rows["fused, FP32"]["accuracy"]
