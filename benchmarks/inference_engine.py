@@ -19,32 +19,11 @@ from gpucourse.records import Figure
 from gpucourse import bench, plots, runtime
 from kernels import inference_engine as E
 
-LESSON = "05_inference_engine"
+# the lesson's model, its engines and their goals: shared with the phases benchmark, which this module imports
+from benchmarks.inference_engine_model import (ENGINES, LESSON, load, NETWORK, NETWORK_GOALS, OPTIMISED,  # noqa: F401
+                                               TARGETS)
+
 # run() records "pytorch" too (PyTorch beside the engine, or why not: pytorch_table); records made before it have none
-ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
-    "layer by layer, FP32": (False, "fp32", False),
-    "layer by layer + graph, FP32": (False, "fp32", True),
-    "fused, FP32": (True, "fp32", False),
-    "fused + graph, FP32": (True, "fp32", True),
-    "layer by layer, FP16": (False, "fp16", False),
-    "layer by layer + graph, FP16": (False, "fp16", True),
-    "fused, FP16": (True, "fp16", False),
-    "fused + graph, FP16": (True, "fp16", True),
-    "fused + graph, INT8": (True, "int8", True),
-    # the fused graph's whole network as one kernel (build_plan(fuse_network=True), network.py), replayed as a graph
-    "one kernel (the network), FP32": (True, "fp32", True),
-    "one kernel (the network), FP16": (True, "fp16", True),
-    "one kernel (the network), INT8": (True, "int8", True),
-}
-OPTIMISED = "fused + graph"  # the engine the targets are about, against "layer by layer" (eager)
-NETWORK = "one kernel (the network)"  # rows of ENGINES whose plan is one step; records made before them have none
-NETWORK_GOALS = {"vs_pytorch": 1.2, "int8_vs_fp16_batch": 1.3}  # the issue's goals for them (PyTorch's: pytorch_table)
-
-
-def load() -> tuple:
-    """(imported graph, optimisation stages, data) of the lesson's model file."""
-    g, data = E.load_model_file()
-    return g, E.optimize(g), E.dataset(data)
 
 
 def build_engines(stages: list, d: dict, *, max_batch: int | None = None, calibration: str = "percentile") -> dict:
@@ -121,9 +100,6 @@ def engine_table(engines: dict, d: dict, *, repeats: int = 30) -> dict:
                      "build_s": build_s})
     return {"rows": rows, "ratios": ratios(rows), "keras_accuracy": d["keras_accuracy"],
             "test_images": len(d["y_test"]), "targets": TARGETS}
-
-
-TARGETS = {"optimised_vs_layer": 2.0, "fp16_vs_fp32": 1.5}  # the lesson's goals (see ratios)
 
 
 def ratios(rows: list) -> dict:
@@ -356,6 +332,93 @@ def engine_text(table: dict) -> str:
                      f"{q['network_int8_vs_fp16_batch_gpu']:.2f}x GPU only (goal {goal:g}x) "
                      f"{'met' if r >= goal else 'NOT met'}")
     return "\n".join(lines)
+
+
+def _us(ms) -> str:
+    return bench.format_ms(ms) if ms else "—"
+
+
+def engines_view(table: dict, source: str = "") -> plots.Table:
+    """The engines table as a notebook shows it (HTML; aligned text in a terminal): per engine its kernels and host
+    launches per inference, batch 1 and the max batch end to end and GPU only, images/s and accuracy."""
+    b = table["rows"][0]["batch"]
+    rows = [[r["name"], r["kernels"], r["host_launches"], _us(r["latency_ms"]), _us(r["latency_gpu_ms"]),
+             _us(r["batch_ms"]), _us(r["batch_gpu_ms"]), f"{r['images_per_s']:,.0f}", f"{100 * r['accuracy']:.2f}%"]
+            for r in table["rows"]]
+    return plots.table(["engine", "kernels", "host launches", "batch 1", "(GPU only)", f"batch {b}", "(GPU only)",
+                        "images/s", "accuracy"], rows, align="lrrrrrrrr",
+                       title="One inference, end to end and GPU only", source=source)
+
+
+def ratio_lines(table: dict) -> list:
+    """The engines table's speed-ups and targets, one short line each (at most 100 characters)."""
+    q, b = table["ratios"], table["rows"][0]["batch"]
+    lines = []
+    for p in ("fp32", "fp16"):
+        lines.append(f"{p.upper()}, end to end, batch 1 / batch {b}: fusion {q[f'fusion_{p}_latency']:.2f}x / "
+                     f"{q[f'fusion_{p}_batch']:.2f}x, a graph on top {q[f'graphs_{p}_latency']:.2f}x / "
+                     f"{q[f'graphs_{p}_batch']:.2f}x")
+        lines.append(f"      both (fused + graph over layer by layer): {q[f'optimised_vs_layer_{p}_latency']:.2f}x / "
+                     f"{q[f'optimised_vs_layer_{p}_batch']:.2f}x")
+    lines.append(f"FP16 over FP32 (fused + graph), batch {b}: {q['fp16_vs_fp32_batch']:.2f}x end to end, "
+                 f"{q['fp16_vs_fp32_batch_gpu']:.2f}x GPU only; INT8 over FP32 {q['int8_vs_fp32_batch']:.2f}x")
+    for what, (ratio, goal, met) in targets_met(table).items():
+        lines.append(f"target {what}: {ratio:.2f}x (goal {goal:g}x) {'met' if met else 'NOT met'}")
+    for p in ("fp32", "fp16", "int8"):
+        if f"network_vs_fused_{p}_latency" in q:
+            lines.append(f"{NETWORK}, {p.upper()}, over {OPTIMISED}: {q[f'network_vs_fused_{p}_latency']:.2f}x at "
+                         f"batch 1, {q[f'network_vs_fused_{p}_batch']:.2f}x at batch {b}")
+    if "network_int8_vs_fp16_batch" in q:
+        r, goal = q["network_int8_vs_fp16_batch"], NETWORK_GOALS["int8_vs_fp16_batch"]
+        lines.append(f"target {NETWORK}, INT8 over FP16, batch {b}: {r:.2f}x end to end (goal {goal:g}x) "
+                     f"{'met' if r >= goal else 'NOT met'}")
+    return lines
+
+
+def tuning_view(tuning: dict, name: str, source: str = "", batch: int | None = None) -> plots.Table:
+    """What the tuner chose for each convolution of engine ``name`` (a key of ``tuning_table``): the kernel kept and
+    its time, the runner-up, and how many candidates were timed."""
+    rows = []
+    for r in tuning[name]:
+        times = sorted(r["tuning_ms"].items(), key=lambda kv: kv[1])
+        kept = r["tuning_ms"].get(r["kernel"])
+        second = next(((k, v) for k, v in times if k != r["kernel"]), (None, None))
+        rows.append([r["layer"], r["kernel"], _us(kept), second[0] or "—", _us(second[1]), len(times),
+                     len(r.get("rejected", []))])
+    at = f" at batch {batch}" if batch else ""
+    return plots.table(["layer", "kernel kept", "its time", "next fastest", "its time", "timed", "wrong"], rows,
+                       align="llrlrrr", title=f"{name}: each convolution's kernel, timed on the GPU{at}",
+                       source=source)
+
+
+def tuning_candidates_view(tuning: dict, name: str, source: str = "") -> plots.Table:
+    """Every candidate's time for every convolution of engine ``name``: a row per candidate kernel, a column per
+    layer; the kernel kept marked with *."""
+    layers = tuning[name]
+    kernels = list(dict.fromkeys(k for r in layers for k in r["tuning_ms"]))
+    rows = [[k] + [(_us(r["tuning_ms"][k]) + (" *" if r["kernel"] == k else "")) if k in r["tuning_ms"] else ""
+                   for r in layers] for k in kernels]
+    return plots.table(["candidate"] + [r["layer"].replace("+", " + ") for r in layers], rows,
+                       align="l" + "r" * len(layers), title=f"{name}: every candidate's time (* kept)", source=source)
+
+
+def cudnn_view(cudnn: dict, source: str = "") -> plots.Table | str:
+    """The fused 3x3 layer beside cuDNN's fused call (``cudnn_table``), a row per precision; or why not."""
+    if not cudnn.get("available"):
+        return f"no comparison with cuDNN: {cudnn.get('why')}"
+    rows = []
+    for r in cudnn.get("rows", []):
+        if r["status"] != "ok":
+            rows.append([r["engine"], r["status"][:60], "", "", "", "", ""])
+            continue
+        n, h, w, c, k, kh = r["shape"]
+        rows.append([r["dtype"], f"{n} x {h} x {w} x {c} -> {k}, {kh}x{kh}", f"{r['ours_kernel']}",
+                     _us(r["ours_ms"]), f"{r['cudnn_algo']} ({r['math']})", _us(r["cudnn_ms"]),
+                     f"{r['ours_over_cudnn']:.2f}x"])
+    return plots.table(["type", "layer", "this engine's kernel", "its time", "cuDNN's algorithm", "its time",
+                        "engine / cuDNN"], rows, align="lllrlrr",
+                       title="The fused 3x3 layer beside cudnnConvolutionBiasActivationForward (GPU time a launch)",
+                       source=source)
 
 
 def plot_engines(table: dict, source: str, what: str = "latency"):

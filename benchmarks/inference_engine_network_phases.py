@@ -71,14 +71,14 @@ def stamped_region() -> str:
 
 
 def measure(batch: int = 256, runs: int = 5) -> dict:
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import load
     from gpucourse import bench, cuda_c, runtime
     from kernels import inference_engine as E
     from kernels.inference_engine import network as N
 
     runtime.require_gpu("stamping the network kernel's phases")
     cp = runtime.cupy()
-    _, stages, d = lesson.load()
+    _, stages, d = load()
     region = stamped_region()
     xs = cp.asarray(d["x_test"][np.arange(batch) % len(d["x_test"])].astype(np.float32))
     out = {"gpu": runtime.get().device.get("name"), "batch": batch, "runs": runs, "phases": list(PHASES), "rows": [],
@@ -136,6 +136,37 @@ def text(t: dict) -> str:
     return "\n".join(lines)
 
 
+def view(t: dict, source: str = ""):
+    """The phases' median cycles a block (and the kernel's span) as a table."""
+    from gpucourse import plots
+
+    rows = [[f"{r['precision'].upper()}, {r['what']}"] + [f"{r['cycles'][ph]:,.0f}" for ph in t["phases"]]
+            + [f"{r['total']:,.0f}", f"{r['span_us']:.1f} µs" if "span_us" in r else ""] for r in t["rows"]]
+    return plots.table(["", *t["phases"], "total", "span"], rows, align="l" + "r" * (len(t["phases"]) + 2),
+                       title=f"{t['gpu']}: the one-kernel network, median cycles a phase (16 rows a block)",
+                       source=source)
+
+
+def call_lines(t: dict) -> list:
+    """A call's time on the GPU, the kernel's span and the launch and gap between, a line each precision."""
+    out = []
+    for p, us in t.get("call_us", {}).items():
+        span = _batch_row(t, p)["span_us"]
+        out.append(f"{p.upper()}, batch {t['batch']}: a call {us:.1f} µs on the GPU, the kernel's span {span:.1f} µs, "
+                   f"launch and gap {us - span:.1f} µs")
+    return out
+
+
+def bound_view(b: dict, source: str = ""):
+    """``bound`` as a table: each row's microseconds a call and its speed over FP16, against the goal."""
+    from gpucourse import plots
+
+    how = "end to end" if b["end_to_end"] else "GPU only"
+    rows = [[name, f"{sum(parts.values()):.1f} µs", f"{b['ratio'][name]:.2f}x"] for name, parts in b["rows"].items()]
+    return plots.table(["", f"a call ({how})", f"over FP16 (goal {_goal():g}x)"], rows, align="lrr",
+                       title=f"INT8 over FP16 at batch {b['batch']}: measured, and as it could be", source=source)
+
+
 def bound(t: dict, engines: dict | None = None) -> dict:
     """INT8 over FP16 at the measured batch, as measured and as it would be: with each phase but the branches at the
     cycles of the faster precision there, then with the branches at half FP16's cycles as well. A block's cycles
@@ -144,12 +175,12 @@ def bound(t: dict, engines: dict | None = None) -> dict:
     engines spend a call (end to end less GPU only). Returns {"rows": {name: {part: µs}}, "ratio": {name: x},
     "end_to_end": bool}: the parts the phases, "launch and gap" and (end to end) "host". Without the engines'
     one-kernel rows at this batch (no figure given, or one recorded before them) the calls are GPU only."""
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import NETWORK
 
     f16, i8 = _batch_row(t, "fp16"), _batch_row(t, "int8")
     calls = t["call_us"]
     rows = {r["name"]: r for r in (engines or {}).get("rows", [])}
-    mine = {p: rows.get(f"{lesson.NETWORK}, {p.upper()}") for p in ("fp16", "int8")}
+    mine = {p: rows.get(f"{NETWORK}, {p.upper()}") for p in ("fp16", "int8")}
     # GPU only without a figure, with one recorded before the one-kernel engines, or with one at another batch
     end_to_end = all(r and r["batch"] == t["batch"] for r in mine.values())
     host = {p: 1e3 * (r["batch_ms"] - r["batch_gpu_ms"]) for p, r in mine.items()} if end_to_end else {}
@@ -182,9 +213,9 @@ def bound_text(b: dict) -> str:
 
 
 def _goal() -> float:
-    from benchmarks import inference_engine as lesson
+    from benchmarks.inference_engine_model import NETWORK_GOALS
 
-    return lesson.NETWORK_GOALS["int8_vs_fp16_batch"]
+    return NETWORK_GOALS["int8_vs_fp16_batch"]
 
 
 def plot(t: dict, source: str, engines: dict | None = None, **_):

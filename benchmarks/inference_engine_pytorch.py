@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from benchmarks.inference_engine_model import NETWORK, OPTIMISED
 from gpucourse import bench, records, runtime
 from kernels import inference_engine as E
 
@@ -52,8 +53,8 @@ COMPILE_MODE = "max-autotune-no-cudagraphs"
 # with the reason. A first compile with max-autotune takes tens of seconds per shape; 5 minutes keeps a record of
 # the lesson (or its notebook cell) within 10 minutes
 COMPILE_BUDGET_S = 300
-COURSE = "fused + graph"  # the course's engine compared
-NETWORK = "one kernel (the network)"  # and, where ``engines`` has them, the network in one kernel (its "network" rows)
+COURSE = OPTIMISED  # the course's engine compared ("fused + graph"), and, where ``engines`` has them, the network in
+# one kernel (NETWORK: its "network" rows)
 
 
 # ------------------------------------------------------------------------------------ is PyTorch here?
@@ -559,6 +560,63 @@ def text(t: dict | None) -> str:
         lines.append(f"{what} ({t['best'][key]}): {ratio:.2f}x end to end" + (f", {gpu:.2f}x GPU only" if gpu else "")
                      + f" (goal {goal:g}x) {'met' if ratio >= goal else 'NOT met'}")
     return "\n".join(lines)
+
+
+def header_lines(t: dict | None) -> list:
+    """What was compared, in lines of at most 100 characters (``view`` tabulates the rows)."""
+    if t is None:
+        return ["PyTorch was not measured on this record."]
+    if not t.get("available"):
+        return [f"PyTorch beside the engine: {t['why']}"]
+    return [f"PyTorch {t['torch']} (CUDA {t['cuda']}, cuDNN {t['cudnn']} in benchmark mode, TF32 off)",
+            f"torch.compile mode {t['compile_mode']}; the same weights and images, the same timer"]
+
+
+def measured_variants(t: dict | None) -> set:
+    """The PyTorch variants this comparison timed (VARIANTS' names): a run with TORCH_COMPILE off has no
+    torch.compile rows."""
+    return {r["variant"] for r in (t or {}).get("rows", [])}
+
+
+def view(t: dict, source: str = ""):
+    """Every row of the comparison as a table (HTML in a notebook): the course's engines first, then PyTorch's."""
+    from gpucourse import plots
+
+    def ms(v):
+        return bench.format_ms(v) if v else "—"
+
+    b = t["course"][0]["batch"] if t["course"] else "max"
+    rows = []
+    for p in PRECISIONS:
+        group = [dict(c, name=f"course: {c['name']}") for c in t["course"] + t.get("network", [])
+                 if c["precision"] == p] + [r for r in t["rows"] if r["precision"] == p]
+        for r in group:
+            rows.append([r["name"], ms(r.get("latency_ms")), ms(r.get("latency_gpu_ms")), ms(r.get("batch_ms")),
+                         ms(r.get("batch_gpu_ms")), f"{r['images_per_s']:,.0f}" if r.get("images_per_s") else "—",
+                         f"{100 * r['accuracy']:.2f}%" if "accuracy" in r else "—"])
+    return plots.table(["engine", "batch 1", "(GPU only)", f"batch {b}", "(GPU only)", "images/s", "accuracy"], rows,
+                       align="lrrrrrr", title="Beside PyTorch on the same weights: one inference, end to end",
+                       source=source)
+
+
+def speedup_view(t: dict, source: str = ""):
+    """Each course engine's speed over PyTorch's best row of the same run (end to end, the goal's; and GPU only),
+    which row that was, and the goal."""
+    from gpucourse import plots
+
+    rows = []
+    for what, key in _comparisons(t):
+        engine, size = what.split(" over PyTorch's best, ")
+        if key not in t["speedups"]:
+            rows.append([engine, size, "no PyTorch row was timed", "", "", ""])
+            continue
+        ratio, gpu = t["speedups"][key], t["speedups"].get(f"{key}_gpu")
+        rows.append([engine, size, t["best"][key].removeprefix("PyTorch "), f"{ratio:.2f}x",
+                     f"{gpu:.2f}x" if gpu else "—", "met" if ratio >= t["goal"] else "NOT met"])
+    return plots.table(["engine", "batch", "PyTorch's best in this comparison", "speed-up", "(GPU only)",
+                        f"goal {t['goal']:g}x"], rows, align="lllrrl",
+                       title="The course's engines over PyTorch's fastest row (larger: the engine is faster)",
+                       source=source)
 
 
 def plot(t: dict, source: str, *, gpu_only: bool = False):

@@ -477,6 +477,75 @@ def text(t: dict) -> str:
     return "\n".join(lines)
 
 
+def _kernels_short(kernels: dict, most: int = 2) -> str:
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} x{v}" for k, v in top[:most]) + (f", {len(top) - most} more" if len(top) > most else "")
+
+
+def engines_view(t: dict, source: str = ""):
+    """The engine's plans of figure "resnet" as a table: time end to end and GPU only, images/s, build time, and the
+    kernels its convolutions run on (the two commonest)."""
+    from gpucourse import plots
+
+    rows = []
+    for name, r in t["engine"].items():
+        rows.append([name, f"{r['ms']:.3f} ms", f"{r['gpu_ms']:.3f} ms", f"{r['images_per_s']:,.0f}",
+                     f"{r['build_s']:.0f} s", _kernels_short(r["kernels"]),
+                     f"{100 * r['fp16_share']:.0f}%" if r.get("keep_fp16") else ""])
+    return plots.table(["plan", "end to end", "GPU only", "images/s", "built in", "kernels (commonest)",
+                        "kept in FP16"], rows, align="lrrrrll",
+                       title=f"ResNet-50 at {t['size']} x {t['size']} through the engine", source=source)
+
+
+def pytorch_view(t: dict, source: str = ""):
+    """PyTorch's rows of figure "resnet" (FP16, eager and CUDA graph, two layouts), or why there are none."""
+    from gpucourse import plots
+
+    pt = t.get("pytorch", {})
+    if not pt.get("available"):
+        return f"PyTorch: {pt.get('why', 'not measured')}"
+    rows = [[r["name"]] + [f"{r[f'b{n}']['ms']:.3f} ms" if r[f"b{n}"].get("ms") else r[f"b{n}"].get("why", "—")[:40]
+                            for n in (1, t["batch"])] for r in pt.get("rows", [])]
+    return plots.table(["PyTorch", "batch 1", f"batch {t['batch']}"], rows, align="lrr",
+                       title="PyTorch on the same weights and images, end to end", source=source)
+
+
+def ratios_view(t: dict, source: str = ""):
+    """Each goal of figure "resnet" beside the ratio the run reached."""
+    from gpucourse import plots
+
+    rows = []
+    for k, v in t.get("ratios", {}).items():
+        if k.startswith("top1"):  # a share of the images, not a speed-up
+            val, goal = f"{100 * v['ratio']:.1f}%", f"{100 * v['goal']:.0f}%"
+        else:
+            val = f"{v['ratio']:.2f}x" if "ratio" in v else f"{v['seconds']:.0f} s"
+            goal = f"{v['goal']:.2f}x" if "ratio" in v else f"{v['goal']:.0f} s"
+        rows.append([k, val, goal, "met" if v["met"] else "NOT met", v.get("against", "")])
+    return plots.table(["what", "reached", "goal", "", "against"], rows, align="lrrll",
+                       title="ResNet-50: the goals", source=source)
+
+
+def compile_view(t: dict, source: str = ""):
+    """Figure "resnet_compile" as a table: the engine's FP16 plan beside torch.compile in a CUDA graph, each batch
+    size from one run."""
+    from gpucourse import plots
+
+    pt = t.get("pytorch", {})
+    if not pt.get("available"):
+        return f"torch.compile: {pt.get('why', 'not measured')}"
+    rows = []
+    for n, key in ((1, "FP16, batch 1"), (t["batch"], "FP16, batch 64")):
+        row = next((r for r in pt["rows"] if r.get(f"b{n}", {}).get("ms")), None)
+        ratio = t.get(f"fp16_vs_compile_b{n}", {})
+        if row and key in t["engine"]:
+            rows.append([f"batch {n}", f"{t['engine'][key]['ms']:.3f} ms", f"{row[f'b{n}']['ms']:.3f} ms",
+                         f"{ratio.get('ratio', float('nan')):.2f}x", f"{ratio.get('goal', 1.2):.2f}x"])
+    return plots.table(["", "the engine (FP16)", "torch.compile + CUDA graph", "speed-up", "goal"], rows,
+                       align="lrrrr", title=f"ResNet-50 beside torch.compile ({pt.get('compile_mode')}), "
+                                            f"PyTorch {pt.get('torch')}", source=source)
+
+
 def compile_text(t: dict) -> str:
     """Figure "resnet_compile": the engine's FP16 plans beside torch.compile (max-autotune) in a CUDA graph."""
     pt = t.get("pytorch", {})
@@ -552,6 +621,27 @@ def mixed_bound_text(t: dict) -> str:
                      f"measured, top-1 {100 * (b['top1'] or 0):.1f}%; {b['half']:.2f}x with those layers at half their "
                      f"FP16 time, {b['floor']:.2f}x at their 8-bit floors")
     return "\n".join(lines)
+
+
+def mixed_bound_view(t: dict, source: str = ""):
+    """``mixed_bound`` as a table: each 8-bit plan's speed over the FP16 plan, in 8 bits everywhere and mixed (as
+    measured, with its 8-bit layers at half their FP16 time, and at their 8-bit floors), with its top-1 agreement."""
+    from gpucourse import plots
+
+    rows = []
+    for key, b in mixed_bound(t).items():
+        p = key.split(" ")[0]
+        if b["everywhere"]:
+            rows.append([f"{p} everywhere", f"{b['everywhere']:.2f}x", "", "", "",
+                         f"{100 * (b['top1_everywhere'] or 0):.1f}%"])
+        rows.append([f"{p} mixed ({100 * b['share']:.0f}% of FP16's time in 8 bits)", f"{b['measured']:.2f}x",
+                     f"{b['half']:.2f}x", f"{b['floor']:.2f}x", "", f"{100 * (b['top1'] or 0):.1f}%"])
+    for r in rows:
+        r[4] = f"{GOALS['int8_vs_fp16']:g}x"
+    return plots.table(["plan", "measured", "8-bit layers at half FP16's time", "at their 8-bit floors", "goal",
+                        "top-1 agreement"], rows, align="lrrrrr",
+                       title=f"ResNet-50, batch {t['batch']}: the 8-bit plans over FP16, from the per-layer times",
+                       source=source)
 
 
 def plot_mixed_bound(t: dict, source: str, **_):

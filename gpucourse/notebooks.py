@@ -93,6 +93,8 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
         client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                                          resources={"metadata": {"path": str(path.parent)}})
         client.execute()
+    except AssertionError as exc:  # nbclient's own bare asserts: its kernel client was gone mid-run
+        error = _lost_kernel(nb, exc)
     except Exception as exc:  # CellExecutionError, timeouts, a dead kernel
         error = _short(exc)
     finally:
@@ -107,6 +109,23 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
         nbformat.write(nb, save_to / path.name)
     return Outcome(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), mode, seconds, not error, error,
                    tuple(wide_lines(nb)))
+
+
+def _lost_kernel(nb, exc: AssertionError) -> str:
+    """What to say when nbclient itself fails an assert (``assert self.kc is not None`` and the like, without a
+    message): its connection to the notebook's kernel was torn down while a cell ran, because the kernel process died
+    or was shut down under it. A cell's own failed assert comes as a CellExecutionError instead. Names the cell that
+    was running (the first that started and never replied) and what to do."""
+    running = None
+    for i, cell in enumerate(nb.cells):
+        timing = cell.get("metadata", {}).get("execution", {})
+        if cell.cell_type == "code" and "iopub.execute_input" in timing and "shell.execute_reply" not in timing:
+            running = i
+            break
+    where = f"while cell {running} ran" if running is not None else "between cells"
+    return (f"the notebook's kernel went away {where} (nbclient: {_short(exc).strip()} with no message: it lost its "
+            "kernel client, so the kernel process died or was shut down). Run the notebook again alone; if it "
+            "happens again, look for another process using the GPU's or the machine's memory (nvidia-smi, free)")
 
 
 def _short(exc: Exception) -> str:

@@ -34,6 +34,12 @@ def mean_not_subtracted(nb):
     replace_in_cell(nb, "task-5-2-fold", "((b0 - mean) * s + beta)", "(b0 * s + beta)")
 
 
+def stem_without_beta(nb):
+    """Task 5.2 (b): a right fold_bn given the stem's batch norm without its shift beta: the weights are right, the
+    bias is not. Only the stem's test fails, and its visible part says which node of the engine's pass differs."""
+    replace_in_cell(nb, "task-5-2-stem", 'bn.weights["beta"]', '0 * bn.weights["beta"]')
+
+
 def zero_scale(nb):
     """Task 5.3: a tensor of zeros gets scale 0."""
     replace_in_cell(nb, "task-5-3-int8", "return m / 127 if m > 0 else 1.0", "return m / 127")
@@ -84,6 +90,7 @@ class TestExercises(LessonExercises):
         relu_in_a_second_pass: ["test_5_1_fused"],
         no_padding_check: ["test_5_1_results", "test_5_1_fused"],
         mean_not_subtracted: ["test_5_2_fold", "test_5_2_stem"],
+        stem_without_beta: ["test_5_2_stem"],
         zero_scale: ["test_5_3_scale"],
         round_half_up: ["test_5_3_quantize"],
         no_clip: ["test_5_3_quantize", "test_5_3_roundtrip"],
@@ -102,5 +109,6 @@ class TestExercises(LessonExercises):
         assert "without the ReLU" in message("no_relu", "test_5_1_results")
         assert "reading y back" in message("relu_in_a_second_pass", "test_5_1_fused")
         assert "batchnorm(conv(x, w) + b)" in message("mean_not_subtracted", "test_5_2_fold")
+        assert "node 'stem_bn/folded'" in message("stem_without_beta", "test_5_2_stem")
         assert "round half to even" in message("round_half_up", "test_5_3_quantize")  # a hidden test
         assert "goes in before the ReLU" in message("relu_before_residual", "test_5_4_residual")

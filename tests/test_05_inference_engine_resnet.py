@@ -294,15 +294,23 @@ def test_keras_resnet50_imports_as_the_same_graph(keras_resnet, calibrated):
     assert (got.argmax(-1) == want.argmax(-1)).all()
 
 
+@pytest.fixture(scope="module")
+def wgmma_ptx():
+    """The PTX of the Hopper kernels (inference_engine_wgmma.cu for sm_90a), compiled once for every test of this
+    module that reads it: one compile takes 10-20 s on two cores, and each test checks other kernels of the same
+    text."""
+    return cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+
+
 @needs_compiler
-def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_converts_without_cvt():
+def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_converts_without_cvt(wgmma_ptx):
     """The Hopper kernels' INT8 epilogue (inference_engine_wgmma.cu): a thread keeps the same channels in every unit
     of a round, so their scale, bias and 1 / scale are three vectors loaded once a round (they were loaded with every
     unit of 16 outputs, and the 8-bit layers ran no faster than FP16's); and the residual's bytes and the rounded
     result go through float arithmetic, not the conversion instructions (the sums' int -> float stays a cvt). The
     TMA epilogue's tiles (wgpt) load two channels' factors at a time, once for both rows a thread holds of them, and
     store through the TMA."""
-    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+    ptx = wgmma_ptx
     checked = 0
     for name, (_, bm, bn, _, persist, wide, tma, splits) in E.WG.items():
         if splits > 1:  # FP16 only
@@ -327,14 +335,14 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
 
 
 @needs_compiler
-def test_the_tma_epilogue_loads_a_rounds_residual_before_it_stores_and_never_branches():
+def test_the_tma_epilogue_loads_a_rounds_residual_before_it_stores_and_never_branches(wgmma_ptx):
     """The 8-bit TMA epilogue (conv_wgmma.cuh, tma_codes) writes each code over the residual's in shared memory. One
     column group at a time, every load waited for the store before it (it might have written the same place); in
     rounds of TMA_ROUND groups, a round's 2 x TMA_ROUND residual loads come first, then its stores. And each case
     (with a residual, without) is one stretch with no branch in it: ReLU a floor chosen once and the factors loaded
     without a test for null, where ``if (relu)`` and ``p ? load : default`` had cut FP8's epilogue at every pair (371
     branches in conv_wgptw_i2c_128x256_s3_f8, 5-6 us a layer on an H100) and INT8's at every column group."""
-    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+    ptx = wgmma_ptx
     checked = 0
     for name, (_, _, bn, _, _, _, tma, _) in E.WG.items():
         if not tma:
@@ -697,8 +705,8 @@ def test_the_split_tiles_are_fp16_and_take_long_reductions_only():
 
 
 @needs_compiler
-def test_the_split_tiles_and_their_reduction_are_compiled():
-    ptx = cuda_c.compile_ptx(E.catalog.WG_SOURCE, "sm_90a")
+def test_the_split_tiles_and_their_reduction_are_compiled(wgmma_ptx):
+    ptx = wgmma_ptx
     for k in {E.catalog.wg_function(k) for k, v in E.WG.items() if v[7] > 1}:
         body = cuda_c.ptx_entry(ptx, f"{k}_f16")
         assert body and "wgmma.mma_async" in body, k

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +62,16 @@ def _checksum(header: dict, arrays: dict) -> str:
 
 
 def this_target() -> dict:
-    """What a plan is built for: this GPU (name, compute capability) in GPU mode, NumPy in CPU mode."""
+    """What a plan is built for: this GPU (name, compute capability) in GPU mode, NumPy in CPU mode. The compute
+    capability is the one the course builds for (``runtime.compute_capability``, as gpucourse/gpus.py answers): the
+    GPU's own, or GPUCOURSE_FAKE_CC where that is set. The builder chooses kernels for that capability (the auto-tuner's
+    candidates, FP8, the fallbacks), so a plan built under one faked capability must not run under another, nor
+    under the GPU's own."""
     rt = runtime.get()
     if rt.gpu:
-        return {"kind": "gpu", "name": rt.device["name"], "compute_capability": rt.device["compute_capability"]}
+        cc = runtime.compute_capability()
+        return {"kind": "gpu", "name": rt.device["name"],
+                "compute_capability": f"{cc[0]}.{cc[1]}" if cc else rt.device["compute_capability"]}
     return {"kind": "numpy", "name": "NumPy (CPU mode)", "compute_capability": None}
 
 
@@ -99,8 +106,12 @@ def check_target(plan: Plan) -> None:
     built, here = plan.header["target"], this_target()
     for key in ("kind", "name", "compute_capability"):
         if built.get(key) != here.get(key):
+            fake = os.environ.get(runtime.FAKE_CC_VARIABLE) if here["kind"] == "gpu" else None
+            why = (f" ({runtime.FAKE_CC_VARIABLE}={fake} is set: the course builds for a GPU of compute capability "
+                   f"{here['compute_capability']})" if fake else "")
             raise runtime.CourseError(
                 f"this plan was built for {built['name']} (compute capability {built['compute_capability']}), "
-                f"and this machine runs {here['name']} (compute capability {here['compute_capability']}): its "
+                f"and this machine runs {here['name']} (compute capability {here['compute_capability']}){why}: its "
                 f"{key.replace('_', ' ')} differs. A plan's kernels are chosen and timed for one GPU; rebuild "
-                "the plan here")
+                "the plan here" + (f", or run with the {runtime.FAKE_CC_VARIABLE} it was built with" if fake
+                                   or (built.get("kind") == "gpu" and key == "compute_capability") else ""))
