@@ -830,3 +830,129 @@ def test_tensor_core_gap_against_lesson_3(gpu):
     assert "not recorded on this GPU" in lesson.tensor_core_gap_text(alone, None)
     with pytest.raises(runtime.CourseInputError, match="positive"):
         lesson.tensor_core_gap(conv["figures"]["layers"], gemms, goal=0)
+
+
+# ------------------------------------------- every learner's GPU: the figures a GPU without wgmma measures
+
+LEARNER_GPUS = ["7.5", "8.0", "8.6", "8.9", "9.0"]  # gpucourse.gpus.GPUS
+
+
+def as_measured_on(cc: str, gemms: dict, layers: list) -> tuple:
+    """Lesson 3's wgmma figure and lesson 4's layers as GPU mode measures them on a GPU of compute capability ``cc``
+    (natively, or an H100 with GPUCOURSE_FAKE_CC): the rows benchmarks.tensor_cores.wgmma_plan(cc) lists, each with
+    a Hopper record's figures, and "skipped" where it has no wgmma; lesson 4's layers without the wgmma row and its
+    target where the GPU has no wgmma (layer_table times it only where gpus.supports("wgmma"))."""
+    import benchmarks.tensor_cores as lesson3
+    from gpucourse import gpus
+
+    recorded = {(r["config"], r["group_m"]) if r["config"] else r["kind"]: r for r in gemms["rows"]}
+    rows = [{**recorded[(p["config"], p["group_m"]) if p["config"] else p["kind"]], **p}
+            for p in lesson3.wgmma_plan(cc)]
+    table = {k: v for k, v in gemms.items() if k != "skipped"} | {"rows": rows}
+    if lesson3.wgmma_skipped(cc):
+        table["skipped"] = lesson3.wgmma_skipped(cc)
+    if gpus.supports("wgmma", cc):
+        return table, layers
+    name = bench_lesson().TC_WGMMA
+    return table, [{**lt, "rows": [r for r in lt["rows"] if r["name"] != name],
+                    "targets": {k: t for k, t in lt["targets"].items() if "wgmma" not in k}} for lt in layers]
+
+
+@pytest.mark.parametrize("cc", LEARNER_GPUS)
+def test_the_tensor_core_comparison_on_every_learner_gpu(cc):
+    """What a GPU without wgmma measures runs through every function lessons 3 and 4 read it with. On an H100 with
+    GPUCOURSE_FAKE_CC=8.0 or 7.5, notebook 04 stopped at its tensor-core comparison with StopIteration in
+    tensor_core_gap: lesson 3's wgmma table, measured there, had no rows at all. Now it holds cuBLAS and WMMA on every
+    GPU; the wgmma GEMM's figure, the wgmma convolution's tables and plots are absent where the GPU has no wgmma, and
+    what is printed says why in one line."""
+    import benchmarks.tensor_cores as lesson3
+    from gpucourse import gpus
+
+    lesson = bench_lesson()
+    conv, gemm = records.latest(LESSON, "NVIDIA H100 80GB HBM3"), records.latest(lesson.GEMM_LESSON,
+                                                                                "NVIDIA H100 80GB HBM3")
+    if conv is None or gemm is None:
+        pytest.skip("lessons 3 and 4 are not both recorded on an H100")
+    hopper = gpus.supports("wgmma", cc)
+    gemms, layers = as_measured_on(cc, gemm["figures"]["wgmma"], conv["figures"]["layers"])
+    assert bool(lesson3.wgmma_rows(gemms)) == hopper
+    # lesson 3's views of the table
+    view = lesson3.wgmma_view(gemms, "measured here")
+    assert len(view.rows) == len(gemms["rows"]) and ("compute capability 9.0" in view.title) != hopper
+    assert (lesson3.plot_wgmma(gemms, "measured here") is None) != hopper
+    assert "not measured" not in lesson3.wgmma_text(gemms)
+    # lesson 4's comparison with lesson 3's GEMMs
+    gap = lesson.tensor_core_gap(layers, gemms)
+    assert [g["layer"] for g in gap] == list(cv.LAYERS)
+    wmma = next(r["tflops"] for r in gemms["rows"] if r["name"].startswith("WMMA, tiled"))
+    for g in gap:
+        assert g["wmma_tflops"] == wmma and g["gemm_cublas_tflops"] == gemms["rows"][0]["tflops"]
+        assert (g["wgmma_tflops"] is not None) == hopper
+        assert g["conv_of_wmma"] == pytest.approx(g["conv_tflops"] / wmma)
+    text = lesson.tensor_core_gap_text(gap, "measured here")
+    assert ("no wgmma GEMM (it needs compute capability 9.0)" in text) != hopper
+    assert all(f"{g['needed_of_wmma']:.2f} of it" in text for g in gap)
+    assert len(lesson.tensor_core_gap_view(gap, "measured here").rows) == len(gap)
+    # lesson 4's tables of the wgmma convolution: there on Hopper, absent elsewhere
+    assert (lesson.wgmma_conv_view(layers) is None) != hopper
+    assert (lesson.im2col_mode_view(layers) is None) != hopper
+    kernels = lesson.kernels_view(layers)
+    assert any("wgmma" in r[0] for r in kernels.rows) == hopper
+    for view in (lesson.targets_view(layers), lesson.parts_view(layers), lesson.layer_view(layers[0]),
+                 lesson.ceilings_view(layers, conv["ceilings"])):
+        assert view.rows
+    assert any("wgmma" in r[1] for r in lesson.targets_view(layers).rows) == hopper
+
+
+@pytest.mark.parametrize("gemms", [None, {"n": 8192, "skipped": "the wgmma GEMM needs wgmma", "rows": []}],
+                         ids=["no lesson-3 figure", "a table with no rows"])
+def test_the_tensor_core_comparison_without_lesson_3s_gemms(gemms):
+    """Without lesson 3's GEMMs (none recorded on the learner's GPU, or a table measured before it held cuBLAS and
+    WMMA on a GPU without wgmma), the comparison keeps the convolutions' columns and says what is missing."""
+    lesson = bench_lesson()
+    conv = records.latest(LESSON)
+    if conv is None:
+        pytest.skip("no record of lesson 4")
+    gap = lesson.tensor_core_gap(conv["figures"]["layers"], gemms)
+    assert gap and all(g["wmma_tflops"] is None and g["wgmma_tflops"] is None and g["conv_tflops"] for g in gap)
+    text = lesson.tensor_core_gap_text(gap, None)
+    assert "not recorded on this GPU" in text and "of it" not in text
+    assert len(lesson.tensor_core_gap_view(gap, None).header) == 6
+
+
+def test_recorded_claims_of_the_lesson_hold_on_every_record():
+    """What notebook 04 and its deep dive say in words about their tables holds in every record of lesson 4: of the
+    lesson's kernels with a 2x or 5x target, only the direct convolution on the tensor cores meets it on every
+    layer; the CUDA-core kernel's ratio to cuDNN grows from the first layer to the last; im2col + FP16 GEMM meets
+    its 2x only on the smallest layer and gets closer as the layers shrink; the im2col matrix's traffic alone takes
+    longer than cuDNN's whole FP16 NHWC convolution on the largest layer; Find's first choice is not always the
+    fastest when timed; the fused convolution + bias + ReLU beats the convolution and a separate bias + ReLU kernel
+    and costs about what the convolution alone does; the wgmma GEMM of lesson 3 runs at more than twice WMMA's
+    rate, and the wgmma convolution is faster than the WMMA one on every layer."""
+    lesson = bench_lesson()
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 4")
+    for rec in recs:
+        where = rec["path"]
+        layers = rec["figures"]["layers"]
+        every = set.intersection(*({k for k, t in lt["targets"].items() if t["limit"] in (2.0, 5.0) and t["met"]}
+                                   for lt in layers))
+        assert every == {"direct (tensor cores) float16 NHWC"}, (where, every)
+        cores = [lt["targets"]["direct (CUDA cores) float32 NCHW"]["ratio"] for lt in layers]
+        assert cores == sorted(cores), (where, cores)
+        im2col = [lt["targets"]["im2col+GEMM float16 NHWC"] for lt in layers]
+        assert [t["met"] for t in im2col] == [False] * (len(layers) - 1) + [True], where
+        assert [t["ratio"] for t in im2col] == sorted((t["ratio"] for t in im2col), reverse=True), where
+        first = layers[0]
+        assert lesson.cols_matrix_ms(first, rec["ceilings"]) > lesson.cudnn_fastest(first, "float16", "NHWC")[
+            "median_ms"], where
+        agreement = lesson.find_agreement(layers)
+        assert agreement["changed"] >= 1 and agreement["most"] > 1.5 * agreement["least"], where
+        for r in rec["figures"]["fused"]["rows"]:
+            assert r["fused"] and r["fused"]["median_ms"] < r["separate"]["median_ms"], (where, r["dtype"])
+            assert r["fused"]["median_ms"] <= 1.05 * r["conv_only"]["median_ms"], (where, r["dtype"])
+        for lt in layers:
+            if "direct (wgmma) float16 NHWC" in lt["targets"]:
+                assert lt["targets"]["direct (wgmma) float16 NHWC"]["ratio"] < \
+                    lt["targets"]["direct (tensor cores) float16 NHWC"]["ratio"], (where, lt["name"])
