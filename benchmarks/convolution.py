@@ -561,6 +561,12 @@ def cudnn_fastest(lt: dict, dtype: str, layout: str) -> dict:
                key=lambda r: r["median_ms"])
 
 
+def cudnn_fastest_math(lt: dict, dtype: str, layout: str, math_: str) -> dict:
+    """cuDNN's row of a layer for a data type, layout and math type ("fma", "default", "tensor_op")."""
+    return next(r for r in lt["rows"] if r["kind"] == "cudnn" and r["dtype"] == dtype and r["layout"] == layout
+                and r["math"] == math_)
+
+
 def cols_matrix_ms(lt: dict, ceilings: dict) -> float:
     """The time the FP16 im2col matrix of a layer takes to be written once and read once at the GPU's measured copy
     bandwidth (ceilings["copy_gbps"]): what im2col + GEMM pays for its matrix alone."""

@@ -573,7 +573,8 @@ def test_recorded_wgmma_meets_the_goal(record):
 def test_recorded_claims_of_the_lesson_hold_on_every_record():
     """What notebook 03 and its deep dive say in words about their tables holds in every record of lesson 3: FP16
     accumulation on the tensor cores follows the NumPy model; FP32 accumulation grows about linearly with K and ends
-    more than ten times the model's error; the tiled WMMA kernel reaches less than half of cuBLAS FP16 on Hopper; a
+    more than ten times the model's error; the tiled WMMA kernel reaches less than half of cuBLAS FP16 on Hopper,
+    in every tile configuration; a
     small GEMM runs slower than a large one; and of the wgmma table, one stage already beats the WMMA kernel, each
     added stage up to three pays, three or four come within a tenth of cuBLAS, one consumer warpgroup and the 128 x
     128 tile are slower than the default, walking a whole row of tiles (group_m = 1) is slower than groups of rows,
@@ -595,7 +596,7 @@ def test_recorded_claims_of_the_lesson_hold_on_every_record():
         if rec["gpu"].get("compute_capability") != "9.0":
             continue
         tiled = next(r for r in f["kernels"]["rows"] if r["name"].startswith("WMMA, tiled ("))
-        assert tiled["of_cublas"] < 0.5, where
+        assert tiled["of_cublas"] < 0.5 and all(r["of_cublas"] < 0.5 for r in f["configs"]["rows"]), where
         rows = {(r["config"], r["group_m"]): r for r in lesson.wgmma_rows(f["wgmma"])}
         tf = lambda name, g=tc.WGMMA_GROUP_M: rows[(name, g)]["tflops"]  # noqa: E731
         wmma = next(r for r in f["wgmma"]["rows"] if r["name"].startswith("WMMA, tiled"))["tflops"]
