@@ -448,10 +448,6 @@ def find_view(table: list, title: str = "", source: str = "") -> plots.Table:
                         "deterministic"], rows, title=title, source=source)
 
 
-def find_text(table: list, title: str = "") -> str:
-    return str(find_view(table, title))
-
-
 def find_agreement(layers: list) -> dict:
     """How Find's own times compare with the course's timing of the same algorithms, over every table of every
     layer: the ratios' least, median and largest, and in how many tables Find's first choice is not the fastest
@@ -489,14 +485,6 @@ def layer_view(lt: dict, source: str = "") -> plots.Table:
         title += f"; {cfg} not timed ({why})"
     return plots.table(["kernel", "data", "layout", "time", "TFLOP/s", "x like", "x fastest"], rows, title=title,
                        source=source)
-
-
-def layer_text(lt: dict) -> str:
-    lines = [str(layer_view(lt))]
-    for key, t in lt["targets"].items():
-        lines.append(f"target {key}: {t['ratio']:.2f}x of cuDNN's fastest (limit {t['limit']:g}x): "
-                     f"{'met' if t['met'] else 'NOT met'}")
-    return "\n".join(lines)
 
 
 def parts_view(layers: list, source: str = "") -> plots.Table:
