@@ -488,11 +488,14 @@ _raised = set()
 
 
 def _tiled_function(name: str, smem: int):
-    fn = cuda_c.function(SOURCE, name)
+    """The launchable tiled kernel ``name``, allowed ``smem`` bytes of shared memory; refused in one line, before it
+    is compiled, where the GPU (or the faked one) gives a block less."""
     if name not in _raised:
         too_big = tiled_fits(name)
         if too_big:
             raise runtime.CourseInputError(f"{too_big}: pick a smaller tile (tc.default_tiled() fits)")
+    fn = cuda_c.function(SOURCE, name)
+    if name not in _raised:
         if smem > gpus.PORTABLE_SHARED_MEMORY:  # a block gets more than 48 KiB of shared memory only when asked for
             fn.max_dynamic_shared_size_bytes = smem
         _raised.add(name)

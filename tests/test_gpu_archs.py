@@ -298,7 +298,7 @@ def as_if_sm75(monkeypatch, tmp_path, fake_cc):
         path = tmp_path / f"{name}.ptx"
         path.write_text(ptx)
         modules[name] = cp.RawModule(path=str(path))
-    monkeypatch.setattr(cuda_c, "module", lambda name: modules[name])
+    monkeypatch.setattr(cuda_c, "module", lambda name, edits=None: modules[name])
     monkeypatch.setattr(tc, "_raised", set())
     monkeypatch.setattr(cv, "_igemm_ready", set())
     monkeypatch.setattr(gpus, "_noted", set())
