@@ -101,6 +101,17 @@ def test_fp16_accumulation_error_grows_with_k_and_fp32_stays_small():
     assert max(r["fp16_output"]) <= 2.0**-11  # one rounding to FP16 costs at most half an ulp
 
 
+def test_the_notebooks_accumulation_table_says_what_its_prose_says():
+    """Notebook 03's K sweep (uniform inputs, the model's defaults): with FP32 accumulation the error stays below the
+    half-ulp of storing the result as FP16 at every K; with FP16 accumulation it grows about as the square root of K
+    and passes a percent at the largest K."""
+    ks = [16, 64, 256, 1024, 4096, 16384]
+    r = tc.accumulation_error(ks)
+    assert all(e32 < e_out for e32, e_out in zip(r["fp32_acc"], r["fp16_output"]))
+    assert 0.35 <= np.polyfit(np.log(ks), np.log(r["fp16_acc"]), 1)[0] <= 0.65
+    assert r["fp16_acc"][-1] > 0.01 > r["fp16_acc"][-2]
+
+
 def test_fp16_sequential_sum_stagnates():
     # 0.25 added 8192 times: exact 2048, but FP16's spacing reaches 0.5 at 512, so 0.25 rounds away there
     assert float(tc.sum_fp16_sequential(np.full(8192, 0.25))) == 512.0
