@@ -288,22 +288,22 @@ def targets(rows: list) -> dict:
     return out
 
 
-
-
 def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> list:
     """Why the WMMA convolution stays above ``goal`` x cuDNN, measured: for each layer, FP16 NHWC, the TFLOP/s of
     cuDNN's fastest algorithm, of the course's direct convolution on the tensor cores (TC_DIRECT), of cuBLAS on the
     layer's own GEMM (N P Q x R S C by R S C x K, the im2col + GEMM row's "GEMM alone") and what ``goal`` asks
     of the course's kernel (cuDNN's TFLOP/s / goal). ``gemms``: lesson 3's figures["wgmma"] on the same GPU (8192^3
-    FP16 GEMMs: cuBLAS, the tiled WMMA GEMM this convolution is built like, the wgmma GEMM fed by the TMA), or None
-    where lesson 3 has no such record; then the "wmma_*" and "wgmma_*" keys are None."""
+    FP16 GEMMs: cuBLAS, the tiled WMMA GEMM this convolution is built like and, on Hopper, the wgmma GEMM fed by the
+    TMA), or None where lesson 3 has no such figure. Each of lesson 3's figures the table lacks is None: all of
+    them without ``gemms``; the wgmma GEMM's on a GPU without wgmma (compute capability below 9.0, whose table holds
+    cuBLAS and WMMA alone) and in a table recorded without any row (``rows`` empty)."""
     if not goal > 0:
         raise runtime.CourseInputError(f"goal must be a positive factor, got {goal}")
-    wmma = wgmma = cublas = None
-    if gemms:
-        cublas = next(r["tflops"] for r in gemms["rows"] if r["kind"] == "library")
-        wmma = next(r["tflops"] for r in gemms["rows"] if r["name"].startswith("WMMA, tiled"))
-        wgmma = max(r["tflops"] for r in gemms["rows"] if r.get("config") == gemms["default"])
+    rows3 = (gemms or {}).get("rows", [])
+    cublas = next((r["tflops"] for r in rows3 if r["kind"] == "library"), None)
+    wmma = next((r["tflops"] for r in rows3 if r["name"].startswith("WMMA, tiled")), None)
+    default = (gemms or {}).get("default")
+    wgmma = max((r["tflops"] for r in rows3 if default and r.get("config") == default), default=None)
     out = []
     for lt in layers:
         rows = [r for r in lt["rows"] if r["dtype"] == "float16" and r["layout"] == "NHWC"]
@@ -322,25 +322,46 @@ def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> 
     return out
 
 
+def lesson3_gemms_line(gap: list, gemm_source: str | None) -> str:
+    """One line: lesson 3's GEMMs that tensor_core_gap read the convolutions against, or why there are none."""
+    g0 = gap[0] if gap else {}
+    if not g0.get("wmma_tflops") or not g0.get("gemm_cublas_tflops"):
+        return ("lesson 3's GEMMs are not recorded on this GPU: run lesson 3's notebook or `python -m gpucourse "
+                "record` for the figures to read these against")
+    cublas, wmma, wgmma = g0["gemm_cublas_tflops"], g0["wmma_tflops"], g0["wgmma_tflops"]
+    hopper = (f"the wgmma GEMM fed by the TMA {wgmma:.0f} ({wgmma / cublas:.2f}x)" if wgmma
+              else "no wgmma GEMM (it needs compute capability 9.0)")
+    return (f"lesson 3's GEMMs at 8192^3, TFLOP/s: cuBLAS FP16 {cublas:.0f}, the tiled WMMA GEMM {wmma:.0f} "
+            f"({wmma / cublas:.2f}x cuBLAS), {hopper} ({gemm_source})")
+
+
+def tensor_core_gap_view(gap: list, gemm_source: str | None, conv_source: str = "",
+                         goal: float = TC_GOAL) -> plots.Table:
+    """tensor_core_gap as a table: per layer, FP16 NHWC, what the goal asks of the WMMA convolution against what
+    each kind of kernel was measured at, and (where lesson 3's GEMMs are there) both as shares of the WMMA GEMM's
+    rate. The title says where lesson 3's GEMMs come from."""
+    with_wmma = bool(gap) and gap[0]["wmma_tflops"] is not None
+    header = ["layer", "cuDNN", "WMMA conv", "its time / cuDNN's", f"{goal:g}x asks", "layer's GEMM (cuBLAS)"]
+    if with_wmma:
+        header += ["conv / WMMA GEMM", f"{goal:g}x asks / WMMA GEMM"]
+    rows = []
+    for g in gap:
+        row = [g["layer"], g["cudnn_tflops"], g["conv_tflops"], f"{g['of_cudnn']:.2f}x", g["needed_tflops"],
+               g["layer_gemm_tflops"] if g["layer_gemm_tflops"] else "-"]
+        if with_wmma:
+            row += [f"{g['conv_of_wmma']:.2f}", f"{g['needed_of_wmma']:.2f}"]
+        rows.append(row)
+    return plots.table(header, rows, title="FP16 NHWC, TFLOP/s. " + lesson3_gemms_line(gap, gemm_source),
+                       source=conv_source)
+
+
 def tensor_core_gap_text(gap: list, gemm_source: str | None, goal: float = TC_GOAL) -> str:
-    """tensor_core_gap as lines: per layer what the goal asks against what each kind of kernel was measured at."""
-    lines = [f"FP16 NHWC, TFLOP/s: cuDNN's fastest, the WMMA convolution, what {goal:g}x of cuDNN asks of it, and cuBLAS "
-             "on the layer's own GEMM (im2col done beforehand, not counted)"]
+    """tensor_core_gap as text: the table, then per layer what the goal asks of the WMMA GEMM's rate."""
+    lines = [str(tensor_core_gap_view(gap, gemm_source, goal=goal))]
     for g in gap:
-        gemm = f"{g['layer_gemm_tflops']:4.0f}" if g["layer_gemm_tflops"] else "   —"
-        lines.append(f"  {g['layer']:24} cuDNN {g['cudnn_tflops']:4.0f}   WMMA conv {g['conv_tflops']:4.0f} "
-                     f"({g['of_cudnn']:.2f}x cuDNN's time)   {goal:g}x asks {g['needed_tflops']:4.0f}   layer GEMM {gemm}")
-    if not gap or gap[0]["wmma_tflops"] is None:
-        lines.append("lesson 3's GEMMs are not recorded on this GPU: run lesson 3's notebook or `python -m gpucourse "
-                     "record` for the figures to read these against")
-        return "\n".join(lines)
-    g0 = gap[0]
-    lines.append(f"lesson 3 at 8192^3 ({gemm_source}): cuBLAS FP16 {g0['gemm_cublas_tflops']:.0f}, the tiled WMMA "
-                 f"GEMM {g0['wmma_tflops']:.0f} ({g0['wmma_tflops'] / g0['gemm_cublas_tflops']:.2f}x cuBLAS), the wgmma "
-                 f"GEMM fed by the TMA {g0['wgmma_tflops']:.0f} ({g0['wgmma_tflops'] / g0['gemm_cublas_tflops']:.2f}x)")
-    for g in gap:
-        lines.append(f"  {g['layer']:24} the WMMA conv runs at {g['conv_of_wmma']:.2f} of the WMMA GEMM's rate; "
-                     f"{goal:g}x of cuDNN would need {g['needed_of_wmma']:.2f} of it")
+        if g["wmma_tflops"]:
+            lines.append(f"  {g['layer']:24} the WMMA conv runs at {g['conv_of_wmma']:.2f} of the WMMA GEMM's rate; "
+                         f"{goal:g}x of cuDNN would need {g['needed_of_wmma']:.2f} of it")
     return "\n".join(lines)
 
 
@@ -416,35 +437,212 @@ def run() -> tuple:
 
 # ------------------------------------------------------------------------------------ text and plots
 
-def find_text(table: list, title: str = "") -> str:
-    """The seed's printf loop, as a table: algo, time, workspace, status."""
-    lines = [title] if title else []
-    lines.append(f"{'':3} {'algorithm':24} {'Find time':>10} {'timed':>10} {'workspace':>12}  {'status':30} "
-                 f"{'math':9} determ.")
-    for i, r in enumerate(table):
-        t = f"{r['time_ms']:.4f} ms" if r["time_ms"] is not None else "-"
-        timed = f"{r['timed_ms']:.4f} ms" if r.get("timed_ms") is not None else "-"
-        ws = f"{r['workspace_bytes'] / MIB:.2f} MiB" if r["workspace_bytes"] is not None else "-"
-        lines.append(f"{i:3} {r['algo']:24} {t:>10} {timed:>10} {ws:>12}  {r['status']:30} {r['math']:9} "
-                     f"{'yes' if r['deterministic'] else 'no'}")
-    return "\n".join(lines)
+def find_view(table: list, title: str = "", source: str = "") -> plots.Table:
+    """The seed's printf loop, as a table: algorithm, Find's time and the course's, workspace, status, math."""
+    rows = [[i, r["algo"], f"{r['time_ms']:.4f}" if r["time_ms"] is not None else "-",
+             f"{r['timed_ms']:.4f}" if r.get("timed_ms") is not None else "-",
+             f"{r['workspace_bytes'] / MIB:.2f}" if r["workspace_bytes"] is not None else "-",
+             r["status"].removeprefix("CUDNN_STATUS_"), r["math"], "yes" if r.get("deterministic") else "no"]
+            for i, r in enumerate(table)]
+    return plots.table(["", "algorithm", "Find (ms)", "timed (ms)", "workspace (MiB)", "status", "math",
+                        "deterministic"], rows, title=title, source=source)
 
 
-def layer_text(lt: dict) -> str:
-    lines = [f"{lt['name']}: {lt['flops'] / 1e9:.2f} GFLOP a call; im2col matrix {lt['im2col_mib']['float32']:.0f} MiB "
-             f"in FP32, {lt['im2col_mib']['float16']:.0f} MiB in FP16",
-             f"{'':44} {'':7} {'':5} {'time':>9} {'TFLOP/s':>8} {'x like':>7} {'x fastest':>9}"]
-    for r in lt["rows"]:
-        if r["kind"] == "part":
-            continue
-        lines.append(f"{r['name'][:44]:44} {r['dtype']:7} {r['layout']:5} {bench.format_ms(r['median_ms']):>9} "
-                     f"{r['tflops']:8.1f} {r['of_cudnn_like']:7.2f} {r['of_cudnn_fastest']:9.2f}")
-    for key, t in lt["targets"].items():
-        lines.append(f"target {key}: {t['ratio']:.2f}x of cuDNN's fastest (limit {t['limit']:g}x): "
-                     f"{'met' if t['met'] else 'NOT met'}")
+def find_agreement(layers: list) -> dict:
+    """How Find's own times compare with the course's timing of the same algorithms, over every table of every
+    layer: the ratios' least, median and largest, and in how many tables Find's first choice is not the fastest
+    when timed."""
+    ratios = [r["time_ms"] / r["timed_ms"] for lt in layers for t in lt["find"].values() for r in t
+              if r.get("timed_ms") and r["time_ms"]]
+    changed = [(lt["name"], k) for lt in layers for k, t in lt["find"].items()
+               if (t[0]["algo"], t[0]["math"]) != (fastest_timed(t)["algo"], fastest_timed(t)["math"])]
+    return {"least": min(ratios), "median": float(np.median(ratios)), "most": max(ratios), "changed": len(changed),
+            "tables": sum(len(lt["find"]) for lt in layers)}
+
+
+def tradeoff_view(layers: list, key: str, source: str = "") -> plots.Table:
+    """For each workspace limit, the fastest algorithm within it and its time (µs, the course's timing) per layer."""
+    per_layer = [tradeoff(lt["find"][key]) for lt in layers]
+    rows = []
+    for i, limit in enumerate(WORKSPACE_LIMITS_MIB):
+        row = [f"{limit:,} MiB"]
+        for points in per_layer:
+            p = points[i]
+            row.append(f"{p['algo']}, {p['time_ms'] * 1e3:.0f} µs" if p["algo"] else "(none)")
+        rows.append(row)
+    return plots.table(["workspace limit", *(lt["name"].split(":")[0] for lt in layers)], rows, source=source,
+                       title=f"The fastest algorithm within each workspace limit ({key})")
+
+
+def layer_view(lt: dict, source: str = "") -> plots.Table:
+    """One layer's rows: every kernel and cuDNN's fastest per math type, time, TFLOP/s, and time over cuDNN's
+    fastest with the same arithmetic ("x like") and with any ("x fastest")."""
+    rows = [[r["name"], r["dtype"], r["layout"], bench.format_ms(r["median_ms"]), r["tflops"],
+             f"{r['of_cudnn_like']:.2f}", f"{r['of_cudnn_fastest']:.2f}"] for r in lt["rows"] if r["kind"] != "part"]
+    title = (f"{lt['name']}: {lt['flops'] / 1e9:.2f} GFLOP a call; im2col matrix {lt['im2col_mib']['float32']:.0f} "
+             f"MiB in FP32, {lt['im2col_mib']['float16']:.0f} MiB in FP16")
     for cfg, why in lt.get("wgmma_errors", {}).items():
-        lines.append(f"{cfg}: not timed ({why})")
-    return "\n".join(lines)
+        title += f"; {cfg} not timed ({why})"
+    return plots.table(["kernel", "data", "layout", "time", "TFLOP/s", "x like", "x fastest"], rows, title=title,
+                       source=source)
+
+
+def parts_view(layers: list, source: str = "") -> plots.Table:
+    """im2col + GEMM's two halves timed apart, per layer, data type and layout: im2col's bandwidth (the cols matrix
+    written plus the input read), the GEMM's TFLOP/s."""
+    rows = [[lt["name"].split(":")[0], r["dtype"], r["layout"], r["name"], bench.format_ms(r["median_ms"]),
+             f"{r['gbps']:.0f} GB/s" if r.get("gbps") else f"{r['tflops']:.1f} TFLOP/s"]
+            for lt in layers for r in lt["rows"] if r["kind"] == "part"]
+    return plots.table(["layer", "data", "layout", "half", "time", "rate"], rows, source=source,
+                       title="im2col + GEMM, the two halves timed apart")
+
+
+def targets_view(layers: list, source: str = "") -> plots.Table:
+    """Every target of every layer: the ratio to cuDNN's fastest, the limit, met or not."""
+    rows = [[lt["name"].split(":")[0], key, f"{t['ratio']:.2f}x", f"{t['limit']:g}x", "met" if t["met"] else "NOT met"]
+            for lt in layers for key, t in lt["targets"].items()]
+    return plots.table(["layer", "target", "x cuDNN's fastest", "limit", ""], rows, source=source,
+                       title="The targets, against cuDNN's fastest algorithm for the same data type and layout")
+
+
+SUMMARY_ROWS = (  # (label, row name, data type, layout) of kernels_view
+    ("im2col + FP16 GEMM, NHWC", "im2col + cuBLAS FP16 GEMM", "float16", "NHWC"),
+    ("im2col + FP16 GEMM, NCHW", "im2col + cuBLAS FP16 GEMM", "float16", "NCHW"),
+    ("direct, tensor cores (WMMA), FP16 NHWC", TC_DIRECT, "float16", "NHWC"),
+    ("direct, tensor cores (wgmma), FP16 NHWC", TC_WGMMA, "float16", "NHWC"),
+    ("direct, CUDA cores, implicit GEMM, FP32", CORES_IGEMM, "float32", "NCHW"),
+    ("direct, CUDA cores, register-tiled, FP32", CORES_DIRECT, "float32", "NCHW"),
+    ("direct, CUDA cores, register-tiled, FP16", CORES_DIRECT, "float16", "NCHW"),
+    ("numba, one thread per output", "numba direct, one thread per output", "float32", "NCHW"),
+)
+
+
+def rows_named(layers: list, name: str, dtype: str, layout: str) -> list:
+    """The rows of that kernel, data type and layout, one per layer that has it."""
+    return [r for lt in layers for r in lt["rows"] if r["name"] == name and r["dtype"] == dtype
+            and r["layout"] == layout]
+
+
+def _span(values, fmt="{:.2f}") -> str:
+    return fmt.format(min(values)) + (" to " + fmt.format(max(values)) if max(values) > min(values) else "")
+
+
+def kernels_view(layers: list, source: str = "") -> plots.Table:
+    """Each kernel of the lesson over the layers: its time over cuDNN's fastest for its data type and layout, its
+    TFLOP/s (least to most), and its fastest tile per layer where it tries several. Kernels this GPU or record
+    has no row of are left out."""
+    out = []
+    for label, name, dtype, layout in SUMMARY_ROWS:
+        rs = rows_named(layers, name, dtype, layout)
+        if rs:
+            tiles = ", ".join(r["config"].split("_nhwc")[0].split("_nchw")[0].removeprefix("conv_")
+                              + (f"/{r['splits']}" if "splits" in r else "") for r in rs if r.get("config"))
+            out.append([label, _span([r["of_cudnn_fastest"] for r in rs]) + "x",
+                        _span([r["tflops"] for r in rs], "{:.1f}"), tiles or "-"])
+    return plots.table(["kernel", "x cuDNN's fastest", "TFLOP/s", "fastest tile per layer"], out, source=source,
+                       title="Each kernel over the three layers")
+
+
+def cudnn_fastest(lt: dict, dtype: str, layout: str) -> dict:
+    """cuDNN's fastest row of a layer for a data type and layout, whatever its math."""
+    return min((r for r in lt["rows"] if r["kind"] == "cudnn" and r["dtype"] == dtype and r["layout"] == layout),
+               key=lambda r: r["median_ms"])
+
+
+def cudnn_fastest_math(lt: dict, dtype: str, layout: str, math_: str) -> dict:
+    """cuDNN's row of a layer for a data type, layout and math type ("fma", "default", "tensor_op")."""
+    return next(r for r in lt["rows"] if r["kind"] == "cudnn" and r["dtype"] == dtype and r["layout"] == layout
+                and r["math"] == math_)
+
+
+def cols_matrix_ms(lt: dict, ceilings: dict) -> float:
+    """The time the FP16 im2col matrix of a layer takes to be written once and read once at the GPU's measured copy
+    bandwidth (ceilings["copy_gbps"]): what im2col + GEMM pays for its matrix alone."""
+    return 2 * lt["im2col_mib"]["float16"] * MIB / (ceilings["copy_gbps"] * 1e9) * 1e3
+
+
+def ceilings_view(layers: list, ceilings: dict, source: str = "") -> plots.Table:
+    """Per layer, cuDNN's fastest algorithm in each data type and layout, and the FP16 im2col matrix's traffic
+    alone (written and read at the measured copy bandwidth) against cuDNN's fastest FP16 NHWC convolution."""
+    rows = []
+    for lt in layers:
+        best = {f"{d} {lay}": cudnn_fastest(lt, d, lay) for d in ("float32", "float16") for lay in cv.LAYOUTS}
+        cols = cols_matrix_ms(lt, ceilings)
+        rows.append([lt["name"].split(":")[0], *(f"{b['algo']}, {b.get('row_math', b['math'])}" for b in best.values()),
+                     f"{cols / best['float16 NHWC']['median_ms']:.2f}x"])
+    return plots.table(["layer", *(f"cuDNN's fastest, {k}" for k in ("FP32 NCHW", "FP32 NHWC", "FP16 NCHW",
+                                                                      "FP16 NHWC")),
+                        "cols matrix traffic / cuDNN FP16 NHWC"], rows, source=source,
+                       title=f"This GPU's ceilings: SGEMM {ceilings['fp32_tflops']:.0f} TFLOP/s, HGEMM "
+                             f"{ceilings['fp16_tflops']:.0f} TFLOP/s, copy {ceilings['copy_gbps']:.0f} GB/s")
+
+
+def wgmma_conv_view(layers: list, source: str = "") -> plots.Table | None:
+    """The wgmma convolution on each layer (its fastest tile), against cuDNN's fastest FP16 NHWC and beside the WMMA
+    convolution it replaces; None where no layer has a wgmma row (a GPU without wgmma, or an older record)."""
+    rows = []
+    for lt in layers:
+        t, w = lt["targets"].get("direct (wgmma) float16 NHWC"), lt["targets"].get("direct (tensor cores) float16 NHWC")
+        wg = [r for r in lt["rows"] if r["name"] == TC_WGMMA]
+        if t is None or not wg:
+            continue
+        best = min(wg, key=lambda r: r["median_ms"])
+        rows.append([lt["name"].split(":")[0], bench.format_ms(best["median_ms"]), best["tflops"],
+                     best.get("config", "").removeprefix("conv_wgmma_").removesuffix("_nhwc_f16"),
+                     f"{t['ratio']:.2f}x", f"{t['limit']:g}x: {'met' if t['met'] else 'missed'}",
+                     f"{w['ratio']:.2f}x" if w else "-"])
+    if not rows:
+        return None
+    return plots.table(["layer", "wgmma + TMA", "TFLOP/s", "tile", "x cuDNN", "goal", "WMMA conv x cuDNN"], rows,
+                       source=source, title="The wgmma convolution against cuDNN's fastest FP16 NHWC algorithm")
+
+
+def im2col_mode(lt: dict) -> dict | None:
+    """A layer's fastest wgmma tile as a box of the image and as the TMA's im2col mode, from the same run: their
+    times, blocks and the share of the rows computed that are stored; None where the layer has no timings of both
+    (a GPU without wgmma, or a record from before the im2col kernels)."""
+    row = next((r for r in lt["rows"] if r["name"] == TC_WGMMA and r.get("configs_ms")), None)
+    ms = row["configs_ms"] if row else {}
+    box = {cfg: v for cfg, v in ms.items() if "_i2c_" not in cfg}
+    i2c = {cfg: v for cfg, v in ms.items() if "_i2c_" in cfg}
+    if not box or not i2c:
+        return None
+    b, i = min(box, key=box.get), min(i2c, key=i2c.get)
+    n, c, h, w, k, r, s, pad, stride = lt["layer"]
+    _, _, P, Q = cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+    cb, ci = cv.wgmma_conv_config(b), cv.wgmma_conv_config(i)
+    tb = cv.wgmma_conv_tiles(n, P, Q, k, cb["bm"], cb["bn"])
+    ti = cv.wgmma_conv_tiles(n, P, Q, k, ci["bm"], ci["bn"], im2col=True)
+    return {"box": b, "box_ms": box[b], "box_blocks": tb["grid"][0] * tb["grid"][1], "box_useful": tb["useful"],
+            "i2c": i, "i2c_ms": i2c[i], "i2c_blocks": ti["grid"][0] * ti["grid"][1], "i2c_useful": ti["useful"],
+            "box_over_i2c": box[b] / i2c[i]}
+
+
+def im2col_mode_view(layers: list, source: str = "") -> plots.Table | None:
+    """im2col_mode for every layer that has it, as a table; None where none has."""
+    rows = []
+    for lt in layers:
+        m = im2col_mode(lt)
+        if m:
+            tile = lambda cfg: cfg.removeprefix("conv_wgmma_").removesuffix("_nhwc_f16")  # noqa: E731
+            rows.append([lt["name"].split(":")[0], f"{bench.format_ms(m['box_ms'])} ({tile(m['box'])})",
+                         m["box_blocks"], f"{m['box_useful']:.1%}", f"{bench.format_ms(m['i2c_ms'])} ({tile(m['i2c'])})",
+                         m["i2c_blocks"], f"{m['i2c_useful']:.1%}", f"{m['box_over_i2c']:.2f}x"])
+    if not rows:
+        return None
+    return plots.table(["layer", "boxes", "blocks", "rows stored", "im2col mode", "blocks", "rows stored",
+                        "box time / im2col"], rows, source=source,
+                       title="The fastest wgmma tile as boxes of the image and in the TMA's im2col mode")
+
+
+def fused_view(fused: dict, source: str = "") -> plots.Table:
+    """cudnnConvolutionBiasActivationForward against the convolution followed by a bias + ReLU kernel."""
+    rows = [[f"{r['dtype']} {r['layout']}", r["algo"],
+             bench.format_ms(r["fused"]["median_ms"]) if r["fused"] else r["status"],
+             bench.format_ms(r["separate"]["median_ms"]), bench.format_ms(r["conv_only"]["median_ms"])]
+            for r in fused["rows"]]
+    return plots.table(["data", "algorithm", "fused", "conv, then bias + ReLU", "conv alone"], rows, source=source,
+                       title=f"Convolution + bias + ReLU, {fused['layer']}")
 
 
 def plot_find(table: list, source: str, title: str, *, timed: bool = True):

@@ -94,8 +94,8 @@ def kernel_table(n: int | None = None, *, config: str | None = None, config16: s
     FP32 rows are compared with cuBLAS FP32, tensor-core rows with cuBLAS FP16."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.n")
-    config = config or tc.DEFAULT_TILED["float32"]
-    config16 = config16 or tc.DEFAULT_TILED["float16"]
+    config = config or tc.default_tiled("float32")
+    config16 = config16 or tc.default_tiled("float16")
     o = _all_operands(n)
     launchers = _launchers(config, config16)
     flops = 2.0 * n**3
@@ -126,12 +126,15 @@ def kernel_table(n: int | None = None, *, config: str | None = None, config16: s
 
 
 def config_table(n: int | None = None, repeats: int = 10) -> dict:
-    """Every tiled WMMA configuration of tensor_cores.cu on n x n x n, in TFLOP/s (checked first)."""
+    """Every tiled WMMA configuration of tensor_cores.cu that fits this GPU's shared memory on n x n x n, in TFLOP/s
+    (checked first); "skipped": one line for each that does not fit."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.n")
     A, B, ref = _operands(n, cp.float16)
     rows = []
-    for name in bench.progress(tc.TILED_CONFIGS, desc="tile configurations"):
+    skipped = [why for why in map(tc.tiled_fits, tc.TILED_CONFIGS) if why]
+    fitting = [name for name in tc.TILED_CONFIGS if tc.tiled_fits(name) is None]
+    for name in bench.progress(fitting, desc="tile configurations"):
         c = tc.tiled_config(name)
         C = cp.full((n, n), cp.nan, dtype=c["acc"])
         tc.gemm(A, B, C, kernel="tiled", config=name)
@@ -143,54 +146,83 @@ def config_table(n: int | None = None, repeats: int = 10) -> dict:
     lib = bench.time_gpu(lambda: cp.matmul(A, B), repeats=repeats).tflops(2.0 * n**3)
     for r in rows:
         r["of_cublas"] = r["tflops"] / lib
-    return {"n": n, "cublas_fp16_tflops": lib, "rows": rows}
+    return {"n": n, "cublas_fp16_tflops": lib, "rows": rows, **({"skipped": skipped} if skipped else {})}
+
+
+def wgmma_plan(cc=None) -> list:
+    """The rows wgmma_table measures on a GPU of compute capability ``cc`` (default: this GPU, or the faked one), as
+    dicts of name, kind ("library" or "kernel"), config (the wgmma kernel's, or None) and group_m: cuBLAS FP16 and
+    the tiled WMMA GEMM on every GPU; on compute capability 9.0 also every wgmma configuration and the default's
+    block orders."""
+    plan = [{"name": "cuBLAS FP16 (tensor cores)", "kind": "library", "config": None, "group_m": None},
+            {"name": f"WMMA, tiled ({tc.default_tiled('float32', cc)})", "kind": "kernel", "config": None,
+             "group_m": None}]
+    if gpus.supports("wgmma", cc):
+        plan += [{"name": label, "kind": "kernel", "config": name, "group_m": tc.WGMMA_GROUP_M}
+                 for name, label in WGMMA_STEPS.items()]
+        plan += [{"name": f"4 stages, group_m = {g}", "kind": "kernel", "config": tc.DEFAULT_WGMMA, "group_m": g}
+                 for g in (1, 4, 16)]
+    return plan
+
+
+def wgmma_skipped(cc=None) -> str | None:
+    """Why wgmma_table has no wgmma rows on a GPU of compute capability ``cc`` (one line), or None where it has."""
+    return gpus.missing("wgmma", cc, what="the wgmma GEMM")
 
 
 def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
     """Hopper's warpgroup MMA fed by the TMA (kernels/cuda/tensor_cores_wgmma.cu), every configuration on
-    n x n x n, beside cuBLAS FP16 and the lesson's best tiled WMMA kernel, each checked against the FP32
-    product first; plus the block order (group_m) of the default configuration. Compute capability 9.0."""
+    n x n x n, beside cuBLAS FP16 and the lesson's tiled WMMA kernel, each checked against the FP32 product
+    first; plus the block order (group_m) of the default configuration: the rows of wgmma_plan. The wgmma rows
+    need compute capability 9.0: on another GPU the table holds cuBLAS and WMMA alone (the GEMMs lesson 4 reads its
+    convolution against) and "skipped" says why."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.n")
-    if not gpus.supports("wgmma"):
-        return {"n": n, "skipped": gpus.missing("wgmma", what="the wgmma GEMM"), "rows": []}
     A, B, ref = _operands(n, cp.float16)
-    Bt = cp.ascontiguousarray(B.T)
+    Bt = cp.ascontiguousarray(B.T) if gpus.supports("wgmma") else None
     C = cp.empty((n, n), cp.float32)
     L = cp.empty((n, n), cp.float16)
     flops = 2.0 * n**3
-    launches = {"cuBLAS FP16 (tensor cores)": (lambda: cp.matmul(A, B, out=L), L, "library", {})}
-    wmma = tc.DEFAULT_TILED["float32"]
-    launches[f"WMMA, tiled ({wmma})"] = (lambda: tc.gemm(A, B, C, kernel="tiled", config=wmma), C, "kernel", {})
-    for name in WGMMA_STEPS:
-        c = tc.wgmma_config(name)
-        Bop = B if c["b_layout"] == "kn" else Bt
-        launches[WGMMA_STEPS[name]] = (lambda Bop=Bop, name=name: tc.gemm_wgmma(A, Bop, C, config=name), C,
-                                       "kernel", c)
-    for g in (1, 4, 16):
-        launches[f"4 stages, group_m = {g}"] = (lambda g=g: tc.gemm_wgmma(A, B, C, group_m=g), C, "kernel",
-                                                {**tc.wgmma_config(tc.DEFAULT_WGMMA), "group_m": g})
+
+    def launcher(row):
+        if row["kind"] == "library":
+            return lambda: cp.matmul(A, B, out=L), L
+        if row["config"] is None:
+            wmma = row["name"].removeprefix("WMMA, tiled (").removesuffix(")")
+            return lambda: tc.gemm(A, B, C, kernel="tiled", config=wmma), C
+        Bop = B if tc.wgmma_config(row["config"])["b_layout"] == "kn" else Bt
+        return lambda: tc.gemm_wgmma(A, Bop, C, config=row["config"], group_m=row["group_m"]), C
+
     rows = []
-    for label, (launch, out, kind, c) in bench.progress(launches.items(), desc="wgmma"):
+    for row in bench.progress(wgmma_plan(), desc="wgmma"):
+        launch, out = launcher(row)
         out.fill(cp.nan)
         launch()
         err = tc.rel_error(out, ref)
-        if not err <= (5e-3 if kind == "library" else CHECK):
-            raise runtime.CourseError(f"{label} gave a wrong result at n={n} (error {err:.2e}); not timing it")
+        if not err <= (5e-3 if row["kind"] == "library" else CHECK):
+            raise runtime.CourseError(f"{row['name']} gave a wrong result at n={n} (error {err:.2e}); not timing it")
         t = bench.time_gpu(launch, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
-        rows.append({"name": label, "kind": kind, "config": c.get("name"), "group_m": c.get("group_m",
-                     tc.WGMMA_GROUP_M if c else None), **t.summary(), "tflops": t.tflops(flops), "check_error": err})
+        rows.append({**row, **t.summary(), "tflops": t.tflops(flops), "check_error": err})
     lib = rows[0]["tflops"]
     for r in rows:
         r["of_cublas"] = r["tflops"] / lib
-    return {"n": n, "cublas_fp16_tflops": lib, "default": tc.DEFAULT_WGMMA, "rows": rows}
+    out = {"n": n, "cublas_fp16_tflops": lib, "default": tc.DEFAULT_WGMMA, "rows": rows}
+    if wgmma_skipped():
+        out["skipped"] = wgmma_skipped()
+    return out
+
+
+def wgmma_rows(table: dict) -> list:
+    """The rows of a wgmma table (wgmma_table, measured or recorded) that ran a wgmma kernel: none where the GPU
+    has no wgmma, or where the table was recorded without them."""
+    return [r for r in table.get("rows", []) if r.get("config") in tc.WGMMA_CONFIGS]
 
 
 def size_sweep(sizes=None, repeats: int = 10, config: str | None = None) -> dict:
     """TFLOP/s against n for the tensor-core and FP32 kernels and their cuBLAS counterparts."""
     cp = runtime.cupy()
     sizes = sizes or runtime.size("tensor_cores.sweep")
-    config = config or tc.DEFAULT_TILED["float32"]
+    config = config or tc.default_tiled("float32")
     series = {k: [] for k in ("WMMA, one warp per tile", "WMMA, tiled", "cuBLAS FP16", "CUDA C, register tiles",
                               "cuBLAS FP32")}
     for n in bench.progress(sizes, desc="sizes"):
@@ -217,7 +249,7 @@ def error_table(n: int | None = None, config: str | None = None) -> dict:
     the FP32 originals (input rounding too)."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.check_n")
-    config = config or tc.DEFAULT_TILED["float32"]
+    config = config or tc.default_tiled("float32")
     rs = cp.random.RandomState(7)
     A = rs.random_sample((n, n), dtype=cp.float32)
     B = rs.random_sample((n, n), dtype=cp.float32)
@@ -252,7 +284,7 @@ def error_table(n: int | None = None, config: str | None = None) -> dict:
     C16 = cp.empty((n, n), cp.float16)
     tc.gemm(A16, B16, C16, kernel="naive")
     add("WMMA, one warp per tile, FP16 accumulation", "fp16_acc", C16, True)
-    tc.gemm(A16, B16, C16, kernel="tiled", config=tc.DEFAULT_TILED["float16"])
+    tc.gemm(A16, B16, C16, kernel="tiled", config=tc.default_tiled("float16"))
     add("WMMA, tiled, FP16 accumulation", "fp16_acc", C16, True)
     add("cuBLAS FP16 (FP16 output)", "fp16_output", cp.matmul(A16, B16), True)
     return {"n": n, "inputs": "uniform [0, 1)", "rows": rows}
@@ -306,16 +338,20 @@ def run() -> tuple:
 
 # ------------------------------------------------------------------------------------ text and plots
 
+def kernel_view(table: dict, source: str = "") -> plots.Table:
+    """Every GEMM of kernel_table as a table: TFLOP/s, time, the share of cuBLAS of the same precision, and the
+    FLOPs per byte the kernel's tiling asks of global memory."""
+    rows = [[r["name"], r["precision"], r["tflops"], r["median_ms"],
+             f"{r['of_cublas']:.2f}x {'FP32' if r['precision'] in ('FP32', 'TF32') else 'FP16'}", r["intensity"]]
+            for r in table["rows"]]
+    n = table["n"]
+    return plots.table(["kernel", "inputs", "TFLOP/s", "ms", "of cuBLAS", "FLOP/B"], rows, source=source,
+                       title=f"C = A B, {n} x {n} x {n} ({table['flops'] / 1e12:.2f} TFLOP a call)")
+
+
 def kernel_text(table: dict) -> str:
-    lines = [f"C = A B, {table['n']} x {table['n']} x {table['n']} ({table['flops'] / 1e12:.2f} TFLOP a call)",
-             f"{'':52} {'TFLOP/s':>8} {'ms':>9}  {'of cuBLAS':>9}  {'FLOP/B':>7}"]
-    for r in table["rows"]:
-        ref = "FP32" if r["precision"] in ("FP32", "TF32") else "FP16"
-        lines.append(f"{r['name'][:52]:52} {r['tflops']:8.1f} {r['median_ms']:9.3f}  {r['of_cublas']:7.2f}x "
-                     f"{ref:4} {r['intensity']:7.1f}")
-    lines.append(f"tensor cores over FP32 SIMT: cuBLAS {table['tc_vs_simt_cublas']:.1f}x, "
-                 f"this course's best kernels {table['tc_vs_simt_ours']:.1f}x")
-    return "\n".join(lines)
+    return (str(kernel_view(table)) + f"\ntensor cores over FP32 SIMT: cuBLAS {table['tc_vs_simt_cublas']:.1f}x, "
+            f"this course's best kernels {table['tc_vs_simt_ours']:.1f}x")
 
 
 def plot_kernels(table: dict, source: str, precision: str = "FP16"):
@@ -349,17 +385,26 @@ def plot_configs(configs: dict, source: str):
                       ceiling=("cuBLAS FP16", configs["cublas_fp16_tflops"]))
 
 
+def wgmma_view(table: dict, source: str = "") -> plots.Table:
+    """The wgmma table (wgmma_table) as a table; where the GPU has no wgmma, cuBLAS and WMMA alone, and the title
+    says why."""
+    rows = [[r["name"], r["tflops"], r["median_ms"], f"{r['of_cublas']:.2f}x"] for r in table["rows"]]
+    title = f"C = A B, {table['n']}^3, FP16 inputs, FP32 accumulation"
+    if table.get("skipped"):
+        title += f" (no wgmma rows: {table['skipped']})"
+    return plots.table(["kernel", "TFLOP/s", "ms", "of cuBLAS"], rows, title=title, source=source)
+
+
 def wgmma_text(table: dict) -> str:
-    if not table["rows"]:
+    if not table["rows"]:  # recorded before a GPU without wgmma measured cuBLAS and WMMA here
         return f"not measured: {table['skipped']}"
-    lines = [f"C = A B, {table['n']}^3, FP16 inputs, FP32 accumulation",
-             f"{'':52} {'TFLOP/s':>8} {'ms':>8}  {'of cuBLAS':>9}"]
-    for r in table["rows"]:
-        lines.append(f"{r['name'][:52]:52} {r['tflops']:8.1f} {r['median_ms']:8.3f}  {r['of_cublas']:8.2f}x")
-    return "\n".join(lines)
+    return str(wgmma_view(table))
 
 
 def plot_wgmma(table: dict, source: str):
+    """The wgmma rows against cuBLAS FP16 (and WMMA beside them); None where the table has no wgmma rows."""
+    if not wgmma_rows(table):
+        return None
     values = {r["name"]: r["tflops"] for r in table["rows"] if r["kind"] == "kernel"}
     return plots.bars(values, unit="TFLOP/s", source=source, title=f"Hopper's wgmma + TMA, n = {table['n']}",
                       ceiling=("cuBLAS FP16", table["cublas_fp16_tflops"]))

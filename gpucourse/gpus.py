@@ -28,6 +28,11 @@ GPUS = {
     (8, 9): "Ada: RTX 40xx, L4, L40",
     (9, 0): "Hopper: H100, H200",
 }
+# The most shared memory one block may ask for (the opt-in maximum, bytes) on each: a kernel whose tile needs more
+# does not launch there (CUDA C Programming Guide, "Technical Specifications per Compute Capability").
+SHARED_MEMORY_PER_BLOCK = {(7, 5): 64 * 1024, (8, 0): 163 * 1024, (8, 6): 99 * 1024, (8, 9): 99 * 1024,
+                           (9, 0): 227 * 1024}
+PORTABLE_SHARED_MEMORY = 48 * 1024  # what every GPU gives a block without asking
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")  # what every source is compiled for
 ARCH_SPECIFIC = ("sm_90a",)  # compiled only for sources that declare it
 _DECLARED_ARCH = re.compile(r"^\s*//\s*gpucourse-arch:\s*(sm_\d+a?)\s*$", re.M)
@@ -145,6 +150,27 @@ def supports(name: str, cc=None) -> bool:
     """Whether a GPU of compute capability ``cc`` (default: this GPU, or GPUCOURSE_FAKE_CC) has feature ``name``."""
     f, have = feature(name), _cc(cc)
     return have == f.cc if f.arch_specific else have >= f.cc
+
+
+def shared_memory_per_block(cc=None) -> int:
+    """Bytes of shared memory one block may use (the opt-in maximum) on a GPU of compute capability ``cc``
+    (default: this GPU, or GPUCOURSE_FAKE_CC where that is set, so that a faked T4 refuses what a T4 would). A GPU
+    of a capability the course does not list gets the portable 48 KiB."""
+    if cc is None and not os.environ.get(runtime.FAKE_CC_VARIABLE) and runtime.is_gpu():
+        cp = runtime.cupy()
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        return int(props.get("sharedMemPerBlockOptin", 0)) or PORTABLE_SHARED_MEMORY
+    return SHARED_MEMORY_PER_BLOCK.get(_cc(cc), PORTABLE_SHARED_MEMORY)
+
+
+def shared_memory_missing(needs: int, *, what: str, cc=None) -> str | None:
+    """None where a block of ``what`` that needs ``needs`` bytes of shared memory fits the GPU, else one line
+    saying what needs how much and what the GPU gives."""
+    have = shared_memory_per_block(cc)
+    if needs <= have:
+        return None
+    return (f"{what} needs {needs:,} bytes of shared memory a block; {gpu_name(cc)} gives a block at most "
+            f"{have:,}")
 
 
 def missing(name: str, cc=None, *, what: str | None = None) -> str | None:

@@ -49,8 +49,13 @@ TILED_CONFIGS = (
     "wmma_tiled_128x256x32_w64x64_s3_f16",
 )
 # The default tiled kernel per accumulator: the fastest on an H100/H200 in the lesson's record (see
-# benchmarks/tensor_cores.py, "configs"); any name of TILED_CONFIGS can be asked for.
+# benchmarks/tensor_cores.py, "configs"); any name of TILED_CONFIGS can be asked for. A GPU that gives a block less
+# shared memory than the default needs (a T4: 64 KiB; an RTX 30xx/40xx, A10 or L4: 99 KiB) runs the first of
+# TILED_FALLBACK that fits instead (default_tiled).
 DEFAULT_TILED = {"float32": "wmma_tiled_128x128x64_w64x64_s3_f32", "float16": "wmma_tiled_128x256x32_w64x64_s3_f16"}
+TILED_FALLBACK = {"float32": ("wmma_tiled_128x128x64_w64x64_s2_f32", "wmma_tiled_128x128x32_w64x64_s3_f32",
+                              "wmma_tiled_64x64x32_w32x32_s2_f32"),
+                  "float16": ("wmma_tiled_128x128x32_w64x64_s3_f16",)}
 SGEMM = {"simt_tiled16": ("sgemm_tiled16", 16, 16, 1), "simt_128x128": ("sgemm_128x128x8", 128, 128, 8)}
 KINDS = ("naive", "tiled", *(f"numba_{k}" for k in ("naive", "tiled")), *SGEMM)
 
@@ -326,6 +331,23 @@ def tiled_config(name: str) -> dict:
             "warps": threads // 32, "smem_bytes": smem, "acc": "float32" if m.group(7) == "f32" else "float16"}
 
 
+def tiled_fits(name: str, cc=None) -> str | None:
+    """None where tiled kernel ``name`` fits a block's shared memory on the GPU (``cc``: another one's compute
+    capability), else one line saying why it cannot run there (gpucourse.gpus)."""
+    c = tiled_config(name)
+    return gpus.shared_memory_missing(c["smem_bytes"], what=name, cc=cc)
+
+
+def default_tiled(acc: str = "float32", cc=None) -> str:
+    """The tiled kernel ``gemm`` runs for accumulator ``acc`` when no configuration is named: DEFAULT_TILED, or on a
+    GPU whose blocks get less shared memory than it needs, the first of TILED_FALLBACK that fits."""
+    _acc_dtype(acc)
+    for name in (DEFAULT_TILED[acc], *TILED_FALLBACK[acc]):
+        if tiled_fits(name, cc) is None:
+            return name
+    raise runtime.CourseError(tiled_fits(TILED_FALLBACK[acc][-1], cc))
+
+
 def intensity(kind: str, n: int, *, config: str | None = None) -> float:
     """FLOPs per byte that a kernel asks of global memory for an n x n x n GEMM, from its tiling: each
     element of A is fetched once per tile of C that needs it. (The caches serve some of these fetches, so
@@ -451,7 +473,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
         cuda_c.function(SOURCE, NAIVE_WMMA[acc])((blocks,), (threads,), (A, B, C, np.int32(M), np.int32(N),
                                                                         np.int32(K)))
         return C
-    c = tiled_config(config or DEFAULT_TILED[acc])
+    c = tiled_config(config or default_tiled(acc))
     if c["acc"] != acc:
         raise runtime.CourseInputError(f"{c['name']} accumulates in {c['acc']} but C is {acc}")
     _require_multiple(M, N, K, c["bm"], c["bn"], c["bk"], c["name"])
@@ -466,14 +488,15 @@ _raised = set()
 
 
 def _tiled_function(name: str, smem: int):
+    """The launchable tiled kernel ``name``, allowed ``smem`` bytes of shared memory; refused in one line, before it
+    is compiled, where the GPU (or the faked one) gives a block less."""
+    if name not in _raised:
+        too_big = tiled_fits(name)
+        if too_big:
+            raise runtime.CourseInputError(f"{too_big}: pick a smaller tile (tc.default_tiled() fits)")
     fn = cuda_c.function(SOURCE, name)
     if name not in _raised:
-        if smem > 48 * 1024:  # a block gets more than 48 KiB of shared memory only when asked for
-            limit = runtime.cupy().cuda.runtime.getDeviceProperties(runtime.cupy().cuda.Device().id)
-            optin = limit.get("sharedMemPerBlockOptin", 0)
-            if smem > optin:
-                raise runtime.CourseInputError(f"{name} needs {smem} bytes of shared memory; this GPU allows "
-                                               f"{optin} per block")
+        if smem > gpus.PORTABLE_SHARED_MEMORY:  # a block gets more than 48 KiB of shared memory only when asked for
             fn.max_dynamic_shared_size_bytes = smem
         _raised.add(name)
     return fn

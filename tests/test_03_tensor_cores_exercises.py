@@ -28,7 +28,7 @@ def products_from_global(nb):
 
 def row_major_b(nb):
     """Task 3.2: W^T's fragment declared row-major, which reads W's tile untransposed: it compiles and holds the
-    visible test's instructions; the hidden test looks at the layouts."""
+    tensor-core instructions; the visible test looks at the layouts, the check of the values CPU mode can make."""
     replace_in_cell(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
 
 
@@ -68,6 +68,13 @@ def no_upper_bound(nb):
                     "if value < 0 or value % 16:")
 
 
+def swapped_offsets(nb):
+    """Task 3.4 (b): the leading and stride offsets given the other way round: (a) is right, and the visible test of
+    (b) catches the first descriptor."""
+    replace_in_cell(nb, "task-3-4-steps", "smem_descriptor(0x1000 + 32 * kk, 16, 1024)",
+                    "smem_descriptor(0x1000 + 32 * kk, 1024, 16)")
+
+
 def step_in_bytes(nb):
     """Task 3.4 (b): the step given in bytes, not in the address field's 16-byte units."""
     replace_in_cell(nb, "task-3-4-steps", "step = k_descriptors[1] - k_descriptors[0]", "step = 32")
@@ -95,6 +102,7 @@ class TestExercises(LessonExercises):
         no_swizzle: ["test_3_4_descriptor", "test_3_4_steps"],
         no_upper_bound: ["test_3_4_descriptor"],
         step_in_bytes: ["test_3_4_steps"],
+        swapped_offsets: ["test_3_4_steps"],
     }
     UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
                   "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
@@ -108,10 +116,11 @@ class TestExercises(LessonExercises):
 
         assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
         assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
-        assert "column-major" in message("row_major_b", "test_3_2_compiles")  # a hidden test
+        assert "column-major" in message("row_major_b", "test_3_2_compiles")
         assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
         assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
         assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
         assert "want 0x4000004000010040" in message("no_swizzle", "test_3_4_descriptor")
         assert "must raise ValueError" in message("no_upper_bound", "test_3_4_descriptor")  # a hidden test
         assert "16-byte units" in message("step_in_bytes", "test_3_4_steps")
+        assert "want 0x4000004000010100" in message("swapped_offsets", "test_3_4_steps")

@@ -830,3 +830,181 @@ def test_tensor_core_gap_against_lesson_3(gpu):
     assert "not recorded on this GPU" in lesson.tensor_core_gap_text(alone, None)
     with pytest.raises(runtime.CourseInputError, match="positive"):
         lesson.tensor_core_gap(conv["figures"]["layers"], gemms, goal=0)
+
+
+# ------------------------------------------- every learner's GPU: the figures a GPU without wgmma measures
+
+LEARNER_GPUS = ["7.5", "8.0", "8.6", "8.9", "9.0"]  # gpucourse.gpus.GPUS
+
+
+def as_measured_on(cc: str, gemms: dict, layers: list) -> tuple:
+    """Lesson 3's wgmma figure and lesson 4's layers as GPU mode measures them on a GPU of compute capability ``cc``
+    (natively, or an H100 with GPUCOURSE_FAKE_CC): the rows benchmarks.tensor_cores.wgmma_plan(cc) lists, each with
+    a Hopper record's figures, and "skipped" where it has no wgmma; lesson 4's layers without the wgmma row and its
+    target where the GPU has no wgmma (layer_table times it only where gpus.supports("wgmma"))."""
+    import benchmarks.tensor_cores as lesson3
+    from gpucourse import gpus
+
+    recorded = {(r["config"], r["group_m"]) if r["config"] else r["kind"]: r for r in gemms["rows"]}
+    rows = [{**recorded[(p["config"], p["group_m"]) if p["config"] else p["kind"]], **p}
+            for p in lesson3.wgmma_plan(cc)]
+    table = {k: v for k, v in gemms.items() if k != "skipped"} | {"rows": rows}
+    if lesson3.wgmma_skipped(cc):
+        table["skipped"] = lesson3.wgmma_skipped(cc)
+    if gpus.supports("wgmma", cc):
+        return table, layers
+    name = bench_lesson().TC_WGMMA
+    return table, [{**lt, "rows": [r for r in lt["rows"] if r["name"] != name],
+                    "targets": {k: t for k, t in lt["targets"].items() if "wgmma" not in k}} for lt in layers]
+
+
+@pytest.mark.parametrize("cc", LEARNER_GPUS)
+def test_the_tensor_core_comparison_on_every_learner_gpu(cc):
+    """What a GPU without wgmma measures runs through every function lessons 3 and 4 read it with. On an H100 with
+    GPUCOURSE_FAKE_CC=8.0 or 7.5, notebook 04 stopped at its tensor-core comparison with StopIteration in
+    tensor_core_gap: lesson 3's wgmma table, measured there, had no rows at all. Now it holds cuBLAS and WMMA on every
+    GPU; the wgmma GEMM's figure, the wgmma convolution's tables and plots are absent where the GPU has no wgmma, and
+    what is printed says why in one line."""
+    import benchmarks.tensor_cores as lesson3
+    from gpucourse import gpus
+
+    lesson = bench_lesson()
+    conv, gemm = records.latest(LESSON, "NVIDIA H100 80GB HBM3"), records.latest(lesson.GEMM_LESSON,
+                                                                                "NVIDIA H100 80GB HBM3")
+    if conv is None or gemm is None:
+        pytest.skip("lessons 3 and 4 are not both recorded on an H100")
+    hopper = gpus.supports("wgmma", cc)
+    gemms, layers = as_measured_on(cc, gemm["figures"]["wgmma"], conv["figures"]["layers"])
+    assert bool(lesson3.wgmma_rows(gemms)) == hopper
+    # lesson 3's views of the table
+    view = lesson3.wgmma_view(gemms, "measured here")
+    assert len(view.rows) == len(gemms["rows"]) and ("compute capability 9.0" in view.title) != hopper
+    assert (lesson3.plot_wgmma(gemms, "measured here") is None) != hopper
+    assert "not measured" not in lesson3.wgmma_text(gemms)
+    # lesson 4's comparison with lesson 3's GEMMs
+    gap = lesson.tensor_core_gap(layers, gemms)
+    assert [g["layer"] for g in gap] == list(cv.LAYERS)
+    wmma = next(r["tflops"] for r in gemms["rows"] if r["name"].startswith("WMMA, tiled"))
+    for g in gap:
+        assert g["wmma_tflops"] == wmma and g["gemm_cublas_tflops"] == gemms["rows"][0]["tflops"]
+        assert (g["wgmma_tflops"] is not None) == hopper
+        assert g["conv_of_wmma"] == pytest.approx(g["conv_tflops"] / wmma)
+    text = lesson.tensor_core_gap_text(gap, "measured here")
+    assert ("no wgmma GEMM (it needs compute capability 9.0)" in text) != hopper
+    assert all(f"{g['needed_of_wmma']:.2f} of it" in text for g in gap)
+    assert len(lesson.tensor_core_gap_view(gap, "measured here").rows) == len(gap)
+    # lesson 4's tables of the wgmma convolution: there on Hopper, absent elsewhere
+    assert (lesson.wgmma_conv_view(layers) is None) != hopper
+    assert (lesson.im2col_mode_view(layers) is None) != hopper
+    kernels = lesson.kernels_view(layers)
+    assert any("wgmma" in r[0] for r in kernels.rows) == hopper
+    for view in (lesson.targets_view(layers), lesson.parts_view(layers), lesson.layer_view(layers[0]),
+                 lesson.ceilings_view(layers, conv["ceilings"])):
+        assert view.rows
+    assert any("wgmma" in r[1] for r in lesson.targets_view(layers).rows) == hopper
+
+
+@pytest.mark.parametrize("gemms", [None, {"n": 8192, "skipped": "the wgmma GEMM needs wgmma", "rows": []}],
+                         ids=["no lesson-3 figure", "a table with no rows"])
+def test_the_tensor_core_comparison_without_lesson_3s_gemms(gemms):
+    """Without lesson 3's GEMMs (none recorded on the learner's GPU, or a table measured before it held cuBLAS and
+    WMMA on a GPU without wgmma), the comparison keeps the convolutions' columns and says what is missing."""
+    lesson = bench_lesson()
+    conv = records.latest(LESSON)
+    if conv is None:
+        pytest.skip("no record of lesson 4")
+    gap = lesson.tensor_core_gap(conv["figures"]["layers"], gemms)
+    assert gap and all(g["wmma_tflops"] is None and g["wgmma_tflops"] is None and g["conv_tflops"] for g in gap)
+    text = lesson.tensor_core_gap_text(gap, None)
+    assert "not recorded on this GPU" in text and "of it" not in text
+    assert len(lesson.tensor_core_gap_view(gap, None).header) == 6
+
+
+def test_recorded_claims_of_the_lesson_hold_on_every_record():
+    """What notebook 04 says in words about its tables holds in every record of lesson 4: of the kernels of its
+    sections 2 and 3 (targets of 2x and 5x), only the direct convolution on the tensor cores meets its target on every
+    layer, and it is furthest from cuDNN on the last (14x14) layer; the CUDA-core kernels take about the same time on
+    each layer while cuDNN's fastest FP32 algorithm gets faster, so their ratio grows from the first layer to the
+    last; the implicit GEMM on the CUDA cores beats the register-tiled kernel on every layer; im2col + FP16 GEMM is
+    faster in NHWC than in NCHW on every layer, meets its 2x only on the smallest layer and gets closer as the layers
+    shrink; the im2col matrix's traffic alone takes longer than cuDNN's whole FP16 NHWC convolution on the two larger
+    layers; Find's first choice is not always the fastest when timed; the fused convolution + bias + ReLU beats the
+    convolution and a separate bias + ReLU kernel and costs about what the convolution alone does."""
+    lesson = bench_lesson()
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 4")
+    for rec in recs:
+        where = rec["path"]
+        layers = rec["figures"]["layers"]
+        every = set.intersection(*({k for k, t in lt["targets"].items() if t["limit"] in (2.0, 5.0) and t["met"]}
+                                   for lt in layers))
+        assert every == {"direct (tensor cores) float16 NHWC"}, (where, every)
+        tc = [lt["targets"]["direct (tensor cores) float16 NHWC"]["ratio"] for lt in layers]
+        assert max(tc) == tc[-1], (where, tc)
+        for key, name, dtype in (("direct (CUDA cores) float32 NCHW", lesson.CORES_IGEMM, "float32"),
+                                 ("direct (CUDA cores) float16 NCHW", lesson.CORES_DIRECT, "float16")):
+            ratios = [lt["targets"][key]["ratio"] for lt in layers]
+            assert ratios == sorted(ratios), (where, key, ratios)
+            times = [r["median_ms"] for r in lesson.rows_named(layers, name, dtype, "NCHW")]
+            assert max(times) < 1.15 * min(times), (where, name, dtype, times)
+        cudnn32 = [lesson.cudnn_fastest(lt, "float32", "NCHW")["median_ms"] for lt in layers]
+        assert cudnn32 == sorted(cudnn32, reverse=True), (where, cudnn32)
+        for lt in layers:
+            rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
+            assert rows[lesson.CORES_IGEMM, "float32", "NCHW"]["median_ms"] < \
+                rows[lesson.CORES_DIRECT, "float32", "NCHW"]["median_ms"], (where, lt["name"])
+            assert rows["im2col + cuBLAS FP16 GEMM", "float16", "NHWC"]["median_ms"] < \
+                rows["im2col + cuBLAS FP16 GEMM", "float16", "NCHW"]["median_ms"], (where, lt["name"])
+        im2col = [lt["targets"]["im2col+GEMM float16 NHWC"] for lt in layers]
+        assert [t["met"] for t in im2col] == [False] * (len(layers) - 1) + [True], where
+        assert [t["ratio"] for t in im2col] == sorted((t["ratio"] for t in im2col), reverse=True), where
+        for lt in layers[:2]:
+            assert lesson.cols_matrix_ms(lt, rec["ceilings"]) > lesson.cudnn_fastest(lt, "float16", "NHWC")[
+                "median_ms"], (where, lt["name"])
+        agreement = lesson.find_agreement(layers)
+        assert agreement["changed"] >= 1 and agreement["most"] > 1.5 * agreement["least"], where
+        for r in rec["figures"]["fused"]["rows"]:
+            assert r["fused"] and r["fused"]["median_ms"] < r["separate"]["median_ms"], (where, r["dtype"])
+            assert r["fused"]["median_ms"] <= 1.05 * r["conv_only"]["median_ms"], (where, r["dtype"])
+
+
+def test_recorded_claims_of_the_deep_dive_hold_on_every_hopper_record():
+    """What notebook 04's deep dive says in words holds in every Hopper record of lessons 3 and 4 on the same GPU: the
+    WMMA convolution runs at about half the rate of lesson 3's WMMA GEMM or less, and that GEMM at less than half of
+    cuBLAS; 1.5x of cuDNN would need more than 0.8 of the WMMA GEMM's rate on the 28x28 and 14x14 layers; cuDNN runs
+    faster than cuBLAS on the layer's own GEMM on the 56x56 and 28x28 layers; the wgmma convolution meets its goal
+    and beats the WMMA one on every layer; the TMA's im2col mode beats the best box on the 56x56 layer and the box
+    stays level or a few percent ahead on the others, where the best box's 128 x 128 tiles of the 14x14 layer make
+    one wave; the CUDA-core implicit GEMM runs at a smaller share of the SGEMM ceiling than lesson 3's SGEMM of
+    cuBLAS FP32; cuDNN's fastest strict-FP32 algorithm is a Winograd one on some layer, whose TFLOP/s pass the SGEMM
+    ceiling; the register-tiled kernel gains little from FP16 data."""
+    lesson = bench_lesson()
+    hopper = [r for r in records.all_records(LESSON) if r["gpu"].get("compute_capability") == "9.0"]
+    if not hopper:
+        pytest.skip("no Hopper record of lesson 4")
+    for rec in hopper:
+        where, layers = rec["path"], rec["figures"]["layers"]
+        gemm = records.latest(lesson.GEMM_LESSON, rec["gpu"]["name"])
+        if gemm is not None:
+            gap = lesson.tensor_core_gap(layers, gemm["figures"]["wgmma"])
+            assert all(g["conv_of_wmma"] < 0.55 for g in gap), where
+            assert gap[0]["wmma_tflops"] < 0.5 * gap[0]["gemm_cublas_tflops"], where
+            assert all(g["needed_of_wmma"] > 0.8 for g in gap[1:]), where
+            assert all(g["cudnn_tflops"] > g["layer_gemm_tflops"] for g in gap[:2]), where
+            simt = next(r for r in gemm["figures"]["kernels"]["rows"] if r["name"].startswith("CUDA C, register"))
+            igemm = lesson.rows_named(layers, lesson.CORES_IGEMM, "float32", "NCHW")
+            assert max(r["tflops"] for r in igemm) / rec["ceilings"]["fp32_tflops"] < simt["of_cublas"], where
+        for lt in layers:
+            t = lt["targets"]["direct (wgmma) float16 NHWC"]
+            assert t["met"] and t["ratio"] < lt["targets"]["direct (tensor cores) float16 NHWC"]["ratio"], where
+        modes = [lesson.im2col_mode(lt) for lt in layers]
+        assert modes[0]["box_over_i2c"] > 1.05, where
+        assert all(0.9 <= m["box_over_i2c"] <= 1.0 for m in modes[1:]), where
+        assert modes[-1]["box"] == "conv_wgmma_128x128_s4_nhwc_f16" and modes[-1]["box_blocks"] <= rec["gpu"]["sms"]
+        fma = [lesson.cudnn_fastest_math(lt, "float32", "NCHW", "fma") for lt in layers]
+        assert any(r["algo"].startswith("WINOGRAD") and r["tflops"] > rec["ceilings"]["fp32_tflops"] for r in fma)
+        for lt in layers:
+            rows = {(r["name"], r["dtype"]): r for r in lt["rows"] if r["layout"] == "NCHW"}
+            assert rows[lesson.CORES_DIRECT, "float16"]["median_ms"] >= 0.85 * rows[lesson.CORES_DIRECT, "float32"][
+                "median_ms"], (where, lt["name"])

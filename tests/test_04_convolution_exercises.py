@@ -47,6 +47,13 @@ def strict_limit(nb):
     replace_in_cell(nb, "task-4-4-choose", 'row["workspace_bytes"] <= limit', 'row["workspace_bytes"] < limit')
 
 
+def fastest_for_no_workspace(nb):
+    """Task 4.4 (b): the fastest algorithm overall given as the one to use with no workspace: (a) is right, and the
+    visible test of (b) sees that it needs workspace."""
+    replace_in_cell(nb, "task-4-4-answers", "algo_no_workspace = choose_algorithm(TABLE, 0)",
+                    "algo_no_workspace = choose_algorithm(TABLE, None)")
+
+
 class TestExercises(LessonExercises):
     LESSON = "04_convolution"
     NOTEBOOK = "convolution.ipynb"
@@ -60,6 +67,7 @@ class TestExercises(LessonExercises):
         taps_outermost: ["test_4_3_im2col"],
         trusts_failed_rows: ["test_4_4_choose"],
         strict_limit: ["test_4_4_choose", "test_4_4_answers"],  # with limit 0, nothing is below it
+        fastest_for_no_workspace: ["test_4_4_answers"],
     }
     UNANSWERED = {"test_4_1_size": "NotImplementedError", "test_4_3_im2col": "NotImplementedError",
                   "test_4_4_choose": "NotImplementedError"}
@@ -75,3 +83,4 @@ class TestExercises(LessonExercises):
         assert "ReLU is missing" in message("no_relu", "test_4_2_results")
         assert "c R S + r S + s" in message("taps_outermost", "test_4_3_im2col")
         assert "chose" in message("trusts_failed_rows", "test_4_4_choose")
+        assert "bytes of workspace" in message("fastest_for_no_workspace", "test_4_4_answers")

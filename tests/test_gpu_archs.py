@@ -298,7 +298,7 @@ def as_if_sm75(monkeypatch, tmp_path, fake_cc):
         path = tmp_path / f"{name}.ptx"
         path.write_text(ptx)
         modules[name] = cp.RawModule(path=str(path))
-    monkeypatch.setattr(cuda_c, "module", lambda name: modules[name])
+    monkeypatch.setattr(cuda_c, "module", lambda name, edits=None: modules[name])
     monkeypatch.setattr(tc, "_raised", set())
     monkeypatch.setattr(cv, "_igemm_ready", set())
     monkeypatch.setattr(gpus, "_noted", set())
@@ -314,8 +314,12 @@ def test_sm75_fallback_gemm_and_conv_match_spec(as_if_sm75, rng, capsys):
 
     tc, cv = as_if_sm75
     cp = runtime.cupy()
+    # a T4 gives a block 64 KiB of shared memory: the tiles that need more are refused in one line
+    with pytest.raises(runtime.CourseInputError, match=r"compute capability 7\.5 .* at most 65,536"):
+        z = cp.zeros((256, 256), cp.float16)
+        tc.gemm(z, z, cp.zeros((256, 256), cp.float32), kernel="tiled", config="wmma_tiled_128x128x64_w64x64_s4_f32")
     for config in ("wmma_tiled_64x64x32_w32x32_s1_f32", "wmma_tiled_128x128x32_w64x64_s3_f32",
-                   "wmma_tiled_128x128x64_w64x64_s4_f32", tc.DEFAULT_TILED["float16"]):
+                   tc.default_tiled("float32"), tc.default_tiled("float16")):
         c = tc.tiled_config(config)
         M, N, K = 2 * c["bm"], 3 * c["bn"], 5 * c["bk"] * 4
         A = rng.random((M, K)).astype(np.float16)

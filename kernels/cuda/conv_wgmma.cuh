@@ -188,6 +188,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
+      // region: conv_wgmma_producer
       int it = 0;  // slices loaded so far, over every tile of this block: the stage ring's position
       for (int tile = first; tile < tiles_total; tile += step) {
       int n, p0, q0, m0, k0;
@@ -205,6 +206,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
         tma_load_2d(sB + s * B_BYTES, tmW, &full[s], kb * BKC, k0);  // w's columns (r S + s) C + c0 ..
       }
       }  // tiles
+      // endregion
     } else if constexpr (TMA_OUT) {
       if (tid == 32 && store.has_res()) {  // the residual of each tile, up to RBUF - 1 tiles ahead of the consumers
         const int rows = N * P * Q;

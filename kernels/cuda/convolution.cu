@@ -101,6 +101,7 @@ IM2COL_NHWC(im2col_nhwc_vec_f16_i64, im2col_nhwc_vec, __half, long long)
 
 // ------------------------------------------------------------------------------------ direct convolution
 
+// region: conv_direct
 // A block computes an output tile of TP rows x TQ columns for KB output channels of one image. Its 256
 // threads each hold PX x KT accumulators: PX pixels of one row (TQ / PX apart) times KT output channels.
 // The input channels go through shared memory CB at a time: the input patch the tile needs (with its halo,
@@ -192,6 +193,7 @@ __device__ void conv_direct_nchw(const T* __restrict__ x, const T* __restrict__ 
         }
     }
 }
+// endregion
 
 #define DIRECT_ARGS int N, int C, int H, int W, int K, int R, int S, int P, int Q, int ph, int pw, int sh, int sw, int dh, int dw
 #define DIRECT_PASS N, C, H, W, K, R, S, P, Q, ph, pw, sh, sw, dh, dw
@@ -232,6 +234,7 @@ constexpr int LD = BK + 8;  // shared-memory row pitch in halves: rows 16 bytes 
 // cp.async needs sm_80+; below (a T4) the copies are synchronous (async_copy.cuh; gpucourse/gpus.py: step
 // "04.igemm_wmma").
 
+// region: conv_igemm
 template <int BM, int BN, int WM, int WN, int STAGES>
 __device__ __forceinline__ void conv_igemm(const __half* __restrict__ x, const __half* __restrict__ w,
                                            __half* __restrict__ y, int N, int C, int H, int W, int K, int R,
@@ -350,6 +353,7 @@ __device__ __forceinline__ void conv_igemm(const __half* __restrict__ x, const _
             __syncwarp();
         }
 }
+// endregion
 }  // namespace igemm
 
 // The configurations: conv_igemm_<BM>x<BN>_w<WM>x<WN>_s<STAGES>_nhwc_f16 (kernels/convolution.py parses the name).

@@ -63,6 +63,7 @@ __device__ __forceinline__ void gemm_tile(const TensorMap* tmA, const TensorMap*
   const int m0 = (first_m + in_group % rows_here) * BM, n0 = (in_group / rows_here) * BN;
   const int kblocks = (K + BK - 1) / BK;
 
+  // region: wgmma_roles
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
@@ -132,6 +133,7 @@ __device__ __forceinline__ void gemm_tile(const TensorMap* tmA, const TensorMap*
       }
     }
   }
+  // endregion
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
 #endif
