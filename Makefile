@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 # compiles the course's CUDA C even without a GPU).
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
+# make matrix CC="8.0 native": the compute capabilities (make's own CC, the C compiler, counts only when given so)
+MATRIX_CC := $(if $(filter command line,$(origin CC)),$(CC))
 
-.PHONY: setup lab test test-fast check-records notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
+.PHONY: setup lab test test-fast check-records notebooks matrix record exercises check-exercises grade grade-class hub release-feedback probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -36,6 +38,9 @@ probe: setup                            ## GPU or CPU mode, what the GPU is, whi
 
 notebooks: setup                        ## execute every lesson and solution notebook, print a summary
 	$(BIN)/python -m gpucourse run
+
+matrix: setup                          ## on a GPU: every notebook at compute capability 7.5, 8.0, 8.6, 8.9 and natively: pass/FAIL, seconds (CC="8.0 native" NB=... JOBS=2 SAVE=dir)
+	$(BIN)/python -m gpucourse matrix $(if $(MATRIX_CC),--cc $(MATRIX_CC)) $(if $(JOBS),--jobs $(JOBS)) $(if $(SAVE),--save $(SAVE)) $(NB)
 
 record: setup                           ## on a GPU: record every lesson's figures in results/
 	$(BIN)/python -m gpucourse record
