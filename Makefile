@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # compiles the course's CUDA C even without a GPU).
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
+# The tests run on every core (pytest-xdist), at most 4 at once (each holds TensorFlow: about 2 GB); PARALLEL= runs
+# them in one process.
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
 # make matrix CC="8.0 native": the compute capabilities (make's own CC, the C compiler, counts only when given so)
 MATRIX_CC := $(if $(filter command line,$(origin CC)),$(CC))
 
@@ -25,10 +28,10 @@ lab: setup                              ## open the course in JupyterLab (option
 	$(BIN)/python -m gpucourse lab $(ARGS)
 
 test: setup                             ## run the whole test suite (CPU mode without a GPU): what CI runs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 test-fast: setup                        ## the unit tests alone, for day-to-day work (no notebooks, grading, hub, archs, records)
-	$(BIN)/python -m pytest -q -m "not slow and not records and not archs"
+	$(BIN)/python -m pytest -q -m "not slow and not records and not archs" $(PARALLEL)
 
 check-records: setup                    ## check the committed GPU records in results/
 	$(BIN)/python -m gpucourse check-records

@@ -31,11 +31,29 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    parallel = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(gpu_only)
         if item.name.startswith(("test_recorded", "test_committed_records")):  # checks of results/, not of code
             item.add_marker(pytest.mark.records)
+        if parallel:
+            shared = _shared_fixture_home(item)
+            if shared:
+                item.add_marker(pytest.mark.xdist_group(shared))
+
+
+def _shared_fixture_home(item) -> str | None:
+    """The test file whose module- or class-scoped fixture ``item`` uses (a graded class of notebooks, a trained
+    model, the JupyterHub with its users), or None. Under pytest-xdist's --dist loadgroup (make test, make
+    test-fast) the tests sharing one run in one worker, so such a fixture is built once, as without xdist; every
+    other test goes to whichever worker is free."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for d in defs:
+            if d.scope != "function" and d.baseid:  # "" for pytest's own (tmp_path_factory, ...)
+                return d.baseid.split("::")[0]
+    return None
 
 
 @pytest.fixture
