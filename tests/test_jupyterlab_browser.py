@@ -118,7 +118,10 @@ def test_lesson_1_runs_in_jupyterlab_in_chromium(lab):
             # JupyterLab asks nothing about news: the setting's default is the course's "false", and no toast says
             # "Would you like to get notified about official Jupyter news?" once the notebook is open (below).
             status, body = _get(f"{url}/lab/api/settings/{jupyter.NOTIFICATION}", token)
-            assert status == 200 and json.loads(body)["settings"]["composite"]["fetchNews"] == "false", body
+            assert status == 200, body
+            notification = json.loads(body)  # the server puts the overrides in the schema's defaults
+            assert notification["schema"]["properties"]["fetchNews"]["default"] == "false", notification["schema"]
+            assert "fetchNews" not in notification["settings"]  # nothing written into the learner's own settings
 
             # nbgrader's labextension is among the page's extensions, and activated: its menu is in the menu bar.
             config = json.loads(page.locator("#jupyter-config-data").text_content())
