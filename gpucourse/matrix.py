@@ -16,7 +16,9 @@ once (``python -m gpucourse ceilings``, cached per GPU), so that no notebook mea
 
 ``save``: every executed copy goes to ``DIR/<capability>/<its path in the course>`` (the live figures beside it),
 and ``DIR/matrix.json`` holds the table (rewritten after every run, so an interrupted matrix keeps what it did):
-what to bring back from a GPU machine.
+what to bring back from a GPU machine. A matrix.json already there from the same GPU is merged: a matrix run in
+parts (a capability or a few notebooks at a time, where a machine limits how long one command runs) ends with one
+table of every part; a run made again replaces the earlier one.
 """
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ class Matrix:
     gpu: str = ""
     jobs: int = 1
     runs: dict = field(default_factory=dict)  # (notebook, cc) -> Run
-    seconds: float = 0.0  # wall-clock time of the whole matrix
+    seconds: float = 0.0  # wall-clock time of this matrix's runs
+    before: float = 0.0  # ... and of the earlier parts it was merged with (--save into the same folder)
 
     def run(self, notebook: str, cc: str) -> Run:
         return self.runs.setdefault((notebook, cc), Run(notebook, cc))
@@ -104,14 +107,15 @@ class Matrix:
             - sum(1 for r in self.runs.values() if r.skipped)
         total = (f"{len(done)} runs: {passed} pass, {len(done) - passed} FAIL"
                  + (f", {waiting} not run" if waiting else "")
-                 + f"; {_seconds(sum(r.seconds for r in done))} of notebook time in {_seconds(self.seconds)}"
+                 + f"; {_seconds(sum(r.seconds for r in done))} of notebook time in "
+                 + f"{_seconds(self.seconds + self.before)}"
                  + (f" ({self.jobs} at a time)" if self.jobs > 1 else "") + (f" on {self.gpu}" if self.gpu else ""))
         lines.append(total)
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"gpu": self.gpu, "capabilities": self.capabilities, "notebooks": self.notebooks, "jobs": self.jobs,
-                "seconds": round(self.seconds, 1), "host": platform.node(),
+                "seconds": round(self.seconds + self.before, 1), "host": platform.node(),
                 "runs": [asdict(self.run(nb, cc)) for nb in self.notebooks for cc in self.capabilities]}
 
 
@@ -142,6 +146,17 @@ def run_matrix(paths: Sequence[Path], ccs: Sequence[str], *, jobs: int = 1, time
     if save is not None:
         save = Path(save)
         save.mkdir(parents=True, exist_ok=True)
+        earlier = _earlier(save / "matrix.json", gpu)
+        if earlier:  # a matrix run in parts (a notebook or a capability at a time): one table of them all
+            say(f"{save / 'matrix.json'}: {len(earlier['runs'])} earlier runs on this GPU kept (those run again "
+                "are replaced)")
+            matrix.before = float(earlier.get("seconds", 0.0))
+            for r in earlier["runs"]:
+                matrix.runs[(r["notebook"], r["cc"])] = Run(**r)
+            order = {cc: i for i, cc in enumerate(CAPABILITIES)}
+            matrix.notebooks = sorted(set(matrix.notebooks) | {r["notebook"] for r in earlier["runs"]})
+            matrix.capabilities = sorted(set(ccs) | {r["cc"] for r in earlier["runs"]},
+                                         key=lambda cc: (order.get(cc, -1), cc))
     todo, alone = [], []
     for cc in ccs:
         if cc != NATIVE and native and runtime.parse_cc(cc) > runtime.parse_cc(native):
@@ -204,6 +219,20 @@ def run_matrix(paths: Sequence[Path], ccs: Sequence[str], *, jobs: int = 1, time
     if save is not None:
         (save / "matrix.json").write_text(json.dumps(matrix.as_dict(), indent=1) + "\n")
     return matrix
+
+
+def _earlier(path: Path, gpu: str) -> dict | None:
+    """A matrix.json written on the same GPU, with the runs it holds (not those it only planned), or None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if data.get("gpu") != gpu:
+        return None
+    fields = set(Run.__dataclass_fields__)
+    runs = [{k: v for k, v in r.items() if k in fields} for r in data.get("runs", [])
+            if r.get("ok") is not None or r.get("skipped")]
+    return {**data, "runs": runs} if runs else None
 
 
 def _tests_failed(outcome) -> str:

@@ -116,6 +116,27 @@ def test_save_writes_the_table_as_json_and_each_copy_under_its_capability(tmp_pa
     assert saved["runs"][0]["error"].startswith("cell 46")
 
 
+def test_a_matrix_run_in_parts_saves_one_table(tmp_path):
+    """Where a machine limits how long one command runs, the matrix runs a part at a time into one folder: each
+    part adds its runs to matrix.json (a run made again replaces the earlier), and the last prints them all."""
+    a = _notebook(tmp_path / "notebooks", "01_a.ipynb")
+    b = _notebook(tmp_path / "notebooks", "02_b.ipynb")
+    out = tmp_path / "out"
+    quiet = {"say": lambda line: None, "save": out, "gpu": "NVIDIA H100"}
+    matrix.run_matrix([a], ["native", "8.0"], execute=FakeGPU(fail={("01_a.ipynb", "8.0")}), **quiet)
+    matrix.run_matrix([b], ["7.5"], execute=FakeGPU(), **quiet)
+    m = matrix.run_matrix([a], ["8.0"], execute=FakeGPU(), **quiet)  # fixed, and run again
+    assert m.capabilities == ["7.5", "8.0", "native"] and m.notebooks == [str(a), str(b)]
+    rows = m.table().splitlines()
+    assert rows[1].split()[1:] == ["-", "pass", "2", "s", "pass", "2", "s"]
+    assert rows[2].split()[1:] == ["pass", "2", "s", "-", "-"]
+    assert rows[-1].startswith("3 runs: 3 pass, 0 FAIL, 3 not run") and not m.failed
+    assert len(json.loads((out / "matrix.json").read_text())["runs"]) == 6
+    # another GPU's matrix.json is not merged
+    other = matrix.run_matrix([b], ["7.5"], execute=FakeGPU(), **{**quiet, "gpu": "NVIDIA A100"})
+    assert other.notebooks == [str(b)] and other.capabilities == ["7.5"]
+
+
 def test_each_kernel_gets_its_own_capability_when_several_run_at_once(tmp_path, monkeypatch):
     """Real kernels (CPU mode stands in for the GPU), two at a time: each prints the capability it was given."""
     monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "6.1")
