@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from gpucourse import runtime
@@ -176,7 +177,7 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
 
     The same text compiled the same way gives the same PTX, so a process compiles it once (``_PTX``, the last
     ``PTX_KEPT``): a notebook cell or a test that compiles a region's text in its own place, which is the file's
-    text, costs nothing more."""
+    text, costs nothing more. Processes that share a folder (``SHARED_PTX``) compile it once between them."""
     if compiler not in ("auto", "nvcc", "nvrtc"):
         raise runtime.CourseInputError(f"compiler must be 'auto', 'nvcc' or 'nvrtc', not {compiler!r}")
     includes = [f"-I{d}" for d in include_dirs()]
@@ -187,7 +188,14 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
     if key in _PTX:
         _PTX[key] = _PTX.pop(key)  # the most recently used last
         return _PTX[key]
-    ptx = _compile_ptx(code, arch, filename, includes, nvcc)
+    shared = _shared_ptx(key)
+    ptx = shared.read_text() if shared is not None and shared.is_file() else None
+    if ptx is None:
+        ptx = _compile_ptx(code, arch, filename, includes, nvcc)
+        if shared is not None:  # whole or not at all: a new file renamed into place
+            fresh = shared.with_name(f".{shared.name}.{os.getpid()}.{threading.get_ident()}")
+            fresh.write_text(ptx)
+            os.replace(fresh, shared)
     _PTX[key] = ptx
     while len(_PTX) > PTX_KEPT:
         _PTX.pop(next(iter(_PTX)))
@@ -196,6 +204,19 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
 
 _PTX: dict = {}  # (code, arch, file name, compiler, include options) -> PTX, oldest first
 PTX_KEPT = 32
+SHARED_PTX = "GPUCOURSE_PTX_CACHE"  # a folder several processes of one run share their PTX in (the test suite's)
+
+
+def _shared_ptx(key: tuple) -> Path | None:
+    """Where the PTX of ``key`` lies in the folder GPUCOURSE_PTX_CACHE names (tests/conftest.py sets one for a test
+    run, shared by its pytest-xdist workers and removed afterwards), or None where it names none."""
+    folder = os.environ.get(SHARED_PTX)
+    if not folder or not os.path.isdir(folder):
+        return None
+    import hashlib
+    import json
+
+    return Path(folder) / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".ptx")
 
 
 def _compile_ptx(code: str, arch: str, filename: str, includes: list, nvcc: str | None) -> str:

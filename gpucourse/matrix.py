@@ -68,7 +68,7 @@ class Run:
             return "n/a"
         if self.ok is None:
             return "-"
-        return f"{'pass' if self.ok else 'FAIL'} {_seconds(self.seconds)}"
+        return f"{'pass' if self.ok else 'FAIL'} {round(self.seconds)} s"
 
 
 @dataclass
@@ -90,11 +90,13 @@ class Matrix:
 
     def table(self) -> str:
         """The table (notebook x capability), the failures' errors under it, and the total."""
+        cells = {(nb, cc): self.runs.get((nb, cc), Run(nb, cc)).cell for nb in self.notebooks
+                 for cc in self.capabilities}
         width = max([len(n) for n in self.notebooks] + [8])
-        cols = [max(len(cc), 10) for cc in self.capabilities]
+        cols = [max([len(cc)] + [len(cells[nb, cc]) for nb in self.notebooks]) for cc in self.capabilities]
         lines = [f"{'notebook':<{width}}  " + "  ".join(f"{cc:<{w}}" for cc, w in zip(self.capabilities, cols))]
         for nb in self.notebooks:
-            lines.append(f"{nb:<{width}}  " + "  ".join(f"{self.run(nb, cc).cell:<{w}}"
+            lines.append(f"{nb:<{width}}  " + "  ".join(f"{cells[nb, cc]:<{w}}"
                                                          for cc, w in zip(self.capabilities, cols)))
         lines.append("")
         for r in self.failed:
@@ -116,7 +118,8 @@ class Matrix:
     def as_dict(self) -> dict:
         return {"gpu": self.gpu, "capabilities": self.capabilities, "notebooks": self.notebooks, "jobs": self.jobs,
                 "seconds": round(self.seconds + self.before, 1), "host": platform.node(),
-                "runs": [asdict(self.run(nb, cc)) for nb in self.notebooks for cc in self.capabilities]}
+                "runs": [asdict(self.runs.get((nb, cc), Run(nb, cc))) for nb in self.notebooks
+                         for cc in self.capabilities]}
 
 
 def _seconds(s: float) -> str:

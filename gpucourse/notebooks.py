@@ -117,10 +117,9 @@ def has_hidden_tests(path) -> bool:
 
 
 def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None = None,
-            env: dict | None = None, save_as: str | None = None) -> Outcome:
+            env: dict | None = None) -> Outcome:
     """Run every cell of ``path`` in a fresh kernel in ``mode`` ("cpu" or "gpu"); never writes ``path``. With
-    ``save_to``: the executed copy goes there (named ``save_as``, default the notebook's name), and so do the live
-    figures its cells close. ``env``: variables for the kernel (``kernel_environment``); nothing of this process's
+    ``save_to``: the executed copy goes there, and so do the live figures its cells close. ``env``: variables for the kernel (``kernel_environment``); nothing of this process's
     environment changes, so several notebooks may run at once from threads.
 
     In a notebook with nbgrader's test cells (exercises/, solutions/), a test or an answer that fails does not
@@ -166,11 +165,11 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
 
         tests, notes = notebook_tests(nb.cells, mode)
     if save_to is not None:
-        nbformat.write(nb, Path(save_to) / (save_as or path.name))
+        nbformat.write(nb, Path(save_to) / path.name)
     shown = str(path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path)
     outcome = Outcome(shown, mode, seconds, not error, error, tuple(wide_lines(nb)), tuple(tests), tuple(notes),
                       tested)
-    if tested and not error and (outcome.report().failed or notes):
+    if tested and (outcome.report().failed or notes):
         outcome.ok = False
     return outcome
 
