@@ -6,8 +6,13 @@ BIN := $(VENV)/bin
 # compiles the course's CUDA C even without a GPU).
 CUDA_MAJOR := $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)
 CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
+# The tests run on every core (pytest-xdist), at most 4 at once (each holds TensorFlow: about 2 GB); PARALLEL= runs
+# them in one process.
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadgroup
+# make matrix CC="8.0 native": the compute capabilities (make's own CC, the C compiler, counts only when given so)
+MATRIX_CC := $(if $(filter command line,$(origin CC)),$(CC))
 
-.PHONY: setup lab test test-fast check-records notebooks record exercises check-exercises grade grade-class hub release-feedback probe clean
+.PHONY: setup lab test test-fast check-records notebooks matrix record exercises check-exercises grade grade-class hub release-feedback probe clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 11) <= v <= (3, 12) else \
@@ -23,10 +28,10 @@ lab: setup                              ## open the course in JupyterLab (option
 	$(BIN)/python -m gpucourse lab $(ARGS)
 
 test: setup                             ## run the whole test suite (CPU mode without a GPU): what CI runs
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 test-fast: setup                        ## the unit tests alone, for day-to-day work (no notebooks, grading, hub, archs, records)
-	$(BIN)/python -m pytest -q -m "not slow and not records and not archs"
+	$(BIN)/python -m pytest -q -m "not slow and not records and not archs" $(PARALLEL)
 
 check-records: setup                    ## check the committed GPU records in results/
 	$(BIN)/python -m gpucourse check-records
@@ -40,6 +45,9 @@ probe: setup                            ## GPU or CPU mode, what the GPU is, whi
 
 notebooks: setup                        ## execute every lesson and solution notebook, print a summary
 	$(BIN)/python -m gpucourse run
+
+matrix: setup                          ## on a GPU: every notebook at compute capability 7.5, 8.0, 8.6, 8.9 and natively: pass/FAIL, seconds (CC="8.0 native" NB=... JOBS=2 SAVE=dir)
+	$(BIN)/python -m gpucourse matrix $(if $(MATRIX_CC),--cc $(MATRIX_CC)) $(if $(JOBS),--jobs $(JOBS)) $(if $(SAVE),--save $(SAVE)) $(NB)
 
 record: setup                           ## on a GPU: record every lesson's figures in results/
 	$(BIN)/python -m gpucourse record

@@ -55,7 +55,9 @@ c.Spawner.default_url = "/lab"
 c.Spawner.ip = "127.0.0.1"
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
-c.Spawner.args = ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+# No news prompt: the course's JupyterLab settings (gpucourse.jupyter.write_lab_settings) set fetchNews to "false".
+c.Spawner.args = ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                  *SETTINGS.get("lab_args", [])]
 # nbgrader's exchange and course id come from the shared Jupyter config folder (its nbgrader_config.py);
 # the course's code from the hub's Python environment (and COURSE_CODE when set: the folder holding the
 # gpucourse, kernels and benchmarks packages).

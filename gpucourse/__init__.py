@@ -3,8 +3,9 @@ ceilings), plots, records, grading.
 
 A notebook starts with ``rt = gpucourse.setup(lesson="01_vector_multiply")``.
 
-The modules stand in floors, each importing only those below it: runtime, then gpus and bench, then records,
-then plots, notebooks, grading and cli (tests/test_runtime_and_bench.py checks that no import goes back up).
+The modules stand in floors, each importing only those below it: runtime and jupyter (how the course starts
+kernels and JupyterLab), then gpus and bench, then records, then plots, grading, notebooks, matrix and cli
+(tests/test_runtime_and_bench.py checks that no import goes back up).
 """
 from __future__ import annotations
 

@@ -273,15 +273,25 @@ def cache_dir() -> Path:
 
 
 def ceilings(refresh: bool = False) -> Ceilings:
-    """This GPU's measured ceilings, measured once (about 10 s) and cached per GPU and driver."""
+    """This GPU's measured ceilings, measured once (about 10 s) and cached per GPU and driver.
+
+    The cache is keyed by the real GPU, not by GPUCOURSE_FAKE_CC: the ceilings are what copies and cuBLAS reach on
+    the silicon, whatever capability ``gpus`` answers for. Several notebooks may share it at once (``python -m
+    gpucourse matrix --jobs``): it is written whole or not at all (a new file renamed into place), and a file that
+    cannot be read is measured again."""
     rt = runtime.get()
     runtime.require_gpu("measuring this GPU's ceilings")
     path = cache_dir() / f"ceilings-{runtime.slug(rt.device['name'])}-{rt.device['driver']}.json"
     if path.exists() and not refresh:
-        return Ceilings(**json.loads(path.read_text()))
+        try:
+            return Ceilings(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            pass  # damaged, or from another version of the course: measured again
     c = measure_ceilings()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(c.as_dict(), indent=1))
+    fresh = path.with_name(f".{path.name}.{os.getpid()}")
+    fresh.write_text(json.dumps(c.as_dict(), indent=1))
+    os.replace(fresh, path)
     return c
 
 

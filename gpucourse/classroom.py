@@ -20,7 +20,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from . import runtime
+from . import jupyter, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "classroom" / "jupyterhub_config.py"
@@ -114,7 +114,21 @@ def hub_settings(*, runtime_dir: Path, exchange: Path, instructors, students=(),
             "proxy_api_port": free_port(), "proxy_command": proxy, "singleuser": str(singleuser),
             "instructors": sorted(instructors), "students": sorted(students), "group": group,
             "api_token": api_token, "jupyter_config": str(runtime_dir / "jupyter"),
-            "course_code": course_code, "mode": mode}
+            "course_code": course_code, "mode": mode, "lab_args": jupyter.lab_arguments(lab_settings_dir(runtime_dir))}
+
+
+def lab_settings_dir(runtime_dir: Path) -> Path:
+    """Where the users' JupyterLab finds its application settings (``jupyter.write_lab_settings``: no news prompt)."""
+    return Path(runtime_dir) / "jupyter" / "lab" / "settings"
+
+
+def write_lab_settings(runtime_dir: Path) -> Path:
+    """The users' JupyterLab application settings, readable by every user."""
+    folder = jupyter.write_lab_settings(lab_settings_dir(runtime_dir))
+    for path in [folder.parent, *folder.rglob("*"), folder]:
+        if not path.is_symlink():
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return folder
 
 
 def _hub_up(url: str) -> bool:
@@ -192,6 +206,7 @@ def hub_cli(*, instructors, students=(), group=None, ip="127.0.0.1", port=8000, 
     settings = hub_settings(runtime_dir=runtime_dir, exchange=exchange, instructors=instructors, students=students,
                             group=group, ip=ip, port=port, api_token=token, course_code=course_code, mode=mode)
     write_nbgrader_config(Path(settings["jupyter_config"]), exchange, course_id())
+    write_lab_settings(runtime_dir)
     if _readable_by_others(REPO / "solutions") and not course_code:
         print(f"warning: {REPO / 'solutions'} (solutions and hidden tests) is readable by every user of this machine, "
               "and students' servers import the course from this clone: for a class, run the hub from a clone "

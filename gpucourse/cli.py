@@ -2,7 +2,11 @@
 
   probe [--cc 7.5]      GPU or CPU mode, what the GPU is, and which lesson steps it runs (or a GPU of --cc)
   lab                   open the course in JupyterLab (with --allow-root when run as root)
-  run [NB ...]          execute lesson and solution notebooks headless; print a summary
+  run [NB ...]          execute lesson and solution notebooks headless; print a summary (and, for a notebook
+                        with tests, each test by name: pass or FAIL, with the failing assertion's message)
+  matrix [--cc 7.5 8.0 8.6 8.9 native] [--jobs N] [--save DIR] [NB ...]
+                        on a GPU: every notebook in GPU mode at each compute capability (GPUCOURSE_FAKE_CC);
+                        a table notebook x capability, pass/FAIL and seconds
   record [LESSON ...]   on a GPU: run lessons' benchmarks, write results/<gpu>/<lesson>.json
                         (--figure NAME: re-measure one figure into the newest record of this GPU)
   ceilings [--refresh]  this GPU's measured copy, transfer and GEMM ceilings
@@ -44,6 +48,14 @@ def main(argv=None) -> int:
     run.add_argument("notebooks", nargs="*", type=Path)
     run.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     run.add_argument("--save", type=Path, help="write executed copies here")
+    mat = sub.add_parser("matrix", parents=[common],
+                         help="on a GPU: every notebook at each compute capability a learner's GPU may have")
+    mat.add_argument("notebooks", nargs="*", type=Path, help="default: every lesson, deep dive and solution notebook")
+    mat.add_argument("--cc", nargs="+", metavar="CC", help="compute capabilities to fake, and 'native' for the GPU's "
+                                                           "own (default: 7.5 8.0 8.6 8.9 native)")
+    mat.add_argument("--jobs", type=int, default=1, help="notebooks run at a time, each in its own kernel (default 1)")
+    mat.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    mat.add_argument("--save", type=Path, help="write the executed copies and matrix.json here")
     rec = sub.add_parser("record", parents=[common])
     rec.add_argument("lessons", nargs="*")
     rec.add_argument("--figure", help="re-measure only this figure of one lesson and add it to that lesson's newest "
@@ -115,10 +127,15 @@ def _probe(args) -> int:
     return 0
 
 
-def lab_command(extra: list, *, euid: int | None = None) -> tuple[list, str | None]:
+def lab_command(extra: list, *, euid: int | None = None, settings: Path | None = None) -> tuple[list, str | None]:
     """The command that opens JupyterLab, and a line to print about it (or None). As root (Docker, cloud
-    images) Jupyter refuses to start without --allow-root, so it is added."""
+    images) Jupyter refuses to start without --allow-root, so it is added. ``settings``: an application settings
+    folder (``jupyter.write_lab_settings``: no news prompt), unless ``extra`` names one."""
     cmd = [sys.executable, "-m", "jupyter", "lab", *extra]
+    if settings is not None and not any(a.startswith("--LabApp.app_settings_dir") for a in extra):
+        from . import jupyter
+
+        cmd += jupyter.lab_arguments(settings)
     euid = os.geteuid() if euid is None else euid
     if euid == 0 and "--allow-root" not in extra:
         return [*cmd, "--allow-root"], "Running as root: starting JupyterLab with --allow-root."
@@ -126,10 +143,19 @@ def lab_command(extra: list, *, euid: int | None = None) -> tuple[list, str | No
 
 
 def _lab(args) -> int:
-    cmd, note = lab_command(args.args)
-    if note:
-        print(note, flush=True)
-    return subprocess.call(cmd, cwd=ROOT)
+    import shutil
+    import tempfile
+
+    from . import jupyter
+
+    folder = Path(tempfile.mkdtemp(prefix="gpucourse-lab-"))
+    try:
+        cmd, note = lab_command(args.args, settings=jupyter.write_lab_settings(folder / "settings"))
+        if note:
+            print(note, flush=True)
+        return subprocess.call(cmd, cwd=ROOT)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _run(args) -> int:
@@ -137,12 +163,31 @@ def _run(args) -> int:
 
     mode = args.mode if args.mode in ("gpu", "cpu") else runtime.setup(quiet=True).mode
     paths = args.notebooks or notebooks.lesson_notebooks()
+    missing = [str(p) for p in paths if not Path(p).is_file()]
+    if missing:
+        raise runtime.CourseInputError(f"no notebook at {', '.join(missing)}")
     outcomes = []
     for path in paths:
         print(f"running {path} in {mode.upper()} mode ...", flush=True)
-        outcomes.append(notebooks.execute(path, mode=mode, timeout=args.timeout, save_to=args.save))
+        outcome = notebooks.execute(path, mode=mode, timeout=args.timeout, save_to=args.save)
+        if outcome.tested:  # an exercise or a solution: its tests, as the grader scores them
+            hint = "" if notebooks.has_hidden_tests(path) else (
+                f"These are the notebook's visible tests: `python -m gpucourse grade {path}` adds the hidden tests "
+                "and gives your score.")
+            print(outcome.report().checklist(hint) + ("\n" + outcome.error if outcome.error else "") + "\n",
+                  flush=True)
+        outcomes.append(outcome)
     print(notebooks.summary(outcomes))
     return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _matrix(args) -> int:
+    from . import matrix
+
+    ccs = list(args.cc or [])
+    args.notebooks += [Path(c) for c in ccs if c.endswith(".ipynb")]  # `--cc 7.5 NB`: the notebook is no capability
+    ccs = [c for c in ccs if not c.endswith(".ipynb")]
+    return matrix.matrix_cli(args.notebooks, ccs, jobs=args.jobs, timeout=args.timeout, save=args.save, mode=args.mode)
 
 
 def _record(args) -> int:
@@ -264,6 +309,7 @@ def _check_records(args) -> int:
     return 1 if problems or done.returncode != 0 else 0
 
 
-COMMANDS = {"probe": _probe, "check-records": _check_records, "lab": _lab, "run": _run, "record": _record, "ceilings": _ceilings,
+COMMANDS = {"probe": _probe, "check-records": _check_records, "lab": _lab, "run": _run, "matrix": _matrix,
+            "record": _record, "ceilings": _ceilings,
             "grade": _grade, "grade-class": _grade_class, "exercises": _exercises, "hub": _hub,
             "release-feedback": _release_feedback, "results": _results}

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from gpucourse import runtime
@@ -172,13 +173,53 @@ def ptx_from_source(code: str, arch: str = "sm_80", *, filename: str = "kernel.c
 
     compiler: "nvcc" (a subprocess), "nvrtc" (in this process, through CuPy's NVRTC binding: what the grader's
     kernel, which may not start processes, can use) or "auto" (nvcc when it is on PATH). The CUDA include
-    folders (``include_dirs``) are passed either way. Raises CourseError with the compiler's log."""
+    folders (``include_dirs``) are passed either way. Raises CourseError with the compiler's log.
+
+    The same text compiled the same way gives the same PTX, so a process compiles it once (``_PTX``, the last
+    ``PTX_KEPT``): a notebook cell or a test that compiles a region's text in its own place, which is the file's
+    text, costs nothing more. Processes that share a folder (``SHARED_PTX``) compile it once between them."""
     if compiler not in ("auto", "nvcc", "nvrtc"):
         raise runtime.CourseInputError(f"compiler must be 'auto', 'nvcc' or 'nvrtc', not {compiler!r}")
     includes = [f"-I{d}" for d in include_dirs()]
     nvcc = shutil.which("nvcc") if compiler != "nvrtc" else None
     if compiler == "nvcc" and not nvcc:
         raise runtime.CourseError("nvcc is not on PATH")
+    key = (code, arch, filename, nvcc or "nvrtc", tuple(includes))
+    if key in _PTX:
+        _PTX[key] = _PTX.pop(key)  # the most recently used last
+        return _PTX[key]
+    shared = _shared_ptx(key)
+    ptx = shared.read_text() if shared is not None and shared.is_file() else None
+    if ptx is None:
+        ptx = _compile_ptx(code, arch, filename, includes, nvcc)
+        if shared is not None:  # whole or not at all: a new file renamed into place
+            fresh = shared.with_name(f".{shared.name}.{os.getpid()}.{threading.get_ident()}")
+            fresh.write_text(ptx)
+            os.replace(fresh, shared)
+    _PTX[key] = ptx
+    while len(_PTX) > PTX_KEPT:
+        _PTX.pop(next(iter(_PTX)))
+    return ptx
+
+
+_PTX: dict = {}  # (code, arch, file name, compiler, include options) -> PTX, oldest first
+PTX_KEPT = 32
+SHARED_PTX = "GPUCOURSE_PTX_CACHE"  # a folder several processes of one run share their PTX in (the test suite's)
+
+
+def _shared_ptx(key: tuple) -> Path | None:
+    """Where the PTX of ``key`` lies in the folder GPUCOURSE_PTX_CACHE names (tests/conftest.py sets one for a test
+    run, shared by its pytest-xdist workers and removed afterwards), or None where it names none."""
+    folder = os.environ.get(SHARED_PTX)
+    if not folder or not os.path.isdir(folder):
+        return None
+    import hashlib
+    import json
+
+    return Path(folder) / (hashlib.sha256(json.dumps(key).encode()).hexdigest() + ".ptx")
+
+
+def _compile_ptx(code: str, arch: str, filename: str, includes: list, nvcc: str | None) -> str:
     if nvcc:
         with tempfile.TemporaryDirectory() as tmp:
             src, ptx = Path(tmp) / filename, Path(tmp) / "out.ptx"
@@ -215,8 +256,17 @@ def ptxas_log(name: str, arch: str = "sm_90a", options: tuple = ()) -> str:
     from cupy.cuda import nvrtc
 
     options = ["-std=c++17", f"-arch={arch}", "--ptxas-options=-v", *(f"-I{d}" for d in include_dirs()), *options]
-    log = nvrtc.getProgramLog(_nvrtc(source(name), f"{name}.cu", arch, options))
-    return log.decode() if isinstance(log, bytes) else log
+    code = source(name)
+    key = (code, name, arch, tuple(options))
+    if key not in _PTXAS:  # once per process, as the PTX (ptx_from_source)
+        log = nvrtc.getProgramLog(_nvrtc(code, f"{name}.cu", arch, options))
+        _PTXAS[key] = log.decode() if isinstance(log, bytes) else log
+        while len(_PTXAS) > PTX_KEPT:
+            _PTXAS.pop(next(iter(_PTXAS)))
+    return _PTXAS[key]
+
+
+_PTXAS: dict = {}  # (code, name, arch, options) -> ptxas's log
 
 
 def module_arch(name: str, arch: str, edits: dict | None = None):

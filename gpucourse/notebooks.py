@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .plots import FIGURES_ENV
+from .runtime import MODE_VARIABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,6 +25,16 @@ class Outcome:
     ok: bool
     error: str = ""
     wide: tuple = ()  # printed lines wider than WIDTH (wide_lines)
+    tests: tuple = ()  # a notebook with nbgrader's test cells: grading.TestResult per test, in order
+    notes: tuple = ()  # ... and what its answer cells raised
+    tested: bool = False  # whether the notebook holds test cells
+
+    def report(self):
+        """The notebook's tests as a ``grading.GradeReport`` (its ``checklist`` is what ``run`` prints)."""
+        from .grading.reports import GradeReport
+
+        return GradeReport(notebook=self.path, assignment=lesson_of(Path(self.path)), mode=self.mode,
+                           tests=list(self.tests), notes=list(self.notes), seconds=self.seconds)
 
 
 DEEP_DIVE = "_deep_dive"  # notebooks/NN_topic_deep_dive.ipynb: the optional deep dive of lesson NN_topic
@@ -71,44 +82,112 @@ def wide_lines(nb, width: int = WIDTH) -> list[str]:
     return out
 
 
-def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None = None) -> Outcome:
+def kernel_environment(mode: str, *, figures: Path | None = None, env: dict | None = None) -> dict:
+    """The environment a notebook's kernel starts with: this process's, with GPUCOURSE_MODE=``mode``, the course on
+    PYTHONPATH, no NUMBA_ENABLE_CUDASIM (the kernel's ``gpucourse.setup`` sets it for its mode), the live figures'
+    folder where given, then ``env`` ({name: value}; a value of None removes the variable: {"GPUCOURSE_FAKE_CC":
+    None} runs at the GPU's own compute capability). This process's own environment is left as it is."""
+    out = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    out.update({MODE_VARIABLE: mode,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+    if figures is not None:
+        out[FIGURES_ENV] = str(Path(figures).resolve())
+    for key, value in (env or {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = str(value)
+    return out
+
+
+GOES_ON = "raises-exception"  # nbclient's tag for a cell whose error does not stop the notebook
+
+
+def has_tests(nb) -> bool:
+    """Whether a notebook holds nbgrader's test cells (an exercise or its solution)."""
+    return any(c.cell_type == "code" and c.get("metadata", {}).get("nbgrader", {}).get("grade")
+               and not c.metadata["nbgrader"].get("solution") for c in nb.cells)
+
+
+def has_hidden_tests(path) -> bool:
+    """Whether a notebook holds nbgrader's hidden tests (a solution notebook; an exercise has them removed)."""
+    import nbformat
+
+    return any("### BEGIN HIDDEN TESTS" in c.source for c in nbformat.read(Path(path), as_version=4).cells)
+
+
+def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None = None,
+            env: dict | None = None) -> Outcome:
     """Run every cell of ``path`` in a fresh kernel in ``mode`` ("cpu" or "gpu"); never writes ``path``. With
-    ``save_to``: the executed copy goes there, and so do the live figures its cells close."""
+    ``save_to``: the executed copy goes there, and so do the live figures its cells close. ``env``: variables for the kernel (``kernel_environment``); nothing of this process's
+    environment changes, so several notebooks may run at once from threads.
+
+    In a notebook with nbgrader's test cells (exercises/, solutions/), a test or an answer that fails does not
+    stop the run, as in grading: every test is scored as the grader scores it (``Outcome.tests``; the report's
+    ``checklist`` lists them), and the run fails if any test fails. An error in any other cell stops the run and
+    fails it, as in any notebook."""
     import nbclient
     import nbformat
 
+    from .jupyter import CourseKernelManager
+
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
-    env = {"GPUCOURSE_MODE": mode,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    kernel_env = kernel_environment(mode, figures=save_to, env=env)
     if save_to is not None:  # live figures (plots.LiveCurves) are saved beside the executed copies
-        save_to.mkdir(parents=True, exist_ok=True)
-        env[FIGURES_ENV] = str(Path(save_to).resolve())
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the kernel inherits this process's environment
-    os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
+        Path(save_to).mkdir(parents=True, exist_ok=True)
+    tested = has_tests(nb)
+    tagged = []
+    if tested:  # tests and answers go on past an error, as nbgrader's autograde does
+        for cell in nb.cells:
+            meta = cell.get("metadata", {}).get("nbgrader", {})
+            if cell.cell_type == "code" and (meta.get("grade") or meta.get("solution")) \
+                    and GOES_ON not in cell.metadata.get("tags", []):
+                cell.metadata.setdefault("tags", []).append(GOES_ON)
+                tagged.append(cell)
     start = time.perf_counter()
     error = ""
     try:
         client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                         kernel_manager_class=CourseKernelManager,
                                          resources={"metadata": {"path": str(path.parent)}})
-        client.execute()
+        client.execute(env=kernel_env)
     except AssertionError as exc:  # nbclient's own bare asserts: its kernel client was gone mid-run
         error = _lost_kernel(nb, exc)
     except Exception as exc:  # CellExecutionError, timeouts, a dead kernel
-        error = _short(exc)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        error = _failure(exc, nb)
     seconds = time.perf_counter() - start
+    for cell in tagged:
+        cell.metadata["tags"].remove(GOES_ON)
+        if not cell.metadata["tags"]:
+            del cell.metadata["tags"]
+    tests, notes = [], []
+    if tested:
+        from .grading.verdicts import notebook_tests
+
+        tests, notes = notebook_tests(nb.cells, mode)
     if save_to is not None:
-        save_to.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, save_to / path.name)
-    return Outcome(str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path), mode, seconds, not error, error,
-                   tuple(wide_lines(nb)))
+        nbformat.write(nb, Path(save_to) / path.name)
+    shown = str(path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path)
+    outcome = Outcome(shown, mode, seconds, not error, error, tuple(wide_lines(nb)), tuple(tests), tuple(notes),
+                      tested)
+    if tested and (outcome.report().failed or notes):
+        outcome.ok = False
+    return outcome
+
+
+def _failure(exc: Exception, nb) -> str:
+    """What stopped a notebook, short: "cell 46: StopIteration: ..." for an error in a cell (its index in the
+    notebook, as ``wide_lines`` counts), else the exception's last lines."""
+    from nbclient.exceptions import CellExecutionError
+
+    if isinstance(exc, CellExecutionError):
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code" and GOES_ON not in cell.metadata.get("tags", []) and \
+                    any(o.get("output_type") == "error" for o in cell.get("outputs", [])):
+                value = " ".join(str(exc.evalue or "").split())
+                return (f"cell {i}: {exc.ename}" + (f": {value}" if value else ""))[:300]
+    return _short(exc)
 
 
 def _lost_kernel(nb, exc: AssertionError) -> str:
@@ -138,7 +217,8 @@ def summary(outcomes: list[Outcome]) -> str:
     width = max([len(o.path) for o in outcomes] + [8])
     lines = [f"{'notebook':{width}}  mode  seconds  result"]
     for o in outcomes:
-        lines.append(f"{o.path:{width}}  {o.mode:4}  {o.seconds:7.1f}  {'pass' if o.ok else 'FAIL'}")
+        lines.append(f"{o.path:{width}}  {o.mode:4}  {o.seconds:7.1f}  {'pass' if o.ok else 'FAIL'}"
+                     + (f"  ({o.report().tally()})" if o.tested and not o.error else ""))
         if o.error:
             lines.append(f"{'':{width}}  {o.error}")
         if o.wide:

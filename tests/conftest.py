@@ -1,4 +1,8 @@
 """The mode is decided before anything imports numba: GPU mode where a GPU is usable, else the simulator."""
+import os
+import shutil
+import tempfile
+
 import pytest
 
 import gpucourse
@@ -26,16 +30,52 @@ def _cuda_compiler() -> bool:
 needs_compiler = pytest.mark.skipif(not _cuda_compiler(), reason="neither nvcc nor NVRTC is installed")
 
 
+def pytest_configure(config):
+    """One folder of compiled PTX for the whole run (gpucourse.cuda_c.SHARED_PTX), made before pytest-xdist starts
+    its workers, which inherit it: a CUDA C text that tests in two workers compile is compiled once."""
+    from gpucourse import cuda_c
+
+    if not hasattr(config, "workerinput") and not os.environ.get(cuda_c.SHARED_PTX):
+        config._gpucourse_ptx = tempfile.mkdtemp(prefix="gpucourse-ptx-")
+        os.environ[cuda_c.SHARED_PTX] = config._gpucourse_ptx
+
+
+def pytest_unconfigure(config):
+    folder = getattr(config, "_gpucourse_ptx", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("GPUCOURSE_PTX_CACHE", None)  # gpucourse.cuda_c.SHARED_PTX
+
+
 def pytest_report_header(config):
     return f"gpucourse: {RT.mode.upper()} mode ({RT.reason})" + (f", {RT.device['name']}" if RT.gpu else "")
 
 
 def pytest_collection_modifyitems(config, items):
+    parallel = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(gpu_only)
         if item.name.startswith(("test_recorded", "test_committed_records")):  # checks of results/, not of code
             item.add_marker(pytest.mark.records)
+        if parallel and item.get_closest_marker("slow"):
+            shared = _shared_fixture_home(item)
+            if shared:
+                item.add_marker(pytest.mark.xdist_group(shared))
+
+
+def _shared_fixture_home(item) -> str | None:
+    """The test file whose module- or class-scoped fixture ``item`` uses, or None. Under pytest-xdist's --dist
+    loadgroup (make test, make test-fast) the slow tests sharing one (a graded class of notebooks, the JupyterHub
+    with its users) run in one worker, so that fixture is built once, as without xdist. The other tests go to
+    whichever worker is free: their shared fixtures (a model, a calibration) take seconds, and a worker builds its
+    own rather than hold a whole file of tests to itself."""
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        for d in defs:
+            if d.scope != "function" and d.baseid:  # "" for pytest's own (tmp_path_factory, ...)
+                return d.baseid.split("::")[0]
+    return None
 
 
 @pytest.fixture

@@ -281,7 +281,7 @@ def test_learner_notebook_must_match_a_lesson(tmp_path):
     stray = tmp_path / "my_work" / "vector_multiply.ipynb"
     stray.parent.mkdir()
     shutil.copy(EXERCISE, stray)
-    with pytest.raises(runtime.CourseInputError, match="matches no solution notebook"):
+    with pytest.raises(runtime.CourseInputError, match="Put it in a folder named 01_vector_multiply"):
         grading.grade(stray)
 
 

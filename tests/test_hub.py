@@ -342,13 +342,13 @@ def test_hub_config_from_the_template(tmp_path):
     keeps everything on the loopback and in the runtime folder, and lets only the class log in."""
     from traitlets.config.loader import PyFileConfigLoader
 
-    from gpucourse import classroom
+    from gpucourse import classroom, jupyter
 
     settings = {"runtime": str(tmp_path), "ip": "127.0.0.1", "port": 18000, "hub_port": 18001,
                 "proxy_api_port": 18002, "proxy_command": "/usr/bin/configurable-http-proxy",
                 "singleuser": "/venv/bin/jupyterhub-singleuser", "instructors": ["teach"], "students": ["ann", "bo"],
                 "group": None, "api_token": None, "jupyter_config": str(tmp_path / "jupyter"), "course_code": None,
-                "mode": "cpu"}
+                "mode": "cpu", "lab_args": jupyter.lab_arguments(classroom.lab_settings_dir(tmp_path))}
     path = classroom.write_config(tmp_path, settings)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     c = PyFileConfigLoader(path.name, path=str(tmp_path)).load_config()
@@ -360,6 +360,13 @@ def test_hub_config_from_the_template(tmp_path):
     assert c.Spawner.cmd == ["/venv/bin/jupyterhub-singleuser"]
     assert c.Spawner.environment["JUPYTER_CONFIG_PATH"] == str(tmp_path / "jupyter")
     assert c.Spawner.environment["GPUCOURSE_MODE"] == "cpu" and "PYTHONPATH" not in c.Spawner.environment
+    # the users' JupyterLab opens without the news prompt: its settings folder, readable by every user
+    assert f"--LabApp.app_settings_dir={tmp_path / 'jupyter/lab/settings'}" in c.Spawner.args
+    settings_dir = classroom.write_lab_settings(tmp_path)
+    overrides = json.loads((settings_dir / "overrides.json").read_text())
+    assert overrides[jupyter.NOTIFICATION]["fetchNews"] == "false"
+    assert stat.S_IMODE((settings_dir / "overrides.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE(settings_dir.stat().st_mode) == 0o755
     nbgrader_config = classroom.write_nbgrader_config(tmp_path / "jupyter", tmp_path / "exchange", "the-course")
     n = PyFileConfigLoader(nbgrader_config.name, path=str(nbgrader_config.parent)).load_config()
     assert (n.Exchange.root, n.CourseDirectory.course_id) == (str(tmp_path / "exchange"), "the-course")

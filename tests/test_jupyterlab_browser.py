@@ -1,6 +1,6 @@
 """JupyterLab in a real browser: the course's JupyterLab, started as the README's set-up installs it, serves
-lesson 1 to headless Chromium (Debian's, driven by Playwright), the probe cell runs in a kernel and says which
-mode it is in, and nbgrader's JupyterLab extension is there (its menu in the page, its server extension
+lesson 1 to headless Chromium (Debian's, driven by Playwright), opens without asking about Jupyter news, the probe
+cell runs in a kernel and says which mode it is in, and nbgrader's JupyterLab extension is there (its menu in the page, its server extension
 answering). A screenshot of the page is saved under out/. The server is stopped by its process id.
 
 Needs /usr/bin/chromium (``.ci/run`` installs Debian's chromium when it runs as root) and the ``playwright``
@@ -22,13 +22,14 @@ from pathlib import Path
 
 import pytest
 
-from gpucourse import runtime
+from gpucourse import cli, jupyter, runtime
 
 pytestmark = [pytest.mark.slow, pytest.mark.lesson01]
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 NOTEBOOK = "notebooks/01_vector_multiply.ipynb"
+NEWS_PROMPT = "Would you like to get notified about official Jupyter news?"
 SCREENSHOTS = ROOT / "out" / "screenshots"
 # As the machine's own Chromium checks showed: no sandbox as root, no GPU, and none of Chromium's background
 # connections, which a closed network refuses.
@@ -60,9 +61,6 @@ def lab(tmp_path):
     pytest.importorskip("playwright.sync_api",
                         reason="the playwright package is not installed (pip install -e '.[test]')")
     served = tmp_path / "served"
-    settings = tmp_path / "home" / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     (served / "notebooks").mkdir(parents=True)
     shutil.copy(ROOT / NOTEBOOK, served / NOTEBOOK)
     home = tmp_path / "home"
@@ -71,12 +69,12 @@ def lab(tmp_path):
                JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                JUPYTERLAB_SETTINGS_DIR=str(home / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
                IPYTHONDIR=str(home / "ipython"), GPUCOURSE_MODE=runtime.get().mode)
-    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={port}", "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
-               f"--ServerApp.root_dir={served}", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
-               "jupyterlab.NeverCheckForUpdate"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        command.append("--allow-root")
+    # The command `python -m gpucourse lab` runs (its JupyterLab settings: no news prompt), on a port of its own.
+    # The learner's own settings folder (JUPYTERLAB_SETTINGS_DIR) is a fresh one: nothing in it answers the prompt.
+    command, _ = cli.lab_command(["--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+                                  "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}",
+                                  f"--ServerApp.root_dir={served}"],
+                                 settings=jupyter.write_lab_settings(tmp_path / "app" / "settings"))
     log = open(tmp_path / "jupyterlab.log", "wb")
     server = subprocess.Popen(command, cwd=served, env=env, stdout=log, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL, start_new_session=True)
@@ -117,6 +115,14 @@ def test_lesson_1_runs_in_jupyterlab_in_chromium(lab):
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.goto(f"{url}/lab/tree/{NOTEBOOK}?token={token}", timeout=120_000)
 
+            # JupyterLab asks nothing about news: the setting's default is the course's "false", and no toast says
+            # "Would you like to get notified about official Jupyter news?" once the notebook is open (below).
+            status, body = _get(f"{url}/lab/api/settings/{jupyter.NOTIFICATION}", token)
+            assert status == 200, body
+            notification = json.loads(body)  # the server puts the overrides in the schema's defaults
+            assert notification["schema"]["properties"]["fetchNews"]["default"] == "false", notification["schema"]
+            assert "fetchNews" not in notification["settings"]  # nothing written into the learner's own settings
+
             # nbgrader's labextension is among the page's extensions, and activated: its menu is in the menu bar.
             config = json.loads(page.locator("#jupyter-config-data").text_content())
             assert "@jupyter/nbgrader" in {e["name"] for e in config.get("federated_extensions", [])}, config
@@ -135,6 +141,12 @@ def test_lesson_1_runs_in_jupyterlab_in_chromium(lab):
                 page.screenshot(path=str(shot), full_page=False)
             text = probe.locator(".jp-OutputArea-output").all_inner_texts()
             assert any(line.startswith(mode) for line in "\n".join(text).splitlines()), text
+            assert page.get_by_text(NEWS_PROMPT).count() == 0, "JupyterLab asked about Jupyter news"
+            bell = page.locator(".jp-Notification-Status")  # the notification centre lists it too, had it asked
+            if bell.count():
+                bell.first.click()
+                page.wait_for_timeout(1000)
+                assert page.get_by_text(NEWS_PROMPT).count() == 0, "JupyterLab's notifications hold the news prompt"
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000

@@ -156,10 +156,7 @@ def _source_for(learner: Path | None, source) -> Path:
     if source is None:
         source = SOLUTIONS / learner.parent.name / learner.name
         if not source.is_file():
-            known = ", ".join(sorted(p.name for p in assignment_dirs())) or "none"
-            raise runtime.CourseInputError(
-                f"{learner.name} in folder {learner.parent.name!r} matches no solution notebook "
-                f"(looked for {_shown(source)}); the folder must be named after a lesson: {known}")
+            raise runtime.CourseInputError(where_it_goes(learner))
     source = Path(source).resolve()
     if source.is_dir():
         notebooks = sorted(p for p in source.glob("*.ipynb"))
@@ -170,6 +167,26 @@ def _source_for(learner: Path | None, source) -> Path:
     if not source.is_file():
         raise runtime.CourseInputError(f"no source notebook {source}")
     return source
+
+
+def where_it_goes(learner: Path) -> str:
+    """What to do with a learner's notebook the grader cannot match to a lesson's exercise: the folder it goes in,
+    named after its lesson, and the name it keeps. It names only what a learner has (the lessons, their exercises'
+    notebooks), never the grader's own files."""
+    lessons = {a.name: sorted(p.name for p in a.glob("*.ipynb")) for a in assignment_dirs()}
+    lessons = {lesson: names for lesson, names in lessons.items() if names}
+    folder, name = learner.parent.name, learner.name
+    if folder in lessons:
+        return (f"{folder}/{name} is not lesson {folder}'s exercise notebook, which is named "
+                f"{' or '.join(lessons[folder])}: grade your copy of it, under that name")
+    mine = [lesson for lesson, names in lessons.items() if name in names]
+    if mine:
+        return (f"{name} is in a folder named {folder!r}: the grader finds a notebook's exercise by the folder it is "
+                f"in, named after its lesson. Put it in a folder named {mine[0]} ({mine[0]}/{name}) and grade it "
+                "there")
+    example = next(iter(lessons.items()), ("01_lesson", ["lesson.ipynb"]))
+    return (f"{name} in folder {folder!r} is no lesson's exercise: put the notebook in a folder named after its "
+            f"lesson, e.g. {example[0]}/{example[1][0]} (the lessons: {', '.join(lessons) or 'none'})")
 
 
 def _shown(path: Path) -> str:

@@ -76,14 +76,33 @@ class GradeReport:
             line += f"  ({number(self.score)} / {number(self.gradable_max_score)} gradable here)"
         return line
 
+    def test_lines(self) -> list[str]:
+        """One line per test: its grade_id, points, and pass or FAIL with the failing assertion's message."""
+        width = max([len(t.grade_id) for t in self.tests] + [4])
+        return [test_line(t, width) for t in self.tests]
+
+    @property
+    def failed(self) -> list[TestResult]:
+        """The tests that did not pass (not counting those this machine cannot grade, or that a person grades)."""
+        return [t for t in self.tests if t.gradable and t.status not in ("passed", "needs manual grading")]
+
+    def tally(self) -> str:
+        """"5 of 7 tests pass": of the tests this machine grades by itself."""
+        counted = [t for t in self.tests if t.gradable and t.status != "needs manual grading"]
+        return f"{len(counted) - len(self.failed)} of {len(counted)} tests pass"
+
+    def checklist(self, hint: str = "") -> str:
+        """What ``python -m gpucourse run`` prints for a notebook with tests: each test by name, pass or FAIL,
+        with the failing assertion's message; the notes; then ``hint``."""
+        mode = {"gpu": "GPU mode", "cpu": "CPU mode"}.get(self.mode or "", "mode unknown")
+        lines = [f"{self.notebook}: {self.tally()} ({mode})", *self.test_lines()]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines + ([hint] if hint else []))
+
     def format(self) -> str:
         mode = {"gpu": "GPU mode", "cpu": "CPU mode"}.get(self.mode or "", "mode unknown")
         lines = [f"{self.notebook}", f"assignment {self.assignment}, graded in {mode}", ""]
-        width = max([len(t.grade_id) for t in self.tests] + [4])
-        for t in self.tests:
-            got = "-" if not t.gradable else number(t.points)
-            detail = t.status if t.message in ("", t.status) or not t.gradable else f"{t.status}: {t.message}"
-            lines.append(f"  {t.grade_id:<{width}}  {got:>5} / {number(t.max_points):<3}  {detail}")
+        lines += self.test_lines()
         lines.append("")
         total = f"Score: {number(self.score)} / {number(self.max_score)}"
         skipped = self.not_gradable
@@ -101,6 +120,21 @@ class GradeReport:
 
     def __str__(self) -> str:
         return self.format()
+
+
+def test_line(t: TestResult, width: int = 0) -> str:
+    """One test of a report: "  grade_id   points / max  pass" or "... FAIL  <the assertion's message>"."""
+    got = "-" if not t.gradable else number(t.points)
+    message = " ".join(t.message.split())  # one line, whatever the error's message spans
+    if t.status == "passed":
+        detail = "pass" + (f"  {message}" if message not in ("", "passed") else "")
+    elif t.status == "failed":
+        detail = "FAIL" + (f"  {message}" if message else "")
+    elif t.status in ("timed out", "kernel died", "not run"):
+        detail = f"FAIL  {t.status}" + (f": {message}" if message and message != t.status else "")
+    else:  # partial, not gradable here, needs manual grading
+        detail = t.status if message in ("", t.status) else f"{t.status}: {message}"
+    return f"  {t.grade_id:<{width}}  {got:>5} / {number(t.max_points):<3}  {detail}"
 
 
 @dataclass

@@ -101,3 +101,41 @@ def _ends_with_expression(source: str) -> bool:
         return False
     return bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not source.rstrip().endswith(";")
 
+
+
+def notebook_tests(cells, mode: str | None) -> tuple[list, list[str]]:
+    """The verdict of every test cell of an executed notebook, scored as the grader scores it (``cell_verdict``,
+    after nbgrader's rule that a Python warning on stderr is no failure), without a gradebook: what
+    ``python -m gpucourse run`` lists for a notebook with nbgrader's test cells. Returns (``TestResult`` per test
+    cell, in order; a note per answer cell that raised an error)."""
+    import re
+
+    from .reports import TestResult
+    from .settings import WARNING_PATTERN
+
+    tests, notes = [], []
+    for cell in cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if cell.get("cell_type") != "code" or not meta.get("grade_id"):
+            continue
+        outputs = [o for o in cell.get("outputs", []) if not (
+            o.get("output_type") == "stream" and o.get("name") == "stderr"
+            and re.search(WARNING_PATTERN, as_text(o.get("text"))))]
+        cell = {**cell, "outputs": outputs}
+        if meta.get("grade") and not meta.get("solution"):
+            points = float(meta.get("points", 0) or 0)
+            if cell.get("execution_count") is None and not outputs:  # the run stopped before it
+                tests.append(TestResult(grade_id=meta["grade_id"], points=0.0, max_points=points, status="not run",
+                                        message="the notebook stopped before this test (see its error)"))
+                continue
+            got, status, message = cell_verdict(cell, points, mode)
+            tests.append(TestResult(grade_id=meta["grade_id"], points=float(got or 0.0), max_points=points,
+                                    status=status, message=message))
+        elif meta.get("solution"):
+            errors = [o for o in outputs if o.get("output_type") == "error"]
+            if errors:
+                e = errors[0]
+                notes.append(f"your answer in cell {meta['grade_id']} raised "
+                             + e.get("ename", "Error") + (f": {first_lines(e.get('evalue', ''), 1)}"
+                                                          if e.get("evalue") else ""))
+    return tests, notes

@@ -231,6 +231,8 @@ def guarded_preprocessors():
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
     from nbgrader.preprocessors import Execute, SaveAutoGrades
 
+    from ..jupyter import CourseKernelManager
+
     def error_output(ename: str, evalue: str) -> dict:
         return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=[f"{ename}: {evalue}"])
 
@@ -241,6 +243,7 @@ def guarded_preprocessors():
             limits: Limits = _RUN["limits"]
             events: dict = _RUN.setdefault("events", {})
             NotebookClient.__init__(self, nb, km)
+            self.kernel_manager_class = CourseKernelManager  # IPC: no "running over TCP without encryption"
             self.reset_execution_trackers()
             self._check_assign_resources(resources)
             self.kernel_name = KERNEL_NAME  # whatever kernel the notebook's metadata names

@@ -1,0 +1,188 @@
+"""The course inside a hosted notebook's Python (Colab, Kaggle): the README's section "In a hosted notebook (Colab,
+Kaggle)" gives one code block to paste into a notebook's first cell. Here that block is run as such a notebook would
+run it, on a fresh environment with no make and no .venv: its ``!`` lines in a shell (the clone's address replaced by
+this checkout, so what is committed here is installed), its ``%pip`` lines as that environment's ``python -m pip``,
+and its Python lines as the first cell of a kernel of that environment, which then runs every cell of lesson 1 in
+CPU mode from a working folder outside the clone (as Colab's /content holds the clone beside the notebook).
+
+pip may use its cache (a first run downloads the CUDA 12 wheels, CuPy, TensorFlow, several GB). Everything happens in
+a private temporary folder, removed afterwards; every wait has a time-out.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## In a hosted notebook (Colab, Kaggle)"
+NOTEBOOK = "notebooks/01_vector_multiply.ipynb"
+CLONE_URL = re.compile(r"https://github\.com/\S+")
+INSTALL_TIMEOUT = 3600  # seconds for pip: about 3.4 GB of wheels (the CUDA 12 ones, CuPy, TensorFlow), downloaded or from its cache
+CELL_TIMEOUT = 600  # seconds per cell of lesson 1 in CPU mode
+
+# The block as agreed for the README (the test reads the README's own; this one checks the parser).
+AGREED = """\
+!git clone --depth 1 https://github.com/gpu-course/gpu-programming-for-deep-learning gpu-course
+%pip install -q -e "gpu-course[cu12]"
+import sys; sys.path.insert(0, "gpu-course")
+"""
+
+
+def hosted_block(readme: str) -> str | None:
+    """The first fenced code block under the README's hosted-notebook heading, or None where there is none."""
+    at = readme.find(HEADING + "\n")
+    if at < 0:
+        return None
+    section = readme[at + len(HEADING):]
+    end = re.search(r"^#{1,2} ", section, re.MULTILINE)
+    section = section[: end.start()] if end else section
+    m = re.search(r"^```[^\n]*\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    return m.group(1) if m else None
+
+
+def parse(block: str) -> list[tuple[str, object]]:
+    """The block's steps in order: ("shell", command) for a ``!`` line, ("pip", [args]) for ``%pip``, ("python",
+    source) for the Python lines (consecutive ones together)."""
+    steps: list[tuple[str, object]] = []
+    for line in block.splitlines():
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text.startswith("!"):
+            steps.append(("shell", text[1:].strip()))
+        elif text.startswith("%pip"):
+            steps.append(("pip", shlex.split(text[len("%pip"):])))
+        elif text.startswith(("%", "!")):
+            raise AssertionError(f"the hosted-notebook block holds a line this test cannot run: {line!r}")
+        elif steps and steps[-1][0] == "python":
+            steps[-1] = ("python", f"{steps[-1][1]}\n{line}")
+        else:
+            steps.append(("python", line))
+    return steps
+
+
+def test_the_block_is_found_under_its_heading():
+    readme = (f"# Course\n\n## Quick start\n\n```\nmake lab\n```\n\n{HEADING}\n\nPaste this into the first cell:\n\n"
+              f"```python\n{AGREED}```\n\nThen open lesson 1.\n\n## Grading\n\n```\nmake grade\n```\n")
+    assert hosted_block(readme) == AGREED
+    assert hosted_block(readme.replace(HEADING, "## Elsewhere")) is None
+
+
+def test_the_agreed_block_parses():
+    steps = parse(AGREED)
+    assert [kind for kind, _ in steps] == ["shell", "pip", "python"]
+    assert steps[0][1].startswith("git clone --depth 1 https://github.com/") and steps[0][1].endswith(" gpu-course")
+    assert steps[1][1] == ["install", "-q", "-e", "gpu-course[cu12]"]
+    assert steps[2][1] == 'import sys; sys.path.insert(0, "gpu-course")'
+
+
+# What the fresh environment's Python runs: a kernel started in the working folder (outside the clone) runs the
+# block's Python lines, then every cell of lesson 1, then says where gpucourse was imported from.
+DRIVER = r"""
+import json, os, sys
+import nbclient, nbformat
+
+spec = json.loads(sys.argv[1])
+lesson = nbformat.read(spec["notebook"], as_version=4)
+cells = [nbformat.v4.new_code_cell(spec["first_cell"])] + lesson.cells + [nbformat.v4.new_code_cell(
+    "import gpucourse, kernels, sys\nprint('GPUCOURSE ' + gpucourse.__file__)\nprint('KERNELS ' + kernels.__file__)\n"
+    "print('PYTHON ' + sys.executable)")]
+nb = nbformat.v4.new_notebook(cells=cells, metadata=lesson.metadata)
+client = nbclient.NotebookClient(nb, timeout=spec["timeout"], kernel_name="python3",
+                                 resources={"metadata": {"path": spec["cwd"]}})
+error = ""
+try:
+    client.execute()
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"[-3000:]
+last = "".join(o.get("text", "") for o in nb.cells[-1].get("outputs", []) if o.get("output_type") == "stream")
+print(json.dumps({"error": error, "last": last}))
+"""
+
+
+def _run(cmd, *, cwd, env, timeout, what) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{what} took over {timeout} s:\n{(exc.stdout or '')[-2000:]}")
+    assert done.returncode == 0, f"{what} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def install_and_run_lesson_1(block: str, work: Path) -> dict:
+    """Run ``block`` as a hosted notebook would, in ``work`` (its working folder), then lesson 1 in CPU mode in a
+    kernel of the fresh environment; returns {"error", "last" (where the kernel imported the course from), "python",
+    "seconds" (of each step)}."""
+    work.mkdir(parents=True, exist_ok=True)
+    venv = work.parent / "venv"
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "GPUCOURSE_MODE", "NUMBA_ENABLE_CUDASIM", "PYTHONHOME")
+           and not k.startswith(("JUPYTER", "PYTEST", "GPUCOURSE_"))}
+    env.update({"PATH": os.pathsep.join([str(venv / "bin"), env.get("PATH", "")]),
+                "JUPYTER_DATA_DIR": str(work.parent / "jupyter-data"), "JUPYTER_CONFIG_DIR": str(work.parent / "jupyter"),
+                "JUPYTER_RUNTIME_DIR": str(work.parent / "jupyter-runtime"), "IPYTHONDIR": str(work.parent / "ipython"),
+                "MPLCONFIGDIR": str(work.parent / "mpl"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    seconds = {}
+    t0 = time.monotonic()
+    _run([sys.executable, "-m", "venv", str(venv)], cwd=work, env=env, timeout=300, what="python -m venv")
+    seconds["venv"] = time.monotonic() - t0
+    first_cell = []
+    for kind, what in parse(block):
+        t0 = time.monotonic()
+        if kind == "shell":
+            command = CLONE_URL.sub(f"file://{ROOT}", what)  # this checkout, as committed
+            _run(["bash", "-c", command], cwd=work, env=env, timeout=600, what=f"!{command}")
+            seconds.setdefault("shell", 0.0)
+            seconds["shell"] += time.monotonic() - t0
+        elif kind == "pip":
+            _run([str(python), "-m", "pip", *what], cwd=work, env=env, timeout=INSTALL_TIMEOUT,
+                 what=f"%pip {shlex.join(what)}")
+            seconds.setdefault("pip", 0.0)
+            seconds["pip"] += time.monotonic() - t0
+        else:
+            first_cell.append(what)
+    clone = next(p for p in work.iterdir() if (p / NOTEBOOK).is_file())
+    elsewhere = work  # the kernel's working folder: the folder that holds the clone, not the clone
+    spec = {"notebook": str(clone / NOTEBOOK), "first_cell": "\n".join(first_cell), "cwd": str(elsewhere),
+            "timeout": CELL_TIMEOUT}
+    t0 = time.monotonic()
+    done = _run([str(python), "-c", DRIVER, json.dumps(spec)], cwd=work,
+                env={**env, "GPUCOURSE_MODE": "cpu"}, timeout=CELL_TIMEOUT * 4, what="lesson 1 in the fresh environment")
+    seconds["lesson 1"] = time.monotonic() - t0
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**result, "clone": str(clone), "python": str(python), "seconds": seconds}
+
+
+@pytest.mark.slow
+def test_the_readme_block_installs_the_course_into_a_fresh_python():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = hosted_block(readme)
+    if block is None:
+        pytest.skip(f"README.md has no section {HEADING!r} with a code block yet")
+    assert any(kind == "pip" for kind, _ in parse(block)), block
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, timeout=60).returncode:
+        pytest.skip(f"{ROOT} is not a git checkout: the block clones the course")
+    private = Path(tempfile.mkdtemp(prefix="gpucourse-hosted-"))  # several GB: removed at once, not kept by pytest
+    try:
+        got = install_and_run_lesson_1(block, private / "content")
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    print(f"hosted install: {json.dumps({k: round(v, 1) for k, v in got['seconds'].items()})}")
+    assert not got["error"], got["error"]
+    clone = Path(got["clone"])
+    imported = dict(line.split(" ", 1) for line in got["last"].splitlines() if " " in line)
+    assert Path(imported["GPUCOURSE"]).is_relative_to(clone), imported  # the clone's code, not this checkout's
+    assert Path(imported["KERNELS"]).is_relative_to(clone), imported
+    assert Path(imported["PYTHON"]).parent == Path(got["python"]).parent, imported
