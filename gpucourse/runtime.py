@@ -349,11 +349,11 @@ def describe() -> str:
     if rt.gpu:
         d = rt.device
         return (
-            f"GPU mode: {d['name']} (compute capability {d['compute_capability']}, {d['sms']} SMs, "
-            f"{d['memory_gib']} GiB, {d['free_gib']} GiB free, L2 {d['l2_mib']} MiB)\n"
-            f"          CUDA driver {d['driver']}"
+            f"GPU mode: {d['name']} (compute capability {d['compute_capability']}, {d['sms']} SMs)\n"
+            f"          {d['memory_gib']} GiB, {d['free_gib']} GiB free, L2 {d['l2_mib']} MiB; "
+            f"CUDA driver {d['driver']}"
             + (f" ({d['driver_release']})" if "driver_release" in d else "")
-            + f", runtime {d['runtime']}; numba.cuda compiles real kernels."
+            + f", runtime {d['runtime']}\n          numba.cuda compiles real kernels."
         )
     return f"CPU mode: kernels run in Numba's CUDA simulator ({rt.reason})."
 

@@ -263,7 +263,7 @@ def performance_points(candidate: Callable, reference: Callable, *, make_inputs:
     points = performance_score(ratio, max_points)
     runs = (f"timed once: over {number(2 * ZERO_AT)}x slower, not repeated" if times["hopeless"]
             else f"medians of {repeats} runs each, alternating")
-    print(f"performance: {name} {bench.format_ms(t_cand)} vs reference {bench.format_ms(t_ref)} ({runs}): "
-          f"ratio {ratio:.2f} -> {number(points)} of {number(max_points)} points "
+    print(f"performance: {name} {bench.format_ms(t_cand)} vs reference {bench.format_ms(t_ref)} ({runs}):\n"
+          f"  ratio {ratio:.2f} -> {number(points)} of {number(max_points)} points "
           f"(all at <= {FULL_AT}, none at >= {number(ZERO_AT)})")
     return float(points)
