@@ -233,7 +233,7 @@ def _flash_kernels(torch, causal: bool, q_dim: int = HEAD_DIM):
         for variant in wgmma_variants(q_dim):
             out[f"wgmma {variant} (CUDA C)"] = (lambda variant: lambda q, k, v: A.flash_wgmma(
                 q, k, v, causal=causal, variant=variant))(variant)
-    if gpus.status("09.wmma").runs:
+    if gpus.status("09.wmma").runs and not A.wmma_missing(q_dim):  # its tiles fit this GPU's shared memory
         out[WMMA_NAME] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
     if gpus.status("09.mma").runs:  # the launcher's default variant (attention_mma.cu's FLASH_MMA_DEFAULT)
         out[MMA_NAME] = lambda q, k, v: A.flash_mma(q, k, v, causal=causal)
@@ -506,7 +506,7 @@ q, k, v = ((rs.standard_normal(({PROFILE_BATCH}, {HEADS}, {PROFILE_N}, {HEAD_DIM
            for _ in range(3))
 if gpus.status("09.wgmma").runs:
     A.flash_wgmma(q, k, v, causal=CAUSAL)
-if not CAUSAL:
+if not CAUSAL and not A.wmma_missing({HEAD_DIM}):
     A.flash_wmma(q, k, v)
     if gpus.status("09.mma").runs:
         A.flash_mma(q, k, v)

@@ -900,3 +900,32 @@ def test_the_item_sweep_fits_an_items_fixed_cost_and_refuses_without_a_gpu(capsy
     assert S.main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "needs a real GPU" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("cc", ["7.5", "8.0", "8.6", "8.9", "9.0"])
+def test_the_sm80_kernels_fit_every_learner_gpus_shared_memory(cc, monkeypatch):
+    """The WMMA and mma.sync kernels ask for the shared memory a block of them needs: a T4 gives a block 64 KiB, an
+    RTX 30xx/40xx, A10 or L4 99 KiB. Where the WMMA kernel does not fit, it says so in one line (and the field
+    leaves it out) instead of failing at launch; mma.sync runs unasked the largest variant that fits."""
+    from gpucourse import gpus
+
+    monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, cc)
+    have = gpus.shared_memory_per_block()
+    for d in (64, 128):  # the head dims the WMMA kernel is built for
+        why = A.wmma_missing(d)
+        assert (why is None) == (A.wmma_smem_bytes(d) <= have), (cc, d, why)
+        if why:
+            assert f"head dim {d}" in why and f"{have:,}" in why, why
+    assert A.wmma_missing(128) if cc in ("7.5", "8.6", "8.9") else not A.wmma_missing(128)
+    assert bool(A.wmma_missing(64)) == (cc == "7.5")
+    variants, default = A.mma_variants()
+    for d in variants:
+        if cc == "7.5":  # no variant fits a T4's 64 KiB at d = 128; mma.sync needs sm_80 anyway
+            continue
+        chosen = A.mma_variant(d)
+        assert A.mma_smem_bytes(d, variants[d][chosen]) <= have
+        if A.mma_smem_bytes(d, variants[d][default[d]]) <= have:
+            assert chosen == default[d]
+        else:  # the largest that fits
+            assert all(A.mma_smem_bytes(d, s) > have or A.mma_smem_bytes(d, s) <= A.mma_smem_bytes(d, variants[d][chosen])
+                       for s in variants[d].values())

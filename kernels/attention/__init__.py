@@ -17,5 +17,5 @@ from .specs import (attention_backward_spec, attention_bytes, attention_flops, a
                     merge_partials, online_softmax_spec, scores_spec, softmax_naive, softmax_spec)
 from .row_softmax import softmax, softmax_cuda_c, softmax_online_numba, softmax_three_pass_numba
 from .naive import check_fits, naive_attention, naive_bytes
-from .flash import (flash_forward_numba, flash_mma, flash_numba, flash_wgmma, flash_wmma, mma_smem_bytes, mma_variants,
-                    wgmma_smem_bytes, wmma_smem_bytes)
+from .flash import (flash_forward_numba, flash_mma, flash_numba, flash_wgmma, flash_wmma, mma_smem_bytes, mma_variant,
+                    mma_variants, wgmma_smem_bytes, wmma_missing, wmma_smem_bytes)

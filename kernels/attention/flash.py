@@ -113,6 +113,16 @@ def wmma_smem_bytes(d: int, warps: int = WMMA_WARPS) -> int:
     return 2 * 2 * WMMA_BLOCK_N * ld * 2 + max(bm * ld * 2, warps * 16 * 68 * 4) + 3 * bm * 4 + 16 * 16 * 4
 
 
+def wmma_missing(d: int, cc=None) -> str | None:
+    """None where a block of the WMMA kernel at head dim ``d`` fits the shared memory of the GPU (this one, the faked
+    one, or ``cc``), else one line saying it does not: at d = 128 it needs more than the 99 KiB an RTX 30xx/40xx, A10
+    or L4 gives a block, and at either head dim more than a T4's 64 KiB."""
+    from gpucourse import gpus
+
+    return gpus.shared_memory_missing(wmma_smem_bytes(d), what=f"the WMMA FlashAttention kernel at head dim {d}",
+                                      cc=cc)
+
+
 def _fp16_inputs(q, k, v, what: str, head_dims: tuple) -> tuple:
     """(B, H, N, D) of q, k, v, which a CUDA C kernel takes as contiguous CuPy float16 arrays of a head dim it is
     built for; a clear error otherwise."""
@@ -135,6 +145,9 @@ def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None 
 
     gpus.step("09.wmma")
     B, H, N, D = _fp16_inputs(q, k, v, "flash_wmma", WMMA_HEAD_DIMS)
+    why = wmma_missing(D)
+    if why:
+        raise runtime.CourseError(why + (": run it at head dim 64" if D > 64 and not wmma_missing(64) else ""))
     o = cp.empty_like(q)
     lse = cp.empty(q.shape[:-1], dtype=cp.float32)
     fn = cuda_c.function(SOURCE, f"flash_wmma_d{D}" + ("_causal" if causal else ""), edits)
@@ -187,6 +200,25 @@ def mma_variants() -> tuple:
     return variants, default
 
 
+def mma_variant(d: int, cc=None) -> str:
+    """The variant flash_mma runs unasked at head dim ``d``: the source's default (FLASH_MMA_DEFAULT), or, on a GPU
+    whose blocks cannot hold its shared memory (an RTX 30xx/40xx, A10 or L4 gives 99 KiB), the variant with the most
+    shared memory that fits (its tiles the largest). A CourseError where none fits."""
+    from gpucourse import gpus
+
+    variants, default = mma_variants()
+    have = gpus.shared_memory_per_block(cc)
+    if mma_smem_bytes(d, variants[d][default[d]]) <= have:
+        return default[d]
+    fits = sorted((mma_smem_bytes(d, shape), name) for name, shape in variants[d].items()
+                  if mma_smem_bytes(d, shape) <= have)
+    if not fits:
+        raise runtime.CourseError(gpus.shared_memory_missing(
+            min(mma_smem_bytes(d, shape) for shape in variants[d].values()),
+            what=f"every variant of the mma.sync FlashAttention kernel at head dim {d}", cc=cc))
+    return fits[-1][1]
+
+
 def mma_smem_bytes(d: int, shape: MmaShape) -> int:
     """Shared memory of one block of the mma.sync kernel: Q's tile and ``stages`` tiles each of K and V, every row
     padded from d to d + 8 halves (ldmatrix's eight rows then fall in eight different bank groups)."""
@@ -198,7 +230,7 @@ def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None 
     """FlashAttention forward in FlashAttention-2's shape on mma.sync (sm_80+; kernels/cuda/attention_mma.cu) for
     CuPy float16 arrays of shape (batch, heads, N, d) (or (heads, N, d), (N, d)), d 64 or 128, any N (the last
     tiles are masked): (o, lse) with lse float32. ``variant``: one of mma_variants()[0][d] (default: the source's
-    FLASH_MMA_DEFAULT for d, the kernel flash_mma_d<d>)."""
+    FLASH_MMA_DEFAULT for d, the kernel flash_mma_d<d>, where its shared memory fits the GPU: ``mma_variant``)."""
     from gpucourse import gpus
 
     gpus.step("09.mma")  # before anything else: a GPU without mma.sync's m16n8k16 shape gets one line saying so
@@ -208,6 +240,8 @@ def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None 
     if variant is not None and variant not in variants[D]:
         raise runtime.CourseInputError(f"flash_mma: no variant {variant!r} for head dim {D}; there are "
                                        f"{', '.join(variants[D])}")
+    if variant is None and mma_variant(D) != default[D]:  # the default's tiles do not fit this GPU's shared memory
+        variant = mma_variant(D)
     shape = variants[D][variant or default[D]]  # flash_mma_d<D> is built in its default variant's shape
     name = f"flash_mma_d{D}" + (f"_{variant}" if variant is not None else "") + ("_causal" if causal else "")
     o = cp.empty_like(q)
