@@ -211,7 +211,7 @@ WMMA_TILED(128, 256, 32, 64, 64, 3, half, f16)
 // region: sgemm_register_tiled
 // 256 threads compute a 128 x 128 tile of C, each an 8 x 8 block of it held in 64 registers: per step of
 // k, a thread reads 8 values of A and 8 of B from shared memory and does 64 FMAs with them. Two buffers of
-// BK = 8 slices, one barrier per step, and four details that took it from 0.84 to 0.91 of cuBLAS on an H100:
+// BK = 8 slices, one barrier per step, and four details that count at this level:
 //  - B's next slice goes straight to shared memory with cp.async (no registers, no store instructions); A's
 //    comes through registers (float4) because it is stored transposed (k-major), so a thread's 8 values of A
 //    at one k are two float4 reads. Both arrive while this step is computed.
@@ -221,7 +221,7 @@ WMMA_TILED(128, 256, 32, 64, 64, 3, half, f16)
 //  - A's rows are padded by 4 floats, so the transposed stores of two k's do not fall on the same banks.
 //  - __launch_bounds__(256, 2): at most 128 registers, two blocks (16 warps) per SM to hide latency.
 // At this level the compiler's register allocation counts too: the same statements written in a slightly
-// different order (the prologue's copies, the address arithmetic) compiled to a kernel 9% slower.
+// different order (the prologue's copies, the address arithmetic) compiled to a measurably slower kernel.
 // M, N: multiples of 128; K: a multiple of 8.
 // The kernel, with the details as switches (the course's kernel sets them all): BK, warp tiles, A's padding,
 // B by cp.async.
