@@ -677,6 +677,167 @@ def plot_tradeoff(layers: list, key: str, source: str):
                        source=source, title=f"Memory against speed ({key})", logx=False, logy=True)
 
 
+# ------------------------------------------------------------------------------------ what the notebooks say
+
+def _holds(test) -> bool | None:
+    """test() as True or False; None where the figure lacks what it needs (a GPU without the wgmma rows, an older
+    record, lesson 3's GEMMs not there)."""
+    try:
+        out = test()
+    except (KeyError, IndexError, StopIteration, TypeError, ValueError, ZeroDivisionError):
+        return None
+    return None if out is None else bool(out)
+
+
+def _ms(layers: list, name: str, dtype: str, layout: str) -> list:
+    return [r["median_ms"] for r in rows_named(layers, name, dtype, layout)]
+
+
+def _decreasing(values: list) -> bool:
+    return len(values) > 1 and all(a > b for a, b in zip(values, values[1:]))
+
+
+def reading(layers: list, ceilings: dict) -> list:
+    """What notebook 04 says in words about the tables of its sections 4 to 6, each statement with whether it holds
+    in ``layers`` (a run's or a record's figure "layers"; ``ceilings`` of the same GPU): [(statement, True, False or
+    None)]. Every record holds every statement (a records test asserts it); the notebook checks them on a run beside
+    the record (checked_view), as a GPU shared with other work can break them in a run."""
+    def target(key):
+        return [lt["targets"][key] for lt in layers]
+
+    def cores_ratio_grows():
+        ratios = [t["ratio"] for t in target("direct (CUDA cores) float32 NCHW")]
+        return len(ratios) > 1 and ratios == sorted(ratios)
+
+    def only_wmma_everywhere():
+        every = set.intersection(*({k for k, t in lt["targets"].items() if t["limit"] in (2.0, 5.0) and t["met"]}
+                                   for lt in layers))
+        return every == {"direct (tensor cores) float16 NHWC"}
+
+    def level(name, dtype):
+        times = _ms(layers, name, dtype, "NCHW")
+        return len(times) == len(layers) and max(times) < 1.15 * min(times)
+
+    nhwc, nchw = (_ms(layers, "im2col + cuBLAS FP16 GEMM", "float16", lay) for lay in ("NHWC", "NCHW"))
+    wmma = [t["ratio"] for t in target("direct (tensor cores) float16 NHWC")]
+    return [
+        ("im2col + FP16 GEMM: faster in NHWC than in NCHW on every layer",
+         _holds(lambda: len(nhwc) == len(nchw) == len(layers) and all(a < b for a, b in zip(nhwc, nchw)))),
+        ("im2col + FP16 GEMM: the cols matrix's traffic alone outlasts cuDNN's FP16 NHWC convolution on the two "
+         "larger layers",
+         _holds(lambda: all(cols_matrix_ms(lt, ceilings) > cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
+                            for lt in layers[:2]))),
+        ("im2col + FP16 GEMM, NHWC: closer to cuDNN's fastest on each smaller layer",
+         _holds(lambda: _decreasing([t["ratio"] for t in target("im2col+GEMM float16 NHWC")]))),
+        ("direct on the tensor cores (WMMA): the only kernel of sections 2 and 3 within its target on every layer",
+         _holds(only_wmma_everywhere)),
+        ("direct on the tensor cores (WMMA): furthest from cuDNN on the 14x14 layer",
+         _holds(lambda: len(wmma) > 1 and max(wmma) == wmma[-1])),
+        ("CUDA cores: the implicit GEMM faster than the register-tiled kernel on every layer",
+         _holds(lambda: all(a < b for a, b in zip(_ms(layers, CORES_IGEMM, "float32", "NCHW"),
+                                                  _ms(layers, CORES_DIRECT, "float32", "NCHW"))))),
+        ("CUDA cores: each kernel takes about the same time on every layer (within 15%)",
+         _holds(lambda: level(CORES_IGEMM, "float32") and level(CORES_DIRECT, "float16"))),
+        ("cuDNN's fastest FP32 NCHW algorithm: faster on each deeper layer",
+         _holds(lambda: _decreasing([cudnn_fastest(lt, "float32", "NCHW")["median_ms"] for lt in layers]))),
+        ("CUDA cores, FP32: the time over cuDNN's fastest grows from the first layer to the last",
+         _holds(cores_ratio_grows)),
+        ("cuDNN in FP16: faster in NHWC than in NCHW on every layer",
+         _holds(lambda: all(cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
+                            < cudnn_fastest(lt, "float16", "NCHW")["median_ms"] for lt in layers))),
+        ("cuDNN's Find: its first choice is not the fastest when timed, in at least one table",
+         _holds(lambda: find_agreement(layers)["changed"] >= 1)),
+    ]
+
+
+def wgmma_reading(layers: list, gemms: dict | None, ceilings: dict) -> list:
+    """What notebook 04's deep dive says in words, each statement with whether it holds in ``layers`` (a run's or a
+    record's figure "layers"), ``gemms`` (lesson 3's figure "wgmma" on the same GPU, or None) and ``ceilings``:
+    [(statement, True, False or None)], None where the figures lack it (no wgmma on this GPU, no lesson-3 GEMMs).
+    Every Hopper record holds every statement (a records test asserts it)."""
+    gap = tensor_core_gap(layers, gemms)
+    modes = [im2col_mode(lt) for lt in layers]
+
+    def wgmma_everywhere():
+        ts = [(lt["targets"]["direct (wgmma) float16 NHWC"], lt["targets"]["direct (tensor cores) float16 NHWC"])
+              for lt in layers]
+        return all(t["met"] and t["ratio"] < w["ratio"] for t, w in ts)
+
+    def winograd_above_sgemm():
+        fma = [cudnn_fastest_math(lt, "float32", "NCHW", "fma") for lt in layers]
+        return any(r["algo"].startswith("WINOGRAD") and r["tflops"] > ceilings["fp32_tflops"] for r in fma)
+
+    def fp16_gains_little():
+        f16, f32 = _ms(layers, CORES_DIRECT, "float16", "NCHW"), _ms(layers, CORES_DIRECT, "float32", "NCHW")
+        return len(f16) == len(f32) == len(layers) and all(a >= 0.85 * b for a, b in zip(f16, f32))
+
+    def lesson3(test):
+        return None if not gap or gap[0]["wmma_tflops"] is None else test()
+
+    return [
+        ("WMMA convolution: at most about half the rate of lesson 3's WMMA GEMM on every layer",
+         _holds(lambda: lesson3(lambda: all(g["conv_of_wmma"] < 0.55 for g in gap)))),
+        ("lesson 3's WMMA GEMM: less than half of cuBLAS",
+         _holds(lambda: lesson3(lambda: gap[0]["wmma_tflops"] < 0.5 * gap[0]["gemm_cublas_tflops"]))),
+        ("1.5x of cuDNN asks more than 0.8 of the WMMA GEMM's rate on the 28x28 and 14x14 layers",
+         _holds(lambda: lesson3(lambda: len(gap) > 1 and all(g["needed_of_wmma"] > 0.8 for g in gap[1:])))),
+        ("cuDNN in FP16 NHWC: faster than cuBLAS on the layer's own GEMM on the 56x56 and 28x28 layers",
+         _holds(lambda: all(g["cudnn_tflops"] > g["layer_gemm_tflops"] for g in gap[:2]))),
+        ("wgmma convolution: within 1.5x of cuDNN, and faster than the WMMA one, on every layer",
+         _holds(wgmma_everywhere)),
+        ("TMA im2col mode: faster than the best box on the 56x56 layer",
+         _holds(lambda: modes[0]["box_over_i2c"] > 1)),
+        ("TMA im2col mode: within 10% of the best box, either way, on the 28x28 and 14x14 layers",
+         _holds(lambda: len(modes) > 1 and all(0.9 <= m["box_over_i2c"] <= 1.1 for m in modes[1:]))),
+        ("im2col + FP16 GEMM: the cols matrix's traffic alone outlasts cuDNN's FP16 NHWC convolution on the two "
+         "larger layers",
+         _holds(lambda: all(cols_matrix_ms(lt, ceilings) > cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
+                            for lt in layers[:2]))),
+        ("CUDA cores, strict FP32: slower than cuDNN's fastest FP32 algorithm (TF32) on every layer",
+         _holds(lambda: all(t["ratio"] > 1 for t in (lt["targets"]["direct (CUDA cores) float32 NCHW"]
+                                                     for lt in layers)))),
+        ("cuDNN, strict FP32: a Winograd algorithm fastest on some layer, above the SGEMM ceiling",
+         _holds(winograd_above_sgemm)),
+        ("register-tiled kernel: FP16 data at most 15% faster than FP32 on every layer", _holds(fp16_gains_little)),
+    ]
+
+
+def checked_view(layers: list, ceilings: dict, source: str, *, gemms: dict | None = None,
+                 deep_dive: bool = False) -> plots.Table:
+    """The statements of notebook 04 (``deep_dive``: of its deep dive, read with lesson 3's ``gemms``) checked on the
+    figures the notebook shows (``source``: their label) and, where those were measured here, on the record of this
+    GPU beside them (the newest record where this GPU has none): what a run on a busy GPU breaks shows as a "NO" in
+    the run's column only."""
+    from gpucourse import records
+
+    def read(lay, ceil, gem):
+        return wgmma_reading(lay, gem, ceil) if deep_dive else reading(lay, ceil)
+
+    here = runtime.is_gpu() and source.startswith("measured here")
+    checks = {"this run" if here else "the record": read(layers, ceilings, gemms)}
+    sources = [f"{'this run' if here else 'the record'}: {source}"]
+    if here:
+        recs = [r for r in records.all_records(LESSON) if "layers" in r["figures"]]
+        mine = [r for r in recs if records.slug(r["gpu"]["name"]) == records.slug(runtime.get().device["name"])]
+        rec = (mine or recs or [None])[-1]
+        if rec is not None:
+            gemm_rec = records.latest(GEMM_LESSON, rec["gpu"]["name"]) if deep_dive else None
+            checks["the record"] = read(rec["figures"]["layers"], rec["ceilings"],
+                                        (gemm_rec or {}).get("figures", {}).get("wgmma"))
+            sources.append(f"the record: {records.label(rec, 'layers')}")
+    return reading_view(checks, source="; ".join(sources))
+
+
+def reading_view(checks: dict, title: str = "What the text says, checked", source: str = "") -> plots.Table:
+    """Statements and whether each holds, one column per source: ``checks`` {label: reading(...) or
+    wgmma_reading(...)}, the labels in the header ("this run", "the record"); "-" where a figure lacks it."""
+    labels = list(checks)
+    word = {True: "yes", False: "NO", None: "-"}
+    rows = [[statement, *(word[checks[label][i][1]] for label in labels)]
+            for i, (statement, _) in enumerate(checks[labels[0]])]
+    return plots.table(["statement", *labels], rows, title=title, source=source, align="l" + "l" * len(labels))
+
+
 # ------------------------------------------------------------------------------------ the registry
 
 FIGURES = {

@@ -1008,3 +1008,63 @@ def test_recorded_claims_of_the_deep_dive_hold_on_every_hopper_record():
             rows = {(r["name"], r["dtype"]): r for r in lt["rows"] if r["layout"] == "NCHW"}
             assert rows[lesson.CORES_DIRECT, "float16"]["median_ms"] >= 0.85 * rows[lesson.CORES_DIRECT, "float32"][
                 "median_ms"], (where, lt["name"])
+
+
+def test_recorded_statements_the_notebooks_check_hold_on_every_record():
+    """What notebook 04 checks beside a run (lesson.reading, printed by checked_view) holds in every record of lesson
+    4, and what its deep dive checks (lesson.wgmma_reading) in every Hopper record, read with lesson 3's GEMMs of the
+    same GPU: a "NO" in a notebook can come only from the run, never from the record beside it."""
+    lesson = bench_lesson()
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 4")
+    for rec in recs:
+        layers = rec["figures"]["layers"]
+        failed = [s for s, holds in lesson.reading(layers, rec["ceilings"]) if holds is not True]
+        assert not failed, (rec["path"], failed)
+        if rec["gpu"].get("compute_capability") == "9.0":
+            gemm = records.latest(lesson.GEMM_LESSON, rec["gpu"]["name"])
+            assert gemm is not None, rec["path"]
+            failed = [s for s, holds in lesson.wgmma_reading(layers, gemm["figures"]["wgmma"], rec["ceilings"])
+                      if holds is not True]
+            assert not failed, (rec["path"], failed)
+
+
+def test_the_checked_statements_say_what_a_figure_lacks(monkeypatch):
+    """Read on a figure without the wgmma rows (a GPU below compute capability 9.0) and without lesson 3's GEMMs, the
+    deep dive's statements about them are "-", not "NO"; a statement a figure breaks is "NO"; in CPU mode the table
+    has one column, the record's, labelled; beside a figure measured here, a second column reads the record of this
+    GPU."""
+    import copy
+
+    lesson = bench_lesson()
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no record of lesson 4")
+    layers = copy.deepcopy(rec["figures"]["layers"])
+    for lt in layers:
+        lt["rows"] = [r for r in lt["rows"] if r["name"] != lesson.TC_WGMMA]
+        lt["targets"] = {k: t for k, t in lt["targets"].items() if "wgmma" not in k}
+    deep = dict(lesson.wgmma_reading(layers, None, rec["ceilings"]))
+    assert deep["wgmma convolution: within 1.5x of cuDNN, and faster than the WMMA one, on every layer"] is None
+    assert deep["TMA im2col mode: faster than the best box on the 56x56 layer"] is None
+    assert deep["lesson 3's WMMA GEMM: less than half of cuBLAS"] is None
+    assert deep["cuDNN, strict FP32: a Winograd algorithm fastest on some layer, above the SGEMM ceiling"] is True
+    slow = copy.deepcopy(rec["figures"]["layers"])  # a run on a busy GPU: one row several times slower
+    row = next(r for r in slow[1]["rows"] if r["name"] == lesson.CORES_IGEMM and r["dtype"] == "float32")
+    row["median_ms"] *= 4
+    read = dict(lesson.reading(slow, rec["ceilings"]))
+    assert read["CUDA cores: the implicit GEMM faster than the register-tiled kernel on every layer"] is False
+    view = lesson.reading_view({"this run": lesson.reading(slow, rec["ceilings"]),
+                                "the record": lesson.reading(rec["figures"]["layers"], rec["ceilings"])})
+    assert view.header == ["statement", "this run", "the record"]
+    assert ["NO", "yes"] in [r[1:] for r in view.rows] and all(r[2] == "yes" for r in view.rows)
+    shown = lesson.checked_view(rec["figures"]["layers"], rec["ceilings"], records.label(rec))
+    assert shown.header == ["statement", "the record"] and records.label(rec) in shown.source
+    monkeypatch.setattr(runtime, "is_gpu", lambda: True)  # as on a GPU: this run's figure beside the record of this GPU
+    monkeypatch.setattr(runtime, "get", lambda: type("Rt", (), {"device": {"name": rec["gpu"]["name"]}})())
+    for deep in (False, True):
+        shown = lesson.checked_view(slow, rec["ceilings"], f"measured here on {rec['gpu']['name']}", deep_dive=deep,
+                                    gemms=records.latest(lesson.GEMM_LESSON, rec["gpu"]["name"])["figures"]["wgmma"])
+        assert shown.header == ["statement", "this run", "the record"], deep
+        assert records.label(rec, "layers") in shown.source and all(r[2] == "yes" for r in shown.rows), deep
