@@ -787,6 +787,31 @@ def test_recorded_what_the_lesson_says_of_the_allreduce():
                 assert min(times) > 5 * model["copy-add"], (where, n)
 
 
+def test_recorded_the_allreduce_grows_with_its_bytes():
+    """Notebook 06's summary, on every record that holds two ring sizes: at the largest N the all-reduce's time grows
+    from one ring size to the next as its bytes per GPU do, 2 (k - 1) / k N (N on two GPUs, 1.5 N on four), within
+    a sixth, for NCCL and every version of the course's ring."""
+    by_rec = {}
+    for rec, k, e in _recorded_entries():
+        by_rec.setdefault(rec["path"], {})[k] = e
+    pairs = 0
+    for path, entries in by_rec.items():
+        ks = sorted(entries)
+        for a, b in zip(ks, ks[1:]):
+            ea, eb = entries[a], entries[b]
+            n = max(ea["allreduce"]["N"])
+            ia, ib = ea["allreduce"]["N"].index(n), eb["allreduce"]["N"].index(n)
+            times_a = {v: t[ia] for v, (_, t, _) in lesson.allreduce_times(ea).items()}
+            times_b = {v: t[ib] for v, (_, t, _) in lesson.allreduce_times(eb).items()}
+            times_a["NCCL"], times_b["NCCL"] = ea["allreduce"]["nccl_ms"][ia], eb["allreduce"]["nccl_ms"][ib]
+            bytes_ratio = (2 * (b - 1) / b) / (2 * (a - 1) / a)
+            for v in times_a.keys() & times_b.keys():
+                pairs += 1
+                assert abs(times_b[v] / times_a[v] / bytes_ratio - 1) < 1 / 6, (path, v, a, b, times_b[v] / times_a[v])
+    if not pairs:
+        pytest.skip("no record holds two ring sizes")
+
+
 def test_recorded_what_the_deep_dive_says_at_scale():
     """The deep dive's cluster model, with each record's fitted NVLink and the published network figures: close to
     the published bus bandwidth in one node and across two, and at 248 nodes only the tree near what that cluster

@@ -784,6 +784,7 @@ def test_recorded_field_meets_the_triton_and_sm80_goals():
             where = (rec["gpu"]["name"], q["N"], q["causal"])
             assert q["Triton / FlashAttention-2"] >= B.GOALS["triton_fwd_of_fa2"], where
             assert q["Triton bwd / fastest"] >= B.GOALS["bwd_of_fastest"], where
+            assert q["Triton bwd / fastest"] <= 0.9, where  # notebook 09: "about three quarters" of the fastest
             assert q["best sm_80 kernel / fastest"] >= B.GOALS["sm80_of_fastest"], where
 
 
@@ -808,17 +809,44 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
             assert 0.45 <= q[f"{B.MMA_NAME} / fastest"] <= 0.6, where
 
 
+def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
+    """The deep dive's table of the Hopper kernel's orders against the fastest backend, read over every record:
+    pipelined is faster than serial at every N; ahead is never more than a hundredth faster than serial; Q in
+    registers is the fastest order in every column and the only one at or above the fastest backend in all of them;
+    ping-pong alone is under it at N = 16k causal (the lesson learned: Q in registers took that run to cuDNN's
+    speed)."""
+    from benchmarks import attention as B
+
+    for rec in _field_records():
+        qs = B.ratios(rec["figures"]["field"])
+        orders = {k.split()[1]: k for k in qs[0] if k.startswith("wgmma ") and k.endswith(" / fastest")}
+        assert set(orders) == {"serial", "ahead", "pipelined", "pingpong", "qregs"}, (rec["gpu"]["name"], orders)
+        for q in qs:
+            where = (rec["gpu"]["name"], q["N"], q["causal"])
+            r = {name: q[key] for name, key in orders.items()}
+            assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.01, (where, r)
+            assert max(r, key=r.get) == "qregs" and r["qregs"] >= 1.0, (where, r)
+            if (q["N"], q["causal"]) == (16384, True):
+                assert r["pingpong"] < 1.0, (where, r)
+        for name in set(orders) - {"qregs"}:
+            assert min(q[orders[name]] for q in qs) < 1.0, (rec["gpu"]["name"], name)
+
+
 def test_recorded_softmax_reaches_the_copy_and_three_passes_fall_off():
-    """Notebook 09, section 1: in every record, the fastest one-pass kernel meets its goal (>= 0.9x the copy of the
-    same bytes from rows of 4k) in both precisions and is faster than torch.softmax at every row length; the CUDA C
-    three-pass kernel is slower on rows of 16k and 32k than on rows of 4k (its second and third reads of a long row
-    miss the L2 cache); numba's kernels stay well below the copy (under 0.7x)."""
+    """Notebook 09, section 1: in every record, the copy of the same bytes reads about the same at every row length
+    (the GPU ran nothing else); the fastest one-pass kernel meets its goal (>= 0.9x the copy from rows of 4k) in both
+    precisions, is faster than torch.softmax at every row length and well ahead (1.2x or more) on rows of 4k and 8k;
+    the CUDA C three-pass kernel is slower on rows of 16k and 32k than on rows of 4k (its second and third reads of a
+    long row miss the L2 cache); numba's kernels stay well below the copy (under 0.7x)."""
     from benchmarks import attention as B
 
     for rec in records_of("softmax"):
         t = rec["figures"]["softmax"]
         for dtype, r in B.softmax_ratios(t).items():
+            assert max(r["copy_gbps"]) < 1.05 * min(r["copy_gbps"]), (rec["gpu"]["name"], dtype, r["copy_gbps"])
             assert r["goal_met"], (rec["gpu"]["name"], dtype, r["of_copy"])
+            ahead = dict(zip(t["lengths"], r["of_torch"]))
+            assert ahead[4096] >= 1.2 and ahead[8192] >= 1.2, (rec["gpu"]["name"], dtype, ahead)
             three = dict(zip(t["lengths"], t["dtypes"][dtype]["CUDA C, three passes"]))
             assert three[16384] < 0.8 * three[4096] and three[32768] < 0.8 * three[4096], (rec["gpu"]["name"], dtype)
             assert min(r["of_torch"]) > 1.0, (rec["gpu"]["name"], dtype, r["of_torch"])
@@ -874,8 +902,8 @@ def records_of(figure: str) -> list:
 
 
 def test_recorded_flash_memory_is_what_it_must_hold():
-    """The goal in every record, and what notebook 09 says of its table: each kernel's peak reads 1.000 times what
-    it must hold (Q + K + V + O + lse), nothing else allocated."""
+    """The goal in every record (what notebook 09 says of its table: within the goal), and more: each kernel's peak
+    reads 1.000 times what it must hold (Q + K + V + O + lse), nothing else allocated."""
     from benchmarks import attention as B
 
     for rec in _field_records():
