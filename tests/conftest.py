@@ -52,30 +52,11 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    parallel = config.pluginmanager.hasplugin("xdist")
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(gpu_only)
         if item.name.startswith(("test_recorded", "test_committed_records")):  # checks of results/, not of code
             item.add_marker(pytest.mark.records)
-        if parallel and item.get_closest_marker("slow"):
-            shared = _shared_fixture_home(item)
-            if shared:
-                item.add_marker(pytest.mark.xdist_group(shared))
-
-
-def _shared_fixture_home(item) -> str | None:
-    """The test file whose module- or class-scoped fixture ``item`` uses, or None. Under pytest-xdist's --dist
-    loadgroup (make test, make test-fast) the slow tests sharing one (a graded class of notebooks, the JupyterHub
-    with its users) run in one worker, so that fixture is built once, as without xdist. The other tests go to
-    whichever worker is free: their shared fixtures (a model, a calibration) take seconds, and a worker builds its
-    own rather than hold a whole file of tests to itself."""
-    info = getattr(item, "_fixtureinfo", None)
-    for defs in (info.name2fixturedefs.values() if info else ()):
-        for d in defs:
-            if d.scope != "function" and d.baseid:  # "" for pytest's own (tmp_path_factory, ...)
-                return d.baseid.split("::")[0]
-    return None
 
 
 @pytest.fixture

@@ -142,7 +142,7 @@ def install_and_run_lesson_1(block: str, work: Path) -> dict:
     for kind, what in parse(block):
         t0 = time.monotonic()
         if kind == "shell":
-            command = CLONE_URL.sub(f"file://{ROOT}", what)  # this checkout, as committed
+            command = CLONE_URL.sub(lambda m: shlex.quote(f"file://{ROOT}"), what)  # this checkout, as committed
             _run(["bash", "-c", command], cwd=work, env=env, timeout=600, what=f"!{command}")
             seconds.setdefault("shell", 0.0)
             seconds["shell"] += time.monotonic() - t0
