@@ -175,7 +175,8 @@ def _stem_spec(x, w, b, pad):
 def test_the_fused_stem_is_the_convolution_then_the_pool(calibrated, precision):
     """ResNet-50's stem and its max pool are one step in every plan but FP32's (one kernel on a GPU): it writes the
     pool's output, quantised with the pool's scale in INT8 and FP8, and neither the input nor the convolution's
-    output gets a buffer. In FP16 it writes exactly what the unfused plan's pool writes."""
+    output gets a buffer. In FP16 it writes what the unfused plan's pool writes (to the last bit, but for a rare
+    value a float32 sum in another order rounds to the neighbouring FP16)."""
     from kernels.inference_engine.precision import from_e4m3
 
     g, x = calibrated
@@ -203,7 +204,12 @@ def test_the_fused_stem_is_the_convolution_then_the_pool(calibrated, precision):
         ref._x = x[:2]
         for s in unfused.steps[:3]:
             ref.run_step(s["id"], 2)
-        np.testing.assert_array_equal(eng._view(stem["dst"], 2), ref._view(unfused.steps[2]["dst"], 2))
+        # the same FP16 values, but for the rare one a float32 sum in another order (NumPy's BLAS blocks the fused
+        # step's product and the unfused convolution's differently, and its blocking depends on the CPU) rounds to
+        # the neighbouring FP16
+        fused, unfused_out = eng._view(stem["dst"], 2), ref._view(unfused.steps[2]["dst"], 2)
+        ulps = np.abs(fused.view(np.int16).astype(np.int32) - unfused_out.view(np.int16).astype(np.int32))
+        assert ulps.max() <= 1 and np.mean(ulps != 0) < 1e-3, (ulps.max(), np.mean(ulps != 0))
     elif precision == "int8":
         diff = np.abs(got - np.clip(np.rint(want * stem["inv_scale"]), -127, 127))
         assert diff.max() <= 1 and diff.mean() < 1e-2
