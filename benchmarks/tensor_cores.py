@@ -91,7 +91,7 @@ def _out_of(o: dict, name: str, precision: str):
 def kernel_table(n: int | None = None, *, config: str | None = None, config16: str | None = None,
                  repeats: int = 10) -> dict:
     """Every GEMM of the lesson on n x n x n, in TFLOP/s, each checked against cuBLAS before it is timed.
-    FP32 rows are compared with cuBLAS FP32, tensor-core rows with cuBLAS FP16."""
+    FP32-input rows (TF32 among them) are compared with cuBLAS FP32, FP16-input rows with cuBLAS FP16."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.n")
     config = config or tc.default_tiled("float32")
