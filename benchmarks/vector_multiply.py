@@ -267,7 +267,8 @@ def kernels_table(table: dict, source: str):
     rows = [(r["name"], bench.format_ms(r["median_ms"]), round(r["gbps"]), f"{r['of_copy']:.2f}",
              f"{r['of_library']:.2f}") for r in table["rows"]]
     return plots.table(["kernel", "median", "GB/s", "of copy", "of cupy"], rows, source=source,
-                       title=f"Vector multiply, 2 x {table['n'] * 4 / 2**30:.0f} GiB float32 (bytes read + written)")
+                       title=f"Vector multiply, 2 x {table['n'] * 4 / 2**30:.0f} GiB float32 (bytes read + written); "
+                             "every result checked equal to a * b")
 
 
 def table_text(table: dict) -> str:
