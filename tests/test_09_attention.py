@@ -836,8 +836,8 @@ def test_recorded_softmax_reaches_the_copy_and_three_passes_fall_off():
     """Notebook 09, section 1: in every record, the copy of the same bytes reads about the same at every row length
     (the GPU ran nothing else); the fastest one-pass kernel meets its goal (>= 0.9x the copy from rows of 4k) in both
     precisions, is faster than torch.softmax at every row length and well ahead (1.2x or more) on rows of 4k and 8k;
-    the CUDA C three-pass kernel is slower on rows of 16k and 32k than on rows of 4k (its second and third reads of a
-    long row miss the L2 cache); numba's kernels stay well below the copy (under 0.7x)."""
+    the CUDA C three-pass kernel is slower on every row of 32 KiB or more than on rows of 4k (its second and third
+    reads of a long row miss the L2 cache); numba's kernels stay well below the copy (under 0.7x)."""
     from benchmarks import attention as B
 
     for rec in records_of("softmax"):
@@ -848,7 +848,10 @@ def test_recorded_softmax_reaches_the_copy_and_three_passes_fall_off():
             ahead = dict(zip(t["lengths"], r["of_torch"]))
             assert ahead[4096] >= 1.2 and ahead[8192] >= 1.2, (rec["gpu"]["name"], dtype, ahead)
             three = dict(zip(t["lengths"], t["dtypes"][dtype]["CUDA C, three passes"]))
-            assert three[16384] < 0.8 * three[4096] and three[32768] < 0.8 * three[4096], (rec["gpu"]["name"], dtype)
+            size = 4 if dtype == "float32" else 2
+            for n in t["lengths"]:  # "slows down once a row reaches 32 KiB (8k elements in FP32, 16k in FP16)"
+                if n * size >= 32 * 1024:
+                    assert three[n] < 0.8 * three[4096], (rec["gpu"]["name"], dtype, n)
             assert min(r["of_torch"]) > 1.0, (rec["gpu"]["name"], dtype, r["of_torch"])
             for name in ("numba, three passes", "numba, online"):
                 assert all(g < 0.7 * c for g, c in zip(t["dtypes"][dtype][name], r["copy_gbps"])), (name, dtype)
