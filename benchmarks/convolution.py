@@ -697,6 +697,14 @@ def _decreasing(values: list) -> bool:
     return len(values) > 1 and all(a > b for a, b in zip(values, values[1:]))
 
 
+def _cols_outlast_cudnn(layers: list, ceilings: dict) -> tuple:
+    """The statement the core notebook and its deep dive both make about im2col's cols matrix, and whether it holds."""
+    return ("im2col + FP16 GEMM: the cols matrix's traffic alone outlasts cuDNN's FP16 NHWC convolution on the two "
+            "larger layers",
+            _holds(lambda: all(cols_matrix_ms(lt, ceilings) > cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
+                               for lt in layers[:2])))
+
+
 def reading(layers: list, ceilings: dict) -> list:
     """What notebook 04 says in words about the tables of its sections 4 to 6, each statement with whether it holds
     in ``layers`` (a run's or a record's figure "layers"; ``ceilings`` of the same GPU): [(statement, True, False or
@@ -723,10 +731,7 @@ def reading(layers: list, ceilings: dict) -> list:
     return [
         ("im2col + FP16 GEMM: faster in NHWC than in NCHW on every layer",
          _holds(lambda: len(nhwc) == len(nchw) == len(layers) and all(a < b for a, b in zip(nhwc, nchw)))),
-        ("im2col + FP16 GEMM: the cols matrix's traffic alone outlasts cuDNN's FP16 NHWC convolution on the two "
-         "larger layers",
-         _holds(lambda: all(cols_matrix_ms(lt, ceilings) > cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
-                            for lt in layers[:2]))),
+        _cols_outlast_cudnn(layers, ceilings),
         ("im2col + FP16 GEMM, NHWC: closer to cuDNN's fastest on each smaller layer",
          _holds(lambda: _decreasing([t["ratio"] for t in target("im2col+GEMM float16 NHWC")]))),
         ("direct on the tensor cores (WMMA): the only kernel of sections 2 and 3 within its target on every layer",
@@ -789,10 +794,7 @@ def wgmma_reading(layers: list, gemms: dict | None, ceilings: dict) -> list:
          _holds(lambda: modes[0]["box_over_i2c"] > 1)),
         ("TMA im2col mode: within 10% of the best box, either way, on the 28x28 and 14x14 layers",
          _holds(lambda: len(modes) > 1 and all(0.9 <= m["box_over_i2c"] <= 1.1 for m in modes[1:]))),
-        ("im2col + FP16 GEMM: the cols matrix's traffic alone outlasts cuDNN's FP16 NHWC convolution on the two "
-         "larger layers",
-         _holds(lambda: all(cols_matrix_ms(lt, ceilings) > cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
-                            for lt in layers[:2]))),
+        _cols_outlast_cudnn(layers, ceilings),
         ("CUDA cores, strict FP32: slower than cuDNN's fastest FP32 algorithm (TF32) on every layer",
          _holds(lambda: all(t["ratio"] > 1 for t in (lt["targets"]["direct (CUDA cores) float32 NCHW"]
                                                      for lt in layers)))),

@@ -240,8 +240,8 @@ def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None 
     if variant is not None and variant not in variants[D]:
         raise runtime.CourseInputError(f"flash_mma: no variant {variant!r} for head dim {D}; there are "
                                        f"{', '.join(variants[D])}")
-    if variant is None and mma_variant(D) != default[D]:  # the default's tiles do not fit this GPU's shared memory
-        variant = mma_variant(D)
+    if variant is None and (fits := mma_variant(D)) != default[D]:  # the default's tiles do not fit this GPU
+        variant = fits
     shape = variants[D][variant or default[D]]  # flash_mma_d<D> is built in its default variant's shape
     name = f"flash_mma_d{D}" + (f"_{variant}" if variant is not None else "") + ("_causal" if causal else "")
     o = cp.empty_like(q)
