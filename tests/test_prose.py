@@ -142,6 +142,63 @@ def test_every_figure_typed_into_the_prose_is_a_declared_constant(path):
     assert not stale, f"declared constants the prose no longer uses: {sorted(stale)}"
 
 
+# A constant's source names the value in code it states as a dotted path from the repository's packages, with
+# subscripts: benchmarks.attention.GOALS['softmax_of_copy']. A goal must name one; every one named is checked.
+CODE_REF = re.compile(r"\b(?:benchmarks|kernels|gpucourse)(?:\.\w+)+(?:\[(?:'[^'\]]+'|\"[^\"\]]+\"|\d+)\])*")
+
+
+def code_value(ref: str):
+    """The value ``ref`` (a CODE_REF) names: the longest importable module prefix, then attributes and subscripts."""
+    import ast
+    import importlib
+
+    path, subs = re.match(r"([\w.]+)((?:\[.*\])*)$", ref).groups()
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            value = getattr(value, name)
+        for key in re.findall(r"\[([^\]]+)\]", subs):
+            value = value[ast.literal_eval(key)]
+        return value
+    raise ImportError(ref)
+
+
+def written_value(figure: str) -> float:
+    """The number a figure as written states: "0.9x" -> 0.9, "90%" -> 0.9, "4 ms" -> 4."""
+    number = float(re.match(NUMBER, figure).group(0).replace(",", ""))
+    return number / 100 if figure.rstrip().endswith("%") else number
+
+
+@pytest.mark.parametrize("path", CORE + DEEP, ids=rel)
+def test_every_declared_goal_is_the_value_in_code_it_names(path):
+    """A goal typed into the prose ("the goal is 0.9x of the copy") is the value the code holds: each declared goal
+    names that value (benchmarks.attention.GOALS['softmax_of_copy']), and every value a constant names is the
+    number its figure writes."""
+    unnamed, wrong = [], []
+    for figure, source in constants(path).items():
+        refs = CODE_REF.findall(str(source))
+        if str(source).startswith("goal:") and not refs:
+            unnamed.append(figure)
+        for ref in refs:
+            value = code_value(ref)
+            if not isinstance(value, (int, float)) or abs(written_value(figure) - value) > 1e-9 * max(1, abs(value)):
+                wrong.append(f"{figure!r} but {ref} = {value!r}")
+    assert not unnamed, f"name the value in code each goal states (e.g. benchmarks.lesson.GOALS['key']): {unnamed}"
+    assert not wrong, "the prose declares a figure the code no longer holds: " + "; ".join(wrong)
+
+
+def test_the_goal_check_reads_the_code():
+    assert code_value("benchmarks.attention.GOALS['softmax_of_copy']") is __import__("benchmarks.attention").attention\
+        .GOALS["softmax_of_copy"]
+    assert written_value("90%") == 0.9 and written_value("0.9x") == 0.9 and written_value("1,000 cycles") == 1000
+    assert CODE_REF.findall("goal: x (benchmarks.training.GOALS['mixed_speedup'], see benchmarks/training.py)") == \
+        ["benchmarks.training.GOALS['mixed_speedup']"]
+
+
 def test_the_figure_finder_finds_measurements_and_not_shapes():
     text = ("It ran at 3,400 GB/s, 0.97x cuBLAS, 1.3x faster, 80 µs, 11% busy, 742 TFLOP/s and 1,000 cycles; "
             "16x16 tiles, a 3 x 3 filter, `2.5x` in code, sm_90a, 2 GiB vectors, 4x4x4 per clock.")
