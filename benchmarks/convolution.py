@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpucourse.records import Figure
-from gpucourse import bench, gpus, plots, runtime
+from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import convolution as cv
 from systems.convolution import cudnn
 
@@ -681,14 +681,7 @@ def plot_tradeoff(layers: list, key: str, source: str):
 
 # ------------------------------------------------------------------------------------ what the notebooks say
 
-def _holds(test) -> bool | None:
-    """test() as True or False; None where the figure lacks what it needs (a GPU without the wgmma rows, an older
-    record, lesson 3's GEMMs not there)."""
-    try:
-        out = test()
-    except (KeyError, IndexError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return None if out is None else bool(out)
+_holds = claims.holds  # one place for the idea: gpucourse/claims.py
 
 
 def _ms(layers: list, name: str, dtype: str, layout: str) -> list:
@@ -833,13 +826,8 @@ def checked_view(layers: list, ceilings: dict, source: str, *, gemms: dict | Non
 
 
 def reading_view(checks: dict, title: str = "What the text says, checked", source: str = "") -> plots.Table:
-    """Statements and whether each holds, one column per source: ``checks`` {label: reading(...) or
-    wgmma_reading(...)}, the labels in the header ("this run", "the record"); "-" where a figure lacks it."""
-    labels = list(checks)
-    word = {True: "yes", False: "NO", None: "-"}
-    rows = [[statement, *(word[checks[label][i][1]] for label in labels)]
-            for i, (statement, _) in enumerate(checks[labels[0]])]
-    return plots.table(["statement", *labels], rows, title=title, source=source, align="l" + "l" * len(labels))
+    """Statements and whether each holds, one column per source (gpucourse.claims.view)."""
+    return claims.view(checks, title, source)
 
 
 # ------------------------------------------------------------------------------------ the registry
