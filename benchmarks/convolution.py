@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpucourse.records import Figure
-from gpucourse import bench, gpus, plots, runtime
+from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import convolution as cv
 from systems.convolution import cudnn
 
@@ -25,6 +25,8 @@ TC_DIRECT = "CUDA C direct on tensor cores (implicit GEMM)"  # WMMA, FP16 NHWC
 TC_WGMMA = "CUDA C direct on tensor cores (wgmma + TMA)"  # Hopper only (sm_90a), FP16 NHWC
 GEMM_LESSON = "03_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
 TC_GOAL = 1.5  # the FP16 NHWC direct convolution on the tensor cores within this factor of cuDNN's fastest
+GEMM_GOAL = 2.0  # im2col + a tensor-core GEMM (TF32 for FP32 data, FP16) within this factor of cuDNN's fastest
+DIRECT_GOAL = 5.0  # a CUDA C direct kernel within this factor of cuDNN's fastest
 
 
 def _precision(dtype: str, math_: str) -> str:
@@ -276,14 +278,14 @@ def targets(rows: list) -> dict:
                                                                  "met": r["of_cudnn_fastest"] <= TC_GOAL}
             continue
         if r["kind"] == "im2col" and r["precision"] in ("tf32", "float16"):
-            out[f"im2col+GEMM {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": 2.0,
-                                                              "met": r["of_cudnn_fastest"] <= 2.0}
+            out[f"im2col+GEMM {r['dtype']} {r['layout']}"] = {"ratio": r["of_cudnn_fastest"], "limit": GEMM_GOAL,
+                                                              "met": r["of_cudnn_fastest"] <= GEMM_GOAL}
         if r["kind"] == "direct" and r["name"] in (CORES_DIRECT, CORES_IGEMM, TC_DIRECT):
             how = "tensor cores" if r["name"] == TC_DIRECT else "CUDA cores"
             key = f"direct ({how}) {r['dtype']} {r['layout']}"
             if key in out and out[key]["ratio"] <= r["of_cudnn_fastest"]:
                 continue
-            out[key] = {"ratio": r["of_cudnn_fastest"], "limit": 5.0, "met": r["of_cudnn_fastest"] <= 5.0,
+            out[key] = {"ratio": r["of_cudnn_fastest"], "limit": DIRECT_GOAL, "met": r["of_cudnn_fastest"] <= DIRECT_GOAL,
                         "kernel": r["name"]}
     return out
 
@@ -679,14 +681,7 @@ def plot_tradeoff(layers: list, key: str, source: str):
 
 # ------------------------------------------------------------------------------------ what the notebooks say
 
-def _holds(test) -> bool | None:
-    """test() as True or False; None where the figure lacks what it needs (a GPU without the wgmma rows, an older
-    record, lesson 3's GEMMs not there)."""
-    try:
-        out = test()
-    except (KeyError, IndexError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return None if out is None else bool(out)
+_holds = claims.holds  # one place for the idea: gpucourse/claims.py
 
 
 def _ms(layers: list, name: str, dtype: str, layout: str) -> list:
@@ -718,7 +713,7 @@ def reading(layers: list, ceilings: dict) -> list:
         return len(ratios) > 1 and ratios == sorted(ratios)
 
     def only_wmma_everywhere():
-        every = set.intersection(*({k for k, t in lt["targets"].items() if t["limit"] in (2.0, 5.0) and t["met"]}
+        every = set.intersection(*({k for k, t in lt["targets"].items() if t["limit"] in (GEMM_GOAL, DIRECT_GOAL) and t["met"]}
                                    for lt in layers))
         return every == {"direct (tensor cores) float16 NHWC"}
 
@@ -831,13 +826,8 @@ def checked_view(layers: list, ceilings: dict, source: str, *, gemms: dict | Non
 
 
 def reading_view(checks: dict, title: str = "What the text says, checked", source: str = "") -> plots.Table:
-    """Statements and whether each holds, one column per source: ``checks`` {label: reading(...) or
-    wgmma_reading(...)}, the labels in the header ("this run", "the record"); "-" where a figure lacks it."""
-    labels = list(checks)
-    word = {True: "yes", False: "NO", None: "-"}
-    rows = [[statement, *(word[checks[label][i][1]] for label in labels)]
-            for i, (statement, _) in enumerate(checks[labels[0]])]
-    return plots.table(["statement", *labels], rows, title=title, source=source, align="l" + "l" * len(labels))
+    """Statements and whether each holds, one column per source (gpucourse.claims.view)."""
+    return claims.view(checks, title, source)
 
 
 # ------------------------------------------------------------------------------------ the registry

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from gpucourse.records import Figure
-from gpucourse import bench, plots, runtime
+from gpucourse import bench, claims, plots, runtime
 from kernels import vector_multiply as vm
 
 LESSON = "01_vector_multiply"
@@ -269,6 +269,34 @@ def kernels_table(table: dict, source: str):
     return plots.table(["kernel", "median", "GB/s", "of copy", "of cupy"], rows, source=source,
                        title=f"Vector multiply, 2 x {table['n'] * 4 / 2**30:.0f} GiB float32 (bytes read + written); "
                              "every result checked equal to a * b")
+
+
+def reading(table: dict) -> list:
+    """What notebook 01 says about its kernel table (``table``: a run's or a record's figure "kernels"), each
+    statement with whether it holds: [(statement, True, False or None)]. The words come from the relation each
+    tests (gpucourse.claims.compare); a records test asserts every statement on every record."""
+    rows = {r["name"]: r for r in table["rows"]}
+
+    def of_copy(name):
+        return lambda: rows[name]["of_copy"]
+
+    def gbps(name):
+        return lambda: rows[name]["gbps"]
+
+    return [
+        claims.compare("cupy.multiply", "below", "the copy's GB/s", of_copy("cupy.multiply"), 1.0, 0.05),
+        claims.compare("numba, grid-stride", "below", "the copy's GB/s", of_copy("numba, grid-stride"), 1.0, 0.05),
+        claims.compare("CUDA C, float4", "level with", "the copy's GB/s", of_copy("CUDA C, float4"), 1.0, 0.05),
+        claims.compare("CUDA C, float4", "above", "CUDA C, grid-stride (scalar loads)", gbps("CUDA C, float4"),
+                       gbps("CUDA C, grid-stride"), 0.02),
+        claims.compare("CUDA C, float4 x4 unrolled (four loads in flight)", "no faster than", "CUDA C, float4",
+                       gbps("CUDA C, float4 x4 unrolled"), gbps("CUDA C, float4"), 0.02),
+    ]
+
+
+def reading_view(table: dict, source: str) -> plots.Table:
+    """The statements of ``reading`` on the kernel table shown, labelled with its source."""
+    return claims.view({"holds": reading(table)}, title="What the table says, checked", source=source)
 
 
 def table_text(table: dict) -> str:

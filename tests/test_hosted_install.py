@@ -24,30 +24,31 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADING = "## In a hosted notebook (Colab, Kaggle)"
+HEADING = re.compile(r"^(#{1,6})[ \t]+In a hosted notebook\b[^\n]*$", re.MULTILINE)
 NOTEBOOK = "notebooks/01_vector_multiply.ipynb"
-CLONE_URL = re.compile(r"https://github\.com/\S+")
 INSTALL_TIMEOUT = 3600  # seconds for pip: about 3.4 GB of wheels (the CUDA 12 ones, CuPy, TensorFlow), downloaded or from its cache
 CELL_TIMEOUT = 600  # seconds per cell of lesson 1 in CPU mode
 
-# The block as agreed for the README (the test reads the README's own; this one checks the parser).
-AGREED = """\
-!git clone --depth 1 https://github.com/gpu-course/gpu-programming-for-deep-learning gpu-course
-%pip install -q -e "gpu-course[cu12]"
-import sys; sys.path.insert(0, "gpu-course")
-"""
-
 
 def hosted_block(readme: str) -> str | None:
-    """The first fenced code block under the README's hosted-notebook heading, or None where there is none."""
-    at = readme.find(HEADING + "\n")
-    if at < 0:
+    """The first code block (fenced, or indented by four spaces) under the README's heading "In a hosted notebook
+    ...", up to the next heading of the same or a higher level; None where there is no such heading or block."""
+    head = HEADING.search(readme)
+    if head is None:
         return None
-    section = readme[at + len(HEADING):]
-    end = re.search(r"^#{1,2} ", section, re.MULTILINE)
+    section = readme[head.end():]
+    end = re.search(rf"^#{{1,{len(head.group(1))}}}[ \t]", section, re.MULTILINE)
     section = section[: end.start()] if end else section
-    m = re.search(r"^```[^\n]*\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
-    return m.group(1) if m else None
+    fenced = re.search(r"^([ \t]*)(```|~~~)[^\n]*\n(.*?)^[ \t]*\2[ \t]*$", section, re.MULTILINE | re.DOTALL)
+    indented = re.search(r"(?:\A|\n[ \t]*\n)((?: {4}[^\n]*\n(?:[ \t]*\n)*)+)", section)
+    blocks = []
+    if fenced:
+        indent = len(fenced.group(1))
+        blocks.append((fenced.start(), "".join(line[indent:] for line in fenced.group(3).splitlines(keepends=True))))
+    if indented:
+        lines = indented.group(1).rstrip().splitlines()
+        blocks.append((indented.start(1), "".join(line[4:] + "\n" for line in lines)))
+    return min(blocks)[1] if blocks else None
 
 
 def parse(block: str) -> list[tuple[str, object]]:
@@ -71,19 +72,58 @@ def parse(block: str) -> list[tuple[str, object]]:
     return steps
 
 
-def test_the_block_is_found_under_its_heading():
-    readme = (f"# Course\n\n## Quick start\n\n```\nmake lab\n```\n\n{HEADING}\n\nPaste this into the first cell:\n\n"
-              f"```python\n{AGREED}```\n\nThen open lesson 1.\n\n## Grading\n\n```\nmake grade\n```\n")
-    assert hosted_block(readme) == AGREED
-    assert hosted_block(readme.replace(HEADING, "## Elsewhere")) is None
+def as_committed(command: str) -> str:
+    """A ``!`` line of the block with its ``git clone`` address (whatever the README writes there: a URL, or a
+    placeholder such as <the address you got the course from>) replaced by this checkout, so that what is committed
+    here is what the fresh environment installs."""
+    words = shlex.split(re.sub(r"<[^<>\n]*>", "ADDRESS", command))
+    if words[:2] != ["git", "clone"]:
+        return command
+    rest = words[2:]
+    i = 0
+    while i < len(rest) and rest[i].startswith("-"):
+        i += 2 if rest[i] in ("--depth", "--branch", "-b", "--origin", "-o") else 1
+    assert i < len(rest), f"a git clone without an address: {command!r}"
+    rest[i] = f"file://{ROOT}"
+    return shlex.join(["git", "clone", *rest])
 
 
-def test_the_agreed_block_parses():
-    steps = parse(AGREED)
-    assert [kind for kind, _ in steps] == ["shell", "pip", "python"]
-    assert steps[0][1].startswith("git clone --depth 1 https://github.com/") and steps[0][1].endswith(" gpu-course")
-    assert steps[1][1] == ["install", "-q", "-e", "gpu-course[cu12]"]
-    assert steps[2][1] == 'import sys; sys.path.insert(0, "gpu-course")'
+def _readme_block() -> str:
+    block = hosted_block((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert block is not None, "README.md has a heading 'In a hosted notebook ...' with a code block under it"
+    return block
+
+
+def test_the_readme_has_its_hosted_block_under_its_heading():
+    """The block is read from the README (a change to the README is what is tested), and the finder finds a fenced
+    or an indented block under the heading at any level, and nothing where the heading is missing."""
+    block = _readme_block()
+    readme_lines = {line.strip() for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()}
+    assert block.strip() and all(line.strip() in readme_lines for line in block.splitlines()), block
+    for fence in (f"```python\n{block}```\n", f"~~~\n{block}~~~\n",
+                  "".join(f"    {line}\n" if line.strip() else "\n" for line in block.splitlines())):
+        for level in ("##", "###"):
+            readme = (f"# Course\n\n## Quick start\n\n```\nmake lab\n```\n\n{level} In a hosted notebook (Colab)\n\n"
+                      f"Paste this into the first cell:\n\n{fence}\nThen open lesson 1.\n\n## Grading\n\n```\nmake grade\n```\n")
+            assert hosted_block(readme).strip() == block.strip(), (fence, level)
+            assert hosted_block(readme.replace("In a hosted notebook", "Elsewhere")) is None
+
+
+def test_the_readme_block_parses_into_steps_a_hosted_notebook_runs():
+    """Every line of the README's block is a shell line, a %pip line or Python; it installs the course folder the
+    block gets (cloned or uploaded) with a CUDA extra, and the Python lines put that folder on the path."""
+    steps = parse(_readme_block())
+    pips = [args for kind, args in steps if kind == "pip"]
+    assert pips and pips[0][0] == "install", steps
+    target = next((a for a in pips[0][1:] if not a.startswith("-")), None)
+    assert target and re.fullmatch(r"[^\[\]]+\[cu1[23]\]", target), f"%pip install <the course folder>[cu12]: {pips[0]}"
+    folder = target.split("[")[0]
+    python = "\n".join(src for kind, src in steps if kind == "python")
+    assert folder in python and "sys.path" in python, f"the Python lines put {folder!r} on sys.path: {python!r}"
+    for kind, command in steps:
+        if kind == "shell" and command.startswith("git clone"):
+            assert shlex.split(command)[-1] == folder, f"the clone lands in the folder pip installs: {command!r}"
+            assert as_committed(command).startswith("git clone") and f"file://{ROOT}" in as_committed(command)
 
 
 # What the fresh environment's Python runs: a kernel started in the working folder (outside the clone) runs the
@@ -142,7 +182,7 @@ def install_and_run_lesson_1(block: str, work: Path) -> dict:
     for kind, what in parse(block):
         t0 = time.monotonic()
         if kind == "shell":
-            command = CLONE_URL.sub(lambda m: shlex.quote(f"file://{ROOT}"), what)  # this checkout, as committed
+            command = as_committed(what)  # the clone's address replaced by this checkout
             _run(["bash", "-c", command], cwd=work, env=env, timeout=600, what=f"!{command}")
             seconds.setdefault("shell", 0.0)
             seconds["shell"] += time.monotonic() - t0

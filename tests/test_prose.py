@@ -36,16 +36,27 @@ README_WORDS = 2500
 FOLD_LINES = 80  # a CUDA C region longer than this is folded in a core notebook
 KINDS = ("spec", "seed", "paper", "example", "goal", "definition")
 
-MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
-DATE = re.compile(rf"\b(?:19|20)\d\d-[01]\d-[0-3]\d\b|\b\d{{1,2}}:\d\d(?::\d\d)?\s*(?:UTC|GMT|CET)\b"
-                  rf"|\b(?:{MONTHS})\s+(?:[0-3]?\d,?\s+)?(?:19|20)\d\d\b|\b[0-3]?\d\s+(?:{MONTHS})\s+(?:19|20)\d\d\b")
-NUMBER = r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?"
-# A measured quantity as a learner would read one: a rate, a time, a ratio (1.3x, not 16x16 or 3 x 3), a
-# percentage, a count of cycles.
+MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December"
+          "|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec")
+YEAR = r"(?:19|20)\d\d"
+# A date or a time of day in any common form: 2026-11-23, 23/11/2026, 11/23/2026, 26.11.2026, November 2026, Nov 23,
+# 2026, 23 Nov. 2026; 13:37 UTC, at 14:05, 14:05:09.
+DATE = re.compile(rf"\b{YEAR}-[01]\d-[0-3]\d\b"
+                  rf"|\b[0-3]?\d[/.][0-3]?\d[/.]{YEAR}\b"
+                  rf"|\b\d{{1,2}}:\d\d(?::\d\d)?\s*(?:UTC|GMT|CET|CEST|[AP]M)\b|\b\d{{1,2}}:\d\d:\d\d\b"
+                  rf"|\b(?:at|@)\s+[0-2]?\d:[0-5]\d\b"
+                  rf"|\b(?:{MONTHS})\.?\s+(?:[0-3]?\d(?:st|nd|rd|th)?,?\s+)?{YEAR}\b"
+                  rf"|\b[0-3]?\d(?:st|nd|rd|th)?\s+(?:of\s+)?(?:{MONTHS})\.?,?\s+{YEAR}\b")
+NUMBER = r"(?<![\w./])[-+]?\d[\d,]*(?:\.\d+)?"
+# A measured quantity as a learner would read one: a rate, a time (80 µs, 1.2 s, 3 seconds), a ratio (1.3x, not
+# 16x16 or 3 x 3; "1.3 times as fast"), a percentage (11%, 84 percent), a count of cycles.
 FIGURE = re.compile(
     NUMBER + r"(?:\s?(?:[kKMGTP]?B/s|[KMGT]iB/s|[TGMk]?FLOP/s|T?FLOPS|TOPS|images?/s|tokens?/s"
-             r"|µs|us|ms|ns|%|cycles)(?![\w/])"
+             r"|µs|us|ms|ns|s|%|cycles)(?![\w/])"
+             r"|\s(?:seconds?|percent|per\s?cent)\b"
+             r"|\s+times\s+(?:as|faster|slower|more|less|fewer|higher|lower|longer|shorter|larger|smaller|the)\b"
              r"|[x×](?![\w\d])(?!\s*\d))")
+TIME_LINE = re.compile(r"^\*\*Time:\*\*.*$", re.M)  # the opening's reading and run times, which a test asks for
 
 
 def markdown(path: Path) -> list[tuple[int, str]]:
@@ -67,6 +78,7 @@ def typed_figures(text: str) -> list[str]:
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
     text = re.sub(r"`[^`\n]*`", " ", text)
     text = re.sub(r"<[^>\n]+>", " ", text)  # HTML tags, not their text
+    text = TIME_LINE.sub(" ", text)
     return [m.group(0).replace(",", "") for m in FIGURE.finditer(text)]
 
 
@@ -142,12 +154,92 @@ def test_every_figure_typed_into_the_prose_is_a_declared_constant(path):
     assert not stale, f"declared constants the prose no longer uses: {sorted(stale)}"
 
 
+# A constant's source names the value in code it states as a dotted path from the repository's packages, with
+# subscripts: benchmarks.attention.GOALS['softmax_of_copy']. A goal must name one; every one named is checked.
+CODE_REF = re.compile(r"\b(?:benchmarks|kernels|gpucourse)(?:\.\w+)+(?:\[(?:'[^'\]]+'|\"[^\"\]]+\"|\d+)\])*")
+
+
+def code_value(ref: str):
+    """The value ``ref`` (a CODE_REF) names: the longest importable module prefix, then attributes and subscripts."""
+    import ast
+    import importlib
+
+    path, subs = re.match(r"([\w.]+)((?:\[.*\])*)$", ref).groups()
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            value = getattr(value, name)
+        for key in re.findall(r"\[([^\]]+)\]", subs):
+            value = value[ast.literal_eval(key)]
+        return value
+    raise ImportError(ref)
+
+
+def written_value(figure: str) -> float:
+    """The number a figure as written states: "0.9x" -> 0.9, "90%" -> 0.9, "4 ms" -> 4."""
+    number = float(re.match(NUMBER, figure).group(0).replace(",", ""))
+    return number / 100 if figure.rstrip().endswith("%") else number
+
+
+@pytest.mark.parametrize("path", CORE + DEEP, ids=rel)
+def test_every_declared_goal_is_the_value_in_code_it_names(path):
+    """A goal typed into the prose ("the goal is 0.9x of the copy") is the value the code holds: each declared goal
+    names that value (benchmarks.attention.GOALS['softmax_of_copy']), and every value a constant names is the
+    number its figure writes."""
+    unnamed, wrong = [], []
+    for figure, source in constants(path).items():
+        refs = CODE_REF.findall(str(source))
+        if str(source).startswith("goal:") and not refs:
+            unnamed.append(figure)
+        for ref in refs:
+            value = code_value(ref)
+            if not isinstance(value, (int, float)) or abs(written_value(figure) - value) > 1e-9 * max(1, abs(value)):
+                wrong.append(f"{figure!r} but {ref} = {value!r}")
+    assert not unnamed, f"name the value in code each goal states (e.g. benchmarks.lesson.GOALS['key']): {unnamed}"
+    assert not wrong, "the prose declares a figure the code no longer holds: " + "; ".join(wrong)
+
+
+def test_the_goal_check_reads_the_code():
+    assert code_value("benchmarks.attention.GOALS['softmax_of_copy']") is __import__("benchmarks.attention").attention\
+        .GOALS["softmax_of_copy"]
+    assert written_value("90%") == 0.9 and written_value("0.9x") == 0.9 and written_value("1,000 cycles") == 1000
+    assert CODE_REF.findall("goal: x (benchmarks.training.GOALS['mixed_speedup'], see benchmarks/training.py)") == \
+        ["benchmarks.training.GOALS['mixed_speedup']"]
+
+
 def test_the_figure_finder_finds_measurements_and_not_shapes():
     text = ("It ran at 3,400 GB/s, 0.97x cuBLAS, 1.3x faster, 80 µs, 11% busy, 742 TFLOP/s and 1,000 cycles; "
             "16x16 tiles, a 3 x 3 filter, `2.5x` in code, sm_90a, 2 GiB vectors, 4x4x4 per clock.")
     assert typed_figures(text) == ["3400 GB/s", "0.97x", "1.3x", "80 µs", "11%", "742 TFLOP/s", "1000 cycles"]
     assert DATE.search("recorded on 2026-11-23") and DATE.search("at 13:37 UTC") and DATE.search("November 2026")
     assert not DATE.search("batch 256 at 12:1 ratio, 8:30 of the run")
+
+
+@pytest.mark.parametrize("written", ["Nov 23, 2026", "23/11/2026 at 14:05", "26.11.2026", "11/23/2026", "at 14:05",
+                                     "23 Nov 2026", "November 23rd, 2026", "Sept. 2026", "2026-11-23", "9:05 PM",
+                                     "14:05:09"])
+def test_the_date_finder_finds_every_common_form(written):
+    assert DATE.search(f"the run of {written} said so"), written
+
+
+def test_the_date_finder_leaves_ordinary_text():
+    for text in ("version 12.4.1 of the driver", "a 3/4 share", "ratio 16:9 and 4:3",
+                 "sm_90a, 2 GiB, 128 x 128 tiles", "page 2/3", "Nov is not a date", "in 2026 the GPU", "8:30 of the run",
+                 "10.0.2 in 1999 steps"):
+        assert not DATE.search(text), text
+
+
+def test_the_figure_finder_finds_figures_in_words():
+    text = "it ran 1.3 times as fast, took 1.2 s, then 3 seconds; 84 percent busy, 2.5 times faster than 80 per cent"
+    assert typed_figures(text) == ["1.3 times as", "1.2 s", "3 seconds", "84 percent", "2.5 times faster",
+                                   "80 per cent"]
+    assert typed_figures("3 times the launches, 2 sets, 4 SMs, 12 bytes, 3 stages, sm_90s, lesson 3's") == \
+        ["3 times the"]
+    assert typed_figures("**Time:** about 40 minutes to read; the cells run in under 2 minutes and 30 s in CPU mode.") == []
 
 
 @pytest.mark.parametrize("path", CORE, ids=rel)

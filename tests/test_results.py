@@ -184,3 +184,149 @@ def test_the_command_writes_and_checks(course, monkeypatch, capsys):
     assert cli.main(["results"]) == 0 and (course / "RESULTS.md").exists()
     assert cli.main(["results", "--check"]) == 0
     assert "agree with the records" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- stored ratios against the raw figures beside them
+
+RATIO_KEY = re.compile(r"(?:^|_)(?:of|over|vs|ratio|speedup)(?:_|$)")
+ROUNDING = 1e-6  # relative: a stored ratio is the quotient of the raw figures it sits beside, not a rounded copy
+
+
+def _by(rows, key="name"):
+    return {r[key]: r for r in rows}
+
+
+def _derived_ratios(lesson: str, f: dict):
+    """(where, stored ratio, the same recomputed from the raw figures of the record) for every stored ratio the
+    records tests recompute; the keys each covers go to RATIOS_RECOMPUTED."""
+    if lesson == "01_vector_multiply" and "kernels" in f:
+        k = f["kernels"]
+        library = next(r["gbps"] for r in k["rows"] if r["kind"] == "library")
+        for r in k["rows"]:
+            yield f"kernels/{r['name']}/of_copy", r["of_copy"], r["gbps"] / k["copy_gbps"]
+            yield f"kernels/{r['name']}/of_library", r["of_library"], r["gbps"] / library
+        u = f.get("utilisation")
+        if u:
+            yield "utilisation/work_ratio", u["work_ratio"], u["every_sm_gflop"] / u["one_block_gflop"]
+    if lesson == "02_warp_divergence" and "reductions" in f:
+        red = f["reductions"]
+        library = next(r["gbps"] for r in red["rows"] if r["kind"] == "library")
+        for r in red["rows"]:
+            yield f"reductions/{r['name']}/of_read", r["of_read"], r["gbps"] / red["read_gbps"]
+            yield f"reductions/{r['name']}/of_cupy", r["of_cupy"], r["gbps"] / library
+    if lesson == "03_tensor_cores":
+        if "configs" in f:
+            for r in f["configs"]["rows"]:
+                yield f"configs/{r['name']}/of_cublas", r["of_cublas"], r["tflops"] / f["configs"]["cublas_fp16_tflops"]
+        if "kernels" in f:
+            rows = _by(f["kernels"]["rows"])
+            for r in rows.values():
+                ref = "cuBLAS FP16 (tensor cores)" if r["precision"].startswith("FP16") else "cuBLAS FP32"
+                yield f"kernels/{r['name']}/of_cublas", r["of_cublas"], r["tflops"] / rows[ref]["tflops"]
+            k = f["kernels"]
+            ours = next(r for r in rows.values() if r["name"].startswith("WMMA, tiled (") and k["config"] in r["name"])
+            yield "kernels/tc_vs_simt_cublas", k["tc_vs_simt_cublas"], \
+                rows["cuBLAS FP16 (tensor cores)"]["tflops"] / rows["cuBLAS FP32"]["tflops"]
+            yield "kernels/tc_vs_simt_ours", k["tc_vs_simt_ours"], \
+                ours["tflops"] / rows["CUDA C, register tiles 128x128 (8x8 a thread)"]["tflops"]
+    if lesson == "04_convolution":
+        for lt in f.get("layers", []):
+            rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
+            for r in lt["rows"]:
+                for key, ref in (("of_cudnn_fastest", "cudnn_fastest"), ("of_cudnn_like", "cudnn_like")):
+                    if r.get(ref):
+                        yield (f"layers/{lt['name']}/{r['name']} {r['dtype']} {r['layout']}/{key}", r[key],
+                               r["median_ms"] / rows[r[ref], r["dtype"], r["layout"]]["median_ms"])
+            for name, t in lt["targets"].items():
+                stored = {r["of_cudnn_fastest"] for r in lt["rows"]}
+                yield f"layers/{lt['name']}/targets/{name}/ratio", t["ratio"], t["ratio"] if t["ratio"] in stored \
+                    else float("nan")
+    if lesson == "05_inference_engine":
+        for r in f.get("cudnn", {}).get("rows", []):
+            if r.get("ours_over_cudnn") is not None:
+                yield f"cudnn/{r['engine']}/{r['layer']}/ours_over_cudnn", r["ours_over_cudnn"], r["ours_ms"] / r["cudnn_ms"]
+    if lesson == "06_collectives":
+        for k, run in f.get("runs", {}).items():
+            h = run.get("headline")
+            if h and h.get("ring_over_nccl") is not None:
+                yield f"runs/{k}/headline/ring_over_nccl", h["ring_over_nccl"], \
+                    h["nccl"]["median_ms"] / h["ring"]["median_ms"]
+    if lesson == "07_feeding_the_gpu":
+        s = f.get("small_kernels")
+        if s:
+            us = s["us_per_launch"]
+            yield "small_kernels/graph_speedup", s["graph_speedup"], us["CuPy, one stream"] / us["CuPy, one CUDA graph"]
+        o = f.get("overlap")
+        if o:
+            longer = max(o["h2d_ms"], o["d2h_ms"])
+            for k, run in o["runs"].items():
+                yield f"overlap/runs/{k}/ratio_to_longer_copy", run["ratio_to_longer_copy"], run["total_ms"] / longer
+            best = o["runs"][str(o["best"]["streams"])]
+            yield "overlap/best/ratio_to_longer_copy", o["best"]["ratio_to_longer_copy"], best["total_ms"] / longer
+            yield "overlap/best/speedup_over_serial", o["best"]["speedup_over_serial"], o["serial_ms"] / best["total_ms"]
+    if lesson == "08_training":
+        m = f.get("mixed_precision")
+        if m:
+            yield "mixed_precision/speedup", m["speedup"], m["fp32"]["median_ms"] / m["mixed"]["median_ms"]
+        runs = f.get("recompute", {}).get("runs", {})
+        for k, run in runs.items():
+            yield (f"recompute/runs/{k}/time_ratio", run["time_ratio"],
+                   run["time"]["median_ms"] / runs["1"]["time"]["median_ms"])
+            yield (f"recompute/runs/{k}/memory_saving", run["memory_saving"],
+                   runs["1"]["peak_bytes"] / run["peak_bytes"])
+        big = f.get("largest_batch")
+        if big and "ratio" in big:
+            most = max(big["runs"], key=int)
+            yield "largest_batch/ratio", big["ratio"], big["runs"][most]["largest"] / big["runs"]["1"]["largest"]
+
+
+def _ratio_keys(node, path=""):
+    """Every (path, key) in a record whose key names a ratio (of_..., ..._over_..., ..._vs_..., ratio, speedup)."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and RATIO_KEY.search(k):
+                yield path, k
+            yield from _ratio_keys(v, f"{path}/{k}")
+    elif isinstance(node, list):
+        for v in node:
+            yield from _ratio_keys(v, f"{path}[]")
+
+
+# Ratio keys no rule above recomputes, each with why (lesson, a pattern of "path/key" -> why).
+RATIOS_NOT_RECOMPUTED = {
+    ("03_tensor_cores", r"^/errors/.*/vs_"): "errors against two references, not ratios",
+    ("05_inference_engine", r"^/(?!cudnn/)"): "the engines' ratios are of medians the record keeps per engine and batch in other "
+                                  "figures (not yet given a rule here, except cuDNN's)",
+    ("08_training", r"^/goals/"): "the goals, not measured",
+    ("09_attention", r"/of_needed$"): "the peak over the bytes the kernel needs, which the record does not keep",
+    ("07_feeding_the_gpu", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
+    ("09_attention", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
+}
+
+
+def test_recorded_ratios_are_the_quotients_of_their_raw_figures():
+    """Every stored ratio a rule covers equals the ratio of the raw figures it derives from, within rounding, in
+    every record: a record edited so that its ratio no longer matches its times or rates fails here."""
+    wrong, checked = [], 0
+    for lesson in benchmarks.LESSONS:
+        for rec in records.all_records(lesson):
+            for where, stored, again in _derived_ratios(lesson, rec["figures"]):
+                checked += 1
+                if not (abs(stored - again) <= ROUNDING * max(abs(again), 1e-12)):
+                    wrong.append(f"{rec['path']}: {where} = {stored!r}, its raw figures give {again!r}")
+    assert checked > 100, checked
+    assert not wrong, "\n".join(wrong[:20])
+
+
+def test_recorded_ratio_keys_have_a_rule():
+    """A new ratio in a record gets a rule in _derived_ratios (or a reason in RATIOS_NOT_RECOMPUTED)."""
+    missing = set()
+    for lesson in benchmarks.LESSONS:
+        for rec in records.all_records(lesson):
+            covered = {where.rsplit("/", 1)[1] for where, _, _ in _derived_ratios(lesson, rec["figures"])}
+            for path, key in _ratio_keys(rec["figures"]):
+                excused = any(ls == lesson and re.search(pattern, f"{path}/{key}")
+                              for (ls, pattern) in RATIOS_NOT_RECOMPUTED)
+                if key not in covered and not excused:
+                    missing.add(f"{lesson}: {path}/{key}")
+    assert not missing, sorted(missing)
