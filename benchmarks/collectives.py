@@ -434,7 +434,7 @@ def summary_text(entry: dict) -> str:
              f"NCCL {h['nccl']['gbps']:.0f} GB/s, one peer copy {h['peer_copy']['gbps']:.0f} GB/s; "
              f"ring / NCCL = {h['ring_over_nccl']:.2f}",
              f"ring times: {gpu_times(b)[1]}",
-             f"the seed's model (S + k - 2)(alpha + N/(SB)) fitted to every (S, N): alpha = {seed['alpha_s'] * 1e6:.1f} µs "
+             f"the lecture's model (S + k - 2)(alpha + N/(SB)) fitted to every (S, N): alpha = {seed['alpha_s'] * 1e6:.1f} µs "
              f"a message, B = {seed['bandwidth'] / 1e9:.0f} GB/s",
              f"with the fixed cost t0 of a broadcast: t0 = {fit['startup_s'] * 1e6:.1f} µs, alpha = "
              f"{fit['alpha_s'] * 1e6:.2f} µs, B = {fit['bandwidth'] / 1e9:.0f} GB/s",

@@ -440,7 +440,7 @@ def run() -> tuple:
 # ------------------------------------------------------------------------------------ text and plots
 
 def find_view(table: list, title: str = "", source: str = "") -> plots.Table:
-    """The seed's printf loop, as a table: algorithm, Find's time and the course's, workspace, status, math."""
+    """The lecture's printf loop (docs/sources.md), as a table: algorithm, Find's time and the course's, workspace, status, math."""
     rows = [[i, r["algo"], f"{r['time_ms']:.4f}" if r["time_ms"] is not None else "-",
              f"{r['timed_ms']:.4f}" if r.get("timed_ms") is not None else "-",
              f"{r['workspace_bytes'] / MIB:.2f}" if r["workspace_bytes"] is not None else "-",

@@ -144,7 +144,7 @@ def transfer_table(n: int | None = None) -> dict:
 
 
 def launch_timing(n: int | None = None) -> dict:
-    """The seed's "the multiply took only 80 µs": a host timer around an asynchronous launch, against the
+    """The engineer's notes' "the multiply took only 80 µs" (docs/sources.md): a host timer around an asynchronous launch, against the
     same timer with a synchronise, against CUDA events."""
     cp = runtime.cupy()
     cuda = runtime.cuda()

@@ -11,14 +11,19 @@ the prose true on the learner's own GPU, the README read to the end.
 - No notebook's markdown carries a date or a time of day.
 - A measured quantity (a rate, a time, a ratio, a percentage) typed into a notebook's markdown is a constant the
   notebook declares in its metadata (``metadata.gpucourse.constants``: the figure as written -> its kind and source,
-  "spec: ...", "seed: ...", "paper: ...", "example: ...", "goal: ...", "definition: ..."). Everything measured is
+  "spec: ...", "source: ...", "paper: ...", "example: ...", "goal: ...", "definition: ..."). Everything measured is
   printed by a cell, measured here or read from a named record and labelled.
+- The documents the course answers are cited by their titles in docs/sources.md (a "source: <title>: ..."
+  constant names one of its headings), never by a file the learner does not have; no notebook's text says "seed"
+  (the word is left to code: a parameter ``seed=`` of a random-number generator, and "random seed").
 - A long CUDA C region in a core notebook is folded (the cell's source hidden): a learner opens it to read it.
 """
 from __future__ import annotations
 
+import io
 import json
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -34,7 +39,7 @@ CORE_WORDS = 4500
 DEEP_DIVE_WORDS = 6000
 README_WORDS = 2500
 FOLD_LINES = 80  # a CUDA C region longer than this is folded in a core notebook
-KINDS = ("spec", "seed", "paper", "example", "goal", "definition")
+KINDS = ("spec", "source", "paper", "example", "goal", "definition")
 
 MONTHS = ("January|February|March|April|May|June|July|August|September|October|November|December"
           "|Jan|Feb|Mar|Apr|Jun|Jul|Aug|Sept?|Oct|Nov|Dec")
@@ -138,6 +143,61 @@ def test_the_glossary_and_the_engineering_notes_are_there():
 def test_no_date_or_time_of_day_in_a_notebook(path):
     found = [f"cell {i}: {m.group(0)!r}" for i, t in markdown(path) for m in DATE.finditer(t)]
     assert not found, "dates belong in the records and docs/engineering/, not in a lesson: " + "; ".join(found)
+
+
+SEED = re.compile(r"\bseeds?\b", re.I)
+RANDOM_SEED = re.compile(r"\brandom\s+seeds?\b", re.I)
+
+
+def seed_words(text: str) -> list[str]:
+    """Where ``text`` says "seed" as a word, other than "random seed"."""
+    return [text[max(0, m.start() - 30):m.end() + 30].replace("\n", " ")
+            for m in SEED.finditer(RANDOM_SEED.sub(" ", text))]
+
+
+def code_text(source: str) -> str:
+    """The strings and comments of a code cell: what it prints or says. Names (a ``seed=`` parameter) are code."""
+    lines = [("" if line.lstrip().startswith(("%", "!")) else line) for line in source.splitlines(keepends=True)]
+    try:
+        return " ".join(t.string for t in tokenize.generate_tokens(io.StringIO("".join(lines)).readline)
+                        if t.type in (tokenize.STRING, tokenize.COMMENT) or t.type == getattr(tokenize, "FSTRING_MIDDLE", -1))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return " ".join(re.findall(r"#.*|\"[^\"\n]*\"|'[^'\n]*'", source))
+
+
+@pytest.mark.parametrize("path", EVERY_NOTEBOOK, ids=rel)
+def test_no_notebook_says_seed(path):
+    nb = json.loads(path.read_text())
+    found = []
+    for i, c in enumerate(nb["cells"]):
+        source = "".join(c["source"])
+        if c["cell_type"] == "markdown":
+            text = re.sub(r"`[^`\n]*`", " ", source)  # code spans: a parameter named seed
+        elif c["cell_type"] == "code":  # a comment may name the parameter: fn(ks, seed), seed=0
+            text = re.sub(r"\bseed(?=\s*[=),\]])", " ", code_text(source))
+        else:
+            text = source
+        found += [f"cell {i}: ...{w}..." for w in seed_words(text)]
+    found += [f"constant {k!r}: {v}" for k, v in constants(path).items() if seed_words(str(v))]
+    assert not found, ("cite the documents the course answers by their titles in docs/sources.md, not as 'the seed': "
+                       + "; ".join(found))
+
+
+def test_a_quoted_source_is_one_of_the_courses_sources():
+    titles = re.findall(r"^## (.+)$", (ROOT / "docs/sources.md").read_text(), re.M)
+    quoted = {f"{rel(p)}: {k}": str(v) for p in CORE + DEEP for k, v in constants(p).items()
+              if str(v).startswith("source:")}
+    assert quoted, "no notebook quotes a figure of the course's sources"
+    unknown = {k: v for k, v in quoted.items() if not any(v.startswith(f"source: {t}:") or v.startswith(f"source: {t},")
+                                                           for t in titles)}
+    assert not unknown, f"a 'source: <title>: ...' constant names a heading of docs/sources.md: {unknown}"
+
+
+def test_the_seed_finder():
+    assert seed_words("as the seed material claims") and seed_words("the Seed's formula")
+    assert not seed_words("draw it with a random seed of 0") and not seed_words("seeded, seedling")
+    assert code_text("rng = np.random.default_rng(seed)\nf(seed=3)  # fixed\n") == "# fixed"
+    assert seed_words(code_text('print(f"gain {g:.2f}x (seed: 7x)")'))
 
 
 @pytest.mark.parametrize("path", CORE + DEEP, ids=rel)
