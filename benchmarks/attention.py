@@ -417,6 +417,38 @@ def ratios(t: dict) -> list:
     return rows
 
 
+def field_reading(t: dict) -> list:
+    """What notebook 09 says in words about the field (section 6), each statement with whether it holds in ``t`` (a
+    run's or a record's figure "field"): [(statement, True, False or None)], None where the figure lacks what a
+    statement needs (no Hopper kernel below compute capability 9.0, a backend that did not run). Every record holds
+    every statement (a records test asserts it)."""
+    qs = ratios(t)
+    qregs = [q.get("wgmma qregs (CUDA C) / fastest") for q in qs]
+
+    def hopper_orders(q):
+        return {k: v for k, v in q.items() if k.startswith("wgmma ") and k.endswith(" / fastest")}
+
+    def every(test):
+        try:
+            return all(test(q) for q in qs) if qs else None
+        except (KeyError, TypeError):
+            return None
+
+    return [
+        ("cuDNN: PyTorch's fastest backend in every column, forward, backward and both",
+         every(lambda q: (q["fastest"], q["fastest_bwd"], q["fastest_fwd_bwd"]) == ("cuDNN",) * 3)),
+        ("the Hopper kernel: Q in registers its fastest order in most columns",
+         (2 * sum(max(hopper_orders(q), key=hopper_orders(q).get).startswith("wgmma qregs") for q in qs) > len(qs))
+         if qs and None not in qregs else None),
+        ("the Hopper kernel, Q in registers: at 0.98 of cuDNN's forward or more in every column",
+         every(lambda q: q["wgmma qregs (CUDA C) / fastest"] >= 0.98) if None not in qregs else None),
+        ("Triton's forward faster than FlashAttention-2's in every column",
+         every(lambda q: q["Triton / FlashAttention-2"] > 1.0)),
+        ("WMMA at 0.2 to 0.3 of the fastest forward, mma.sync at 0.45 to 0.6, in every column",
+         every(lambda q: 0.2 <= q[f"{WMMA_NAME} / fastest"] <= 0.3 and 0.45 <= q[f"{MMA_NAME} / fastest"] <= 0.6)),
+    ]
+
+
 def _run_head(r: dict) -> str:
     return _k(r["N"]) + (" causal" if r["causal"] else "")
 

@@ -742,6 +742,9 @@ def reading(layers: list, ceilings: dict) -> list:
          _holds(lambda: _decreasing([cudnn_fastest(lt, "float32", "NCHW")["median_ms"] for lt in layers]))),
         ("CUDA cores, FP32: the time over cuDNN's fastest grows from the first layer to the last",
          _holds(cores_ratio_grows)),
+        ("cuDNN in FP32 NCHW: faster with the default math (TF32 tensor cores) than with FMA math on every layer",
+         _holds(lambda: all(cudnn_fastest_math(lt, "float32", "NCHW", "default")["median_ms"]
+                            < cudnn_fastest_math(lt, "float32", "NCHW", "fma")["median_ms"] for lt in layers))),
         ("cuDNN in FP16: faster in NHWC than in NCHW on every layer",
          _holds(lambda: all(cudnn_fastest(lt, "float16", "NHWC")["median_ms"]
                             < cudnn_fastest(lt, "float16", "NCHW")["median_ms"] for lt in layers))),

@@ -515,6 +515,62 @@ def targets_met(t: dict) -> dict:
             for what, key in _comparisons(t) if key in t["speedups"]}
 
 
+def _cells(t: dict, prefix: str = "") -> tuple:
+    """([cells where the course engine is faster than PyTorch's best], [cells where it is slower]), end to end,
+    each cell named "FP32 at batch 1"; ``prefix`` "network_" reads the network in one kernel."""
+    ahead, behind = [], []
+    for what, key in _comparisons(t):
+        if key.startswith(prefix) and (prefix or not key.startswith("network_")) and key in t["speedups"]:
+            p, kind = key.removeprefix(prefix).split("_", 1)
+            cell = f"{p.upper()} at batch {1 if kind == 'latency' else t['course'][0]['batch']}"
+            (ahead if t["speedups"][key] > 1 else behind).append(cell)
+    return ahead, behind
+
+
+def ahead_line(t: dict) -> str:
+    """Where the fused + graph engine is faster than PyTorch's best of this comparison, end to end, and where
+    slower: the sentence notebook 05 reads its tables by, made from their figures."""
+    ahead, behind = _cells(t)
+    return (f"the fused + graph engine over PyTorch's best: faster in {', '.join(ahead) or 'no cell'}; "
+            f"slower in {', '.join(behind) or 'no cell'}")
+
+
+def reading(t: dict) -> list:
+    """What notebook 05 says in words about a comparison that timed torch.compile, each statement with whether it
+    holds in ``t``: [(statement, True, False or None)], None where ``t`` lacks the figures (no torch.compile
+    rows, no network in one kernel). Every record holds every statement (a records test asserts it)."""
+    compiled = any(r["variant"].startswith("torch.compile") for r in t.get("rows", []))
+    b = t["course"][0]["batch"] if t.get("course") else None
+    ahead, behind = _cells(t)
+    net_ahead, net_behind = _cells(t, "network_")
+    eager = {r["precision"]: r for r in t.get("rows", []) if r["variant"].startswith("eager")}
+
+    def over_eager():
+        return all(min(r[f"{k}_ms"] for r in t["rows"] if r["variant"].startswith("eager") and r["precision"]
+                       == c["precision"]) >= 2 * c[f"{k}_ms"] for c in t["course"] for k in ("latency", "batch"))
+
+    def best_is_compiled():
+        return all(("torch.compile" in name) == (key != "fp32_latency") for key, name in t["best"].items()
+                   if not key.startswith("network_") and not key.endswith("_gpu"))
+
+    def slower_on_gpu_too():
+        return all(t["speedups"][f"{key}_gpu"] < 1 for what, key in _comparisons(t)
+                   if not key.startswith("network_") and t["speedups"].get(key, 2) < 1)
+
+    return [
+        ("against eager PyTorch: the fused + graph engine at least 2x faster in every cell",
+         (over_eager() if eager else None)),
+        ("PyTorch's best: torch.compile + CUDA graph in every cell but FP32 at batch 1",
+         best_is_compiled() if compiled else None),
+        (f"the fused + graph engine faster than PyTorch's best only in FP32 at batch {b}",
+         (ahead == [f"FP32 at batch {b}"]) if compiled else None),
+        ("where the fused + graph engine is slower end to end, it is slower on the GPU alone too",
+         slower_on_gpu_too() if behind else None),
+        ("the network in one kernel faster than PyTorch's best in every cell",
+         (not net_behind and bool(net_ahead)) if t.get("network") else None),
+    ]
+
+
 # ------------------------------------------------------------------------------------ text and plots
 
 def text(t: dict | None) -> str:

@@ -564,17 +564,80 @@ def compile_text(t: dict) -> str:
     return "\n".join(lines)
 
 
+def floored(t: dict) -> list:
+    """``t["layers"]`` (the FP16 plan's steps at ``t["batch"]``), each convolution's bytes and memory floor computed
+    again by ``E.layer_costs``: a record keeps the bandwidth it measured (its stored bytes over its stored memory
+    floor) and the byte count comes from the model of today's code, so a record made before a correction of the model
+    is read with the correction. Rows without bytes (other steps, made-up rows) are left as they are."""
+    costs = {r["name"]: r for r in E.layer_costs(_optimised_for_costs(), t["batch"])}
+    out = []
+    for r in t["layers"]:
+        c = costs.get(r["name"])
+        if c and r.get("bytes") and r.get("memory_ms"):
+            r = dict(r, bytes=c["bytes"], memory_ms=r["memory_ms"] * c["bytes"] / r["bytes"])
+        out.append(r)
+    return out
+
+
 def plot(t: dict, source: str, **_):
     """Per-layer time at batch 64 against each layer's floor (the larger of its compute and memory floors)."""
     from gpucourse import plots
 
-    convs = [r for r in t["layers"] if r["kind"] == "conv"]
+    convs = [r for r in floored(t) if r["kind"] == "conv"]
     xs = list(range(1, len(convs) + 1))
     return plots.lines({"measured": (xs, [r["ms"] * 1e3 for r in convs]),
                         "floor: max(FLOPs / peak, bytes / bandwidth)":
                             (xs, [max(r["compute_ms"], r["memory_ms"]) * 1e3 for r in convs])},
                        xlabel="convolution (in network order)", ylabel="µs at batch 64", logx=False, source=source,
                        title="ResNet-50 FP16 through the engine: each convolution against its floor")
+
+
+def _over_floor(t: dict) -> list:
+    """[(time over floor, name)] of the FP16 plan's convolutions, furthest above its floor first."""
+    return sorted(((r["ms"] / max(r["compute_ms"], r["memory_ms"]), r["name"]) for r in floored(t)
+                   if r["kind"] == "conv" and r.get("memory_ms")), reverse=True)
+
+
+def floor_lines(t: dict) -> list:
+    """What the per-layer figure and the agreement rows show, in lines: the convolutions furthest above their
+    floors, the stem's step (outside the figure), and each 8-bit plan's top-1 agreement with what it kept in FP16."""
+    over = _over_floor(t)
+    stem = next((r for r in t["layers"] if r["kind"] == "stem"), None)
+    r, e = t["ratios"], t["engine"]
+    lines = ["furthest above their floors: " + ", ".join(f"{n.removesuffix('_conv')} {x:.1f}x" for x, n in over[:4])
+             + f"; nearest: {over[-1][1].removesuffix('_conv')} {over[-1][0]:.1f}x"]
+    if stem:
+        lines.append(f"the stem and its max pool, one step (not in the figure): {stem['ms'] * 1e3:,.0f} µs at batch "
+                     f"{t['batch']}")
+    for p in ("int8", "fp8"):
+        mixed = e.get(f"{p.upper()} (mixed), batch {t['batch']}", {})
+        if f"top1_{p}" in r and mixed.get("fp16_share") is not None:
+            lines.append(f"{p.upper()}: top-1 agreement {100 * r[f'top1_{p}']['ratio']:.1f}% in 8 bits everywhere; "
+                         f"{100 * r[f'top1_{p}_mixed']['ratio']:.1f}% mixed, with {100 * mixed['fp16_share']:.0f}% "
+                         "of the multiply-adds kept in FP16")
+    return lines
+
+
+def reading(t: dict) -> list:
+    """What notebook 05's deep dive says in words about figure "resnet", each statement with whether it holds in
+    ``t``: [(statement, True, False or None)], None where ``t`` lacks the figures (no FP8 plan below Hopper). Every
+    record holds every statement (a records test asserts it)."""
+    over = _over_floor(t)
+    r, e, b = t["ratios"], t["engine"], t["batch"]
+
+    def share(p):
+        return e[f"{p.upper()} (mixed), batch {b}"]["fp16_share"]
+
+    fp8 = "top1_fp8" in r and f"FP8 (mixed), batch {b}" in e
+    return [
+        ("no convolution of the FP16 plan runs below its floor", bool(over) and over[-1][0] >= 1),
+        ("the 3 x 3 convolutions of 64 channels (conv2's) the furthest above their floors",
+         len(over) >= 3 and all(n.startswith("conv2_") and n.endswith("_2_conv") for _, n in over[:3])),
+        ("in 8 bits everywhere, FP8 agrees with FP32 on more inputs than INT8",
+         (r["top1_fp8"]["ratio"] > r["top1_int8"]["ratio"]) if fp8 else None),
+        ("yet the mixed FP8 plan keeps more of the multiply-adds in FP16 than the mixed INT8 plan",
+         (share("fp8") > share("int8")) if fp8 else None),
+    ]
 
 
 def mixed_bound(t: dict) -> dict:
@@ -585,7 +648,7 @@ def mixed_bound(t: dict) -> dict:
     at one byte an element over the measured bandwidth); the reformat steps as measured. Returns {plan: {"share": the
     8-bit layers' part of the FP16 plan's time, "top1": agreement, "everywhere": speed-up of the plan in 8 bits
     everywhere, "measured" / "half" / "floor": speed-ups over the FP16 plan}}."""
-    fp16 = t["layers"]
+    fp16 = floored(t)
     total = sum(r["ms"] for r in fp16)
     out = {}
     for key, plan in t.get("layers_by_plan", {}).items():

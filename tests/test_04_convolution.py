@@ -1068,3 +1068,20 @@ def test_the_checked_statements_say_what_a_figure_lacks(monkeypatch):
                                     gemms=records.latest(lesson.GEMM_LESSON, rec["gpu"]["name"])["figures"]["wgmma"])
         assert shown.header == ["statement", "this run", "the record"], deep
         assert records.label(rec, "layers") in shown.source and all(r[2] == "yes" for r in shown.rows), deep
+
+
+def test_the_tf32_statement_reads_the_figures():
+    """Question 5's premise, printed by lesson.reading: cuDNN's FP32 NCHW convolution faster with the default math
+    than with FMA math on every layer; made slower on one layer, the statement reads False."""
+    import copy
+
+    lesson = bench_lesson()
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no record of lesson 4")
+    key = "cuDNN in FP32 NCHW: faster with the default math (TF32 tensor cores) than with FMA math on every layer"
+    assert dict(lesson.reading(rec["figures"]["layers"], rec["ceilings"]))[key] is True
+    layers = copy.deepcopy(rec["figures"]["layers"])
+    row = lesson.cudnn_fastest_math(layers[1], "float32", "NCHW", "default")
+    row["median_ms"] = 2 * lesson.cudnn_fastest_math(layers[1], "float32", "NCHW", "fma")["median_ms"]
+    assert dict(lesson.reading(layers, rec["ceilings"]))[key] is False

@@ -1139,3 +1139,8 @@ def test_recorded_resnet_claims_hold_in_every_record(each_record):
         assert r[f"top1_{p}_mixed"]["met"] and not r[f"{p}_mixed_vs_fp16_b64"]["met"], p
     bound = R.mixed_bound(t)
     assert bound and all(b["floor"] < R.GOALS["int8_vs_fp16"] for b in bound.values()), bound
+    # section 4: a floor is what a convolution must take at least, so no layer of the FP16 plan runs below its own
+    # (its bytes counted by today's layer_costs: R.floored reads a record made before a correction with it)
+    below = [r["name"] for r in R.floored(t) if r["kind"] == "conv" and r["ms"] < max(r["compute_ms"], r["memory_ms"])]
+    assert not below, below
+    assert [s for s, holds in R.reading(t) if holds is not True] == []  # what the deep dive prints under the figure

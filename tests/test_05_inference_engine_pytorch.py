@@ -270,3 +270,38 @@ def test_pytorch_table_on_a_gpu(model):
         assert r["max_diff_keras"] < (1e-3 if r["precision"] == "fp32" else 0.5), r
     assert set(t["speedups"]) >= {"fp32_latency", "fp32_batch", "fp16_latency", "fp16_batch"}
     assert "over PyTorch's best, batch 64" in R.text(t)
+
+
+def test_recorded_statements_of_notebook_05_on_pytorch_hold_on_every_record():
+    """What notebook 05 says about the comparison with PyTorch (R.reading, printed under the tables) holds in every
+    record that timed torch.compile: a "NO" there can only come from a record changed under the text."""
+    recs = [r for r in records.all_records(LESSON) if (r["figures"].get("pytorch") or {}).get("available")]
+    if not recs:
+        pytest.skip("no record of lesson 5 with PyTorch")
+    for rec in recs:
+        read = R.reading(rec["figures"]["pytorch"])
+        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+
+
+def test_the_ahead_line_and_the_statements_follow_the_figures():
+    """Reversed figures print the reversed sentence: the engine made slower than PyTorch's best where it was faster
+    and faster where it was slower, ahead_line swaps the two lists and the "only in FP32" statement reads False."""
+    import copy
+
+    rec = next((r for r in records.all_records(LESSON) if (r["figures"].get("pytorch") or {}).get("available")), None)
+    if rec is None:
+        pytest.skip("no record of lesson 5 with PyTorch")
+    t = copy.deepcopy(rec["figures"]["pytorch"])
+    b = t["course"][0]["batch"]
+    before = R.ahead_line(t)
+    assert before.startswith(f"the fused + graph engine over PyTorch's best: faster in FP32 at batch {b}; slower in")
+    for key in list(t["speedups"]):
+        t["speedups"][key] = 1 / t["speedups"][key]
+    after = R.ahead_line(t)
+    assert after.endswith(f"slower in FP32 at batch {b}") and "faster in FP32 at batch 1" in after
+    read = dict(R.reading(t))
+    assert read[f"the fused + graph engine faster than PyTorch's best only in FP32 at batch {b}"] is False
+    assert read["the network in one kernel faster than PyTorch's best in every cell"] is False
+    assert read["where the fused + graph engine is slower end to end, it is slower on the GPU alone too"] is True
+    without = dict(R.reading(dict(t, rows=[r for r in t["rows"] if "compile" not in r["variant"]])))
+    assert without["PyTorch's best: torch.compile + CUDA graph in every cell but FP32 at batch 1"] is None

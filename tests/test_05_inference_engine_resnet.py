@@ -78,6 +78,13 @@ def test_costs_and_floors_per_layer(calibrated):
     assert first["bytes"] == 2 * (2 * (64 * 64 * 3 + 32 * 32 * 64) + 7 * 7 * 3 * 64)
     res = next(r for r in rows if r["name"] == "conv2_block1_3_conv")
     assert res["bytes"] == 2 * (2 * (16 * 16 * 64 + 2 * 16 * 16 * 256) + 64 * 256)  # the residual read too
+    # a strided 1x1 convolution reads every second row and column of its input: 8 x 8 of the 16 x 16 pixels
+    down = next(r for r in rows if r["name"] == "conv3_block1_1_conv")
+    assert down["kernel"] == "1x1/2" and down["in"] == [16, 16, 256] and down["out"] == [8, 8, 128]
+    assert down["bytes"] == 2 * (2 * (8 * 8 * 256 + 8 * 8 * 128) + 256 * 128)
+    # a strided 3x3 one reads them all (its windows overlap), and so does the 7x7 stem above
+    assert E.resnet._read(16, 3, 2, 1, 8) == 16 and E.resnet._read(16, 1, 2, 0, 8) == 8
+    assert E.resnet._read(15, 2, 3, 0, 5) == 10  # windows of 2 at stride 3: rows 0 1, 3 4, ..., 12 13
     fl = E.floors(rows, tflops=100.0, gbps=1000.0)
     for r in fl:
         assert r["compute_s"] == pytest.approx(r["flops"] / 1e14)
@@ -779,3 +786,43 @@ def test_the_mixed_plans_bound_takes_their_8_bit_layers_at_half_and_at_their_flo
     assert "INT8 everywhere: 2.00x" in text and "99.0%" in text and "goal 1.3x" in text
     assert R.plot_mixed_bound(t, "a test").axes[0].get_legend() is not None
 
+
+
+def test_a_records_floors_are_read_with_todays_byte_count():
+    """benchmarks/inference_engine_resnet.floored: a convolution's stored bytes are replaced by layer_costs' count
+    and its memory floor scaled with them (the record's bandwidth kept); steps without bytes are left alone."""
+    from benchmarks import inference_engine_resnet as R
+
+    costs = {r["name"]: r for r in E.layer_costs(R._optimised_for_costs(), 64)}
+    right = costs["conv3_block1_1_conv"]["bytes"]
+    stale = {"name": "conv3_block1_1_conv", "kind": "conv", "ms": 0.02, "bytes": 2 * right, "memory_ms": 0.04,
+             "compute_ms": 0.001}
+    stem = {"name": "conv1_conv+pool1_pool", "kind": "stem", "ms": 0.1}
+    got = R.floored({"batch": 64, "layers": [stem, stale]})
+    assert got[0] == stem and got[1]["bytes"] == right and got[1]["memory_ms"] == pytest.approx(0.02)
+
+
+def test_the_deep_dives_statements_on_resnet_follow_the_figures():
+    """benchmarks/inference_engine_resnet.reading on the newest record, then with its figures reversed: INT8 made to
+    agree more than FP8, a 1x1 layer made the slowest over its floor, and one layer faster than its floor each turn
+    the statement they break to False; floor_lines names the layer furthest above its floor first."""
+    import copy
+
+    from benchmarks import inference_engine_resnet as R
+    from gpucourse import records
+
+    rec = records.latest("05_inference_engine")
+    if rec is None or "resnet" not in rec["figures"]:
+        pytest.skip("no record of ResNet-50 through the engine")
+    t = copy.deepcopy(rec["figures"]["resnet"])
+    assert all(holds for _, holds in R.reading(t))
+    t["ratios"]["top1_int8"]["ratio"] = t["ratios"]["top1_fp8"]["ratio"] + 0.01
+    one = next(r for r in t["layers"] if r["name"] == "conv3_block2_1_conv")
+    one["ms"] *= 10
+    fast = next(r for r in t["layers"] if r["name"] == "conv4_block2_2_conv")
+    fast["ms"] = 0.5 * max(fast["compute_ms"], fast["memory_ms"])
+    read = dict(R.reading(t))
+    assert read["in 8 bits everywhere, FP8 agrees with FP32 on more inputs than INT8"] is False
+    assert read["the 3 x 3 convolutions of 64 channels (conv2's) the furthest above their floors"] is False
+    assert read["no convolution of the FP16 plan runs below its floor"] is False
+    assert R.floor_lines(t)[0].startswith("furthest above their floors: conv3_block2_1 ")

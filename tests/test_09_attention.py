@@ -960,3 +960,36 @@ def test_the_sm80_kernels_fit_every_learner_gpus_shared_memory(cc, monkeypatch):
         else:  # the largest that fits
             assert all(A.mma_smem_bytes(d, s) > have or A.mma_smem_bytes(d, s) <= A.mma_smem_bytes(d, variants[d][chosen])
                        for s in variants[d].values())
+
+
+def test_recorded_field_statements_notebook_09_prints_hold_on_every_record():
+    """What notebook 09 prints under its ratio table (field_reading) holds in every record of the field."""
+    from benchmarks import attention as B
+
+    for rec in _field_records():
+        read = B.field_reading(rec["figures"]["field"])
+        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+
+
+def test_the_field_statements_follow_the_figures():
+    """A field whose Hopper kernel falls to 0.97 of cuDNN in one column, and whose Triton forward falls behind
+    FlashAttention-2's, prints NO for those two statements and yes for the others; without the Hopper rows (a GPU
+    below compute capability 9.0) the Hopper statements read "-"."""
+    import copy
+
+    from benchmarks import attention as B
+
+    rec = next(iter(_field_records()))
+    field = copy.deepcopy(rec["figures"]["field"])
+    run = field["runs"][-1]
+    cudnn = run["fwd"]["cuDNN"]
+    run["fwd"]["wgmma qregs (CUDA C)"] = 0.97 * cudnn
+    run["fwd"]["Triton"] = 0.9 * run["fwd"]["FlashAttention-2"]
+    read = dict(B.field_reading(field))
+    assert read["the Hopper kernel, Q in registers: at 0.98 of cuDNN's forward or more in every column"] is False
+    assert read["Triton's forward faster than FlashAttention-2's in every column"] is False
+    assert read["cuDNN: PyTorch's fastest backend in every column, forward, backward and both"] is True
+    for r in field["runs"]:
+        r["fwd"] = {k: v for k, v in r["fwd"].items() if not k.startswith("wgmma ")}
+    read = dict(B.field_reading(field))
+    assert read["the Hopper kernel: Q in registers its fastest order in most columns"] is None

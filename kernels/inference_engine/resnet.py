@@ -105,19 +105,27 @@ def calibrate_batchnorm(g: Graph, images, *, progress: bool = True) -> Graph:
     return g
 
 
+def _read(size: int, k: int, stride: int, pad: int, out: int) -> int:
+    """How many of an axis's ``size`` input positions a window of ``k`` at ``stride`` (``pad`` before the first)
+    reads for ``out`` outputs: all of them, unless the window is narrower than the stride (a strided 1x1 convolution
+    reads every stride-th row and column only)."""
+    return len({o * stride + i - pad for o in range(out) for i in range(k)} & set(range(size)))
+
+
 def layer_costs(g: Graph, batch: int = 1, bytes_per_element: int = 2) -> list:
     """Per convolution (Conv or CBR node) of ``g``: FLOPs (2 multiply-add) and the bytes it must move at least
-    (its input, its weights, its output and any residual once each, ``bytes_per_element`` each) for ``batch``
-    images."""
+    (the input pixels its windows read, its weights, its output and any residual once each, ``bytes_per_element``
+    each) for ``batch`` images."""
     rows = []
     for n in g.nodes:
         if n.op not in ("Conv", "CBR"):
             continue
         (h, w, c), (ho, wo, k) = g.shapes[n.inputs[0]], g.shapes[n.outputs[0]]
         k = n.weights["w"].shape[-1]
-        stride, _ = conv_geometry(n.attrs)
+        stride, pad = conv_geometry(n.attrs)
         macs = batch * ho * wo * k * n.attrs["kh"] * n.attrs["kw"] * c
-        elements = batch * (h * w * c + ho * wo * k * (2 if n.attrs.get("residual") else 1)) + n.weights["w"].size
+        read = _read(h, n.attrs["kh"], stride, pad[0], ho) * _read(w, n.attrs["kw"], stride, pad[2], wo) * c
+        elements = batch * (read + ho * wo * k * (2 if n.attrs.get("residual") else 1)) + n.weights["w"].size
         rows.append({"name": n.name, "kernel": f"{n.attrs['kh']}x{n.attrs['kw']}/{stride}", "in": [h, w, c],
                      "out": [ho, wo, k], "flops": 2.0 * macs, "bytes": float(elements * bytes_per_element)})
     return rows
