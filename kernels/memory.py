@@ -27,6 +27,7 @@ cuda = runtime.cuda()
 
 SOURCE = "memory"  # kernels/cuda/memory.cu
 TILE = 32  # transpose tiles of TILE x TILE ...
+TILE_PADDED = TILE + 1  # a padded tile's row: one word more (numba needs the shape as one constant)
 BLOCK_ROWS = 8  # ... moved by blocks of TILE x BLOCK_ROWS threads, each thread TILE / BLOCK_ROWS elements
 MM_TILE = 16  # the tiled matrix multiply: MM_TILE x MM_TILE tiles and threads per block
 STRIDE_THREADS = 256
@@ -110,7 +111,7 @@ def transpose_tiled(a, out):
 def transpose_padded(a, out):
     """transpose_tiled with each row of the tile one word longer: going down a column now steps 33 words, so the
     32 lanes fall in 32 different banks."""
-    tile = cuda.shared.array((TILE, TILE + 1), np.float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     col = cuda.blockIdx.x * TILE + tx
     row = cuda.blockIdx.y * TILE + ty
@@ -129,7 +130,7 @@ def transpose_padded(a, out):
 def transpose_unsynced(a, out):
     """transpose_padded WITHOUT cuda.syncthreads(): a thread may read a tile element another warp has not
     written yet. Wrong on purpose (a race; compute-sanitizer's racecheck reports it); never use it."""
-    tile = cuda.shared.array((TILE, TILE + 1), np.float32)
+    tile = cuda.shared.array((TILE, TILE_PADDED), np.float32)
     tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
     col = cuda.blockIdx.x * TILE + tx
     row = cuda.blockIdx.y * TILE + ty
