@@ -260,13 +260,21 @@ def test_recorded_latency_rises_level_by_level(record):
 
 
 def test_recorded_strides_follow_the_model(record):
-    """The model's sectors are what the sweep recorded beside it, and the useful bandwidth falls as they grow."""
+    """The model's sectors are what the sweep recorded beside it; the useful bandwidth falls as they grow; at strides
+    4 and 8 (16 and 32 sectors a warp) the model's time at the copy ceiling is within 20% of the measured one, and
+    from stride 16 on, where a warp's sectors are 64 bytes or more apart, the GPU takes longer than the model says
+    (device memory moves them in pairs: the note's reading)."""
     for rec in records.all_records(LESSON):
         rows = rec["figures"]["strides"]["rows"]
         for r in rows:
             assert r["sectors"] == mm.stride_sectors(r["stride"])
-        by = {r["stride"]: r["gbps"] for r in rows}
-        assert by[1] > 2 * by[4] > by[8], rec["path"]
+        by = {r["stride"]: r for r in rows}
+        gbps = [by[s]["gbps"] for s in (1, 2, 4, 8, 16)]
+        assert all(a > b for a, b in zip(gbps, gbps[1:])), rec["path"]
+        for s in (4, 8):
+            assert 0.8 <= by[s]["gbps"] / by[s]["model_gbps"] <= 1.2, (rec["path"], s)
+        for s in (16, 32):
+            assert by[s]["gbps"] / by[s]["model_gbps"] < 0.8, (rec["path"], s)
 
 
 def test_recorded_sectors_match_the_model(record):
