@@ -77,7 +77,7 @@ def hierarchy(repeats: int = 5) -> dict:
     x = cp.random.random(hbm_bytes // 4, dtype=cp.float32)
     sink = cp.zeros(1, dtype=cp.float32)
     probes = {  # level: (slice of float4 per block, reps, shift)
-        "L1": (512, 4000, 0),  # 8 KiB a block, eight blocks an SM: 64 KiB an SM, reread
+        "L1": (1024, 2000, 0),  # 16 KiB a block, eight blocks an SM: 128 KiB an SM, reread
         "L2": (l2 // 4 // 16 // blocks, 400, 1),  # a quarter of the L2 in all, passed from block to block
         "HBM": (hbm_bytes // 16 // blocks, 1, 0),  # 1 GiB, read once
     }

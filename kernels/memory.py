@@ -456,8 +456,10 @@ def read_level(x, *, slice_vec: int, reps: int, shift: int, blocks: int, threads
     _require_cupy(x)
     if x.dtype != cp.float32 or x.size < blocks * slice_vec * 4:
         raise runtime.CourseInputError("x must be float32 with at least blocks * slice_vec * 4 elements")
+    if not (0 <= shift < blocks and 1 <= slice_vec < 2**31):
+        raise runtime.CourseInputError("shift must be 0 .. blocks - 1, and a slice fewer than 2**31 float4")
     sink = sink if sink is not None else cp.zeros(1, dtype=cp.float32)
-    cuda_c.function(SOURCE, "read_level")((blocks,), (threads,), (x, np.int64(slice_vec), np.int32(reps),
+    cuda_c.function(SOURCE, "read_level")((blocks,), (threads,), (x, np.int32(slice_vec), np.int32(reps),
                                                                   np.int32(shift), sink))
     return sink
 

@@ -75,19 +75,21 @@ extern "C" __global__ void clock_rate(unsigned long long ns, unsigned long long*
 // each block rereads its own slice, which its SM's L1 keeps where it fits; with shift 1 the block reads another
 // slice each time, one that other SMs read before: the L2 serves it where all the slices fit there. The sum is
 // written only if it is impossible (x is non-negative), so the loads cannot be dropped and nothing is written.
-extern "C" __global__ void read_level(const float* x, long long slice_vec, int reps, int shift, float* sink)
+extern "C" __global__ void read_level(const float* x, int slice_vec, int reps, int shift, float* sink)
 {
     const float4* v = reinterpret_cast<const float4*>(x);
     float acc0 = 0.0f, acc1 = 0.0f;  // two sums: the adds keep up with the loads
+    unsigned s = blockIdx.x;  // this rep's slice: (blockIdx.x + r * shift) % gridDim.x, shift < gridDim.x
     for (int r = 0; r < reps; ++r) {
-        long long s = (blockIdx.x + (long long)r * shift) % gridDim.x;
-        const float4* p = v + s * slice_vec;
+        const float4* p = v + (size_t)s * slice_vec;
 #pragma unroll 4
-        for (long long i = threadIdx.x; i < slice_vec; i += blockDim.x) {
+        for (int i = threadIdx.x; i < slice_vec; i += blockDim.x) {
             float4 q = p[i];
             acc0 += q.x + q.y;
             acc1 += q.z + q.w;
         }
+        s += shift;
+        if (s >= gridDim.x) s -= gridDim.x;
     }
     if (acc0 + acc1 == -1.0f) sink[0] = acc0;
 }
