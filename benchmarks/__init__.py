@@ -14,6 +14,7 @@ from gpucourse import bench, records, runtime
 LESSONS = {
     "01_vector_multiply": "benchmarks.vector_multiply",
     "02_warp_divergence": "benchmarks.warp_divergence",
+    "03_memory": "benchmarks.memory",
     "03_tensor_cores": "benchmarks.tensor_cores",
     "04_convolution": "benchmarks.convolution",
     "05_inference_engine": "benchmarks.inference_engine",

@@ -34,6 +34,10 @@ SIZES = {
     "warp_divergence.iters": (2048, 8),  # multiply-add rounds per chain in that body
     "warp_divergence.paths": ((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 4, 8, 32)),
     "warp_divergence.reduce_n": (2**28, 20_000),  # float32 elements: 1 GiB on a GPU
+    "memory.n": (8192, 64),  # lesson 3's n x n float32 matrices (2-D scale, transposes): 256 MiB each on a GPU
+    "memory.stride_n": (2**25, 1_024),  # elements copy_strided writes; it reads them from n * 32 (4 GiB on a GPU)
+    "memory.strides": ((1, 2, 4, 8, 16, 32), (1, 2, 4, 8)),  # strides of the coalescing sweep
+    "memory.matmul_n": (4096, 32),  # n of lesson 3's n x n x n FP32 matrix multiplies (numba naive and tiled)
     "tensor_cores.n": (8192, 48),  # C = A B, n x n x n: the lesson's kernels (simulator: numba kernels only)
     "tensor_cores.sweep": ((512, 1024, 2048, 4096, 8192), ()),  # sizes of the rate-against-size sweep
     "tensor_cores.check_n": (4096, 32),  # n for the error table against float64
