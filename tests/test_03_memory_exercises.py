@@ -74,7 +74,7 @@ class TestExercises(LessonExercises):
         blur_wraps_around: ["test_3_4_blur"],
         blur_without_weights: ["test_3_4_blur"],
     }
-    UNANSWERED = {"test_3_1_rotate": "NotImplementedError", "test_3_2_matmul": "NotImplementedError",
+    UNANSWERED = {"test_3_1_rotate": "must go through", "test_3_2_matmul": "must go through",
                   "test_3_3_layouts": "NameError", "test_3_3_widths": "NotImplementedError",
                   "test_3_4_blur": "NotImplementedError"}
     ANSWERS = ["rows - 1 - r] = tile[TILE - 1 - tx, j]", "sb[tx, kk]", "(2 - abs(dr)) * (2 - abs(dc))",
