@@ -55,10 +55,12 @@ def gradable_points(points: dict, lacking=()) -> float:
 
 
 def assert_lacking_not_gradable(report, lacking) -> None:
-    """The tests of software this machine lacks: "not gradable here (needs software this machine lacks)", 0 points."""
+    """The tests this machine lacks the software or the GPUs for: "not gradable here (needs software this machine
+    lacks)" or "(needs more GPUs)", 0 points."""
     for grade_id in lacking:
         t = report.test(grade_id)
-        assert (t.points, t.status) == (0, grading.NOT_GRADABLE_SOFTWARE) and not t.gradable, report.format()
+        assert t.points == 0 and not t.gradable, report.format()
+        assert t.status in (grading.NOT_GRADABLE_SOFTWARE, grading.NOT_GRADABLE_GPUS), report.format()
 
 
 def assert_full_marks(report, points: dict, lacking=()) -> None:
@@ -147,6 +149,8 @@ class LessonExercises:
     TIMEOUT: seconds per cell.
     lacking(): the grade_ids of tests this machine lacks the software for (grading.software_missing), which the
     grader reports "not gradable here"; none by default.
+    MULTI_GPU: {grade_id: GPUs} of tests of results that only a machine with that many GPUs checks
+    (grading.needs_gpus): on one with fewer (CPU mode: none) they are among lacking() too.
 
     A subclass adds its own tests (what the feedback says) with the ``graded`` fixture: {"solution",
     "exercise", variant name: GradeReport}."""
@@ -159,10 +163,18 @@ class LessonExercises:
     UNANSWERED: dict = {}
     ANSWERS: list = []
     TIMEOUT = 60
+    MULTI_GPU: dict = {}
 
     @classmethod
     def lacking(cls) -> set:
-        return set()
+        return cls.gpus_lacking()
+
+    @classmethod
+    def gpus_lacking(cls) -> set:
+        from gpucourse import runtime
+
+        have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+        return {g for g, n in cls.MULTI_GPU.items() if have < n}
 
     @classmethod
     def solution(cls) -> Path:

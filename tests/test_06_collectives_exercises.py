@@ -2,7 +2,7 @@
 and known-wrong answers exactly the points their mistakes leave them. Everything runs in CPU mode: Tasks 6.2 to 6.4
 are graded on the simulated ring's virtual clock (kernels/collectives/ring_sim.py), whose times do not depend on how the
 threads are scheduled, and Task 6.5's schedule on the CPU model of streams and events (col.SimRing); its two
-GPU tests (perf_*) need two or more GPUs and are "not gradable here"; their GPU side is checked by running the
+GPU tests (test_6_5_results, perf_6_5_speed) need two or more GPUs and are "not gradable here"; their GPU side is checked by running the
 solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode gpu)."""
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ class TestExercises(LessonExercises):
     TIMEOUT = 60  # seconds per cell; the slowest takes well under one
     POINTS = {"test_6_1_time": 2, "test_6_1_best": 1, "test_6_2_data": 2, "test_6_2_pipelined": 2,
               "test_6_3_results": 2, "test_6_3_traffic": 1, "test_6_4_gradients": 2,
-              "test_6_5_schedule": 2, "perf_6_5_results": 2, "perf_6_5_speed": 2}
+              "test_6_5_schedule": 2, "test_6_5_results": 2, "perf_6_5_speed": 2}
+    MULTI_GPU = {"test_6_5_results": 2}  # results on GPUs: graded on a machine with two or more
     VARIANTS = {
         no_latency_steps: ["test_6_1_time"],
         rounded_optimum: ["test_6_1_best"],

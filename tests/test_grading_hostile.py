@@ -1346,3 +1346,29 @@ def test_a_test_this_machine_lacks_the_software_for_is_not_gradable_rather_than_
         grading.TestResult("test_x", 0.0, 3.0, grading.NOT_GRADABLE_SOFTWARE, line)])
     assert report.gradable_max_score == 2.0
     assert "3 points need software this machine lacks and were not given" in report.format(), report.format()
+
+
+def test_a_test_of_results_on_more_gpus_than_this_machine_has_is_not_gradable_rather_than_failed(capsys):
+    """A test of results that only a machine with several GPUs can check (grading.needs_gpus) says so in one line
+    and is left out of the gradable total in either mode; a test whose source does not ask is graded as usual when
+    it prints the same line, and an error is still a failure."""
+    from gpucourse import runtime
+
+    have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+    assert grading.needs_gpus(have, 2.0) is False and capsys.readouterr().out == ""
+    assert grading.needs_gpus(have + 1, 2) is True
+    line = capsys.readouterr().out.strip()
+    assert line == f"not gradable on this machine (needs {have + 1} GPUs, it has {have}); 0 of 2 points given here"
+    said = {"output_type": "stream", "name": "stdout", "text": line + "\n"}
+    asks = "if not grading.needs_gpus(2, 2):\n    check()"
+    verdict = grading.verdicts.cell_verdict
+    for mode in ("cpu", "gpu"):
+        assert verdict(_graded_cell(asks, [said]), 2.0, mode) == (0.0, grading.NOT_GRADABLE_GPUS, line)
+    assert verdict(_graded_cell("check()", [said]), 2.0, "cpu")[:2] == (2.0, "passed")
+    error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
+    assert verdict(_graded_cell(asks, [said, error]), 2.0, "cpu")[:2] == (0.0, "failed")
+    report = grading.GradeReport("x.ipynb", "06_collectives", "cpu", tests=[
+        grading.TestResult("test_a", 2.0, 2.0, "passed", ""),
+        grading.TestResult("test_x", 0.0, 2.0, grading.NOT_GRADABLE_GPUS, line)])
+    assert report.gradable_max_score == 2.0
+    assert "2 points need more GPUs and were not given" in report.format(), report.format()

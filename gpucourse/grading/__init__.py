@@ -59,16 +59,16 @@ Rooms, each a floor above the ones it imports (nothing imports upwards):
     pool         the grader's side of the workers: the course copy, the guarded kernelspec, the pool
     kernel       the guarded kernel a graded notebook runs in, and its audit hook (``kernel_main``)
     performance  performance points and their clocks (``performance_points``); tests this machine cannot grade
-                 (``gpus_missing``, ``step_missing``, ``software_missing``)
+                 (``gpus_missing``, ``needs_gpus``, ``step_missing``, ``software_missing``)
     autograde    ``grade`` and ``grade_class``
     exercises    ``generate_exercises`` and ``check_exercises``
     cli          ``python -m gpucourse grade | grade-class | exercises``
 """
-from .settings import (CPU_PERF_MESSAGE, EXERCISES, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH,
+from .settings import (CPU_PERF_MESSAGE, EXERCISES, GPUS_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH,
                        NOT_GRADABLE_GPUS, NOT_GRADABLE_SOFTWARE, PERF_PREFIX, REPO, SOFTWARE_MESSAGE, SOLUTIONS,
                        STEP_PERF_MESSAGE, WARNING_PATTERN, GradingError, Limits)
 from .reports import ClassReport, GradeReport, TestResult
-from .performance import gpus_missing, performance_points, performance_score, software_missing, step_missing
+from .performance import gpus_missing, needs_gpus, performance_points, performance_score, software_missing, step_missing
 from .autograde import grade, grade_class
 from .exercises import check_exercises, generate_exercises
 from .cli import exercises_cli, grade_class_cli, grade_cli
@@ -76,7 +76,7 @@ from . import (autograde, cli, course, exercises, integrity, kernel, performance
                settings, submissions, verdicts, worker)
 
 __all__ = ["grade", "grade_class", "performance_points", "performance_score", "gpus_missing", "step_missing",
-           "software_missing",
+           "software_missing", "needs_gpus", "GPUS_MESSAGE",
            "generate_exercises", "check_exercises", "GradeReport", "ClassReport", "TestResult", "GradingError",
            "Limits", "grade_cli", "grade_class_cli", "exercises_cli", "REPO", "SOLUTIONS", "EXERCISES", "PERF_PREFIX",
            "NOT_GRADABLE", "NOT_GRADABLE_GPUS", "NOT_GRADABLE_ARCH", "NOT_GRADABLE_SOFTWARE", "CPU_PERF_MESSAGE",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .. import gpus, runtime
 from .reports import number
-from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_PERF_MESSAGE, SOFTWARE_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
+from .settings import CPU_PERF_MESSAGE, FULL_AT, GPUS_MESSAGE, GPUS_PERF_MESSAGE, SOFTWARE_MESSAGE, STEP_PERF_MESSAGE, ZERO_AT
 from .verdicts import first_lines
 
 
@@ -181,6 +181,19 @@ def gpus_missing(needed: int, max_points: float) -> bool:
     if have >= needed:
         return False
     print(GPUS_PERF_MESSAGE.format(needed=needed, have=have, points=number(max_points)))
+    return True
+
+
+def needs_gpus(needed: int, max_points: float) -> bool:
+    """For a test of results (not a ``perf_`` test) that only a machine with ``needed`` GPUs can check: with fewer
+    (CPU mode has none), print the line that makes it "not gradable here (needs more GPUs)" (0 points, left out of
+    the gradable total) and return True; otherwise False. The test cell starts with ``if not
+    grading.needs_gpus(2, points): ...``; the verdict believes the line only in a test whose own source calls this
+    function."""
+    have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+    if have >= needed:
+        return False
+    print(GPUS_MESSAGE.format(needed=needed, have=have, points=number(max_points)))
     return True
 
 

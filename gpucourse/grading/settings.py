@@ -59,6 +59,9 @@ NOT_GRADABLE_STATUSES = (NOT_GRADABLE, NOT_GRADABLE_GPUS, NOT_GRADABLE_ARCH, NOT
 CPU_PERF_MESSAGE = "performance: not gradable in CPU mode (needs a GPU); 0 of {points} points given here"
 GPUS_PERF_MESSAGE = ("performance: not gradable on this machine (needs {needed} GPUs, it has {have}); "
                      "0 of {points} points given here")
+# Any test (not only a performance test) that needs more GPUs than the machine has, CPU mode included
+# (grading.needs_gpus): the test cell prints this line and checks nothing.
+GPUS_MESSAGE = "not gradable on this machine (needs {needed} GPUs, it has {have}); 0 of {points} points given here"
 # A performance test of a lesson step this GPU cannot run (gpucourse.gpus says which GPU each step needs).
 STEP_PERF_MESSAGE = "performance: not gradable on this GPU ({why}); 0 of {points} points given here"
 # Any test (not only a performance test) of something this machine lacks the software for, e.g. Triton's kernels

@@ -18,6 +18,8 @@
       error is "not gradable here (needs software this machine lacks)": 0 points, left out of the gradable total,
       e.g. a Triton test where neither a GPU nor PyTorch for Triton's interpreter is there. A test that does not
       call it and prints the line is graded as usual.
+    * Likewise any test whose own source calls ``needs_gpus`` and which printed ``GPUS_MESSAGE`` without an error
+      is "not gradable here (needs more GPUs)", in either mode: a check of results on several GPUs.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import re
 
 from .integrity import transform_ipython
 from .reports import number
-from .settings import (CPU_PERF_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS,
+from .settings import (CPU_PERF_MESSAGE, GPUS_MESSAGE, GPUS_PERF_MESSAGE, NOT_GRADABLE, NOT_GRADABLE_ARCH, NOT_GRADABLE_GPUS,
                        NOT_GRADABLE_SOFTWARE, PERF_PREFIX, SOFTWARE_MESSAGE, STEP_PERF_MESSAGE, ANSI)
 
 
@@ -59,6 +61,10 @@ def cell_verdict(cell, max_points: float, mode: str | None, event=None) -> tuple
     if lacking and "software_missing(" in as_text(cell.get("source")) \
             and not any(o.get("output_type") == "error" for o in outputs):
         return 0.0, NOT_GRADABLE_SOFTWARE, lacking[-1]
+    too_few = [line for line in stdout.splitlines() if line.startswith(GPUS_MESSAGE.split("{")[0])]
+    if too_few and "needs_gpus(" in as_text(cell.get("source")) \
+            and not any(o.get("output_type") == "error" for o in outputs):
+        return 0.0, NOT_GRADABLE_GPUS, too_few[-1]
     if grade_id.startswith(PERF_PREFIX) and said and said[-1].startswith(GPUS_PERF_MESSAGE.split("{")[0]) \
             and not any(o.get("output_type") == "error" for o in outputs):
         return 0.0, NOT_GRADABLE_GPUS, said[-1]
