@@ -45,6 +45,12 @@ class Result:
 LOG: list[Result] = []
 
 
+def _element(v) -> str:
+    """An array element as a short text (0.125732, not np.float32(0.12573022)): messages fit a notebook cell."""
+    v = v.item() if hasattr(v, "item") else v
+    return f"{v:.6g}" if isinstance(v, float) else repr(v)
+
+
 def _compare(got, expected) -> str | None:
     """None when ``got`` matches ``expected`` (arrays: same shape and close values), else what differs."""
     import numpy as np
@@ -64,7 +70,7 @@ def _compare(got, expected) -> str | None:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             return (f"{int(bad.sum())} of {bad.size} elements differ; first at index {where}: "
-                    f"got {got[where]!r}, expected {expected[where]!r}")
+                    f"got {_element(got[where])}, expected {_element(expected[where])}")
         return None
     if isinstance(expected, float) and isinstance(got, (int, float)):
         return None if abs(got - expected) <= 1e-6 * max(1.0, abs(expected)) else f"got {got!r}, expected {expected!r}"
