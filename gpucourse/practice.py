@@ -9,8 +9,9 @@ and ends with a visible check::
     practice.check("sectors of a column", predict, 32)         # a function, called with no arguments
     practice.check("no conflicts", ways, lambda w: w == 1 or f"{w}-way conflict")  # a checker
 
-``check`` never raises: a blank or wrong cell prints ``not yet: ...`` with what differs, so a notebook run (CI
-runs every notebook) goes on; a right one prints ``ok: ...``. Either way it returns a :class:`Result` (truthy when
+``check`` never raises: a blank or wrong cell prints ``not yet: ...`` with what differs (one line, cut to fit a
+notebook cell; the whole message is in the result), so a notebook run (CI runs every notebook) goes on; a right
+one prints ``ok: ...``. Either way it returns a :class:`Result` (truthy when
 passed) and appends it to :data:`LOG`.
 
 The answer is folded in the markdown cell right after the practice cell, in a ``<details>`` block holding one
@@ -30,6 +31,7 @@ from pathlib import Path
 
 TAG = "practice"
 BLANK = "# your code here"
+WIDTH = 100  # characters a printed line may take in a notebook cell (gpucourse.notebooks.WIDTH)
 
 
 @dataclass
@@ -96,7 +98,8 @@ def check(name: str, got, expected) -> Result:
         problem = f"{type(e).__name__}: {e}"
     result = Result(name, problem is None, "ok" if problem is None else problem)
     LOG.append(result)
-    print(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
+    line = f"ok: {name}" if result.passed else f"not yet: {name}: {' '.join(problem.split())}"
+    print(line if len(line) <= WIDTH else line[:WIDTH - 3] + "...")  # one line that fits a notebook cell
     return result
 
 
