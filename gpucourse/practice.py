@@ -43,6 +43,9 @@ class Result:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _ipython_display_(self) -> None:
+        """Nothing more to show: ``check`` printed its line. (A cell that ends with a check shows no Out[] repr.)"""
+
 
 LOG: list[Result] = []
 

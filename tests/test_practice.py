@@ -69,3 +69,9 @@ def test_a_report_fits_a_notebook_cell(capsys):
     assert line.startswith("not yet: long: ValueError") and len(result.message) > len(line) - len("not yet: long: ")
     practice.check("array", np.full(3, np.nan, np.float32), np.array([0.1, 0.2, 0.3], np.float32))
     assert "got nan, expected 0.1\n" in capsys.readouterr().out
+
+
+def test_a_cell_ending_with_a_check_shows_only_the_printed_line():
+    from IPython.core.formatters import DisplayFormatter
+
+    assert DisplayFormatter().format(practice.Result("x", False, "a long message")) == ({}, {})
