@@ -9,8 +9,9 @@ and ends with a visible check::
     practice.check("sectors of a column", predict, 32)         # a function, called with no arguments
     practice.check("no conflicts", ways, lambda w: w == 1 or f"{w}-way conflict")  # a checker
 
-``check`` never raises: a blank or wrong cell prints ``not yet: ...`` with what differs, so a notebook run (CI
-runs every notebook) goes on; a right one prints ``ok: ...``. Either way it returns a :class:`Result` (truthy when
+``check`` never raises: a blank or wrong cell prints ``not yet: ...`` with what differs (one line, cut to fit a
+notebook cell; the whole message is in the result), so a notebook run (CI runs every notebook) goes on; a right
+one prints ``ok: ...``. Either way it returns a :class:`Result` (truthy when
 passed) and appends it to :data:`LOG`.
 
 The answer is folded in the markdown cell right after the practice cell, in a ``<details>`` block holding one
@@ -30,6 +31,7 @@ from pathlib import Path
 
 TAG = "practice"
 BLANK = "# your code here"
+WIDTH = 100  # characters a printed line may take in a notebook cell (gpucourse.notebooks.WIDTH)
 
 
 @dataclass
@@ -41,8 +43,17 @@ class Result:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _ipython_display_(self) -> None:
+        """Nothing more to show: ``check`` printed its line. (A cell that ends with a check shows no Out[] repr.)"""
+
 
 LOG: list[Result] = []
+
+
+def _element(v) -> str:
+    """An array element as a short text (0.125732, not np.float32(0.12573022)): messages fit a notebook cell."""
+    v = v.item() if hasattr(v, "item") else v
+    return f"{v:.6g}" if isinstance(v, float) else repr(v)
 
 
 def _compare(got, expected) -> str | None:
@@ -64,7 +75,7 @@ def _compare(got, expected) -> str | None:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             return (f"{int(bad.sum())} of {bad.size} elements differ; first at index {where}: "
-                    f"got {got[where]!r}, expected {expected[where]!r}")
+                    f"got {_element(got[where])}, expected {_element(expected[where])}")
         return None
     if isinstance(expected, float) and isinstance(got, (int, float)):
         return None if abs(got - expected) <= 1e-6 * max(1.0, abs(expected)) else f"got {got!r}, expected {expected!r}"
@@ -90,7 +101,8 @@ def check(name: str, got, expected) -> Result:
         problem = f"{type(e).__name__}: {e}"
     result = Result(name, problem is None, "ok" if problem is None else problem)
     LOG.append(result)
-    print(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
+    line = f"ok: {name}" if result.passed else f"not yet: {name}: {' '.join(problem.split())}"
+    print(line if len(line) <= WIDTH else line[:WIDTH - 3] + "...")  # one line that fits a notebook cell
     return result
 
 

@@ -56,3 +56,22 @@ def test_with_answer_replaces_the_stubs():
     assert "return a + 1" in filled and "your code here" not in filled and filled.endswith("practice.check('f', f(1), 2)\n")
     with pytest.raises(ValueError):
         practice.with_answer(cell, "def g():\n    pass\n")
+
+
+def test_a_report_fits_a_notebook_cell(capsys):
+    import numpy as np
+
+    from gpucourse import notebooks
+
+    result = practice.check("long", lambda: np.ones(3) @ np.ones((4, 2)), 1)
+    line = capsys.readouterr().out.rstrip("\n")
+    assert not result and "\n" not in line and len(line) <= notebooks.WIDTH == practice.WIDTH, line
+    assert line.startswith("not yet: long: ValueError") and len(result.message) > len(line) - len("not yet: long: ")
+    practice.check("array", np.full(3, np.nan, np.float32), np.array([0.1, 0.2, 0.3], np.float32))
+    assert "got nan, expected 0.1\n" in capsys.readouterr().out
+
+
+def test_a_cell_ending_with_a_check_shows_only_the_printed_line():
+    from IPython.core.formatters import DisplayFormatter
+
+    assert DisplayFormatter().format(practice.Result("x", False, "a long message")) == ({}, {})
