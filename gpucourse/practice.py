@@ -11,7 +11,8 @@ and ends with a visible check::
 
 ``check`` never raises: a blank or wrong cell prints ``not yet: ...`` with what differs, so a notebook run (CI
 runs every notebook) goes on; a right one prints ``ok: ...``. Either way it returns a :class:`Result` (truthy when
-passed) and appends it to :data:`LOG`.
+passed) and appends it to :data:`LOG`. The verdict fits a notebook cell (long values are cut short, lines wrapped at
+100 characters), and the Result a cell ends with is not displayed again under it.
 
 The answer is folded in the markdown cell right after the practice cell, in a ``<details>`` block holding one
 fenced ``python`` block: the filled-in definitions. :func:`cells` finds each (practice cell, answer) pair of a
@@ -41,6 +42,15 @@ class Result:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _ipython_display_(self) -> None:
+        """A cell that ends with ``practice.check(...)`` shows the verdict check printed, not this object too."""
+
+
+def _short(value, limit: int = 160) -> str:
+    """repr(value), cut short: a verdict names what differs, it need not print a whole schedule."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
 
 LOG: list[Result] = []
 
@@ -64,11 +74,11 @@ def _compare(got, expected) -> str | None:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             return (f"{int(bad.sum())} of {bad.size} elements differ; first at index {where}: "
-                    f"got {got[where]!r}, expected {expected[where]!r}")
+                    f"got {_short(got[where])}, expected {_short(expected[where])}")
         return None
     if isinstance(expected, float) and isinstance(got, (int, float)):
         return None if abs(got - expected) <= 1e-6 * max(1.0, abs(expected)) else f"got {got!r}, expected {expected!r}"
-    return None if got == expected else f"got {got!r}, expected {expected!r}"
+    return None if got == expected else f"got {_short(got)}, expected {_short(expected)}"
 
 
 def check(name: str, got, expected) -> Result:
@@ -83,14 +93,16 @@ def check(name: str, got, expected) -> Result:
         if callable(expected):
             verdict = expected(value)
             problem = None if verdict is True else (verdict if isinstance(verdict, str) and verdict
-                                                    else f"got {value!r}")
+                                                    else f"got {_short(value)}")
         else:
             problem = _compare(value, expected)
     except Exception as e:  # the learner's code failed: report it, let the notebook go on
         problem = f"{type(e).__name__}: {e}"
     result = Result(name, problem is None, "ok" if problem is None else problem)
     LOG.append(result)
-    print(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
+    from .plots import wrap
+
+    print(wrap(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}"))
     return result
 
 
