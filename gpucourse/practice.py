@@ -25,8 +25,11 @@ from __future__ import annotations
 import ast
 import json
 import re
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from .notebooks import WIDTH  # what a printed line may take in a notebook cell
 
 TAG = "practice"
 BLANK = "# your code here"
@@ -40,6 +43,9 @@ class Result:
 
     def __bool__(self) -> bool:
         return self.passed
+
+    def _ipython_display_(self) -> None:
+        """Nothing: ``check`` has printed the verdict, and a cell that ends with it should not echo it again."""
 
 
 LOG: list[Result] = []
@@ -64,7 +70,7 @@ def _compare(got, expected) -> str | None:
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
             return (f"{int(bad.sum())} of {bad.size} elements differ; first at index {where}: "
-                    f"got {got[where]!r}, expected {expected[where]!r}")
+                    f"got {got[where].item()!r}, expected {expected[where].item()!r}")
         return None
     if isinstance(expected, float) and isinstance(got, (int, float)):
         return None if abs(got - expected) <= 1e-6 * max(1.0, abs(expected)) else f"got {got!r}, expected {expected!r}"
@@ -90,7 +96,8 @@ def check(name: str, got, expected) -> Result:
         problem = f"{type(e).__name__}: {e}"
     result = Result(name, problem is None, "ok" if problem is None else problem)
     LOG.append(result)
-    print(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
+    print(f"ok: {name}" if result.passed else textwrap.fill(f"not yet: {name}: {problem}", WIDTH,
+                                                            subsequent_indent="    ", break_long_words=True))
     return result
 
 
