@@ -548,6 +548,8 @@ def _readings(figures: dict) -> dict:
                   block((x, y), False), 0.02) for x, y in BLOCKS),
             cmp("32 x 8, x along the rows (32 sectors a warp)", "below", "a third of 32 x 8 along the columns",
                 block((32, 8), True), lambda: block((32, 8), False)() / 3),
+            cmp("8 x 32, x along the rows (8 sectors a warp)", "level with", "8 x 32 along the columns",
+                block((8, 32), True), block((8, 32), False), 0.1),
         ],
         "strides": [
             *(cmp(f"useful GB/s at stride {2 * k}", "below", f"stride {k}'s", stride(2 * k), stride(k), 0.05)
@@ -572,8 +574,12 @@ def _readings(figures: dict) -> dict:
             cmp("padded transpose", "level with", "half the copy's GB/s", tr("padded"),
                 lambda: t["copy_gbps"] / 2, 0.25),
             cmp("padded transpose", "below", "the copy's GB/s", tr("padded"), lambda: t["copy_gbps"], 0.2),
+            cmp("padded transpose, the bytes the model moves", "level with", "the bytes a copy moves",
+                tr("padded", "model_bytes"), lambda: t["bytes"], 0.01),
             cmp("naive transpose", "below", "a quarter of the copy's GB/s", tr("naive"),
                 lambda: t["copy_gbps"] / 4),
+            cmp("naive transpose's time", "above", "the model's time at the copy ceiling", tr("naive", "median_ms"),
+                tr("naive", "model_ms"), 0.2),
         ],
         "matmuls": [
             cmp("tiled matmul's TFLOP/s", "above", "3x the naive one's", mmr("tiled"), lambda: 3 * mmr("naive")()),
@@ -602,9 +608,12 @@ def reading(figures: dict, figure: str | None = None) -> list:
     return [statement for name in read for statement in read[name]]
 
 
-def reading_view(figures: dict, figure: str, source: str) -> plots.Table:
-    """The statements of ``reading`` about one figure, each checked on ``figures``, labelled with their source."""
-    return claims.view({"holds": reading(figures, figure)}, title="What the figures say, checked", source=source)
+def reading_view(figure: str, shown) -> plots.Table:
+    """The statements of ``reading`` about one figure, checked on the figure a notebook cell just showed
+    (``shown``: benchmarks.show's (data, source)), labelled with its source."""
+    data, source = shown
+    return claims.view({"holds": reading({figure: data or {}}, figure)}, title="What the figure says, checked",
+                       source=source)
 
 
 # ------------------------------------------------------------------------------------------------- figures
