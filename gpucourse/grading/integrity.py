@@ -51,7 +51,10 @@ BLOCKED_MODULES = {
     "ipykernel": "drives the notebook kernel", "jupyter_client": "drives notebook kernels",
     "zmq": "talks to notebook kernels", "sys.monitoring": "traces the tests", "trace": "traces the tests",
     "pdb": "traces the tests", "bdb": "traces the tests", "gpucourse.grading": "is the grader itself",
+    "triton.runtime.build": "compiles and loads C code", "triton.backends": "reaches Triton's compiler internals",
 }
+# Of BLOCKED_MODULES, those refused also when reached as an attribute of an imported package (triton.backends...).
+_BLOCKED_AS_ATTRIBUTE = ("triton.runtime.build", "triton.backends")
 _DYNAMIC_NAMES = {
     "exec": "runs code built at run time", "eval": "runs code built at run time",
     "compile": "compiles code at run time", "__import__": "loads code by name",
@@ -68,7 +71,7 @@ _BLOCKED_ATTRS = {
     "path_importer_cache", "addaudithook", "system", "popen", "fork", "forkpty", "kill", "killpg",
     "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle",
     "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp",
-    "setrlimit", "prlimit", "__builtins__",
+    "setrlimit", "prlimit", "__builtins__", "putenv", "unsetenv",
 }
 _SYS_ATTRS = {"modules"}  # on sys: the modules the tests import
 _ALLOWED_DUNDERS = {
@@ -422,7 +425,12 @@ class _Integrity(ast.NodeVisitor):
     def visit_Attribute(self, node):
         attr = node.attr
         if isinstance(node.ctx, ast.Load):
-            self.check_answer(node, self.resolve(node), "uses")
+            dotted = self.resolve(node)
+            self.check_answer(node, dotted, "uses")
+            blocked = next((b for b in _BLOCKED_AS_ATTRIBUTE if dotted and (dotted == b or dotted.startswith(b + "."))),
+                           None)
+            if blocked and not isinstance(self.parents.get(node), ast.Attribute):
+                self.flag(node, f"uses {dotted}", f"it {BLOCKED_MODULES[blocked]}; graded notebooks may not")
         if _DUNDER.match(attr) and attr not in _ALLOWED_DUNDERS:
             self.flag(node, f"uses .{attr}", "special attributes reach the interpreter's machinery")
         elif attr in _BLOCKED_ATTRS:
