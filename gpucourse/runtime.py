@@ -77,6 +77,11 @@ class Runtime:
     def gpu(self) -> bool:
         return self.mode == "gpu"
 
+    @staticmethod
+    def small_grids():
+        """``small_grids()`` of this module: ``with rt.small_grids():`` around a launch of a few blocks on purpose."""
+        return small_grids()
+
 
 _runtime: Runtime | None = None
 
@@ -220,6 +225,18 @@ def cuda():
     from numba import cuda as numba_cuda
 
     return numba_cuda
+
+
+@contextlib.contextmanager
+def small_grids():
+    """Launches of a few blocks on purpose (a check at a small size, a demonstration): numba's
+    NumbaPerformanceWarning ("Grid size 2 will likely result in GPU under-utilization") is about occupancy, which
+    such a launch does not ask for, so it is silenced inside; every other warning is shown as before."""
+    from numba.core.errors import NumbaPerformanceWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=NumbaPerformanceWarning)
+        yield
 
 
 def cupy():
