@@ -401,30 +401,35 @@ def test_a_table_prints_aligned_and_renders_as_html():
 
 # ---------------------------------------------------------------------------------------- noise a learner sees
 
-def _numba_grid_warning():
-    """What numba-cuda warns at a launch of fewer blocks than it likes (its dispatcher's own words)."""
+def _numba_grid_warning(colour=""):
+    """What numba-cuda warns at a launch of fewer than 128 blocks (its dispatcher's class and words; on a
+    terminal numba may colour them)."""
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    from numba.cuda.core import errors
 
-    warnings.warn(NumbaPerformanceWarning("Grid size 2 will likely result in GPU under-utilization due to low "
-                                          "occupancy."))
+    warnings.warn(errors.NumbaPerformanceWarning(f"{colour}Grid size 2 will likely result in GPU under-utilization "
+                                                 "due to low occupancy."))
 
 
 def test_small_grids_silences_numbas_grid_warning_and_nothing_else():
     import warnings
 
-    from numba.core.errors import NumbaPerformanceWarning
+    from numba.cuda.core import errors
 
+    assert errors.NumbaPerformanceWarning in runtime.numba_performance_warnings()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(NumbaPerformanceWarning):
+        with pytest.raises(errors.NumbaPerformanceWarning):
             _numba_grid_warning()
         with runtime.small_grids():
             _numba_grid_warning()  # silenced
+            _numba_grid_warning("\x1b[1m")
+            with pytest.raises(errors.NumbaPerformanceWarning, match="Host array"):  # numba's other advice stays
+                warnings.warn(errors.NumbaPerformanceWarning("Host array used in CUDA kernel will incur copy overhead"))
             with pytest.raises(UserWarning, match="other"):
                 warnings.warn("other")  # every other warning as before
-        with pytest.raises(NumbaPerformanceWarning):
+        with pytest.raises(errors.NumbaPerformanceWarning):
             _numba_grid_warning()  # and only inside
     assert runtime.get().small_grids is not None  # `with rt.small_grids():` in a notebook
 
