@@ -855,6 +855,57 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
                                                              answers=answers) == [], (path.name, meta.get("grade_id"))
 
 
+# Rebinding is judged by what a cell binds at module level: comprehension variables, lambda and function
+# parameters and names inside a def or class body bind no global.
+@pytest.mark.parametrize("code", [
+    "largest = str(max(int(check_product) for check_product in ['3', '5']))\n"
+    "best = max({'1': 2}, key=lambda check_product: check_product)",  # the Task 7.3 answer's shape
+    "xs = [check_product for check_product in range(3)]\nd = {check_product: 1 for check_product in 'ab'}",
+    "s = {check_product for check_product in range(3)}",
+    "def f(check_product):\n    check_product = 2\n    return check_product",
+    "class A:\n    check_product = 1",
+    "def f():\n    return [y := check_product for check_product in range(3)]",
+])
+def test_integrity_allows_local_names_that_shadow_a_read_only_name(code):
+    assert grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME) == []
+
+
+@pytest.mark.parametrize("code", [
+    "check_product = 3", "for check_product in range(3):\n    pass", "check_product += 1",
+    "import os as check_product", "with open('x') as check_product:\n    pass", "(check_product := 5)",
+    "ys = [(check_product := j) for j in range(3)]", "del check_product", "a, check_product = 1, 2",
+    "def f():\n    global check_product\n    check_product = 1",
+])
+def test_integrity_refuses_every_module_level_rebinding(code):
+    assert any("replaces check_product" in f
+               for f in grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME)), code
+
+
+def test_a_task_7_3_answer_that_names_k_locally_is_run_by_grade_and_by_run():
+    """Lesson 7's read-only table cell loops `for k, r in rows.items()` inside a generator: k is no global of it, and
+    an answer may use k as its own comprehension variable or lambda parameter; both `grade` (prepare_submission) and
+    `run` (integrity_notes) accept it."""
+    nb = source_nb("07_feeding_the_gpu")
+    protected, _ = grading.integrity.protected_names(nb["cells"])
+    assert "k" not in protected
+    answer = next(c for c in nb["cells"] if c.get("id") == "task-7-3-answer" or
+                  (c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "task_7_3_answer"))
+    answer["source"] = (
+        'sliced = MPS["configs"]["time-slicing, batch 1"]\n'
+        'largest = str(max(int(k) for k in sliced))\n'
+        'mps_gain = MPS["configs"]["MPS, batch 1"][largest]["images_per_s"] / sliced[largest]["images_per_s"]\n'
+        'batching_gain = (MPS["configs"]["MPS, batch 8"][largest]["images_per_s"]\n'
+        '                 / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"])\n'
+        'best_k = int(max(sliced, key=lambda k: sliced[k]["images_per_s"]))\n')
+    from gpucourse.grading.submissions import integrity_notes
+
+    assert integrity_notes(nb["cells"]) == []
+    answer["source"] += "k = 3\n"  # a real rebinding of a read-only name is still refused, by both
+    protected.add("k")  # (as if a read-only cell bound k at module level)
+    notes = [n for *_, n, why in grading.submissions.refused_cells(nb["cells"], protected, {}, {}) if why]
+    assert notes == ["cell task_7_3_answer"], notes
+
+
 def test_protected_names_of_lesson_1():
     protected, same = grading.integrity.protected_names(source_nb(L1)["cells"])
     assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",
