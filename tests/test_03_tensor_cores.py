@@ -664,3 +664,62 @@ def test_a_faked_gpu_gives_its_own_shared_memory(monkeypatch):
     monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "9.0")
     assert tc.default_tiled("float32") == tc.DEFAULT_TILED["float32"]
     assert gpus.shared_memory_per_block("12.0") == gpus.PORTABLE_SHARED_MEMORY
+
+
+# ------------------------------------------- the statements the notebook prints, on every record
+
+def _readings(rec):
+    import benchmarks.tensor_cores as lesson
+
+    f = rec["figures"]
+    return {"accumulation": lesson.accumulation_reading(f["accumulation"]),
+            "configs": lesson.config_reading(f["configs"], f["kernels"], rec["gpu"].get("compute_capability")),
+            "sizes": lesson.size_reading(f["sizes"]), "roofline": lesson.roofline_reading(f["kernels"], rec["ceilings"])}
+
+
+def test_recorded_statements_printed_by_the_notebook_hold():
+    """Notebook 03 prints its comparisons of figures (sections 2, 5 and 6) from these readings, under the figures
+    they read; on every record each statement holds. Their words come from the relation each tests, so a
+    comparison reversed in the code fails here."""
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 3")
+    for rec in recs:
+        read = _readings(rec)
+        if rec["gpu"].get("compute_capability") == "9.0":
+            assert len(read["configs"]) == 2, rec["path"]  # the Hopper statement is there
+        for figure, part in read.items():
+            assert part and all(s and len(s) <= 93 for s, _ in part), (rec["path"], figure)
+            failed = [s for s, ok in part if ok is not True]
+            assert not failed, (rec["path"], figure, failed)
+
+
+def test_reversed_figures_print_the_statements_as_not_holding():
+    """The newest record with its figures turned round (FP16 accumulation far from the model, FP32 accumulation
+    flat in K, one stage ahead of two, a WMMA configuration at cuBLAS's rate, small n ahead of large, the naive
+    kernel under its roof): every statement prints NO."""
+    import copy
+
+    from gpucourse import claims
+
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no record of lesson 3")
+    rec = copy.deepcopy(rec)
+    rec["gpu"]["compute_capability"] = "9.0"
+    f = rec["figures"]
+    a = f["accumulation"]
+    a["gpu_fp16_acc"] = [3 * m for m in a["model"]["fp16_acc"]]
+    a["gpu_fp32_acc"] = [a["model"]["fp32_acc"][-1]] * len(a["k"])
+    rows = {r["name"]: r for r in f["configs"]["rows"]}
+    s1, s2 = rows["wmma_tiled_128x128x32_w64x64_s1_f32"], rows["wmma_tiled_128x128x32_w64x64_s2_f32"]
+    s1["tflops"], s2["tflops"] = s2["tflops"], s1["tflops"] / 2
+    s2["of_cublas"] = 1.0
+    t = f["sizes"]["tflops"]["WMMA, tiled"]
+    t[0], t[-1] = t[-1], t[0]
+    naive = next(r for r in f["kernels"]["rows"] if r["name"] == "numba, naive")
+    naive["tflops"] = naive["intensity"] * rec["ceilings"]["copy_gbps"] / 2000
+    read = [x for part in _readings(rec).values() for x in part]
+    assert len(read) == 7 and all(ok is False for _, ok in read), read
+    assert all(line.startswith(" NO  ") for line in claims.lines(read).splitlines())
+    assert len(_readings(dict(rec, gpu={"compute_capability": "8.0"}))["configs"]) == 1  # no Hopper line elsewhere
