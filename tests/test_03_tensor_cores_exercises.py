@@ -1,6 +1,7 @@
 """Lesson 3's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
 released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU
-mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC), where the three GPU-only tests
+mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC and its address arithmetic run
+by the NumPy emulation of WMMA), where the three GPU-only tests
 (perf_*) are "not gradable here"; their GPU side is checked by running the solution notebook on a GPU
 (python -m gpucourse run ... --mode gpu)."""
 from __future__ import annotations
@@ -20,21 +21,37 @@ def no_second_barrier(nb):
 
 
 def products_from_global(nb):
-    """Task 3.1: the tiles are loaded and synchronised, but the products read A and B from global memory: right
+    """Task 3.1: the tiles are loaded and synchronised, but the products read X and W from global memory: right
     results, 2K global reads per thread."""
-    replace_in_cell(nb, "task-3-1-kernel", "acc += sa[ty, k] * sb[k, tx]",
-             "acc += A[row, k0 + k] * B[k0 + k, col] if row < M and col < N and k0 + k < K else np.float32(0.0)")
+    replace_in_cell(nb, "task-3-1-kernel", "acc += sx[ty, k] * swt[k, tx]",
+             "acc += X[row, k0 + k] * W[col, k0 + k] if row < M and col < N and k0 + k < K else np.float32(0.0)")
 
 
-def row_major_b(nb):
-    """Task 3.2: W^T's fragment declared row-major, which reads W's tile untransposed: it compiles and holds the
-    tensor-core instructions; the visible test looks at the layouts, the check of the values CPU mode can make."""
-    replace_in_cell(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
+def uncoalesced_w(nb):
+    """Task 3.1: W's tile read the way B's is in the lesson, thread (tx, ty) taking W[bx TILE + tx, k0 + ty]:
+    right results and one read per tile, but consecutive threads of a warp read elements K apart."""
+    replace_in_cell(nb, "task-3-1-kernel",
+                    "        w_row = cuda.blockIdx.x * TILE + ty  # a row of W per ty, consecutive tx along it: coalesced\n"
+                    "        swt[tx, ty] = W[w_row, k0 + tx] if w_row < N and k0 + tx < K else np.float32(0.0)\n",
+                    "        swt[ty, tx] = W[col, k0 + ty] if col < N and k0 + ty < K else np.float32(0.0)\n")
 
 
-def does_not_compile(nb):
-    """Task 3.2: a typo in the CUDA C."""
-    replace_in_cell(nb, "task-3-2-loop", "wmma::mma_sync(acc, a, b, acc);", "wmma::mma_sync(acc, a, b, acc)")
+def wrong_b_pointer(nb):
+    """Task 3.2: X's tile offset without the factor 16 on tj: it compiles with the right layouts, and the
+    emulation, which runs the same arithmetic, reads the wrong columns of X (CPU mode)."""
+    replace_in_cell(nb, "task-3-2-loop", "(k * K + tj * 16, K)", "(k * K + tj, K)")
+
+
+def b_read_as_transposed(nb):
+    """Task 3.2: X's tile addressed as if X were stored K x M (X^T's rows): the emulation reads the wrong elements
+    of X (in the visible test's shape, all of them inside X)."""
+    replace_in_cell(nb, "task-3-2-loop", "(k * K + tj * 16, K)", "(tj * 16 * M + k, M)")
+
+
+def row_major_a(nb):
+    """Task 3.2: dY^T's fragment declared row-major, which reads dY's tile untransposed: it compiles; the hidden
+    layout checks and the emulated results fail."""
+    replace_in_cell(nb, "task-3-2-loop", 'LAYOUTS = ("col_major", "row_major")', 'LAYOUTS = ("row_major", "row_major")')
 
 
 def endpoint_slope(nb):
@@ -88,14 +105,16 @@ class TestExercises(LessonExercises):
     NOTEBOOK = "tensor_cores.ipynb"
     TIMEOUT = 60  # seconds per cell: the slowest, Task 3.1's hidden sizes in the simulator, takes about ten
     POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
-              "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
+              "test_3_2_compiles": 1, "test_3_2_emulated": 2, "perf_3_2_results": 1, "perf_3_2_speed": 2,
               "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
               "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1}
     VARIANTS = {
         no_second_barrier: ["test_3_1_results"],
         products_from_global: ["test_3_1_loads"],
-        row_major_b: ["test_3_2_compiles"],
-        does_not_compile: ["test_3_2_compiles"],
+        uncoalesced_w: ["test_3_1_loads"],
+        wrong_b_pointer: ["test_3_2_emulated"],
+        b_read_as_transposed: ["test_3_2_emulated"],
+        row_major_a: ["test_3_2_compiles", "test_3_2_emulated"],
         endpoint_slope: ["test_3_3_exponent"],
         linear_explanation: ["test_3_3_why"],
         numpy_scalars: ["test_3_3_errors"],
@@ -106,9 +125,9 @@ class TestExercises(LessonExercises):
     }
     UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
                   "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
-                  "test_3_2_compiles": "NameError", "test_3_4_descriptor": "NotImplementedError",
+                  "test_3_2_compiles": "NameError", "test_3_2_emulated": "NameError", "test_3_4_descriptor": "NotImplementedError",
                   "test_3_4_steps": "NameError"}
-    ANSWERS = ["wmma::col_major> b", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk"]
+    ANSWERS = ['("col_major", "row_major")', "k * N + ti * 16", "swt[tx, ty] = W[w_row", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -116,8 +135,10 @@ class TestExercises(LessonExercises):
 
         assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
         assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
-        assert "column-major" in message("row_major_b", "test_3_2_compiles")
-        assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
+        assert "coalesced" in message("uncoalesced_w", "test_3_1_loads")
+        assert "max |dW - ref|" in message("wrong_b_pointer", "test_3_2_emulated")
+        assert "FP32 accumulation allows" in message("b_read_as_transposed", "test_3_2_emulated")
+        assert "column-major" in message("row_major_a", "test_3_2_compiles")  # a hidden test
         assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
         assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
         assert "want 0x4000004000010040" in message("no_swizzle", "test_3_4_descriptor")
