@@ -97,6 +97,19 @@ def step_in_bytes(nb):
     replace_in_cell(nb, "task-3-4-steps", "step = k_descriptors[1] - k_descriptors[0]", "step = 32")
 
 
+def fp16_config(nb):
+    """Task 3.5: the FP16-accumulating twin of the right tile: the same shared memory and intensity (the prediction's
+    point), not an FP32 configuration (the decision's)."""
+    replace_in_cell(nb, "task-3-5-answers", 'MY_CONFIG = "wmma_tiled_128x256x32_w64x64_s3_f32"',
+                    'MY_CONFIG = "wmma_tiled_128x256x32_w64x64_s3_f16"')
+
+
+def smem_without_padding(nb):
+    """Task 3.5: the right tile, its shared memory predicted without the 8 elements of padding per row."""
+    replace_in_cell(nb, "task-3-5-answers", "predicted_smem = 3 * (128 * (32 + 8) + 32 * (256 + 8)) * 2",
+                    "predicted_smem = 3 * (128 * 32 + 32 * 256) * 2")
+
+
 # variant -> the tests it fails (all others pass)
 
 
@@ -107,7 +120,8 @@ class TestExercises(LessonExercises):
     POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
               "test_3_2_compiles": 1, "test_3_2_emulated": 2, "perf_3_2_results": 1, "perf_3_2_speed": 2,
               "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
-              "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1}
+              "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1,
+              "test_3_5_prediction": 1, "test_3_5_decision": 1}
     VARIANTS = {
         no_second_barrier: ["test_3_1_results"],
         products_from_global: ["test_3_1_loads"],
@@ -122,12 +136,15 @@ class TestExercises(LessonExercises):
         no_upper_bound: ["test_3_4_descriptor"],
         step_in_bytes: ["test_3_4_steps"],
         swapped_offsets: ["test_3_4_steps"],
+        fp16_config: ["test_3_5_decision"],
+        smem_without_padding: ["test_3_5_prediction"],
     }
     UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
                   "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
                   "test_3_2_compiles": "NameError", "test_3_2_emulated": "NameError", "test_3_4_descriptor": "NotImplementedError",
-                  "test_3_4_steps": "NameError"}
-    ANSWERS = ['("col_major", "row_major")', "k * N + ti * 16", "swt[tx, ty] = W[w_row", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk"]
+                  "test_3_4_steps": "NameError", "test_3_5_prediction": "NameError", "test_3_5_decision": "NameError"}
+    ANSWERS = ['("col_major", "row_major")', "k * N + ti * 16", "swt[tx, ty] = W[w_row", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk",
+               'MY_CONFIG = "wmma_tiled_128x256x32']
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -145,3 +162,5 @@ class TestExercises(LessonExercises):
         assert "must raise ValueError" in message("no_upper_bound", "test_3_4_descriptor")  # a hidden test
         assert "16-byte units" in message("step_in_bytes", "test_3_4_steps")
         assert "want 0x4000004000010100" in message("swapped_offsets", "test_3_4_steps")
+        assert "accumulates in FP16" in message("fp16_config", "test_3_5_decision")  # a hidden test
+        assert "81,408 bytes" in message("smem_without_padding", "test_3_5_prediction")
