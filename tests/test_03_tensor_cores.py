@@ -112,6 +112,95 @@ def test_the_notebooks_accumulation_table_says_what_its_prose_says():
     assert r["fp16_acc"][-1] > 0.01 > r["fp16_acc"][-2]
 
 
+# ---------------------------------------------------------------- the NumPy emulation of WMMA (Task 3.2)
+
+def _lesson_operands(ti, tj, k, M, N, K):
+    """The lesson's wmma_naive, C = A B with A (M x K) and B (K x N) row-major: the pointers of cell 31."""
+    return (ti * 16 * K + k, K), (k * N + tj * 16, N)
+
+
+def test_wmma_emulation_of_the_lessons_kernel_is_the_product(rng):
+    from kernels import wmma_emulator as wmma
+
+    A = rng.random((48, 64)).astype(np.float16)
+    B = rng.random((64, 32)).astype(np.float16)
+    C = wmma.run_tiles(_lesson_operands, ("row_major", "row_major"), A, B, (48, 32), 64, (48, 32, 64))
+    assert C.dtype == np.float32 and tc.rel_error(C, A.astype(np.float64) @ B.astype(np.float64)) < 1e-6
+    np.testing.assert_array_equal(C, tc.gemm_emulated(A, B, acc="float32"))  # the same MMAs, the same roundings
+
+
+@pytest.mark.parametrize("layouts,stored", [(("row_major", "col_major"), "X W^T"), (("col_major", "row_major"),
+                                                                                    "A^T B")])
+def test_wmma_emulation_reads_column_major_tiles(rng, layouts, stored):
+    """A column-major fragment is the transpose of what a row-major load at the same pointer reads: X W^T (the
+    linear layer, W N x K) and A^T B (the weight gradient, A stored M x N) both come out right."""
+    from kernels import wmma_emulator as wmma
+
+    M, N, K = 32, 48, 16
+    if stored == "X W^T":
+        X, W = rng.random((M, K)).astype(np.float16), rng.random((N, K)).astype(np.float16)
+        ops = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (tj * 16 * K + k, K))  # noqa: E731
+        C, ref = wmma.run_tiles(ops, layouts, X, W, (M, N), K, (M, N, K)), X.astype(float) @ W.astype(float).T
+    else:
+        A, B = rng.random((K, M)).astype(np.float16), rng.random((K, N)).astype(np.float16)
+        ops = lambda ti, tj, k, M, N, K: ((k * M + ti * 16, M), (k * N + tj * 16, N))  # noqa: E731
+        C, ref = wmma.run_tiles(ops, layouts, A, B, (M, N), K, (M, N, K)), A.astype(float).T @ B.astype(float)
+    assert tc.rel_error(C, ref) < 1e-6
+    wrong = wmma.run_tiles(ops, tuple(reversed(layouts)), *((X, W) if stored == "X W^T" else (A, B)), (M, N), K,
+                           (M, N, K))
+    assert tc.rel_error(wrong, ref) > 0.01
+
+
+def test_wmma_emulation_catches_a_wrong_pointer(rng):
+    from kernels import wmma_emulator as wmma
+
+    A = rng.random((32, 32)).astype(np.float16)
+    B = rng.random((32, 32)).astype(np.float16)
+    off_by_tile = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (k * N + tj, N))  # noqa: E731
+    C = wmma.run_tiles(off_by_tile, ("row_major", "row_major"), A, B, (32, 32), 32, (32, 32, 32))
+    assert tc.rel_error(C, A.astype(float) @ B.astype(float)) > 0.01
+    outside = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (tj * 16 * K + k + 16, N))  # noqa: E731
+    with pytest.raises(runtime.CourseInputError, match="outside it"):
+        wmma.run_tiles(outside, ("row_major", "row_major"), A, B, (32, 32), 32, (32, 32, 32))
+    with pytest.raises(runtime.CourseInputError, match="leading dimension"):
+        wmma.load_matrix_sync(np.zeros(1024, np.float16), 0, 8, "row_major")
+
+
+def test_wmma_emulation_turns_the_arithmetic_into_c():
+    from kernels import wmma_emulator as wmma
+
+    assert wmma.c_expressions(_lesson_operands) == (("(((ti * 16) * K) + k)", "K"), ("((k * N) + (tj * 16))", "N"))
+    assert wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k // 2 - 1, 16), (2 * ti % N, K))) == (
+        ("((k / 2) - 1)", "16"), ("((2 * ti) % N)", "K"))
+    with pytest.raises(runtime.CourseInputError, match="comparison"):
+        wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k if ti < 1 else 0, K), (0, N)))
+    with pytest.raises(runtime.CourseInputError, match="integers"):
+        wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k * 0.5, K), (0, N)))
+
+
+@needs_compiler
+def test_wmma_emulations_c_compiles_to_the_layouts_it_emulates():
+    """The generated loads compile with NVRTC (no GPU) into wmma.load instructions of the layouts emulated."""
+    from kernels import wmma_emulator as wmma
+
+    (a_off, a_ldm), (b_off, b_ldm) = wmma.c_expressions(_lesson_operands)
+    source = ("#include <mma.h>\nusing namespace nvcuda;\n"
+              'extern "C" __global__ void k(const half* A, const half* B, float* C, int M, int N, int K) {\n'
+              " long long ti = blockIdx.x, tj = blockIdx.y;\n"
+              " wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc; wmma::fill_fragment(acc, 0.0f);\n"
+              " wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;\n"
+              " wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;\n"
+              " for (long long k = 0; k < K; k += 16) {\n"
+              f"  wmma::load_matrix_sync(a, A + {a_off}, (unsigned){a_ldm});\n"
+              f"  wmma::load_matrix_sync(b, B + {b_off}, (unsigned){b_ldm});\n"
+              "  wmma::mma_sync(acc, a, b, acc); }\n"
+              " wmma::store_matrix_sync(C + ti * 16 * N + tj * 16, acc, N, wmma::mem_row_major); }\n")
+    tc.include_path_or_explain()
+    ptx = cuda_c.ptx_from_source(source, "sm_80", filename="emulated.cu", compiler="nvrtc")
+    assert re.search(r"wmma\.load\.a\.sync\.aligned\.row\.", ptx)
+    assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)
+
+
 def test_fp16_sequential_sum_stagnates():
     # 0.25 added 8192 times: exact 2048, but FP16's spacing reaches 0.5 at 512, so 0.25 rounds away there
     assert float(tc.sum_fp16_sequential(np.full(8192, 0.25))) == 512.0
