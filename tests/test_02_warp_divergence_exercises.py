@@ -116,7 +116,7 @@ class TestExercises(LessonExercises):
         no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
         efficiency_of_whole_warps: ["test_2_3_efficiency"],
         slowdown_without_common_steps: ["test_2_3_slowdown"],
-        average_cost_in_exercise: ["test_2_3_expected_cost"],
+        average_cost_in_exercise: ["test_2_3_expected_cost", "test_2_4_regroup"],  # Task 2.4 builds on 2.3 (b)
         regroup_without_build: ["test_2_4_regroup"],
         regroup_whenever_divergent: ["test_2_4_regroup", "test_2_4_decision"],
     }
