@@ -41,6 +41,9 @@ class Result:
     def __bool__(self) -> bool:
         return self.passed
 
+    def __repr__(self) -> str:  # short: a cell that ends in a check shows it as its value
+        return f"<practice check {self.name!r}: {'ok' if self.passed else 'not yet'}>"
+
 
 LOG: list[Result] = []
 
@@ -90,8 +93,18 @@ def check(name: str, got, expected) -> Result:
         problem = f"{type(e).__name__}: {e}"
     result = Result(name, problem is None, "ok" if problem is None else problem)
     LOG.append(result)
-    print(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
+    _say(f"ok: {name}" if result.passed else f"not yet: {name}: {problem}")
     return result
+
+
+def _say(text: str) -> None:
+    """Print ``text`` wrapped to the width of a notebook cell (a long message, a long array, stays readable)."""
+    import textwrap
+
+    from gpucourse.notebooks import WIDTH
+
+    for line in text.splitlines() or [""]:
+        print(textwrap.fill(line, WIDTH, subsequent_indent="    ", break_long_words=True, break_on_hyphens=False))
 
 
 # --- for tests: the practice cells of a notebook, their answers, and running them ---------------------------------
