@@ -692,11 +692,6 @@ def profile_reading(p: dict) -> list:
     return out
 
 
-def reading_lines(reading: list) -> list:
-    """A reading's statements as lines: yes, NO or - (the figures lack it), then the statement."""
-    return [f"  {({True: 'yes', False: 'NO', None: '-'})[held]:3}  {statement}" for statement, held in reading]
-
-
 FIGURES = {
     "softmax": Figure(measure_softmax, plot_softmax, text_softmax),
     "naive": Figure(measure_naive, plot_naive, text_naive),

@@ -42,6 +42,12 @@ def compare(subject: str, relation: str, other: str, a, b, margin: float = 0.0, 
     return text, holds(test)
 
 
+def lines(reading: list) -> list:
+    """A reading's statements as lines of text: yes, NO or - (the figures lack it), then the statement."""
+    word = {True: "yes", False: "NO", None: "-"}
+    return [f"  {word[held]:3}  {statement}" for statement, held in reading]
+
+
 def view(checks: dict, title: str = "What the text says, checked", source: str = "") -> plots.Table:
     """Statements and whether each holds, one column per source: ``checks`` {label: reading}, the labels in the
     header ("this run", "the record"); "-" where a figure lacks it."""
