@@ -16,7 +16,8 @@ import tempfile
 
 import numpy as np
 
-from gpucourse import bench, plots, records, runtime
+from gpucourse import bench, claims, plots, records, runtime
+from gpucourse.claims import holds
 from gpucourse.records import Figure
 from kernels import memory as mem
 from kernels import memory_model as mm
@@ -401,13 +402,14 @@ def run() -> tuple:
 # ------------------------------------------------------------------------------------------- text and checks
 
 def hierarchy_text(h: dict) -> str:
-    lines = [f"{'level':15} {'latency':>16} {'bandwidth':>12}   (SM clock {h['clock_ghz']:.2f} GHz while the chase ran)"]
+    lines = [f"SM clock {h['clock_ghz']:.2f} GHz while the chase ran",
+             f"{'level':15} {'latency':>23} {'bandwidth':>14}"]
     for level in h["levels"]:
         lat = h["latency"][level]
         bw = h["bandwidth"].get(level)
-        bw_text = f"{bw['gbps']:9,.0f} GB/s" if bw else f"{'':>14}"
-        lines.append(f"{level:15} {lat['cycles']:6.0f} cycles {lat['ns']:6.1f} ns {bw_text}")
-    lines.append(f"{'copy (HBM)':15} {'':>16} {h['copy_gbps']:9,.0f} GB/s  read + written, the copy ceiling")
+        bw_text = f"{bw['gbps']:9,.0f} GB/s" if bw else ""
+        lines.append(f"{level:15} {lat['cycles']:6.0f} cycles {lat['ns']:6.1f} ns {bw_text:>14}".rstrip())
+    lines.append(f"{'copy (HBM)':15} {'':>23} {h['copy_gbps']:9,.0f} GB/s  read + written: the copy ceiling")
     return "\n".join(lines)
 
 
@@ -465,78 +467,153 @@ def sectors_text(s: dict) -> str:
     return "\n".join(lines)
 
 
+_MANGLED = re.compile(r"kernels::memory::(\w+)\[abi:[^\]]*\]\(.*\)(\+0x[0-9a-f]+)")
+
+
+def _racecheck_line(line: str, width: int = 100) -> str:
+    """One line of racecheck's report as a notebook shows it: numba's mangled kernel name (module, ABI tag,
+    argument types) cut to the kernel's own name, and what is still wider than ``width`` cut with an ellipsis."""
+    line = _MANGLED.sub(r"\1\2", line)
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
 def racecheck_text(r: dict) -> str:
     if not r.get("available"):
         return f"no racecheck: {r.get('why')}"
-    return "\n\n".join(f"$ compute-sanitizer --tool racecheck  (transpose_{v})\n{run['output']}"
+    return "\n\n".join(f"$ compute-sanitizer --tool racecheck  (transpose_{v})\n"
+                       + "\n".join(_racecheck_line(ln) for ln in run["output"].splitlines())
                        for v, run in r["runs"].items())
-
-
-def _holds(test) -> bool | None:
-    try:
-        out = test()
-    except (KeyError, IndexError, StopIteration, TypeError, ValueError, ZeroDivisionError):
-        return None
-    return None if out is None else bool(out)
 
 
 def _rows(fig: dict, key: str) -> dict:
     return {r[key]: r for r in fig["rows"]}
 
 
-def reading(figures: dict) -> list:
-    """What notebook 03 says in words about its figures, each statement with whether it holds in ``figures`` (a
-    run's or a record's): [(statement, True, False or None)]. A records test asserts every one on every record."""
+def _readings(figures: dict) -> dict:
+    """{figure name: [(statement, holds)]}: what notebook 03 says about each figure (see ``reading``)."""
     h, s = figures.get("hierarchy", {}), figures.get("strides", {})
     t, m, b = figures.get("transposes", {}), figures.get("matmuls", {}), figures.get("blocks", {})
+    sec, race = figures.get("sectors", {}), figures.get("racecheck", {})
+    cmp = claims.compare
 
-    def latency_rises():
-        ns = [h["latency"][lv]["ns"] for lv in ("shared memory", "L2", "HBM")]
-        return ns == sorted(ns) and h["latency"]["L1"]["ns"] < h["latency"]["L2"]["ns"] and \
-            h["latency"]["registers"]["ns"] < h["latency"]["shared memory"]["ns"]
+    def lat(level):
+        return lambda: h["latency"][level]["ns"]
 
-    def bandwidth_falls():
-        bw = h["bandwidth"]
-        return bw["L1"]["gbps"] > bw["L2"]["gbps"] > bw["HBM"]["gbps"] and bw["shared memory"]["gbps"] > bw["L2"]["gbps"]
+    def bw(level):
+        return lambda: h["bandwidth"][level]["gbps"] if level != "copy" else h["copy_gbps"]
 
-    def stride_falls():
-        r = _rows(s, "stride")
-        g = [r[k]["gbps"] for k in (1, 2, 4, 8)]
-        return all(a > b for a, b in zip(g, g[1:])) and r[1]["gbps"] > 4 * r[32]["gbps"]
+    def stride(k, key="gbps"):
+        return lambda: _rows(s, "stride")[k][key]
 
-    def stride_model():
-        r = _rows(s, "stride")
-        return r[1]["gbps"] > 0.5 * r[1]["model_gbps"] and r[1]["gbps"] > 4 * r[32]["gbps"]
+    def block(blk, swapped):
+        return lambda: next(r["gbps"] for r in b["rows"] if tuple(r["block"]) == blk and r["swapped"] == swapped)
 
-    def swapped_slower():
-        rows = {(tuple(r["block"]), r["swapped"]): r for r in b["rows"]}
-        return len(rows) == 2 * len(BLOCKS) and all(
-            rows[(blk, True)]["median_ms"] > rows[(blk, False)]["median_ms"] for blk in BLOCKS)
+    def tr(variant, key="gbps"):
+        return lambda: _rows(t, "variant")[variant][key]
 
-    def transposes_order():
-        r = _rows(t, "variant")
-        return r["padded"]["median_ms"] < r["tiled"]["median_ms"] < r["naive"]["median_ms"]
+    def mmr(name, key="tflops"):
+        return lambda: _rows(m, "name")[name][key]
 
-    def padded_near_copy():
-        return _rows(t, "variant")["padded"]["of_copy"] >= 0.5
+    def roof(name):  # TFLOP/s the copy ceiling allows at the intensity the model counts (no cache)
+        return lambda: mmr(name, "intensity")() * m["copy_gbps"] / 1e3
 
-    def tiled_faster():
-        r = _rows(m, "name")
-        return r["tiled"]["tflops"] > r["naive"]["tflops"] and r["cuBLAS"]["tflops"] > 2 * r["tiled"]["tflops"]
+    def ridge():  # FLOP/byte where cuBLAS's FP32 rate meets the copy ceiling
+        return m["fp32_tflops"] * 1e3 / m["copy_gbps"]
 
-    return [
-        ("latency rises level by level: registers, shared memory or L1, L2, HBM", _holds(latency_rises)),
-        ("bandwidth falls level by level: L1 and shared memory, L2, HBM", _holds(bandwidth_falls)),
-        ("the strided copy's bandwidth falls with each doubling of the stride up to 8, by 4x or more from 1 to 32",
-         _holds(stride_falls)),
-        ("at stride 1 the copy reaches half or more of the model's prediction at the copy ceiling",
-         _holds(stride_model)),
-        ("the 2-D scale with x along the rows takes longer than with x along the columns, for every block shape",
-         _holds(swapped_slower)),
-        ("transposes: padded tile faster than unpadded tile faster than naive", _holds(transposes_order)),
-        ("the padded transpose reaches half of the copy ceiling or more", _holds(padded_near_copy)),
-        ("matmul: the tiled kernel beats the naive one, and cuBLAS beats both by more than 2x", _holds(tiled_faster)),
-    ]
+    def ncu(name, key):
+        return lambda: _rows(sec, "name")[name][key] if sec.get("available") else None
+
+    def ncu_equals_model():
+        if not sec.get("available"):
+            return None
+        return all(abs(r["load_sectors_per_request"] - r.get("model_load_sectors", r.get("model", {}).get(
+            "global load sectors"))) <= 0.02 * r["load_sectors_per_request"] for r in sec["rows"])
+
+    def hazards(variant):
+        return lambda: race["runs"][variant]["hazards"] if race.get("available") else None
+
+    return {
+        "hierarchy": [
+            cmp("latency: registers", "below", "shared memory", lat("registers"), lat("shared memory"), 0.2),
+            cmp("latency: shared memory", "below", "L2", lat("shared memory"), lat("L2"), 0.2),
+            cmp("latency: L1", "below", "L2", lat("L1"), lat("L2"), 0.2),
+            cmp("latency: L2", "below", "HBM", lat("L2"), lat("HBM"), 0.2),
+            cmp("bandwidth: shared memory", "above", "L2", bw("shared memory"), bw("L2"), 0.2),
+            cmp("bandwidth: L1", "above", "L2", bw("L1"), bw("L2"), 0.2),
+            cmp("bandwidth: L2", "above", "HBM", bw("L2"), bw("HBM"), 0.2),
+            cmp("bandwidth: HBM read probe", "level with", "the copy ceiling", bw("HBM"), bw("copy"), 0.1),
+        ],
+        "blocks": [
+            *(cmp(f"{x} x {y}, x along the rows", "below", f"{x} x {y}, x along the columns", block((x, y), True),
+                  block((x, y), False), 0.02) for x, y in BLOCKS),
+            cmp("32 x 8, x along the rows (32 sectors a warp)", "below", "a third of 32 x 8 along the columns",
+                block((32, 8), True), lambda: block((32, 8), False)() / 3),
+            cmp("8 x 32, x along the rows (8 sectors a warp)", "level with", "8 x 32 along the columns",
+                block((8, 32), True), block((8, 32), False), 0.1),
+        ],
+        "strides": [
+            *(cmp(f"useful GB/s at stride {2 * k}", "below", f"stride {k}'s", stride(2 * k), stride(k), 0.05)
+              for k in (1, 2, 4)),
+            cmp("useful GB/s at stride 32", "below", "a quarter of stride 1's", stride(32),
+                lambda: stride(1)() / 4),
+            *(cmp(f"stride {k}, measured GB/s", "level with", "the model's", stride(k), stride(k, "model_gbps"),
+                  0.2) for k in (4, 8)),
+            *(cmp(f"stride {k}, measured GB/s", "below", "the model's", stride(k), stride(k, "model_gbps"), 0.2)
+              for k in (1, 16, 32)),
+        ],
+        "sectors": [
+            ("ncu's sectors per load request: equal to the model's, for every launch", holds(ncu_equals_model)),
+            cmp("ncu's shared wavefronts per load, tiled transpose", "level with", "the model's 32 ways",
+                ncu("tiled", "shared_wavefronts_per_load"), 32, 0.05),
+            cmp("ncu's shared wavefronts per load, padded transpose", "level with", "the model's 1 way",
+                ncu("padded", "shared_wavefronts_per_load"), 1, 0.05),
+        ],
+        "transposes": [
+            cmp("tiled transpose", "above", "naive", tr("tiled"), tr("naive"), 0.2),
+            cmp("padded transpose", "above", "tiled (no bank conflicts)", tr("padded"), tr("tiled"), 0.2),
+            cmp("padded transpose", "level with", "half the copy's GB/s", tr("padded"),
+                lambda: t["copy_gbps"] / 2, 0.25),
+            cmp("padded transpose", "below", "the copy's GB/s", tr("padded"), lambda: t["copy_gbps"], 0.2),
+            cmp("padded transpose, the bytes the model moves", "level with", "the bytes a copy moves",
+                tr("padded", "model_bytes"), lambda: t["bytes"], 0.01),
+            cmp("naive transpose", "below", "a quarter of the copy's GB/s", tr("naive"),
+                lambda: t["copy_gbps"] / 4),
+            cmp("naive transpose's time", "above", "the model's time at the copy ceiling", tr("naive", "median_ms"),
+                tr("naive", "model_ms"), 0.2),
+        ],
+        "matmuls": [
+            cmp("tiled matmul's TFLOP/s", "above", "3x the naive one's", mmr("tiled"), lambda: 3 * mmr("naive")()),
+            cmp("cuBLAS's TFLOP/s", "above", "2x the tiled one's", mmr("cuBLAS"), lambda: 2 * mmr("tiled")()),
+            cmp("naive matmul", "above", "its roof at the intensity asked for (the caches help)", mmr("naive"),
+                roof("naive"), 0.1),
+            cmp("tiled matmul", "below", "its roof at the intensity asked for", mmr("tiled"), roof("tiled"), 0.1),
+            cmp("naive and tiled matmul, intensity asked for", "below", "the ridge (cuBLAS TFLOP/s / copy GB/s)",
+                lambda: max(mmr("naive", "intensity")(), mmr("tiled", "intensity")()), ridge, 0.1),
+        ],
+        "racecheck": [
+            cmp("racecheck's hazards, transpose without syncthreads", "above", "zero", hazards("unsynced"), 0),
+            cmp("racecheck's hazards, padded transpose", "level with", "zero", hazards("padded"), 0),
+        ],
+    }
+
+
+def reading(figures: dict, figure: str | None = None) -> list:
+    """What notebook 03 says in words about its figures, each statement with whether it holds in ``figures`` (a
+    run's or a record's): [(statement, True, False or None)], None where the figures lack what it needs. The words
+    come from the relation each tests (gpucourse.claims.compare). ``figure``: only the statements about that one
+    (the notebook prints them under it). A records test asserts every statement of every figure a record holds."""
+    read = _readings(figures)
+    if figure is not None:
+        return read[figure]
+    return [statement for name in read for statement in read[name]]
+
+
+def reading_view(figure: str, shown) -> plots.Table:
+    """The statements of ``reading`` about one figure, checked on the figure a notebook cell just showed
+    (``shown``: benchmarks.show's (data, source)), labelled with its source."""
+    data, source = shown
+    return claims.view({"holds": reading({figure: data or {}}, figure)}, title="What the figure says, checked",
+                       source=source)
 
 
 # ------------------------------------------------------------------------------------------------- figures

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from gpucourse.records import Figure
-from gpucourse import bench, gpus, plots, runtime
+from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import tensor_cores as tc
 
 LESSON = "03_tensor_cores"
@@ -337,6 +337,55 @@ def run() -> tuple:
 
 
 # ------------------------------------------------------------------------------------ text and plots
+
+def accumulation_reading(acc: dict) -> list:
+    """What notebook 03 says about accumulation on the tensor cores (``acc``: the figure "accumulation"): the FP16
+    accumulator's error follows the model (within 1.5x at every K); the FP32 accumulator's grows about linearly
+    with K (log-log slope within 20% of 1) and ends more than ten times the model's. [(statement, holds)]."""
+    def farthest():
+        return max(max(e / m, m / e) for e, m in zip(acc["gpu_fp16_acc"], acc["model"]["fp16_acc"]))
+    return [
+        claims.compare("FP16 accumulation, error against the model's, farthest ratio", "below", "1.5x", farthest, 1.5),
+        claims.compare("FP32 accumulation, log-log slope of the error against K", "level with", "1 (linear)",
+                       lambda: np.polyfit(np.log(acc["k"]), np.log(acc["gpu_fp32_acc"]), 1)[0], 1.0, 0.2),
+        claims.compare(f"FP32 accumulation at K = {acc['k'][-1]}, error", "above", "10x the model's",
+                       lambda: acc["gpu_fp32_acc"][-1], lambda: 10 * acc["model"]["fp32_acc"][-1]),
+    ]
+
+
+def config_reading(configs: dict, kernels: dict, compute_capability: str | None) -> list:
+    """What notebook 03 says about the tiled kernel's configurations (``configs``, ``kernels``: the figures of one
+    run): the 128x128x32 tile runs faster with two stages than with one; on Hopper (compute capability 9.0) the
+    tiled WMMA kernel stays below half of cuBLAS FP16 in every configuration."""
+    rows = {r["name"]: r for r in configs["rows"]}
+
+    def tf(name):
+        return lambda: rows[name]["tflops"]
+
+    read = [claims.compare("tile 128x128x32, two stages (TFLOP/s)", "above", "one stage",
+                           tf("wmma_tiled_128x128x32_w64x64_s2_f32"), tf("wmma_tiled_128x128x32_w64x64_s1_f32"))]
+    if compute_capability == "9.0":
+        def best():
+            tiled = [r["of_cublas"] for r in kernels["rows"] if r["name"].startswith("WMMA, tiled (")]
+            return max([r["of_cublas"] for r in configs["rows"]] + tiled)
+        read.append(claims.compare("tiled WMMA on Hopper, best share of cuBLAS FP16", "below", "0.5", best, 0.5))
+    return read
+
+
+def size_reading(sizes: dict) -> list:
+    """What notebook 03 says about size (``sizes``: the figure "sizes"): the tiled WMMA kernel runs slower at the
+    smallest n than at the largest."""
+    t, n = sizes["tflops"]["WMMA, tiled"], sizes["sizes"]
+    return [claims.compare(f"WMMA, tiled at n = {n[0]} (TFLOP/s)", "below", f"at n = {n[-1]}", t[0], t[-1])]
+
+
+def roofline_reading(kernels: dict, ceilings: dict) -> list:
+    """What notebook 03 says about the roofline (``kernels``, ``ceilings`` of one run): the naive numba kernel runs
+    above the memory roof at its point's intensity (the caches serve part of its traffic)."""
+    naive = next((r for r in kernels["rows"] if r["name"] == "numba, naive"), {})
+    return [claims.compare("numba, naive (TFLOP/s)", "above", "the memory roof at its point",
+                           lambda: naive["tflops"], lambda: naive["intensity"] * ceilings["copy_gbps"] / 1000)]
+
 
 def kernel_view(table: dict, source: str = "") -> plots.Table:
     """Every GEMM of kernel_table as a table: TFLOP/s, time, the share of cuBLAS of the same precision, and the

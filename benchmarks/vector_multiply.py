@@ -294,6 +294,72 @@ def reading(table: dict) -> list:
     ]
 
 
+def grid_reading(grids: dict) -> list:
+    """What notebook 01 says about the grid sweep (``grids``: the figure "grids"): the fastest grid of the scalar
+    kernel is smaller than the float4 kernel's."""
+    def best(variant):
+        return lambda: grids["series"][variant]["blocks"][int(np.argmax(grids["series"][variant]["gbps"]))]
+    return [claims.compare("fastest grid of the scalar kernel (blocks)", "below", "the float4 kernel's",
+                           best("vmul_grid_stride"), best("vmul_vec4"))]
+
+
+def sweep_reading(sweep: dict) -> list:
+    """What notebook 01 says about the size sweep (``sweep``: the figure "sweep"): at the smallest size every
+    kernel reaches under a tenth of its best GB/s, and numba's kernel less than cupy.multiply."""
+    n, gbps = sweep["sizes"][0], sweep["gbps"]
+    read = [claims.compare(f"{name} at {n:,} elements (GB/s)", "below", "a tenth of its best",
+                           lambda name=name: gbps[name][0], lambda name=name: 0.1 * max(gbps[name]))
+            for name in gbps]
+    read.append(claims.compare(f"numba, grid-stride at {n:,} elements (GB/s)", "below", "cupy.multiply's",
+                               lambda: gbps["numba, grid-stride"][0], lambda: gbps["cupy.multiply"][0]))
+    return read
+
+
+def transfer_reading(transfers: dict) -> list:
+    """What notebook 01, section 6, says about the copies (``transfers``: a run's or a record's figure
+    "transfers"): pinned copies more than twice as fast as pageable ones, each way; even pinned, under a tenth of
+    the kernel's GB/s. [(statement, holds)], the words from the relation each tests."""
+    rows = {r["name"]: r for r in transfers["rows"]}
+
+    def gbps(name, times=1.0):
+        return lambda: times * rows[name]["gbps"]
+
+    read = []
+    for way in ("a, b host->device", "out device->host"):
+        read.append(claims.compare(f"{way}, pinned over pageable (GB/s)", "above", "2x",
+                                   lambda way=way: rows[f"{way}, pinned"]["gbps"] / rows[f"{way}, pageable"]["gbps"],
+                                   2.0))
+    for way in ("a, b host->device", "out device->host"):
+        read.append(claims.compare(f"{way}, pinned (GB/s)", "below", "a tenth of the kernel's GB/s",
+                                   gbps(f"{way}, pinned"), gbps("kernel (numba grid-stride)", 0.1)))
+    return read
+
+
+def launch_reading(launch: dict) -> list:
+    """What notebook 01, section 7, says about the three timers (``launch``: the figure "launch"): the host timer
+    without a synchronise reads under half the kernel's time on the GPU's clock; synchronised, it reads the
+    kernel's time (within 10%)."""
+    return [
+        claims.compare("host timer, no synchronise", "below", "half the CUDA events' time",
+                       lambda: launch["wall_no_sync_ms"], lambda: 0.5 * launch["events_ms"]),
+        claims.compare("host timer, synchronised", "level with", "the CUDA events' time",
+                       lambda: launch["wall_sync_ms"], lambda: launch["events_ms"], 0.1),
+    ]
+
+
+def utilisation_reading(util: dict) -> list:
+    """What notebook 01, section 9, says about nvidia-smi's utilisation (``util``: the figure "utilisation"): one
+    block and blocks on every SM read the same (within 10%) for more than ten times the work; the idle GPU reads
+    under 5 %."""
+    return [
+        claims.compare("utilisation, one block of 32 threads", "level with", "blocks on every SM",
+                       lambda: util["one_block_pct"], lambda: util["every_sm_pct"], 0.1),
+        claims.compare("GFLOP done, blocks on every SM", "above", "10x one block's",
+                       lambda: util["every_sm_gflop"], lambda: 10 * util["one_block_gflop"]),
+        claims.compare("utilisation of the idle GPU", "below", "5 %", lambda: util["idle_pct"], 5.0),
+    ]
+
+
 def reading_view(table: dict, source: str) -> plots.Table:
     """The statements of ``reading`` on the kernel table shown, labelled with its source."""
     return claims.view({"holds": reading(table)}, title="What the table says, checked", source=source)

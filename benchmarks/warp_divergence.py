@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpucourse.records import Figure
-from gpucourse import bench, plots, runtime
+from gpucourse import bench, claims, plots, runtime
 from kernels import warp_divergence as wd
 
 LESSON = "02_warp_divergence"
@@ -244,6 +244,92 @@ def slowdown_table(lanes: dict, paths=(2, 4, 8)) -> list:
         i = lanes["paths"].index(p)
         rows.append((p, s["slowdown"][i], s["model"][i], s["slowdown"][i] / s["model"][i]))
     return rows
+
+
+def lane_reading(lanes: dict, ceilings: dict) -> list:
+    """What notebook 02, section 2, says about the branch sweep (``lanes``: a run's or a record's figure "lanes";
+    ``ceilings`` of the same run): the lane-id branch slows down as the serialisation model says (within 20%), the
+    warp-id branch stays flat, the one-path body runs at a rate comparable to cuBLAS FP32, numba's kernel takes
+    longer than the CUDA C one. [(statement, holds)], the words from the relation each tests."""
+    series = lanes["series"]
+
+    def slowdown(impl, p, key="slowdown"):
+        return lambda: series[f"{impl}, branch on lane id"][key][lanes["paths"].index(p)]
+
+    def numba_over_c():
+        c, nb = series["CUDA C, branch on lane id"]["median_ms"], series["numba, branch on lane id"]["median_ms"]
+        return min(n / m for n, m in zip(nb, c))
+
+    read = [claims.compare(f"{impl}, {p} paths: slowdown", "level with", "the model's", slowdown(impl, p),
+                           slowdown(impl, p, "model"), 0.2)
+            for impl, p in (("CUDA C", 2), ("CUDA C", 4), ("CUDA C", 8), ("numba", 8))]
+    return read + [
+        claims.compare("branch on warp id, largest slowdown", "below", "1.2x",
+                       lambda: max(series["CUDA C, branch on warp id"]["slowdown"]), 1.2),
+        claims.compare("one path, FP32 TFLOP/s", "level with", "cuBLAS's FP32 matrix product",
+                       lambda: lanes["tflops_one_path"], lambda: ceilings["fp32_tflops"], 0.5),
+        claims.compare("numba's time over the CUDA C kernel's, least over the path counts", "above", "1.5x",
+                       numba_over_c, 1.5),
+    ]
+
+
+def data_reading(data: dict) -> list:
+    """What notebook 02, section 3, says about divergence from the data (``data``: the figure "data"): the
+    measured slowdown follows the mean paths per warp of the data (within 20% at every fraction); sorting and
+    regrouping run faster than random order, regrouping even with the pass that builds its permutation."""
+    sweep_ = data["sweep"]
+
+    def farthest():
+        return max(abs(m / p - 1) for m, p in zip(sweep_["slowdown"], sweep_["paths_per_warp"]))
+
+    read = [claims.compare("measured slowdown, farthest from the paths per warp", "below", "20% off", farthest, 0.2)]
+    for r in data["regroup"]:
+        f = f"f = 1/{round(1 / r['fraction'])}"
+        read += [claims.compare(f"{f}: sorted (ms)", "below", "random order", r["sorted_ms"], r["random_ms"]),
+                 claims.compare(f"{f}: regrouped + building the permutation (ms)", "below", "random order",
+                                r["regrouped_ms"] + r["permutation_ms"], r["random_ms"])]
+    return read
+
+
+def reduction_reading(table: dict) -> list:
+    """What notebook 02, section 4, says about the sums (``table``: the figure "reductions"): the CUDA C tree and
+    shuffle sums run close to the read ceiling (above 0.85 of it) and level with cupy.sum (within 3%), numba's
+    below them; one atomic per thread takes more than twice the shuffle sum's time, one per element more than a
+    hundred times, with the sum more than 10% off."""
+    rows = {r["name"]: r for r in table["rows"]}
+
+    def of(name, key, times=1.0):
+        return lambda: times * rows[name][key]
+
+    read = []
+    for kind in ("warp shuffles", "shared-memory tree"):
+        c = f"CUDA C, {kind}"
+        read += [claims.compare(f"{c}, share of the read ceiling", "above", "0.85", of(c, "of_read"), 0.85),
+                 claims.compare(f"{c} (GB/s)", "no slower than", "cupy.sum (within 3%)", of(c, "gbps"),
+                                of("cupy.sum", "gbps"), 0.03),
+                 claims.compare(f"numba, {kind} (GB/s)", "below", c, of(f"numba, {kind}", "gbps"), of(c, "gbps"))]
+    shuffle = "CUDA C, warp shuffles"
+    return read + [
+        claims.compare("CUDA C, atomics (one per thread), time", "above", "2x the shuffle sum's",
+                       of("CUDA C, atomics (one per thread)", "median_ms"), of(shuffle, "median_ms", 2)),
+        claims.compare("CUDA C, atomics (one per element), time", "above", "100x the shuffle sum's",
+                       of("CUDA C, atomics (one per element)", "median_ms"), of(shuffle, "median_ms", 100)),
+        claims.compare("CUDA C, atomics (one per element), relative error", "above", "10%",
+                       of("CUDA C, atomics (one per element)", "rel_error"), 0.1),
+    ]
+
+
+def reduce_grid_reading(grids: dict) -> list:
+    """What notebook 02 says about the sums' grid (``grids``: the figure "reduce_grids"): from 4 blocks of 256
+    threads per SM on each sum stays above 0.95 of its best; at one block per SM it is below 0.9 of it."""
+    read = []
+    for method, gbps in grids["gbps"].items():
+        few = grids["blocks_per_sm"].index(4)
+        read += [claims.compare(f"{method} sum, least GB/s from 4 blocks per SM on", "above", "0.95 of its best",
+                                min(gbps[few:]), 0.95 * max(gbps)),
+                 claims.compare(f"{method} sum at {grids['blocks_per_sm'][0]} block per SM (GB/s)", "below",
+                                "0.9 of its best", gbps[0], 0.9 * max(gbps))]
+    return read
 
 
 def reduction_text(table: dict) -> str:

@@ -243,8 +243,14 @@ def wall_clock(work: Callable, *, synchronize: bool, repeats: int = 5) -> Timing
 
 def progress(items: Iterable | None = None, desc: str = "", total: int | None = None):
     """A progress bar over a sweep (tqdm, drawn as a widget in JupyterLab): iterate over ``items``, or
-    call ``.update()`` by hand ``total`` times."""
-    from tqdm.auto import tqdm
+    call ``.update()`` by hand ``total`` times. Where ipywidgets is missing, tqdm's text bar, without tqdm's
+    "IProgress not found" warning (ipywidgets is one of the course's dependencies; a kernel may still lack it)."""
+    try:
+        import ipywidgets  # noqa: F401  (tqdm draws its widget with it)
+    except ImportError:
+        from tqdm.std import tqdm
+    else:
+        from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, total=total)
 

@@ -7,6 +7,8 @@ test; ``view`` shows readings side by side (this run, the record).
 """
 from __future__ import annotations
 
+import textwrap
+
 from gpucourse import plots
 
 # relation -> test of a against b, with a margin (a share of b)
@@ -42,10 +44,12 @@ def compare(subject: str, relation: str, other: str, a, b, margin: float = 0.0, 
     return text, holds(test)
 
 
-def lines(reading: list) -> list:
-    """A reading's statements as lines of text: yes, NO or - (the figures lack it), then the statement."""
+def lines(reading: list, width: int = 100) -> str:
+    """A reading as text, one statement a line after whether it holds ("yes", "NO", "-" where a figure lacks
+    it), wrapped at ``width`` characters: what a notebook prints under the figures it checks."""
     word = {True: "yes", False: "NO", None: "-"}
-    return [f"  {word[held]:3}  {statement}" for statement, held in reading]
+    return "\n".join(textwrap.fill(statement, width, initial_indent=f"{word[ok]:>3}  ", subsequent_indent=" " * 7)
+                     for statement, ok in reading)
 
 
 def view(checks: dict, title: str = "What the text says, checked", source: str = "") -> plots.Table:

@@ -165,7 +165,11 @@ def execute(path: Path, *, mode: str, timeout: int = 1800, save_to: Path | None 
     if tested:
         from .grading.verdicts import notebook_tests
 
+        from .grading.integrity import solution_answers
+        from .grading.submissions import integrity_notes
+
         tests, notes = notebook_tests(nb.cells, mode)
+        notes = [*notes, *integrity_notes(nb.cells, solution_answers(nb))]  # what `grade` would refuse to run
     if save_to is not None:
         nbformat.write(nb, Path(save_to) / path.name)
     shown = str(path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path)

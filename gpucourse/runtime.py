@@ -81,6 +81,11 @@ class Runtime:
     def gpu(self) -> bool:
         return self.mode == "gpu"
 
+    @staticmethod
+    def small_grids():
+        """``small_grids()`` of this module: ``with rt.small_grids():`` around a launch of a few blocks on purpose."""
+        return small_grids()
+
 
 _runtime: Runtime | None = None
 
@@ -224,6 +229,36 @@ def cuda():
     from numba import cuda as numba_cuda
 
     return numba_cuda
+
+
+@contextlib.contextmanager
+def small_grids():
+    """Launches of a few blocks on purpose (a check at a small size, a demonstration): numba's
+    NumbaPerformanceWarning ("Grid size 2 will likely result in GPU under-utilization") is about occupancy, which
+    such a launch does not ask for, so it is silenced inside; every other warning is shown as before."""
+    with warnings.catch_warnings():
+        for category in numba_performance_warnings():
+            warnings.filterwarnings("ignore", message=GRID_WARNING, category=category)
+        yield
+
+
+# numba-cuda's words when a launch has fewer than 128 blocks (its message may start with a terminal colour code).
+GRID_WARNING = r"(\x1b\[[0-9;]*m)?Grid size \d+ will likely result in GPU under-utilization"
+
+
+def numba_performance_warnings() -> tuple:
+    """NumbaPerformanceWarning as numba-cuda raises it (``numba.cuda.core.errors``, its own class in numba-cuda
+    0.2x and later) and as numba raises it (``numba.core.errors``): the classes this numba has."""
+    import importlib
+
+    cuda()  # numba.cuda only once the mode is fixed
+    found = []
+    for module in ("numba.cuda.core.errors", "numba.core.errors"):
+        try:
+            found.append(importlib.import_module(module).NumbaPerformanceWarning)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(dict.fromkeys(found))
 
 
 def cupy():

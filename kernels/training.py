@@ -213,6 +213,38 @@ def activation_bytes(batch: int, widths, *, checkpoint_every: int = 1, itemsize:
     return stored * batch * max(widths[:-1]) * itemsize
 
 
+def schedule_bytes(batch: int, widths, checkpoints, *, itemsize: int = 4) -> int:
+    """The model of stored activations for checkpoints at any layers (``checkpoints``: the layers whose input the
+    forward pass keeps, 0 first, increasing): going backward, segment j (from checkpoint j to the next) holds the
+    inputs of the checkpoints before it and every input of its own layers; the peak over the segments, in bytes.
+    Layer i's input is batch x widths[i]. Checkpoints every s layers give ``activation_bytes``'s figure."""
+    n = len(widths) - 1
+    cps = sorted(set(int(c) for c in checkpoints))
+    if not cps or cps[0] != 0 or cps[-1] >= n or list(checkpoints) != cps:
+        raise runtime.CourseInputError(f"checkpoints must be increasing layer numbers from 0, below {n}: "
+                                       f"got {list(checkpoints)!r}")
+    bounds = cps + [n]
+    peak = max(sum(widths[c] for c in cps[:j]) + sum(widths[bounds[j]:bounds[j + 1]]) for j in range(len(cps)))
+    return peak * batch * itemsize
+
+
+def best_schedule(batch: int, widths, *, itemsize: int = 4) -> tuple:
+    """(checkpoints, bytes) of the schedule ``schedule_bytes`` ranks lowest, by trying every one (2^(n-1): for
+    the few layers of an exercise), the fewest checkpoints first among equals."""
+    import itertools
+
+    n = len(widths) - 1
+    if n > 20:
+        raise runtime.CourseInputError(f"{n} layers: too many schedules to try (at most 20 layers)")
+    best = None
+    for r in range(n):
+        for rest in itertools.combinations(range(1, n), r):
+            cand = (schedule_bytes(batch, widths, (0, *rest), itemsize=itemsize), r, [0, *rest])
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+    return best[2], best[0]
+
+
 # ================================================================================ mixed precision
 
 class FP16Overflow(runtime.CourseError, FloatingPointError):

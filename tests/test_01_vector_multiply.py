@@ -295,3 +295,48 @@ def test_recorded_numba_sweep_lessons_of_the_deep_dive():
         rows = {r["name"]: r for r in kernels["rows"]}
         pairs = rows["numba, grid-stride, pairs (two adjacent elements a thread)"]
         assert pairs["of_copy"] >= 0.95 and pairs["gbps"] < rows["CUDA C, float4"]["gbps"], where
+
+
+READINGS = {"kernels": "reading", "grids": "grid_reading", "sweep": "sweep_reading",
+            "transfers": "transfer_reading", "launch": "launch_reading", "utilisation": "utilisation_reading"}
+
+
+@pytest.mark.parametrize("figure", READINGS)
+def test_recorded_statements_printed_by_the_notebook_hold(figure):
+    """Notebook 01 prints its comparisons of figures (sections 6 to 9) from these readings, under the figures
+    they read; on every record each statement holds. Their words come from the relation each tests, so a
+    comparison reversed in the code fails here."""
+    from benchmarks import vector_multiply as lesson
+
+    for rec in _records_with(figure):
+        read = getattr(lesson, READINGS[figure])(rec["figures"][figure])
+        assert read and all(s and len(s) <= 93 for s, _ in read), rec["path"]
+        failed = [s for s, ok in read if ok is not True]
+        assert not failed, (rec["path"], figure, failed)
+
+
+def test_reversed_figures_print_the_statements_as_not_holding():
+    """The same statements on figures made to read the other way: each printed line says NO, and a figure that is
+    missing prints '-' rather than failing."""
+    from benchmarks import vector_multiply as lesson
+    from gpucourse import claims
+
+    transfers = {"rows": [{"name": "a, b host->device, pageable", "gbps": 50.0},
+                          {"name": "a, b host->device, pinned", "gbps": 10.0},
+                          {"name": "out device->host, pageable", "gbps": 50.0},
+                          {"name": "out device->host, pinned", "gbps": 10.0},
+                          {"name": "kernel (numba grid-stride)", "gbps": 20.0}]}
+    launch = {"wall_no_sync_ms": 3.0, "wall_sync_ms": 6.0, "events_ms": 2.0}
+    util = {"idle_pct": 40.0, "one_block_pct": 10.0, "every_sm_pct": 100.0, "one_block_gflop": 100.0,
+            "every_sm_gflop": 200.0}
+    grids = {"series": {"vmul_grid_stride": {"blocks": [1, 2, 4], "gbps": [1, 2, 3]},
+                        "vmul_vec4": {"blocks": [1, 2, 4], "gbps": [3, 2, 1]}}}
+    sweep = {"sizes": [10, 100], "gbps": {"numba, grid-stride": [50.0, 60.0], "cupy.multiply": [7.0, 60.0]}}
+    read = (lesson.transfer_reading(transfers) + lesson.launch_reading(launch) + lesson.utilisation_reading(util)
+            + lesson.grid_reading(grids) + lesson.sweep_reading(sweep))
+    assert len(read) == 13 and all(ok is False for _, ok in read), read
+    assert all(line.startswith(" NO  ") for line in claims.lines(read).splitlines())
+    rec = _records_with("transfers")[0]["figures"]
+    assert claims.lines(lesson.launch_reading(rec["launch"])).splitlines()[0].startswith("yes  host timer")
+    assert lesson.launch_reading({"events_ms": 1.0})[0][1] is None
+    assert claims.lines(lesson.launch_reading({"events_ms": 1.0})).startswith("  -  ")

@@ -547,3 +547,61 @@ def test_simulated_shuffles_sum_a_warp_like_the_model():
     assert out.copy_to_host()[0] == x.sum()
     assert set(counts.shuffles.values()) == {5} and len(counts.shuffles) == 64
     assert counts.atomics == 2
+
+
+# ------------------------------------------- the statements the notebook prints, on every record
+
+def _readings(rec):
+    import benchmarks.warp_divergence as lesson
+
+    f = rec["figures"]
+    return {"lanes": lesson.lane_reading(f["lanes"], rec["ceilings"]), "data": lesson.data_reading(f["data"]),
+            "reductions": lesson.reduction_reading(f["reductions"]),
+            "reduce_grids": lesson.reduce_grid_reading(f["reduce_grids"])}
+
+
+def test_recorded_statements_printed_by_the_notebook_hold():
+    """Notebook 02 prints its comparisons of figures (sections 2 to 4) from these readings, under the figures
+    they read; on every record each statement holds. Their words come from the relation each tests, so a
+    comparison reversed in the code fails here."""
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 2")
+    for rec in recs:
+        for figure, read in _readings(rec).items():
+            assert read and all(s and len(s) <= 93 for s, _ in read), (rec["path"], figure)
+            failed = [s for s, ok in read if ok is not True]
+            assert not failed, (rec["path"], figure, failed)
+
+
+def test_reversed_figures_print_the_statements_as_not_holding():
+    """The newest record with its figures turned round (numba faster than CUDA C, the warp-id branch as slow as
+    the lane-id one, regrouping slower than random order, atomics as fast as shuffles, numba's sums ahead): the
+    statements they touch print NO."""
+    import copy
+
+    from gpucourse import claims
+
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no record of lesson 2")
+    rec = copy.deepcopy(rec)
+    f = rec["figures"]
+    s = f["lanes"]["series"]
+    s["numba, branch on lane id"]["median_ms"] = [t / 10 for t in s["CUDA C, branch on lane id"]["median_ms"]]
+    s["CUDA C, branch on warp id"]["slowdown"] = list(s["CUDA C, branch on lane id"]["slowdown"])
+    for r in f["data"]["regroup"]:
+        r["sorted_ms"] = r["regrouped_ms"] = 2 * r["random_ms"]
+    rows = {r["name"]: r for r in f["reductions"]["rows"]}
+    rows["CUDA C, atomics (one per thread)"]["median_ms"] = rows["CUDA C, warp shuffles"]["median_ms"]
+    rows["CUDA C, atomics (one per element)"]["median_ms"] = rows["CUDA C, warp shuffles"]["median_ms"]
+    for kind in ("warp shuffles", "shared-memory tree"):
+        rows[f"numba, {kind}"]["gbps"] = 2 * rows[f"CUDA C, {kind}"]["gbps"]
+    read = {s: ok for part in _readings(rec).values() for s, ok in part}
+    turned = ("branch on warp id", "numba's time", "numba, warp", "numba, shared", "CUDA C, atomics (one per thread)",
+              "CUDA C, atomics (one per element), time")
+    reversed_ = [s for s in read if s.startswith(turned) or "sorted" in s or "regrouped" in s]
+    assert len(reversed_) == 10 and all(read[s] is False for s in reversed_), reversed_
+    lines = claims.lines([(s, read[s]) for s in reversed_]).splitlines()
+    assert all(line.startswith(" NO  ") for line in lines)
+    assert all(ok is True for s, ok in read.items() if s not in reversed_)

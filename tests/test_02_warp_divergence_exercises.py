@@ -84,13 +84,27 @@ def average_cost_in_exercise(nb):
 # variant -> the tests it fails (all others pass)
 
 
+
+def regroup_without_build(nb):
+    """Task 2.4 (a): the permutation's cost left out, so regrouping "pays" as soon as any warp may diverge: at a
+    fraction of 1e-6 the visible test catches it."""
+    replace_in_cell(nb, "task-2-4-regroup", "(1 - fraction) * common + build", "(1 - fraction) * common")
+
+
+def regroup_whenever_divergent(nb):
+    """Task 2.4: a decision by rule of thumb, not the model: regroup as soon as some warp may diverge, and the
+    smallest fraction offered as the answer. The visible (a) case at 1e-6 catches the rule; (b) is wrong."""
+    replace_in_cell(nb, "task-2-4-regroup", "return bool(regrouped < random_order)", "return fraction > 0")
+    replace_in_cell(nb, "task-2-4-decision", "SMALLEST_FRACTION = 1 / 64", "SMALLEST_FRACTION = 1 / 4096")
+
 class TestExercises(LessonExercises):
     LESSON = "02_warp_divergence"
     NOTEBOOK = "warp_divergence.ipynb"
     TIMEOUT = 60  # seconds per cell: the slowest, Task 2.2's kernel in the simulator, takes a few
     POINTS = {"test_2_1_element_of": 2, "test_2_1_kernel": 2, "test_2_1_warps": 1, "perf_2_1_regrouped": 2,
               "test_2_2_model": 2, "test_2_2_kernel": 2, "test_2_2_launcher": 1, "perf_2_2_shuffle_sum": 2,
-              "test_2_3_cost": 1, "test_2_3_efficiency": 1, "test_2_3_expected_cost": 2, "test_2_3_slowdown": 1}
+              "test_2_3_cost": 1, "test_2_3_efficiency": 1, "test_2_3_expected_cost": 2, "test_2_3_slowdown": 1,
+              "test_2_4_regroup": 2, "test_2_4_decision": 1}
     VARIANTS = {
         mixed_warps: ["test_2_1_element_of"],
         kernel_ignores_mapping: ["test_2_1_warps"],
@@ -102,11 +116,14 @@ class TestExercises(LessonExercises):
         no_serialisation: ["test_2_3_cost", "test_2_3_efficiency", "test_2_3_slowdown"],
         efficiency_of_whole_warps: ["test_2_3_efficiency"],
         slowdown_without_common_steps: ["test_2_3_slowdown"],
-        average_cost_in_exercise: ["test_2_3_expected_cost"],
+        average_cost_in_exercise: ["test_2_3_expected_cost", "test_2_4_regroup"],  # Task 2.4 builds on 2.3 (b)
+        regroup_without_build: ["test_2_4_regroup"],
+        regroup_whenever_divergent: ["test_2_4_regroup", "test_2_4_decision"],
     }
     UNANSWERED = {"test_2_1_element_of": "NotImplementedError", "test_2_1_kernel": "NotImplementedError",
                   "test_2_2_model": "NotImplementedError", "test_2_2_kernel": "NotImplementedError",
-                  "test_2_3_expected_cost": "NotImplementedError", "test_2_3_cost": "NameError"}
+                  "test_2_3_expected_cost": "NotImplementedError", "test_2_3_cost": "NameError",
+                  "test_2_4_regroup": "NotImplementedError", "test_2_4_decision": "NameError"}
     ANSWERS = ["(t // 64) * 64", "shfl_down_sync(FULL_MASK, acc"]
 
     def test_feedback_names_the_mistake(self, graded):
@@ -125,3 +142,6 @@ class TestExercises(LessonExercises):
         assert "efficiency_a = 0.532" in message("efficiency_of_whole_warps", "test_2_3_efficiency")
         assert "slowdown_c = 4.0 is not the model's" in message("slowdown_without_common_steps", "test_2_3_slowdown")
         assert "expected_warp_cost(0.015625, 10, 1)" in message("average_cost_in_exercise", "test_2_3_expected_cost")
+        assert "regroup_pays(1e-6, 10, 10, 1): hardly a warp diverges" in message("regroup_without_build",
+                                                                                  "test_2_4_regroup")
+        assert "is not the model's" in message("regroup_whenever_divergent", "test_2_4_decision")

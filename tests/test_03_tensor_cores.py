@@ -112,6 +112,95 @@ def test_the_notebooks_accumulation_table_says_what_its_prose_says():
     assert r["fp16_acc"][-1] > 0.01 > r["fp16_acc"][-2]
 
 
+# ---------------------------------------------------------------- the NumPy emulation of WMMA (Task 3.2)
+
+def _lesson_operands(ti, tj, k, M, N, K):
+    """The lesson's wmma_naive, C = A B with A (M x K) and B (K x N) row-major: the pointers of cell 31."""
+    return (ti * 16 * K + k, K), (k * N + tj * 16, N)
+
+
+def test_wmma_emulation_of_the_lessons_kernel_is_the_product(rng):
+    from kernels import wmma_emulator as wmma
+
+    A = rng.random((48, 64)).astype(np.float16)
+    B = rng.random((64, 32)).astype(np.float16)
+    C = wmma.run_tiles(_lesson_operands, ("row_major", "row_major"), A, B, (48, 32), 64, (48, 32, 64))
+    assert C.dtype == np.float32 and tc.rel_error(C, A.astype(np.float64) @ B.astype(np.float64)) < 1e-6
+    np.testing.assert_array_equal(C, tc.gemm_emulated(A, B, acc="float32"))  # the same MMAs, the same roundings
+
+
+@pytest.mark.parametrize("layouts,stored", [(("row_major", "col_major"), "X W^T"), (("col_major", "row_major"),
+                                                                                    "A^T B")])
+def test_wmma_emulation_reads_column_major_tiles(rng, layouts, stored):
+    """A column-major fragment is the transpose of what a row-major load at the same pointer reads: X W^T (the
+    linear layer, W N x K) and A^T B (the weight gradient, A stored M x N) both come out right."""
+    from kernels import wmma_emulator as wmma
+
+    M, N, K = 32, 48, 16
+    if stored == "X W^T":
+        X, W = rng.random((M, K)).astype(np.float16), rng.random((N, K)).astype(np.float16)
+        ops = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (tj * 16 * K + k, K))  # noqa: E731
+        C, ref = wmma.run_tiles(ops, layouts, X, W, (M, N), K, (M, N, K)), X.astype(float) @ W.astype(float).T
+    else:
+        A, B = rng.random((K, M)).astype(np.float16), rng.random((K, N)).astype(np.float16)
+        ops = lambda ti, tj, k, M, N, K: ((k * M + ti * 16, M), (k * N + tj * 16, N))  # noqa: E731
+        C, ref = wmma.run_tiles(ops, layouts, A, B, (M, N), K, (M, N, K)), A.astype(float).T @ B.astype(float)
+    assert tc.rel_error(C, ref) < 1e-6
+    wrong = wmma.run_tiles(ops, tuple(reversed(layouts)), *((X, W) if stored == "X W^T" else (A, B)), (M, N), K,
+                           (M, N, K))
+    assert tc.rel_error(wrong, ref) > 0.01
+
+
+def test_wmma_emulation_catches_a_wrong_pointer(rng):
+    from kernels import wmma_emulator as wmma
+
+    A = rng.random((32, 32)).astype(np.float16)
+    B = rng.random((32, 32)).astype(np.float16)
+    off_by_tile = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (k * N + tj, N))  # noqa: E731
+    C = wmma.run_tiles(off_by_tile, ("row_major", "row_major"), A, B, (32, 32), 32, (32, 32, 32))
+    assert tc.rel_error(C, A.astype(float) @ B.astype(float)) > 0.01
+    outside = lambda ti, tj, k, M, N, K: ((ti * 16 * K + k, K), (tj * 16 * K + k + 16, N))  # noqa: E731
+    with pytest.raises(runtime.CourseInputError, match="outside it"):
+        wmma.run_tiles(outside, ("row_major", "row_major"), A, B, (32, 32), 32, (32, 32, 32))
+    with pytest.raises(runtime.CourseInputError, match="leading dimension"):
+        wmma.load_matrix_sync(np.zeros(1024, np.float16), 0, 8, "row_major")
+
+
+def test_wmma_emulation_turns_the_arithmetic_into_c():
+    from kernels import wmma_emulator as wmma
+
+    assert wmma.c_expressions(_lesson_operands) == (("(((ti * 16) * K) + k)", "K"), ("((k * N) + (tj * 16))", "N"))
+    assert wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k // 2 - 1, 16), (2 * ti % N, K))) == (
+        ("((k / 2) - 1)", "16"), ("((2 * ti) % N)", "K"))
+    with pytest.raises(runtime.CourseInputError, match="comparison"):
+        wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k if ti < 1 else 0, K), (0, N)))
+    with pytest.raises(runtime.CourseInputError, match="integers"):
+        wmma.c_expressions(lambda ti, tj, k, M, N, K: ((k * 0.5, K), (0, N)))
+
+
+@needs_compiler
+def test_wmma_emulations_c_compiles_to_the_layouts_it_emulates():
+    """The generated loads compile with NVRTC (no GPU) into wmma.load instructions of the layouts emulated."""
+    from kernels import wmma_emulator as wmma
+
+    (a_off, a_ldm), (b_off, b_ldm) = wmma.c_expressions(_lesson_operands)
+    source = ("#include <mma.h>\nusing namespace nvcuda;\n"
+              'extern "C" __global__ void k(const half* A, const half* B, float* C, int M, int N, int K) {\n'
+              " long long ti = blockIdx.x, tj = blockIdx.y;\n"
+              " wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc; wmma::fill_fragment(acc, 0.0f);\n"
+              " wmma::fragment<wmma::matrix_a, 16, 16, 16, half, wmma::row_major> a;\n"
+              " wmma::fragment<wmma::matrix_b, 16, 16, 16, half, wmma::col_major> b;\n"
+              " for (long long k = 0; k < K; k += 16) {\n"
+              f"  wmma::load_matrix_sync(a, A + {a_off}, (unsigned){a_ldm});\n"
+              f"  wmma::load_matrix_sync(b, B + {b_off}, (unsigned){b_ldm});\n"
+              "  wmma::mma_sync(acc, a, b, acc); }\n"
+              " wmma::store_matrix_sync(C + ti * 16 * N + tj * 16, acc, N, wmma::mem_row_major); }\n")
+    tc.include_path_or_explain()
+    ptx = cuda_c.ptx_from_source(source, "sm_80", filename="emulated.cu", compiler="nvrtc")
+    assert re.search(r"wmma\.load\.a\.sync\.aligned\.row\.", ptx)
+    assert re.search(r"wmma\.mma\.sync\.aligned\.row\.col\.m16n16k16\.f32\.f32", ptx)
+
+
 def test_fp16_sequential_sum_stagnates():
     # 0.25 added 8192 times: exact 2048, but FP16's spacing reaches 0.5 at 512, so 0.25 rounds away there
     assert float(tc.sum_fp16_sequential(np.full(8192, 0.25))) == 512.0
@@ -664,3 +753,62 @@ def test_a_faked_gpu_gives_its_own_shared_memory(monkeypatch):
     monkeypatch.setenv(runtime.FAKE_CC_VARIABLE, "9.0")
     assert tc.default_tiled("float32") == tc.DEFAULT_TILED["float32"]
     assert gpus.shared_memory_per_block("12.0") == gpus.PORTABLE_SHARED_MEMORY
+
+
+# ------------------------------------------- the statements the notebook prints, on every record
+
+def _readings(rec):
+    import benchmarks.tensor_cores as lesson
+
+    f = rec["figures"]
+    return {"accumulation": lesson.accumulation_reading(f["accumulation"]),
+            "configs": lesson.config_reading(f["configs"], f["kernels"], rec["gpu"].get("compute_capability")),
+            "sizes": lesson.size_reading(f["sizes"]), "roofline": lesson.roofline_reading(f["kernels"], rec["ceilings"])}
+
+
+def test_recorded_statements_printed_by_the_notebook_hold():
+    """Notebook 03 prints its comparisons of figures (sections 2, 5 and 6) from these readings, under the figures
+    they read; on every record each statement holds. Their words come from the relation each tests, so a
+    comparison reversed in the code fails here."""
+    recs = records.all_records(LESSON)
+    if not recs:
+        pytest.skip("no record of lesson 3")
+    for rec in recs:
+        read = _readings(rec)
+        if rec["gpu"].get("compute_capability") == "9.0":
+            assert len(read["configs"]) == 2, rec["path"]  # the Hopper statement is there
+        for figure, part in read.items():
+            assert part and all(s and len(s) <= 93 for s, _ in part), (rec["path"], figure)
+            failed = [s for s, ok in part if ok is not True]
+            assert not failed, (rec["path"], figure, failed)
+
+
+def test_reversed_figures_print_the_statements_as_not_holding():
+    """The newest record with its figures turned round (FP16 accumulation far from the model, FP32 accumulation
+    flat in K, one stage ahead of two, a WMMA configuration at cuBLAS's rate, small n ahead of large, the naive
+    kernel under its roof): every statement prints NO."""
+    import copy
+
+    from gpucourse import claims
+
+    rec = records.latest(LESSON)
+    if rec is None:
+        pytest.skip("no record of lesson 3")
+    rec = copy.deepcopy(rec)
+    rec["gpu"]["compute_capability"] = "9.0"
+    f = rec["figures"]
+    a = f["accumulation"]
+    a["gpu_fp16_acc"] = [3 * m for m in a["model"]["fp16_acc"]]
+    a["gpu_fp32_acc"] = [a["model"]["fp32_acc"][-1]] * len(a["k"])
+    rows = {r["name"]: r for r in f["configs"]["rows"]}
+    s1, s2 = rows["wmma_tiled_128x128x32_w64x64_s1_f32"], rows["wmma_tiled_128x128x32_w64x64_s2_f32"]
+    s1["tflops"], s2["tflops"] = s2["tflops"], s1["tflops"] / 2
+    s2["of_cublas"] = 1.0
+    t = f["sizes"]["tflops"]["WMMA, tiled"]
+    t[0], t[-1] = t[-1], t[0]
+    naive = next(r for r in f["kernels"]["rows"] if r["name"] == "numba, naive")
+    naive["tflops"] = naive["intensity"] * rec["ceilings"]["copy_gbps"] / 2000
+    read = [x for part in _readings(rec).values() for x in part]
+    assert len(read) == 7 and all(ok is False for _, ok in read), read
+    assert all(line.startswith(" NO  ") for line in claims.lines(read).splitlines())
+    assert len(_readings(dict(rec, gpu={"compute_capability": "8.0"}))["configs"]) == 1  # no Hopper line elsewhere

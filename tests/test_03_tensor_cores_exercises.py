@@ -1,6 +1,7 @@
 """Lesson 3's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
 released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU
-mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC), where the three GPU-only tests
+mode (Task 3.1's kernel in the simulator, Task 3.2's compiled to PTX with NVRTC and its address arithmetic run
+by the NumPy emulation of WMMA), where the three GPU-only tests
 (perf_*) are "not gradable here"; their GPU side is checked by running the solution notebook on a GPU
 (python -m gpucourse run ... --mode gpu)."""
 from __future__ import annotations
@@ -20,21 +21,37 @@ def no_second_barrier(nb):
 
 
 def products_from_global(nb):
-    """Task 3.1: the tiles are loaded and synchronised, but the products read A and B from global memory: right
+    """Task 3.1: the tiles are loaded and synchronised, but the products read X and W from global memory: right
     results, 2K global reads per thread."""
-    replace_in_cell(nb, "task-3-1-kernel", "acc += sa[ty, k] * sb[k, tx]",
-             "acc += A[row, k0 + k] * B[k0 + k, col] if row < M and col < N and k0 + k < K else np.float32(0.0)")
+    replace_in_cell(nb, "task-3-1-kernel", "acc += sx[ty, k] * swt[k, tx]",
+             "acc += X[row, k0 + k] * W[col, k0 + k] if row < M and col < N and k0 + k < K else np.float32(0.0)")
 
 
-def row_major_b(nb):
-    """Task 3.2: W^T's fragment declared row-major, which reads W's tile untransposed: it compiles and holds the
-    tensor-core instructions; the visible test looks at the layouts, the check of the values CPU mode can make."""
-    replace_in_cell(nb, "task-3-2-loop", "half, wmma::col_major> b;", "half, wmma::row_major> b;")
+def uncoalesced_w(nb):
+    """Task 3.1: W's tile read the way B's is in the lesson, thread (tx, ty) taking W[bx TILE + tx, k0 + ty]:
+    right results and one read per tile, but consecutive threads of a warp read elements K apart."""
+    replace_in_cell(nb, "task-3-1-kernel",
+                    "        w_row = cuda.blockIdx.x * TILE + ty  # a row of W per ty, consecutive tx along it: coalesced\n"
+                    "        swt[tx, ty] = W[w_row, k0 + tx] if w_row < N and k0 + tx < K else np.float32(0.0)\n",
+                    "        swt[ty, tx] = W[col, k0 + ty] if col < N and k0 + ty < K else np.float32(0.0)\n")
 
 
-def does_not_compile(nb):
-    """Task 3.2: a typo in the CUDA C."""
-    replace_in_cell(nb, "task-3-2-loop", "wmma::mma_sync(acc, a, b, acc);", "wmma::mma_sync(acc, a, b, acc)")
+def wrong_b_pointer(nb):
+    """Task 3.2: X's tile offset without the factor 16 on tj: it compiles with the right layouts, and the
+    emulation, which runs the same arithmetic, reads the wrong columns of X (CPU mode)."""
+    replace_in_cell(nb, "task-3-2-loop", "(k * K + tj * 16, K)", "(k * K + tj, K)")
+
+
+def b_read_as_transposed(nb):
+    """Task 3.2: X's tile addressed as if X were stored K x M (X^T's rows): the emulation reads the wrong elements
+    of X (in the visible test's shape, all of them inside X)."""
+    replace_in_cell(nb, "task-3-2-loop", "(k * K + tj * 16, K)", "(tj * 16 * M + k, M)")
+
+
+def row_major_a(nb):
+    """Task 3.2: dY^T's fragment declared row-major, which reads dY's tile untransposed: it compiles; the hidden
+    layout checks and the emulated results fail."""
+    replace_in_cell(nb, "task-3-2-loop", 'LAYOUTS = ("col_major", "row_major")', 'LAYOUTS = ("row_major", "row_major")')
 
 
 def endpoint_slope(nb):
@@ -80,6 +97,19 @@ def step_in_bytes(nb):
     replace_in_cell(nb, "task-3-4-steps", "step = k_descriptors[1] - k_descriptors[0]", "step = 32")
 
 
+def fp16_config(nb):
+    """Task 3.5: the FP16-accumulating twin of the right tile: the same shared memory and intensity (the prediction's
+    point), not an FP32 configuration (the decision's)."""
+    replace_in_cell(nb, "task-3-5-answers", 'MY_CONFIG = "wmma_tiled_128x256x32_w64x64_s3_f32"',
+                    'MY_CONFIG = "wmma_tiled_128x256x32_w64x64_s3_f16"')
+
+
+def smem_without_padding(nb):
+    """Task 3.5: the right tile, its shared memory predicted without the 8 elements of padding per row."""
+    replace_in_cell(nb, "task-3-5-answers", "predicted_smem = 3 * (128 * (32 + 8) + 32 * (256 + 8)) * 2",
+                    "predicted_smem = 3 * (128 * 32 + 32 * 256) * 2")
+
+
 # variant -> the tests it fails (all others pass)
 
 
@@ -88,14 +118,17 @@ class TestExercises(LessonExercises):
     NOTEBOOK = "tensor_cores.ipynb"
     TIMEOUT = 60  # seconds per cell: the slowest, Task 3.1's hidden sizes in the simulator, takes about ten
     POINTS = {"test_3_1_results": 3, "test_3_1_loads": 1, "perf_3_1_tiled": 2,
-              "test_3_2_compiles": 2, "perf_3_2_results": 2, "perf_3_2_speed": 2,
+              "test_3_2_compiles": 1, "test_3_2_emulated": 2, "perf_3_2_results": 1, "perf_3_2_speed": 2,
               "test_3_3_errors": 2, "test_3_3_exponent": 2, "test_3_3_exponents": 1, "test_3_3_ratio": 1,
-              "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1}
+              "test_3_3_why": 1, "test_3_4_descriptor": 2, "test_3_4_steps": 1,
+              "test_3_5_prediction": 1, "test_3_5_decision": 1}
     VARIANTS = {
         no_second_barrier: ["test_3_1_results"],
         products_from_global: ["test_3_1_loads"],
-        row_major_b: ["test_3_2_compiles"],
-        does_not_compile: ["test_3_2_compiles"],
+        uncoalesced_w: ["test_3_1_loads"],
+        wrong_b_pointer: ["test_3_2_emulated"],
+        b_read_as_transposed: ["test_3_2_emulated"],
+        row_major_a: ["test_3_2_compiles", "test_3_2_emulated"],
         endpoint_slope: ["test_3_3_exponent"],
         linear_explanation: ["test_3_3_why"],
         numpy_scalars: ["test_3_3_errors"],
@@ -103,12 +136,15 @@ class TestExercises(LessonExercises):
         no_upper_bound: ["test_3_4_descriptor"],
         step_in_bytes: ["test_3_4_steps"],
         swapped_offsets: ["test_3_4_steps"],
+        fp16_config: ["test_3_5_decision"],
+        smem_without_padding: ["test_3_5_prediction"],
     }
     UNANSWERED = {"test_3_1_results": "NotImplementedError", "test_3_1_loads": "NotImplementedError",
                   "test_3_3_errors": "NotImplementedError", "test_3_3_exponent": "NotImplementedError",
-                  "test_3_2_compiles": "NameError", "test_3_4_descriptor": "NotImplementedError",
-                  "test_3_4_steps": "NameError"}
-    ANSWERS = ["wmma::col_major> b", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk"]
+                  "test_3_2_compiles": "NameError", "test_3_2_emulated": "NameError", "test_3_4_descriptor": "NotImplementedError",
+                  "test_3_4_steps": "NameError", "test_3_5_prediction": "NameError", "test_3_5_decision": "NameError"}
+    ANSWERS = ['("col_major", "row_major")', "k * N + ti * 16", "swt[tx, ty] = W[w_row", "np.polyfit", 'why = "B"', "(value >> 4) << shift", "0x1000 + 32 * kk",
+               'MY_CONFIG = "wmma_tiled_128x256x32']
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -116,11 +152,15 @@ class TestExercises(LessonExercises):
 
         assert "cuda.syncthreads()" in message("no_second_barrier", "test_3_1_results")
         assert "elements from global memory" in message("products_from_global", "test_3_1_loads")
-        assert "column-major" in message("row_major_b", "test_3_2_compiles")
-        assert "NVRTC could not compile" in message("does_not_compile", "test_3_2_compiles")
+        assert "coalesced" in message("uncoalesced_w", "test_3_1_loads")
+        assert "max |dW - ref|" in message("wrong_b_pointer", "test_3_2_emulated")
+        assert "FP32 accumulation allows" in message("b_read_as_transposed", "test_3_2_emulated")
+        assert "column-major" in message("row_major_a", "test_3_2_compiles")  # a hidden test
         assert "least-squares slope" in message("endpoint_slope", "test_3_3_exponent")  # a hidden test
         assert "return plain floats" in message("numpy_scalars", "test_3_3_errors")
         assert "want 0x4000004000010040" in message("no_swizzle", "test_3_4_descriptor")
         assert "must raise ValueError" in message("no_upper_bound", "test_3_4_descriptor")  # a hidden test
         assert "16-byte units" in message("step_in_bytes", "test_3_4_steps")
         assert "want 0x4000004000010100" in message("swapped_offsets", "test_3_4_steps")
+        assert "accumulates in FP16" in message("fp16_config", "test_3_5_decision")  # a hidden test
+        assert "81,408 bytes" in message("smem_without_padding", "test_3_5_prediction")

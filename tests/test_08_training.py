@@ -539,3 +539,20 @@ def test_live_curves_update_in_place_and_are_saved_when_run_headless(tmp_path):
     assert len(shown) == 1, f"{len(shown)} figures for 8 updates: the curves were not updated in place"
     assert (out / "live_a_test.png").stat().st_size > 0
     assert f"saved {out / 'live_a_test.png'}" in "".join(o.get("text", "") for o in cell.outputs)
+
+
+def test_schedule_model_matches_even_spacing_and_finds_uneven_schedules():
+    """tr.schedule_bytes gives activation_bytes's figure for checkpoints every s layers where s divides the depth
+    (else at most it: a short last segment holds less than s inputs); best_schedule beats every
+    even spacing on a network with a wide middle (Task 8.6's), and refuses schedules that break the rule."""
+    w = [256] * 17
+    for s in (1, 2, 4, 8, 16):
+        assert tr.schedule_bytes(64, w, list(range(0, 16, s))) == tr.activation_bytes(64, w, checkpoint_every=s)
+    assert tr.schedule_bytes(64, w, list(range(0, 16, 3))) == 7 * 64 * 256 * 4 < tr.activation_bytes(64, w, checkpoint_every=3)
+    wide = [1024] * 3 + [4096] * 3 + [1024] * 6 + [16]
+    best, least = tr.best_schedule(2048, wide)
+    assert (best, least) == ([0, 4, 6, 9], 72 * 2**20)
+    assert least < min(tr.schedule_bytes(2048, wide, list(range(0, 12, s))) for s in range(1, 13))
+    for bad in ([], [1, 4], [0, 5, 3], [0, 12]):
+        with pytest.raises(runtime.CourseInputError):
+            tr.schedule_bytes(2048, wide, bad)

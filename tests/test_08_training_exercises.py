@@ -11,25 +11,31 @@ pytestmark = [pytest.mark.lesson08, pytest.mark.slow]
 
 
 def no_reset(nb):
-    """Task 8.1: an overflow halves the scale but keeps counting good steps: the scale grows back too soon."""
-    replace_in_cell(nb, "task-8-1-rule", "return scale * backoff, 0", "return scale * backoff, good_steps")
+    """Task 8.1: a back-off keeps the count of good steps: the scale grows back too soon."""
+    replace_in_cell(nb, "task-8-1-rule", "return max(scale * backoff, min_scale), 0, left",
+                    "return max(scale * backoff, min_scale), good_steps, left")
+
+
+def no_floor(nb):
+    """Task 8.1: the scale backed off below min_scale."""
+    replace_in_cell(nb, "task-8-1-rule", "max(scale * backoff, min_scale)", "scale * backoff")
 
 
 def store_everything(nb):
     """Task 8.2: every layer's input kept: right gradients, no memory saved."""
-    replace_in_cell(nb, "task-8-2-ckpt", "        if i % s == 0:\n            saved[i] = z\n",
-                    "        saved[i] = z\n")
-    replace_in_cell(nb, "task-8-2-ckpt", """        for i in range(start, stop - 1):
+    replace_in_cell(nb, "task-8-2-ckpt", "        if i in keep:\n            saved[i] = z\n", "        saved[i] = z\n")
+    replace_in_cell(nb, "task-8-2-ckpt", """        while len(inputs) < stop - start:  # the segment's other inputs, from its checkpoint
+            i = start + len(inputs) - 1
             inputs.append(layer_forward(*params[i], inputs[-1], i == 0))
 """, """        for i in range(start + 1, stop):
             inputs.append(saved.pop(i))
 """)
 
 
-def no_spacing_check(nb):
-    """Task 8.2: a spacing outside 1..n is not refused."""
-    replace_in_cell(nb, "task-8-2-ckpt", """    if not 1 <= s <= n:
-        raise ValueError(f"checkpoint spacing must lie in 1..{n}, got {s}")
+def no_schedule_check(nb):
+    """Task 8.2: a schedule that breaks the rule (no 0, not increasing, beyond the depth) is not refused."""
+    replace_in_cell(nb, "task-8-2-ckpt", """    if not bounds or bounds[0] != 0 or any(b >= c for b, c in zip(bounds, bounds[1:])) or bounds[-1] >= n:
+        raise ValueError(f"checkpoints must be increasing layer numbers from 0, below {n}: got {checkpoints!r}")
 """, "")
 
 
@@ -70,9 +76,20 @@ def rebinds(nb):
 
 
 def checkpoint_by_keyword(nb):
-    """Task 8.2: the lesson's tr.loss_and_grads asked to checkpoint (checkpoint_every=s): refused."""
-    replace_in_cell(nb, "task-8-2-ckpt", "    if not 1 <= s <= n:",
-                    "    return tr.loss_and_grads(params, X, y, checkpoint_every=s)\n    if not 1 <= s <= n:")
+    """Task 8.2: the lesson's tr.loss_and_grads asked to checkpoint (checkpoint_every=...): refused."""
+    replace_in_cell(nb, "task-8-2-ckpt", "    n = len(params)\n",
+                    "    return tr.loss_and_grads(params, X, y, checkpoint_every=len(checkpoints))\n    n = len(params)\n")
+
+
+def even_spacing(nb):
+    """Task 8.6: the best even spacing (s = 2), predicted right: the prediction's point, not the decision's."""
+    replace_in_cell(nb, "task-8-6-answers", "MY_CHECKPOINTS = [0, 4, 6, 9]\npredicted_mib = 72.0",
+                    "MY_CHECKPOINTS = [0, 2, 4, 6, 8, 10]\npredicted_mib = 80.0")
+
+
+def count_not_bytes(nb):
+    """Task 8.6: the right schedule, its peak predicted as 9 inputs of 1024 (36 MiB) at a batch of 1024."""
+    replace_in_cell(nb, "task-8-6-answers", "predicted_mib = 72.0", "predicted_mib = 36.0")
 
 
 class TestExercises(LessonExercises):
@@ -81,11 +98,12 @@ class TestExercises(LessonExercises):
     TIMEOUT = 60
     POINTS = {"test_8_1_rule": 2, "test_8_2_grads": 2, "test_8_2_memory": 2, "perf_8_2_speed": 2,
               "test_8_3_average": 2, "test_8_3_uneven": 1, "test_8_4_step": 2, "test_8_4_overflow": 1,
-              "test_8_5_same": 2, "test_8_5_once": 1}
+              "test_8_5_same": 2, "test_8_5_once": 1, "test_8_6_prediction": 1, "test_8_6_decision": 2}
     VARIANTS = {
         no_reset: ["test_8_1_rule"],
+        no_floor: ["test_8_1_rule"],
         store_everything: ["test_8_2_memory"],
-        no_spacing_check: ["test_8_2_grads"],
+        no_schedule_check: ["test_8_2_grads"],
         sum_not_mean: ["test_8_3_average"],
         uneven_allowed: ["test_8_3_uneven"],
         no_unscale: ["test_8_4_step", "test_8_4_overflow"],
@@ -93,9 +111,12 @@ class TestExercises(LessonExercises):
         still_eager: ["test_8_5_same", "test_8_5_once"],
         rebinds: ["test_8_5_same", "test_8_5_once"],
         checkpoint_by_keyword: ["test_8_2_grads", "test_8_2_memory"],
+        even_spacing: ["test_8_6_decision"],
+        count_not_bytes: ["test_8_6_prediction"],
     }
-    UNANSWERED = {g: "NotImplementedError" for g in POINTS if not g.startswith("perf_")}
-    ANSWERS = ["return scale * backoff, 0", "saved[i] = z", "X.shape[0] % k", "scale=1.0 / scaler.scale",
+    UNANSWERED = {g: "NameError" if g.startswith("test_8_6") else "NotImplementedError"
+                  for g in POINTS if not g.startswith("perf_")}
+    ANSWERS = ["max(scale * backoff, min_scale)", "saved[i] = z", "MY_CHECKPOINTS = [0, 4, 6, 9]", "X.shape[0] % k", "scale=1.0 / scaler.scale",
                "    @tf.function\n    def step(X, y):"]
 
     def test_feedback_names_the_mistake(self, graded):
@@ -104,7 +125,9 @@ class TestExercises(LessonExercises):
 
         assert "want" in message("no_reset", "test_8_1_rule")
         assert "held at once" in message("store_everything", "test_8_2_memory")
-        assert "must raise ValueError" in message("no_spacing_check", "test_8_2_grads")
+        assert "must raise ValueError" in message("no_schedule_check", "test_8_2_grads")
+        assert "the best even spacing" in message("even_spacing", "test_8_6_decision")  # a hidden test
+        assert "the model gives 72.0 MiB" in message("count_not_bytes", "test_8_6_prediction")
         assert "one device on the whole batch" in message("sum_not_mean", "test_8_3_average")
         assert "does not split evenly" in message("uneven_allowed", "test_8_3_uneven")
         assert "master weights differ" in message("no_unscale", "test_8_4_step")

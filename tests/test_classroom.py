@@ -44,7 +44,7 @@ def test_classroom_flow(tmp_path):
 
     with open(course / "grades.csv") as f:
         scores = {row["student_id"]: (float(row["score"]), float(row["max_score"])) for row in csv.DictReader(f)}
-    assert scores == {"alice": (9.0, 12.0), "bob": (0.0, 12.0)}  # CPU mode: no performance points
+    assert scores == {"alice": (12.0, 15.0), "bob": (0.0, 15.0)}  # CPU mode: no performance points
     feedback = (course / f"feedback/bob/{LESSON}/vector_multiply.html").read_text()
     assert "NotImplementedError" in feedback and "test_1_2_gbps" in feedback
     assert (course / "gradebook.db").is_file()

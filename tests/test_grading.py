@@ -31,7 +31,8 @@ TIMEOUT = 20  # seconds per cell: every cell of the solution takes a few seconds
 
 # Points in the solution notebook; the performance test's 3 are not gradable in CPU mode.
 POINTS = {"test_1_1_kernel": 2, "test_1_1_small_grids": 1, "test_1_2_gbps": 2, "test_1_3_transfer_seconds": 1,
-          "test_1_3_answers": 2, "test_1_4_fast_multiply": 1, "perf_1_4_fast_multiply": 3}
+          "test_1_3_answers": 2, "test_1_4_occupancy": 1, "test_1_4_decision": 1, "test_1_4_fast_multiply": 1,
+          "test_1_4_any_grid": 1, "perf_1_4_fast_multiply": 3}
 GRADABLE = sum(p for g, p in POINTS.items() if not g.startswith(grading.PERF_PREFIX))
 
 
@@ -57,8 +58,8 @@ def never_returns(nb):
 
 def float_grid(nb):
     """Task 1.4: a grid size computed with / is a float; the launch raises."""
-    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / threads), 32 * SMS))",
-             "out.shape[0] / threads")
+    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / THREADS), BLOCKS_PER_SM * SMS))",
+             "out.shape[0] / THREADS")
 
 
 def odd_sizes_in_exercise(nb):
@@ -67,6 +68,27 @@ def odd_sizes_in_exercise(nb):
     fill_in_exercise(nb, SOLUTION, EXERCISE)
     replace_in_cell(nb, "task-1-1-kernel", "range(start, out.size, stride)", "range(start, out.size - out.size % 2, stride)")
     assert "HIDDEN" not in "".join(c.source for c in nb.cells)
+
+
+def no_stride_loop(nb):
+    """Task 1.4 (c): one thread per element, no loop, launched on a grid that covers the test arrays (4 blocks of
+    256 threads for 1000 elements): fast_multiply is right, but fast_kernel on a grid smaller than the array
+    leaves elements unwritten, in CPU mode too."""
+    replace_in_cell(nb, "task-1-4-fast-multiply", "    while i < out.size:\n        out[i] = a[i] * b[i]\n"
+                    "        i += cuda.gridsize(1)", "    if i < out.size:\n        out[i] = a[i] * b[i]")
+
+
+def blocks_of_one_warp(nb):
+    """Task 1.4 (b): blocks of 32 threads, predicted by the model right: half an SM, which the decision must not
+    settle for."""
+    replace_in_cell(nb, "task-1-4-decision", "THREADS = 256", "THREADS = 32")
+    replace_in_cell(nb, "task-1-4-decision", "PREDICTED_OCCUPANCY = 1.0", "PREDICTED_OCCUPANCY = 0.5")
+
+
+def occupancy_without_block_limit(nb):
+    """Task 1.4 (a): the model forgets the limit on blocks an SM holds; the decision (256 threads) still holds."""
+    replace_in_cell(nb, "task-1-4-occupancy", "blocks = min(max_blocks, max_threads // threads)",
+                    "blocks = max_threads // threads")
 
 
 def kernel_dies(nb):
@@ -89,15 +111,16 @@ def one_input_only(nb):
 
 # variant -> (points lost by grade_id, expected status of those tests)
 VARIANTS = {
-    skips_last_element: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
-                         "test_1_4_fast_multiply": "failed"},
+    skips_last_element: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed"},
     two_streams: {"test_1_2_gbps": "failed"},
     never_returns: {"test_1_2_gbps": "timed out"},
     float_grid: {"test_1_4_fast_multiply": "failed"},
-    odd_sizes_in_exercise: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed",
-                            "test_1_4_fast_multiply": "failed"},
+    odd_sizes_in_exercise: {"test_1_1_kernel": "failed", "test_1_1_small_grids": "failed"},
     kernel_ms_not_seconds: {"test_1_3_answers": "failed"},
     one_input_only: {"test_1_3_answers": "failed"},
+    no_stride_loop: {"test_1_4_any_grid": "failed"},
+    blocks_of_one_warp: {"test_1_4_decision": "failed"},
+    occupancy_without_block_limit: {"test_1_4_occupancy": "failed"},
 }
 
 
@@ -139,13 +162,16 @@ def test_wrong_variant_gets_exactly_its_partial_score(graded, variant):
 
 
 def test_feedback_names_the_error(graded):
-    assert "index 999" in graded["skips_last_element"].test("test_1_1_kernel").message
+    assert "row 24, column 39" in graded["skips_last_element"].test("test_1_1_kernel").message
     two_streams = graded["two_streams"].test("test_1_2_gbps").message
     assert two_streams.startswith("AssertionError: achieved_gbps(2**29, 4, 2.0)")
     assert f"{TIMEOUT} s" in graded["never_returns"].test("test_1_2_gbps").message
     assert graded["float_grid"].test("test_1_4_fast_multiply").message.startswith("TypeError")
-    assert "n=1001" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
-    assert "n=5," in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
+    assert "7 x 143 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
+    assert "1 x 5 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
+    assert "n=1000, 2 block(s) x 64 thread(s)" in graded["no_stride_loop"].test("test_1_4_any_grid").message
+    assert "the SMs are not full" in graded["blocks_of_one_warp"].test("test_1_4_decision").message
+    assert "occupancy(32) = 1.0" in graded["occupancy_without_block_limit"].test("test_1_4_occupancy").message
     assert "pinned_s over the kernel's 2.3 ms, both in seconds" in \
         graded["kernel_ms_not_seconds"].test("test_1_3_answers").message
     assert "is not the time to copy both inputs at 10 GB/s" in graded["one_input_only"].test("test_1_3_answers").message
@@ -155,7 +181,7 @@ def test_a_kernel_that_dies_fails_its_cell_and_stops_the_rest(graded):
     report = graded["kernel_dies"]
     died = report.test("test_1_2_gbps")
     assert (died.points, died.status) == (0, "kernel died") and "(exit code 1)" in died.message, report.format()
-    for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply"):
+    for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_occupancy", "test_1_4_fast_multiply"):
         assert report.test(g).status == "not run", report.format()
     assert report.score == 3  # Task 1.1's tests ran before the kernel died
 

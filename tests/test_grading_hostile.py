@@ -250,7 +250,8 @@ def generic_cases(lesson: str) -> list[Case]:
 
 L1 = "01_vector_multiply"
 # What the rest of the notebook gives when one part fails.
-FAIL_1_1 = {"test_1_1_kernel", "test_1_1_small_grids", "test_1_4_fast_multiply"}  # all use the Task 1.1 kernel
+FAIL_1_1 = {"test_1_1_kernel", "test_1_1_small_grids"}  # both use the Task 1.1 kernel
+LATER_1_4 = ("test_1_4_occupancy", "test_1_4_decision")  # the Task 1.4 tests before fast_multiply's
 NOT_RUN = "not run"
 
 
@@ -292,7 +293,7 @@ def l1_out_of_bounds(nb, _):
 
 
 def l1_nan(nb, _):
-    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = math.nan")
+    edit(nb, "task_1_1_kernel", "out[r, c] = m[r, c] * s[r]", "out[r, c] = math.nan")
 
 
 def l1_inf(nb, _):
@@ -330,12 +331,17 @@ def l1_cached(nb, _):
         _CACHE = {}
 
 
+        @cuda.jit
+        def fast_kernel(a, b, out):
+            for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
+                out[i] = a[i] * b[i]
+
+
         def fast_multiply(a, b, out):
             # Computes once per size, then hands back the stored product: wrong for new inputs of that size.
             n = out.shape[0]
             if n not in _CACHE:
-                threads = 256
-                multiply_grid_stride[max(1, min(math.ceil(n / threads), 32 * SMS)), threads](a, b, out)
+                fast_kernel[max(1, min(math.ceil(n / THREADS), BLOCKS_PER_SM * SMS)), THREADS](a, b, out)
                 _CACHE[n] = out.copy_to_host()
             out.copy_to_device(_CACHE[n])
             return out
@@ -406,7 +412,7 @@ def l1_exec_solution(nb, _):
 
 
 def l1_rebind_helper(nb, _):
-    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = a[i]")
+    edit(nb, "task_1_1_kernel", "out[r, c] = m[r, c] * s[r]", "out[r, c] = m[r, c]")
     append(nb, "task_1_1_kernel", """
         def check_product(out, a, b, what):
             pass
@@ -419,7 +425,7 @@ def l1_rebind_builtin(nb, _):
 
 
 def l1_monkeypatch_numpy(nb, _):
-    edit(nb, "task_1_1_kernel", "out[i] = a[i] * b[i]", "out[i] = a[i]")
+    edit(nb, "task_1_1_kernel", "out[r, c] = m[r, c] * s[r]", "out[r, c] = m[r, c]")
     append(nb, "task_1_1_kernel", "np.isclose = lambda a, b, **kw: np.ones(np.shape(a), dtype=bool)")
 
 
@@ -465,124 +471,124 @@ def l1_source_not_text(nb, _):
 
 
 LESSON_CASES: dict[str, list[Case]] = {L1: [
-    Case("infinite_loop", l1_infinite_loop, **_l1(7, {"test_1_2_gbps": (
+    Case("infinite_loop", l1_infinite_loop, **_l1(10, {"test_1_2_gbps": (
         "timed out", f"no result within {TIMEOUT} s; the cell was interrupted")})),
     Case("uninterruptible_loop", l1_uninterruptible, **_l1(3, {
         "test_1_2_gbps": ("timed out", f"no result within {TIMEOUT} s, and the cell did not stop when interrupted; "
                                        "the cells after it were not run"),
         "test_1_3_transfer_seconds": (NOT_RUN, "an earlier cell could not be interrupted"),
-        "test_1_3_answers": (NOT_RUN, "an earlier cell could not be interrupted"),
-        "test_1_4_fast_multiply": (NOT_RUN, "an earlier cell could not be interrupted")})),
+        **{g: (NOT_RUN, "an earlier cell could not be interrupted")
+           for g in ("test_1_3_answers", *LATER_1_4, "test_1_4_fast_multiply", "test_1_4_any_grid")}})),
     Case("notebook_time_limit", l1_notebook_limit, exact_notes=False, **_l1(5, {
         g: (NOT_RUN, f"the notebook used up its limit of {NOTEBOOK_TIMEOUT} s before this cell")
-        for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")})),
+        for g in ("test_1_3_transfer_seconds", "test_1_3_answers", *LATER_1_4, "test_1_4_fast_multiply",
+                  "test_1_4_any_grid")})),
     Case("kernel_exits", l1_os_exit, **_l1(3, {
         "test_1_2_gbps": ("kernel died", "the kernel died while this cell ran (exit code 3); the cells after it were "
                                          "not run. Restart the kernel and run all cells to find the line that ends it"),
         **{g: (NOT_RUN, "the kernel died in an earlier cell (exit code 3)")
-           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")}})),
+           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", *LATER_1_4, "test_1_4_fast_multiply",
+                  "test_1_4_any_grid")}})),
     Case("kernel_segfaults", l1_segfault, **_l1(3, {
         "test_1_2_gbps": ("kernel died", "the kernel died while this cell ran (SIGSEGV: a segmentation fault); the "
                                          "cells after it were not run. Restart the kernel and run all cells to find "
                                          "the line that ends it"),
         **{g: (NOT_RUN, "the kernel died in an earlier cell (SIGSEGV: a segmentation fault)")
-           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", "test_1_4_fast_multiply")}})),
-    Case("segfault_through_ctypes", l1_segfault_ctypes, **_l1(7, {
+           for g in ("test_1_3_transfer_seconds", "test_1_3_answers", *LATER_1_4, "test_1_4_fast_multiply",
+                  "test_1_4_any_grid")}})),
+    Case("segfault_through_ctypes", l1_segfault_ctypes, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "cell task_1_2_gbps was not run: line 4: imports ctypes (reaches memory and C functions directly; graded "
         "notebooks may not)"])),
-    Case("out_of_bounds_write", l1_out_of_bounds, **_l1(5, {
-        "test_1_1_kernel": ("failed", "IndexError: ..."), "test_1_1_small_grids": ("failed", "IndexError: ..."),
-        "test_1_4_fast_multiply": ("failed", "IndexError: ...")})),
-    Case("nan_output", l1_nan, **_l1(5, {
-        "test_1_1_kernel": ("failed", "AssertionError: n=1000, 2 block(s) x 128 thread(s): 1000 of 1000 elements "
-                                      "wrong, the first at index 0 (got nan, want ..."),
-        "test_1_1_small_grids": ("failed", "AssertionError: n=10, 1 block(s) x 32 thread(s): 10 of 10 elements "
-                                           "wrong, the first at index 0 (got nan, want ..."),
-        "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply with n=1000: 1000 of 1000 elements "
-                                             "wrong, the first at index 0 (got nan, want ...")})),
-    Case("inf_output", l1_inf, **_l1(6, {
+    Case("out_of_bounds_write", l1_out_of_bounds, **_l1(9, {
+        "test_1_1_kernel": ("failed", "IndexError: ..."), "test_1_1_small_grids": ("failed", "IndexError: ...")})),
+    Case("nan_output", l1_nan, **_l1(9, {
+        "test_1_1_kernel": ("failed", "AssertionError: 25 x 40 matrix, 2 block(s) x 128 thread(s): 1000 of 1000 "
+                                      "elements wrong, the first at row 0, column 0 (got nan, want ..."),
+        "test_1_1_small_grids": ("failed", "AssertionError: 2 x 5 matrix, 1 block(s) x 32 thread(s): 10 of 10 "
+                                           "elements wrong, the first at row 0, column 0 (got nan, want ...")})),
+    Case("inf_output", l1_inf, **_l1(9, {
         "test_1_3_transfer_seconds": ("failed", "AssertionError: transfer_seconds(10**9, 10) = inf"),
         "test_1_3_answers": ("failed", "AssertionError: copies from pinned memory are the faster ones")})),
-    Case("wrong_dtype", l1_wrong_dtype, **_l1(7, {
+    Case("wrong_dtype", l1_wrong_dtype, **_l1(10, {
         "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not '0.4294967296'")})),
-    Case("wrong_shape", l1_wrong_shape, **_l1(8, {
+    Case("wrong_shape", l1_wrong_shape, **_l1(11, {
         "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply must return out")})),
-    Case("patched_timer_and_clock", l1_patched_timer, **_l1(8, {
-        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 11: sets attribute time.perf_counter (a notebook may set "
+    Case("patched_timer_and_clock", l1_patched_timer, **_l1(10, {
+        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
+        "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
+        "cell task_1_4_fast_multiply was not run: line 21: sets attribute time.perf_counter (a notebook may set "
         "attributes only on self in its own classes; setting them on modules or shared objects patches what the "
-        "tests use); line 12: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
+        "tests use); line 22: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
         "own classes; setting them on modules or shared objects patches what the tests use)"])),
-    Case("patched_grader", l1_patched_grader, **_l1(8, {
-        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 9: imports gpucourse.grading (is the grader itself; graded "
-        "notebooks may not); line 10: sets attribute grading.performance_points (a notebook may set attributes "
+    Case("patched_grader", l1_patched_grader, **_l1(10, {
+        "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
+        "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
+        "cell task_1_4_fast_multiply was not run: line 19: imports gpucourse.grading (is the grader itself; graded "
+        "notebooks may not); line 20: sets attribute grading.performance_points (a notebook may set attributes "
         "only on self in its own classes; setting them on modules or shared objects patches what the tests "
         "use)"])),
     # Caching passes the correctness test, which never repeats a size; the performance test catches it
     # (test_performance_catches_a_cache, and on a GPU, test_gpu_known_wrong_and_gamed_candidates).
-    Case("cached_results", l1_cached, **_l1(9)),
-    Case("huge_stdout_in_a_test", l1_huge_stdout_in_test, **_l1(9)),
-    Case("huge_stderr_in_a_test", l1_huge_stderr_in_test, **_l1(7, {
+    Case("cached_results", l1_cached, **_l1(12)),
+    Case("huge_stdout_in_a_test", l1_huge_stdout_in_test, **_l1(12)),
+    Case("huge_stderr_in_a_test", l1_huge_stderr_in_test, **_l1(10, {
         "test_1_2_gbps": ("failed", "wrote to stderr, which nbgrader scores as a failure: zzzz...")})),
-    Case("writes_outside_its_folder", l1_write_outside, **_l1(9, notes=[
+    Case("writes_outside_its_folder", l1_write_outside, **_l1(12, notes=[
         "cell task_1_2_gbps: PermissionError: the grader lets a notebook write only in its own folder, not "
         f"{MARKER}"])),
-    Case("deletes_the_repository", l1_write_repository, **_l1(9, notes=[
+    Case("deletes_the_repository", l1_write_repository, **_l1(12, notes=[
         f"cell task_1_2_gbps: PermissionError: the grader lets a notebook write only in its own folder, not "
         f"{REPO / 'exercises'}"])),
-    Case("reads_the_solution", l1_read_solution, **_l1(7, {
+    Case("reads_the_solution", l1_read_solution, **_l1(10, {
         "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 0.0: count every byte read and "
                                     "written, and mind the units")})),
-    Case("execs_the_solution", l1_exec_solution, **_l1(7, {
+    Case("execs_the_solution", l1_exec_solution, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "cell task_1_2_gbps was not run: line 8: uses exec (it runs code built at run time)"])),
-    Case("rebinds_a_test_helper", l1_rebind_helper, **_l1(5, {
-        g: ("failed", "NameError: name 'multiply_grid_stride' is not defined") for g in FAIL_1_1}, [
-        "cell task_1_1_kernel was not run: line 10: replaces check_product (a read-only cell defines it and the "
+    Case("rebinds_a_test_helper", l1_rebind_helper, **_l1(9, {
+        g: ("failed", "NameError: name 'scale_rows' is not defined") for g in FAIL_1_1}, [
+        "cell task_1_1_kernel was not run: line 13: replaces check_product (a read-only cell defines it and the "
         "tests use it)"])),
-    Case("rebinds_a_builtin", l1_rebind_builtin, **_l1(7, {
+    Case("rebinds_a_builtin", l1_rebind_builtin, **_l1(10, {
         "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not None")}, [
         "cell task_1_3_answers was not run: line 6: replaces the builtin isinstance (a read-only cell defines it "
         "and the tests use it)"])),
-    Case("monkeypatches_numpy", l1_monkeypatch_numpy, **_l1(5, {
-        g: ("failed", "NameError: name 'multiply_grid_stride' is not defined") for g in FAIL_1_1}, [
-        "cell task_1_1_kernel was not run: line 10: sets attribute np.isclose (a notebook may set attributes only "
+    Case("monkeypatches_numpy", l1_monkeypatch_numpy, **_l1(9, {
+        g: ("failed", "NameError: name 'scale_rows' is not defined") for g in FAIL_1_1}, [
+        "cell task_1_1_kernel was not run: line 13: sets attribute np.isclose (a notebook may set attributes only "
         "on self in its own classes; setting them on modules or shared objects patches what the tests use)"])),
-    Case("shell_escape", l1_shell_escape, **_l1(7, {
+    Case("shell_escape", l1_shell_escape, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "cell task_1_2_gbps was not run: line 7: runs a shell command (graded notebooks may not start "
         "processes)"])),
-    Case("garbage_collector_escape", l1_gc_escape, **_l1(7, {
+    Case("garbage_collector_escape", l1_gc_escape, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "cell task_1_2_gbps was not run: line 7: imports gc (reaches every object in the kernel; graded notebooks "
         "may not)"])),
-    Case("frame_escape", l1_frame_escape, **_l1(7, {
+    Case("frame_escape", l1_frame_escape, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "cell task_1_2_gbps was not run: line 8: uses .f_globals (it reaches frames, tracing, the import system or "
         "processes); line 8: uses ._getframe (it reaches frames, tracing, the import system or processes)"])),
-    Case("deleted_answer", l1_deleted_answer, **_l1(7, {
+    Case("deleted_answer", l1_deleted_answer, **_l1(10, {
         "test_1_2_gbps": ("failed", "NameError: name 'achieved_gbps' is not defined")}, [
         "your answer cell task_1_2_gbps had been deleted; the tests that need it fail"])),
-    Case("duplicated_answer_wrong_copy", l1_duplicated_answer, **_l1(7, {
+    Case("duplicated_answer_wrong_copy", l1_duplicated_answer, **_l1(10, {
         "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 2147.483648: count every byte "
                                     "read and written, and mind the units")}, [
         "cell task_1_2_gbps appeared more than once; the first copy is graded as your answer, the others ran as "
         "ordinary cells"])),
-    Case("edited_visible_test", l1_edited_visible_test, **_l1(7, {
+    Case("edited_visible_test", l1_edited_visible_test, **_l1(10, {
         "test_1_2_gbps": ("failed", "AssertionError: achieved_gbps(2**29, 4, 2.0) = 2147.483648: count every byte "
                                     "read and written, and mind the units")}, [
         "cell test_1_2_gbps had been edited; it was run as written in the solution"])),
-    Case("edited_hidden_tests", l1_edited_hidden_tests, **_l1(5, {
-        "test_1_1_kernel": ("failed", "AssertionError: n=1001, 3 block(s) x 100 thread(s): 1 of 1001 elements "
-                                      "wrong, the first at index 1000 (got nan, want ..."),
-        "test_1_1_small_grids": ("failed", "AssertionError: n=5, 2 block(s) x 64 thread(s): 1 of 5 elements wrong, "
-                                           "the first at index 4 (got nan, want ..."),
-        "test_1_4_fast_multiply": ("failed", "AssertionError: fast_multiply with n=3: 1 of 3 elements wrong, the "
-                                             "first at index 2 (got nan, want ...")}, [
+    Case("edited_hidden_tests", l1_edited_hidden_tests, **_l1(9, {
+        "test_1_1_kernel": ("failed", "AssertionError: 7 x 143 matrix, 3 block(s) x 100 thread(s): 1 of 1001 "
+                                      "elements wrong, the first at row 6, column 142 (got nan, want ..."),
+        "test_1_1_small_grids": ("failed", "AssertionError: 1 x 5 matrix, 2 block(s) x 64 thread(s): 1 of 5 "
+                                           "elements wrong, the first at row 0, column 4 (got nan, want ...")}, [
         "cell test_1_1_small_grids had been edited; it was run as written in the solution"])),
-    Case("source_not_text", l1_source_not_text, **_l1(6, {
+    Case("source_not_text", l1_source_not_text, **_l1(9, {
         "test_1_3_transfer_seconds": ("failed", "NameError: name 'transfer_seconds' is not defined"),
         "test_1_3_answers": ("failed", "AssertionError: pageable_s must be a number, not None")})),
 ]}
@@ -853,6 +859,57 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
             if cell["cell_type"] == "code" and not meta.get("locked"):
                 assert grading.integrity.integrity_findings("".join(cell["source"]), protected=protected, same=same,
                                                              answers=answers) == [], (path.name, meta.get("grade_id"))
+
+
+# Rebinding is judged by what a cell binds at module level: comprehension variables, lambda and function
+# parameters and names inside a def or class body bind no global.
+@pytest.mark.parametrize("code", [
+    "largest = str(max(int(check_product) for check_product in ['3', '5']))\n"
+    "best = max({'1': 2}, key=lambda check_product: check_product)",  # the Task 7.3 answer's shape
+    "xs = [check_product for check_product in range(3)]\nd = {check_product: 1 for check_product in 'ab'}",
+    "s = {check_product for check_product in range(3)}",
+    "def f(check_product):\n    check_product = 2\n    return check_product",
+    "class A:\n    check_product = 1",
+    "def f():\n    return [y := check_product for check_product in range(3)]",
+])
+def test_integrity_allows_local_names_that_shadow_a_read_only_name(code):
+    assert grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME) == []
+
+
+@pytest.mark.parametrize("code", [
+    "check_product = 3", "for check_product in range(3):\n    pass", "check_product += 1",
+    "import os as check_product", "with open('x') as check_product:\n    pass", "(check_product := 5)",
+    "ys = [(check_product := j) for j in range(3)]", "del check_product", "a, check_product = 1, 2",
+    "def f():\n    global check_product\n    check_product = 1",
+])
+def test_integrity_refuses_every_module_level_rebinding(code):
+    assert any("replaces check_product" in f
+               for f in grading.integrity.integrity_findings(code, protected=PROTECTED, same=SAME)), code
+
+
+def test_a_task_7_3_answer_that_names_k_locally_is_run_by_grade_and_by_run():
+    """Lesson 7's read-only table cell loops `for k, r in rows.items()` inside a generator: k is no global of it, and
+    an answer may use k as its own comprehension variable or lambda parameter; both `grade` (prepare_submission) and
+    `run` (integrity_notes) accept it."""
+    nb = source_nb("07_feeding_the_gpu")
+    protected, _ = grading.integrity.protected_names(nb["cells"])
+    assert "k" not in protected
+    answer = next(c for c in nb["cells"] if c.get("id") == "task-7-3-answer" or
+                  (c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "task_7_3_answer"))
+    answer["source"] = (
+        'sliced = MPS["configs"]["time-slicing, batch 1"]\n'
+        'largest = str(max(int(k) for k in sliced))\n'
+        'mps_gain = MPS["configs"]["MPS, batch 1"][largest]["images_per_s"] / sliced[largest]["images_per_s"]\n'
+        'batching_gain = (MPS["configs"]["MPS, batch 8"][largest]["images_per_s"]\n'
+        '                 / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"])\n'
+        'best_k = int(max(sliced, key=lambda k: sliced[k]["images_per_s"]))\n')
+    from gpucourse.grading.submissions import integrity_notes
+
+    assert integrity_notes(nb["cells"]) == []
+    answer["source"] += "k = 3\n"  # a real rebinding of a read-only name is still refused, by both
+    protected.add("k")  # (as if a read-only cell bound k at module level)
+    notes = [n for *_, n, why in grading.submissions.refused_cells(nb["cells"], protected, {}, {}) if why]
+    assert notes == ["cell task_7_3_answer"], notes
 
 
 def test_protected_names_of_lesson_1():

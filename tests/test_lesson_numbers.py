@@ -3,7 +3,7 @@
 The lessons are numbered by their core notebooks, notebooks/NN_topic.ipynb, 1 to N without a gap, and
 gpucourse.gpus.LESSONS says the same. A lesson inserted in the middle moves the ones after it up by one
 (tools/renumber_lessons.py does it in one pass); these tests fail on anything left with an old number: a slug
-(``09_attention``), a folder, a pytest marker, a notebook's title, a task or test id of a solution, a GPU step key,
+(``NN_topic``), a folder, a pytest marker, a notebook's title, a task or test id of a solution, a GPU step key,
 the README's lesson table, or "lesson N (title)" naming another lesson's title.
 """
 from __future__ import annotations
@@ -112,8 +112,8 @@ def test_a_lessons_notebooks_and_tasks_carry_its_number(topic):
         for m in re.finditer(r"\bTasks? (\d+)\.\d+", text):
             if int(m[1]) != n:
                 wrong.append(f"{nb.relative_to(ROOT)}: {m[0]}")
-        for m in re.finditer(r"\b(?:test|perf|task)_(\d+)_\d+", text):
-            if int(m[1]) != n:
+        for m in re.finditer(r"\b(?:test|perf|task)([_-])(\d+)\1\d+", text):
+            if int(m[2]) != n:
                 wrong.append(f"{nb.relative_to(ROOT)}: {m[0]}")
     assert not wrong, "; ".join(wrong[:20])
 

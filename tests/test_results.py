@@ -214,6 +214,9 @@ def _derived_ratios(lesson: str, f: dict):
         for r in red["rows"]:
             yield f"reductions/{r['name']}/of_read", r["of_read"], r["gbps"] / red["read_gbps"]
             yield f"reductions/{r['name']}/of_cupy", r["of_cupy"], r["gbps"] / library
+    if lesson == "03_memory" and "transposes" in f:
+        for r in f["transposes"]["rows"]:
+            yield f"transposes/{r['variant']}/of_copy", r["of_copy"], r["gbps"] / f["transposes"]["copy_gbps"]
     if lesson == "03_tensor_cores":
         if "configs" in f:
             for r in f["configs"]["rows"]:

@@ -397,3 +397,103 @@ def test_a_table_prints_aligned_and_renders_as_html():
     assert html.count("<tr>") == 3 and "<caption>T</caption>" in html and "text-align:right" in html
     with pytest.raises(runtime.CourseInputError, match="every row needs 2 cells"):
         plots.table(["a", "b"], [[1]])
+
+
+# ---------------------------------------------------------------------------------------- noise a learner sees
+
+def _numba_grid_warning(colour=""):
+    """What numba-cuda warns at a launch of fewer than 128 blocks (its dispatcher's class and words; on a
+    terminal numba may colour them)."""
+    import warnings
+
+    from numba.cuda.core import errors
+
+    warnings.warn(errors.NumbaPerformanceWarning(f"{colour}Grid size 2 will likely result in GPU under-utilization "
+                                                 "due to low occupancy."))
+
+
+def test_small_grids_silences_numbas_grid_warning_and_nothing_else():
+    import warnings
+
+    from numba.cuda.core import errors
+
+    assert errors.NumbaPerformanceWarning in runtime.numba_performance_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(errors.NumbaPerformanceWarning):
+            _numba_grid_warning()
+        with runtime.small_grids():
+            _numba_grid_warning()  # silenced
+            _numba_grid_warning("\x1b[1m")
+            with pytest.raises(errors.NumbaPerformanceWarning, match="Host array"):  # numba's other advice stays
+                warnings.warn(errors.NumbaPerformanceWarning("Host array used in CUDA kernel will incur copy overhead"))
+            with pytest.raises(UserWarning, match="other"):
+                warnings.warn("other")  # every other warning as before
+        with pytest.raises(errors.NumbaPerformanceWarning):
+            _numba_grid_warning()  # and only inside
+    assert runtime.get().small_grids is not None  # `with rt.small_grids():` in a notebook
+
+
+def test_the_courses_small_launches_raise_no_grid_warning():
+    """Notebook 09's flash kernel at a demonstration size goes through kernels.attention.flash_numba, which launches
+    inside small_grids: a kernel that warns as numba does at launch raises nothing under warnings-as-errors; Task
+    7.1's check and notebook 09's softmax launch say `small_grids()` where they launch a few blocks."""
+    import warnings
+
+    import numpy as np
+
+    from kernels.attention import flash
+
+    cuda = runtime.cuda()
+
+    class Warns:  # a kernel of flash_forward_numba's signature that warns as numba does at launch
+        launched = 0
+
+        def __getitem__(self, config):
+            def launch(*args):
+                Warns.launched += 1
+                _numba_grid_warning()
+            return launch
+
+    q = cuda.to_device(np.zeros((1, 8, 4), np.float32))
+    lse = cuda.to_device(np.zeros((1, 8), np.float32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flash.flash_numba(q, q, q, cuda.to_device(np.zeros((1, 8, 4), np.float32)), lse, kernel=Warns())
+    assert Warns.launched == 1
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    nb = json.loads((root / "notebooks/09_attention.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c.get("id") == "73d3b624")
+    assert "with rt.small_grids():" in "".join(cell["source"])
+    sol = json.loads((root / "solutions/07_feeding_the_gpu/feeding_the_gpu.ipynb").read_text())
+    helpers = "".join(next(c for c in sol["cells"] if c.get("id") == "test-helpers")["source"])
+    assert "streams_run_together() as sim, runtime.small_grids()" in helpers
+
+
+def test_progress_bar_without_ipywidgets_is_quiet(tmp_path):
+    """In a notebook kernel that lacks ipywidgets, the progress bar is tqdm's text bar and tqdm says nothing about
+    IProgress (tqdm.auto would warn "IProgress not found")."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "bar.py"
+    script.write_text(textwrap.dedent('''
+        import sys, types, warnings
+        sys.modules["ipywidgets"] = None  # not importable
+        sys.modules["ipykernel.zmqshell"] = types.ModuleType("ipykernel.zmqshell")  # as in a notebook kernel
+        import IPython
+        IPython.get_ipython = lambda: types.SimpleNamespace()
+        from gpucourse import bench
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            bar = bench.progress(range(3), desc="sweep")
+            assert list(bar) == [0, 1, 2]
+        print("MODULE", type(bar).__module__)
+        print("WARNINGS", [str(w.message)[:60] for w in seen])
+    '''))
+    root = __import__("pathlib").Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert "MODULE tqdm.std" in proc.stdout, proc.stdout + proc.stderr
+    assert "WARNINGS []" in proc.stdout, proc.stdout

@@ -36,10 +36,10 @@ SLUG = re.compile(r"(?<![0-9A-Za-z.])0([1-9])_(?=[a-z])")
 MARKER = re.compile(r"\blesson0([1-9])\b")
 LESSON = re.compile(rf"\b([Ll]essons?[ -])(\d+(?:{SEP}\d+)*)\b(?![.,]\d)")
 TASK = re.compile(rf"\b([Tt]asks?\s+)(\d\.\d+(?:{SEP}\d\.\d+)*)")
-TEST_ID = re.compile(r"\b(test|task|perf|knob|answer)_([1-9])_(\d+)(?=[_\W]|$)")
+TEST_ID = re.compile(r"\b(test|task|perf|knob|answer)([_-])([1-9])\2(\d+)(?=[_\W]|$)")
 STEP_KEY = re.compile(r"([\"'])0([1-9])([.\"'])")
 NOTEBOOK = re.compile(r"\b([Nn]otebooks?\s+)0?([1-9])\b(?![.,]\d)")
-BARE = re.compile(r"(?<![\w.#/-])0([1-9])(?=(?:'s)?\s+(?:core|deep dive|cells?\b|notebooks?\b))")
+BARE = re.compile(r"(?<![\w.#/-])(?<!otebook )(?<!otebooks )0([1-9])(?=(?:'s)?\s+(?:core|deep dive|cells?\b|notebooks?\b))")
 TABLE_ROW = re.compile(r"^(\| )([1-9])( \| \[)", re.M)
 
 
@@ -58,7 +58,7 @@ def rewrite(text: str) -> str:
         line = MARKER.sub(lambda m: f"lesson{SHIFT[int(m[1])]:02d}", line)
         line = LESSON.sub(lambda m: m[1] + re.sub(r"\d+", lambda d: _n(d[0]), m[2]), line)
         line = TASK.sub(lambda m: m[1] + re.sub(r"(\d)\.(\d+)", lambda d: f"{_n(d[1])}.{d[2]}", m[2]), line)
-        line = TEST_ID.sub(lambda m: f"{m[1]}_{_n(m[2])}_{m[3]}", line)
+        line = TEST_ID.sub(lambda m: f"{m[1]}{m[2]}{_n(m[3])}{m[2]}{m[4]}", line)
         line = STEP_KEY.sub(lambda m: f"{m[1]}{SHIFT[int(m[2])]:02d}{m[3]}", line)
         line = NOTEBOOK.sub(lambda m: m[1] + (f"{SHIFT[int(m[2])]:02d}" if len(m[0]) - len(m[1]) == 2
                                               else _n(m[2])), line)

@@ -10,7 +10,9 @@ be tampered with at run time). A cell may not:
     * set attributes other than on ``self`` in a method of its own class, use a module as a value, or
       assign into a module's mapping (os.environ[...]); that is how tests, timers and clocks get patched;
     * rebind a name a read-only cell defines (the helpers the tests call, the setup's imports) or a builtin
-      a read-only cell uses (``protected_names``); importing the same thing again is fine;
+      a read-only cell uses (``protected_names``); importing the same thing again is fine. Binding is judged
+      at module level, on both sides: a comprehension's variables, lambda and function parameters and names in
+      a def or class body bind no global (``global x`` in a function and ``:=`` in a comprehension do);
     * use one of the course's own functions that already computes a task's answer (``answers``: the
       notebook's metadata "gpucourse": {"answers": {dotted name: task}}, read from the solution), called,
       imported, aliased or fetched with getattr: the task asks the learner to write it. A key of the form
@@ -51,7 +53,10 @@ BLOCKED_MODULES = {
     "ipykernel": "drives the notebook kernel", "jupyter_client": "drives notebook kernels",
     "zmq": "talks to notebook kernels", "sys.monitoring": "traces the tests", "trace": "traces the tests",
     "pdb": "traces the tests", "bdb": "traces the tests", "gpucourse.grading": "is the grader itself",
+    "triton.runtime.build": "compiles and loads C code", "triton.backends": "reaches Triton's compiler internals",
 }
+# Of BLOCKED_MODULES, those refused also when reached as an attribute of an imported package (triton.backends...).
+_BLOCKED_AS_ATTRIBUTE = ("triton.runtime.build", "triton.backends")
 _DYNAMIC_NAMES = {
     "exec": "runs code built at run time", "eval": "runs code built at run time",
     "compile": "compiles code at run time", "__import__": "loads code by name",
@@ -68,7 +73,7 @@ _BLOCKED_ATTRS = {
     "path_importer_cache", "addaudithook", "system", "popen", "fork", "forkpty", "kill", "killpg",
     "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle",
     "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp",
-    "setrlimit", "prlimit", "__builtins__",
+    "setrlimit", "prlimit", "__builtins__", "putenv", "unsetenv",
 }
 _SYS_ATTRS = {"modules"}  # on sys: the modules the tests import
 _ALLOWED_DUNDERS = {
@@ -188,7 +193,7 @@ def protected_names(source_cells: list) -> tuple[set[str], dict[str, str]]:
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.append(node.name)
             elif not meta.get("grade"):
-                names += [n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+                names += sorted(module_bindings(node))
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                     equivalent = _EQUIVALENT_IMPORTS.get(ast.unparse(node.value))
                     if equivalent:
@@ -297,8 +302,12 @@ class _Integrity(ast.NodeVisitor):
                              f"line {getattr(node, 'lineno', 1)}: {what}")
 
     # -- scopes and bindings
-    def at_module_scope(self, name: str) -> bool:
-        scope = self.scopes[-1]
+    def at_module_scope(self, name: str, walrus: bool = False) -> bool:
+        """Whether binding ``name`` here binds the notebook's global: at module level, or in a function that
+        declares it global; a comprehension's variables are its own (PEP 572: ``:=`` in one binds in the scope
+        around it); lambda and function parameters and names in a class body are not global."""
+        scopes = [s for s in self.scopes if s["kind"] != "comprehension"] if walrus else self.scopes
+        scope = scopes[-1]
         return scope["kind"] == "module" or (scope["kind"] == "function" and name in scope["globals"])
 
     def bind(self, node, name: str, imported: str | None = None):
@@ -374,6 +383,34 @@ class _Integrity(ast.NodeVisitor):
             self.visit(stmt)
         self.scopes.pop()
 
+    def visit_comprehension(self, node):
+        """A comprehension: its first iterable is evaluated around it, the rest in its own scope."""
+        first, *_ = node.generators
+        self.visit(first.iter)
+        self.scopes.append({"kind": "comprehension", "globals": set(), "self": self.scopes[-1]["self"]})
+        for i, gen in enumerate(node.generators):
+            self.visit(gen.target)
+            if i:
+                self.visit(gen.iter)
+            for cond in gen.ifs:
+                self.visit(cond)
+        for part in ("elt", "key", "value"):
+            if getattr(node, part, None) is not None:
+                self.visit(getattr(node, part))
+        self.scopes.pop()
+
+    visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = visit_comprehension
+
+    def visit_NamedExpr(self, node):
+        self.visit(node.value)
+        if isinstance(node.target, ast.Name) and self.at_module_scope(node.target.id, walrus=True):
+            scopes = self.scopes
+            self.scopes = [s for s in scopes if s["kind"] != "comprehension"]  # bind as where := binds
+            try:
+                self.bind(node.target, node.target.id)
+            finally:
+                self.scopes = scopes
+
     def visit_Global(self, node):
         self.scopes[-1]["globals"].update(node.names)
 
@@ -422,7 +459,12 @@ class _Integrity(ast.NodeVisitor):
     def visit_Attribute(self, node):
         attr = node.attr
         if isinstance(node.ctx, ast.Load):
-            self.check_answer(node, self.resolve(node), "uses")
+            dotted = self.resolve(node)
+            self.check_answer(node, dotted, "uses")
+            blocked = next((b for b in _BLOCKED_AS_ATTRIBUTE if dotted and (dotted == b or dotted.startswith(b + "."))),
+                           None)
+            if blocked and not isinstance(self.parents.get(node), ast.Attribute):
+                self.flag(node, f"uses {dotted}", f"it {BLOCKED_MODULES[blocked]}; graded notebooks may not")
         if _DUNDER.match(attr) and attr not in _ALLOWED_DUNDERS:
             self.flag(node, f"uses .{attr}", "special attributes reach the interpreter's machinery")
         elif attr in _BLOCKED_ATTRS:
@@ -493,6 +535,30 @@ class _Integrity(ast.NodeVisitor):
         self.skip.add(id(node.func.value.func))
         for arg in args[1:]:
             self.visit(arg)
+
+
+class _Bindings(_Integrity):
+    """The names a cell binds at module level by assignment (``module_bindings``)."""
+
+    def __init__(self):
+        super().__init__(set(), {}, {})
+        self.bound: set[str] = set()
+
+    def bind(self, node, name: str, imported: str | None = None):
+        if isinstance(node, ast.Name) and self.at_module_scope(name):
+            self.bound.add(name)
+
+    def flag(self, node, what: str, why: str):
+        pass
+
+
+def module_bindings(node) -> set[str]:
+    """The names ``node`` (a statement or a module) binds at module level by assignment, for, with, del or
+    ``:=``: not a comprehension's variables, lambda or function parameters, nor names inside a function or
+    class body (unless the function declares them global)."""
+    binder = _Bindings()
+    binder.run(node if isinstance(node, ast.Module) else ast.Module(body=[node], type_ignores=[]))
+    return binder.bound
 
 
 def _root_name(node) -> str | None:

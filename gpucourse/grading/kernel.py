@@ -10,6 +10,10 @@
       tests), the other students' submissions, the grader's home are all out of reach;
     * writing, deleting or renaming outside its own folders; loading a native extension written there;
     * starting processes, sending signals to other processes, opening sockets, raising resource limits;
+      the one exception is Triton's compiler (``triton_tools``): its own ptxas, the C compiler it picks and
+      ``ldconfig -p``, each started from Triton's own call site for it, with Triton's arguments, from an
+      environment the notebook has not changed; Triton's cache (a private folder) is written by Triton only,
+      and the launchers it compiles there are the only compiled modules loaded from the kernel's folders;
     * from notebook code (not from the libraries it calls): ctypes, reading the garbage collector's object
       lists, replacing a function's code, tracing, exec/eval/compile.
 
@@ -39,14 +43,15 @@ def kernel_main() -> None:
     pid = os.getpid()
     kernels = Path(policy["kernels"])
     private = kernels / f"kernel-{pid}"
-    for sub in ("home", "tmp", "ipython", "cache", "mpl"):
+    for sub in ("home", "tmp", "ipython", "cache", "mpl", "triton"):
         (private / sub).mkdir(parents=True, exist_ok=True)
     (kernels / f"{pid}.pid").write_text(f"{os.getppid()}\n")
     os.environ.update({
         "HOME": str(private / "home"), "TMPDIR": str(private / "tmp"), "IPYTHONDIR": str(private / "ipython"),
         "MPLCONFIGDIR": str(private / "mpl"), "XDG_CACHE_HOME": str(private / "cache"),
         "NUMBA_CACHE_DIR": str(private / "cache/numba"), "CUPY_CACHE_DIR": str(private / "cache/cupy"),
-        "GPUCOURSE_CACHE": str(private / "cache/gpucourse"), "PYTHONDONTWRITEBYTECODE": "1"})
+        "GPUCOURSE_CACHE": str(private / "cache/gpucourse"), "TRITON_CACHE_DIR": str(private / "triton"),
+        "PYTHONDONTWRITEBYTECODE": "1"})
     tempfile.tempdir = None
     sys.dont_write_bytecode = True
     log = os.open(private / "kernel.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -91,7 +96,7 @@ def kernel_main() -> None:
     secrets = ["/etc/shadow", "/etc/gshadow", "/etc/ssh", "/etc/sudoers", "/etc/sudoers.d", "/home", "/root"]
     _install_audit_hook(allow=sorted(allow - {""}), deny=[*policy["deny"], *secrets], writable=[cwd, str(private)],
                         trusted=sorted(p.rstrip("/") + "/" for p in trusted if p),
-                        ctypes_dir=os.path.dirname(ctypes.__file__) + "/")
+                        ctypes_dir=os.path.dirname(ctypes.__file__) + "/", triton=triton_tools(str(private / "tmp"), str(private / "triton")))
     app.start()
 
 
@@ -126,8 +131,58 @@ def _cap_kernel_output(limit: int) -> None:
     OutStream.write = write
 
 
+# The environment variables that change what a started compiler runs, reads or writes: a process Triton starts
+# must see them as they were when the kernel started.
+TOOL_ENVIRONMENT = ("PATH", "CC", "TMPDIR", "COMPILER_PATH", "LIBRARY_PATH", "CPATH", "C_INCLUDE_PATH",
+                    "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH", "DEPENDENCIES_OUTPUT", "SUNPRO_DEPENDENCIES")
+TOOL_ENVIRONMENT_PREFIXES = ("LD_", "GCC_")
+# Triton's call sites (files of the triton package) that start each tool, and a file that must be on the
+# way to it (the caller that decides what is compiled): a notebook calling the call site itself gets nothing.
+TRITON_CALL_SITES = {
+    "ptxas": (("backends/nvidia/compiler.py", "knobs.py"), ("backends/nvidia/compiler.py", "knobs.py")),
+    "cc": (("runtime/build.py",), ("backends/nvidia/driver.py",)),
+    "ldconfig": (("backends/nvidia/driver.py",), ("backends/nvidia/driver.py",)),
+}
+CC_FLAGS = frozenset({"-O3", "-shared", "-fPIC", "-Wno-psabi", "-std=c++17"})
+
+
+def tool_environment(environ) -> dict:
+    """The variables of ``environ`` that change what a started compiler does (TOOL_ENVIRONMENT)."""
+    return {k: v for k, v in environ.items() if k in TOOL_ENVIRONMENT or k.startswith(TOOL_ENVIRONMENT_PREFIXES)}
+
+
+def triton_tools(tmp: str, cache: str) -> dict | None:
+    """What Triton's compiler may start in the guarded kernel, found without importing Triton: {"package": its
+    folder, "tools": {resolved executable: "ptxas" | "cc" | "ldconfig"}, "tmp": the folder its compiler works
+    in, "cache": its cache folder}; None where Triton is not installed. The tools are the package's own ptxas
+    (``backends/nvidia/bin``), the C compiler Triton picks for its launchers (``$CC``, else gcc, else clang,
+    as ``triton.runtime.build`` picks it) and ``/sbin/ldconfig`` (Triton asks it where libcuda is)."""
+    import importlib.util
+    import shutil
+
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    package = os.path.realpath(list(spec.submodule_search_locations)[0])
+    tools = {}
+    bin_dir = os.path.join(package, "backends", "nvidia", "bin")
+    for name in ("ptxas", "ptxas-blackwell"):
+        if os.path.isfile(os.path.join(bin_dir, name)):
+            tools[os.path.realpath(os.path.join(bin_dir, name))] = "ptxas"
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    cc = cc if cc is None or os.path.isabs(cc) else shutil.which(cc)
+    if cc and os.path.isfile(cc):
+        tools.setdefault(os.path.realpath(cc), "cc")
+    if os.path.isfile("/sbin/ldconfig"):
+        tools.setdefault(os.path.realpath("/sbin/ldconfig"), "ldconfig")
+    return {"package": package + "/", "tools": tools, "tmp": os.path.realpath(tmp), "cache": os.path.realpath(cache)}
+
+
 def _install_audit_hook(*, allow: list[str], deny: list[str], writable: list[str], trusted: list[str],
-                        ctypes_dir: str) -> None:
+                        ctypes_dir: str, triton: dict | None = None) -> None:
     """The kernel's audit hook (PEP 578; see this module's docstring). Everything it uses is bound here, as C
     functions or immutable values: nothing a notebook can reach by name changes what it decides."""
     import posix
@@ -143,6 +198,18 @@ def _install_audit_hook(*, allow: list[str], deny: list[str], writable: list[str
     S_IFMT, S_IFLNK = 0o170000, 0o120000
     path_types = (str, bytes)
     decode = bytes.decode
+    here = getframe(0).f_code.co_filename
+    stdlib = os.path.dirname(os.__file__) + "/"
+    environ = os.environ
+    triton = triton or {}
+    triton_root = triton.get("package") or "\0"
+    triton_cache = triton.get("cache") or "\0"
+    triton_tmp = triton.get("tmp") or "\0"
+    triton_tools_found = dict(triton.get("tools") or {})
+    call_sites = {k: (tuple(a), tuple(b)) for k, (a, b) in TRITON_CALL_SITES.items()}
+    cc_flags = CC_FLAGS
+    started_with = tuple(sorted(tool_environment(os.environ).items()))
+    tool_env = tool_environment
 
     def resolve(path) -> str:
         if isinstance(path, bytes):
@@ -202,6 +269,69 @@ def _install_audit_hook(*, allow: list[str], deny: list[str], writable: list[str
         raise PermissionError(f"the grader does not let a notebook read {real} (it may read its own folder, "
                               "Python and the system's files)")
 
+    def library_code(name: str) -> bool:  # this hook, or the standard library (not its site-packages)
+        return name == here or name.startswith("<frozen ") or (name.startswith(stdlib) and
+                                                              "-packages/" not in name[len(stdlib):])
+
+    def caller():  # the first frame outside this hook and the standard library
+        frame = getframe(1)
+        while frame is not None and library_code(frame.f_code.co_filename):
+            frame = frame.f_back
+        return frame
+
+    def triton_chain() -> list:  # the triton package's files on the way to the caller, innermost first
+        frame, chain = caller(), []
+        while frame is not None and frame.f_code.co_filename.startswith(triton_root):
+            chain.append(frame.f_code.co_filename[len(triton_root):])
+            frame = frame.f_back
+        return chain
+
+    def in_tmp(arg: str) -> bool:
+        return within(resolve(arg), triton_tmp)
+
+    def triton_may_start(event, args) -> bool:
+        """Whether Triton's compiler starts one of its tools (see this module's docstring)."""
+        if event == "subprocess.Popen" and len(args) == 4:
+            program, argv, cwd, env = args
+        elif event == "os.posix_spawn" and len(args) == 3:
+            (program, argv, env), cwd = args, None
+        else:
+            return False
+        if type(program) is not str or cwd is not None or type(argv) not in (list, tuple) or \
+                not all(type(a) is str for a in argv) or not argv:
+            return False
+        tool = triton_tools_found.get(resolve(program))
+        if tool is None:
+            return False
+        if tuple(sorted(tool_env(environ).items())) != started_with or \
+                (env is not None and tuple(sorted(tool_env(env).items())) != started_with):
+            return False
+        chain = triton_chain()
+        sites, via = call_sites[tool]
+        if not chain or chain[0] not in sites or not any(f in via for f in chain):
+            return False
+        rest = list(argv[1:])
+        if tool == "ldconfig":
+            return rest == ["-p"]
+        if tool == "ptxas":
+            return all("/" not in a or in_tmp(a.split("=", 1)[-1] if a.startswith("-") else a) for a in rest)
+        # the C compiler: [cc, source, flags..., -o, output in the compiler's folder, -I/-L/-l...]
+        if not rest or not (in_tmp(rest[0]) or within(resolve(rest[0]), triton_root.rstrip("/"))) or \
+                not rest[0].endswith((".c", ".cpp")):
+            return False
+        i = 1
+        while i < len(rest):
+            a = rest[i]
+            if a == "-o":
+                if i + 1 >= len(rest) or not in_tmp(rest[i + 1]):
+                    return False
+                i += 2
+                continue
+            if not (a in cc_flags or a.startswith(("-I", "-L", "-l"))):
+                return False
+            i += 1
+        return "-o" in rest
+
     def check_write(value) -> None:
         path = as_path(value)
         if path is None:
@@ -209,6 +339,11 @@ def _install_audit_hook(*, allow: list[str], deny: list[str], writable: list[str
                 return
             raise PermissionError("the grader accepts only plain paths (str, bytes, pathlib) in a graded notebook")
         real = resolve(path)
+        if within(real, triton_cache):
+            frame = caller()
+            if frame is None or not frame.f_code.co_filename.startswith(triton_root):
+                raise PermissionError(f"the grader lets only Triton write in its cache, {triton_cache}")
+            return
         if real == "/dev/null" or any(within(real, root) for root in writable_roots):
             return
         raise PermissionError(f"the grader lets a notebook write only in its own folder, not {real}")
@@ -270,12 +405,18 @@ def _install_audit_hook(*, allow: list[str], deny: list[str], writable: list[str
         elif event == "import":
             filename = args[1] if len(args) > 1 else None
             if type(filename) is str and any(within(resolve(filename), r) for r in writable_roots):
+                frame = caller()
+                if within(resolve(filename), triton_cache) and frame is not None and \
+                        frame.f_code.co_filename == triton_root + "runtime/build.py":
+                    return  # a launcher Triton compiled and cached (only Triton writes there)
                 raise PermissionError("the grader does not let a notebook load a compiled module it wrote")
         elif event == "object.__setattr__":
             if len(args) > 1 and args[1] in ("__code__", "__defaults__", "__kwdefaults__", "__globals__") and \
                     from_notebook():
                 raise PermissionError(f"the grader does not let a notebook replace a function's {args[1]}")
         elif event in processes:
+            if triton_may_start(event, args):
+                return
             raise PermissionError("the grader does not let a notebook start processes")
         elif event in ("os.kill", "os.killpg"):
             if event == "os.killpg" or str(args[0]) != own:

@@ -152,14 +152,8 @@ def prepare_submission(learner: dict, source: dict, release: dict | None = None)
     if written > MAX_CODE_CHARS:
         raise runtime.CourseInputError(f"the notebook holds {written} characters of your cells; the grader runs "
                                        f"at most {MAX_CODE_CHARS}")
-    for number, cell in enumerate(cells, 1):
-        g = grade_id_of(cell)
-        if cell["cell_type"] != "code" or (g and nbg(cell).get("locked")):
-            continue
-        findings = integrity_findings(cell["source"], protected=protected, same=same, answers=answers)
-        if findings:
-            name = f"cell {g}" if g else f"cell {number} (one you added)"
-            why = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
+    for number, cell, name, why in refused_cells(cells, protected, same, answers):
+        if why:
             notes.append(f"{name} was not run: {why}")
             commented = "\n".join("# " + line for line in cell["source"].splitlines())
             cell["source"] = (f"raise PermissionError({('the grader did not run this cell: ' + why)!r})\n"
@@ -174,3 +168,28 @@ def prepare_submission(learner: dict, source: dict, release: dict | None = None)
         cell["id"] = cid
     metadata = json.loads(json.dumps(source.get("metadata", {})))
     return {"cells": cells, "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}, notes
+
+
+def refused_cells(cells, protected, same, answers):
+    """(number, cell, name, why) for each code cell a learner writes (every cell but the read-only ones with a
+    grade id): ``why`` is what the integrity rules find in it, "" where nothing. ``grade`` and ``run`` both
+    judge a notebook's cells by this (``integrity_notes``)."""
+    for number, cell in enumerate(cells, 1):
+        g = grade_id_of(cell)
+        meta = cell.get("metadata") if isinstance(cell.get("metadata"), dict) else {}
+        locked = isinstance(meta.get("nbgrader"), dict) and meta["nbgrader"].get("locked")
+        if cell.get("cell_type") != "code" or (g and locked):
+            continue
+        findings = integrity_findings(source_text(cell), protected=protected, same=same, answers=answers)
+        name = f"cell {g}" if g else f"cell {number} (one you added)"
+        why = "; ".join(findings[:5]) + (f"; and {len(findings) - 5} more" if len(findings) > 5 else "")
+        yield number, cell, name, why
+
+
+def integrity_notes(cells, answers=None) -> list[str]:
+    """What the grader would refuse to run among ``cells`` (an exercise or a learner's copy of it, as dicts),
+    judged against its own read-only cells, as ``grade`` judges against the solution's: one note a cell."""
+    cells = [dict(c) for c in cells]
+    protected, same = protected_names(cells)
+    return [f"{name} would not be run by the grader: {why}"
+            for _, _, name, why in refused_cells(cells, protected, same, answers or {}) if why]

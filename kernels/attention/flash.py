@@ -101,8 +101,9 @@ def flash_numba(q, k, v, o, lse, *, causal: bool = False, scale=None, kernel=Non
         raise runtime.CourseInputError(f"flash_numba: o must be {tuple(q.shape)} and lse {(bh, n)}")
     if d > MAX_D:
         raise runtime.CourseInputError(f"flash_numba: head dim {d} is larger than the kernel's {MAX_D}")
-    (kernel or flash_forward_numba)[(math.ceil(n / BLOCK_M), bh), BLOCK_M](q, k, v, o, lse, np.float32(_scale(d, scale)),
-                                                                            bool(causal))
+    with runtime.small_grids():  # the lesson runs it at small sizes on purpose: a few blocks
+        (kernel or flash_forward_numba)[(math.ceil(n / BLOCK_M), bh), BLOCK_M](q, k, v, o, lse,
+                                                                                np.float32(_scale(d, scale)), bool(causal))
     return o, lse
 
 

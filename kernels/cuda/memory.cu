@@ -11,10 +11,12 @@
 // ------------------------------------------------------------------------------------------------- 1. latency
 
 // region: chase
-// One thread follows the chain: next[p] is the index of the next node. `warm` loads first, untimed (a chain that
-// fits a cache is then in it), then `steps` loads timed in SM clock cycles. Each load needs the value of the one
-// before, so nothing overlaps: cycles / steps is the latency of one load.
-extern "C" __global__ void chase_global(const unsigned* next, int warm, int steps, unsigned long long* out)
+// One thread follows the chain: next[p] is the index of the next node. `warm` loads first,
+// untimed (a chain that fits a cache is then in it), then `steps` loads timed in SM clock
+// cycles. Each load needs the value of the one before, so nothing overlaps: cycles / steps is
+// the latency of one load.
+extern "C" __global__ void chase_global(const unsigned* next, int warm, int steps,
+                                        unsigned long long* out)
 {
     unsigned p = 0;
     for (int i = 0; i < warm; ++i) p = next[p];
@@ -71,15 +73,17 @@ extern "C" __global__ void clock_rate(unsigned long long ns, unsigned long long*
 // ----------------------------------------------------------------------------------------------- 2. bandwidth
 
 // region: read_level
-// Block b reads, `reps` times, slice (b + r * shift) % gridDim.x of x: slices of `slice_vec` float4. With shift 0
-// each block rereads its own slice, which its SM's L1 keeps where it fits; with shift 1 the block reads another
-// slice each time, one that other SMs read before: the L2 serves it where all the slices fit there. The sum is
-// written only if it is impossible (x is non-negative), so the loads cannot be dropped and nothing is written.
-extern "C" __global__ void read_level(const float* x, int slice_vec, int reps, int shift, float* sink)
+// Block b reads, `reps` times, slice (b + r * shift) % gridDim.x of x: slices of `slice_vec`
+// float4. With shift 0 each block rereads its own slice, which its SM's L1 keeps where it fits;
+// with shift 1 the block reads another slice each time, one that other SMs read before: the L2
+// serves it where all the slices fit there. The sum is written only if it is impossible (x is
+// non-negative), so the loads cannot be dropped and nothing is written.
+extern "C" __global__ void read_level(const float* x, int slice_vec, int reps, int shift,
+                                      float* sink)
 {
     const float4* v = reinterpret_cast<const float4*>(x);
     float acc0 = 0.0f, acc1 = 0.0f;  // two sums: the adds keep up with the loads
-    unsigned s = blockIdx.x;  // this rep's slice: (blockIdx.x + r * shift) % gridDim.x, shift < gridDim.x
+    unsigned s = blockIdx.x;  // this rep's slice: (blockIdx.x + r * shift) % gridDim.x
     for (int r = 0; r < reps; ++r) {
         const float4* p = v + (size_t)s * slice_vec;
 #pragma unroll 4
