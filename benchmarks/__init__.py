@@ -15,13 +15,13 @@ LESSONS = {
     "01_vector_multiply": "benchmarks.vector_multiply",
     "02_warp_divergence": "benchmarks.warp_divergence",
     "03_memory": "benchmarks.memory",
-    "03_tensor_cores": "benchmarks.tensor_cores",
-    "04_convolution": "benchmarks.convolution",
-    "05_inference_engine": "benchmarks.inference_engine",
-    "06_collectives": "benchmarks.collectives",
-    "07_feeding_the_gpu": "benchmarks.feeding_the_gpu",
-    "08_training": "benchmarks.training",
-    "09_attention": "benchmarks.attention",
+    "04_tensor_cores": "benchmarks.tensor_cores",
+    "05_convolution": "benchmarks.convolution",
+    "06_inference_engine": "benchmarks.inference_engine",
+    "07_collectives": "benchmarks.collectives",
+    "08_feeding_the_gpu": "benchmarks.feeding_the_gpu",
+    "09_training": "benchmarks.training",
+    "10_attention": "benchmarks.attention",
 }
 
 

@@ -1,4 +1,4 @@
-"""Lesson 9's measurements on a GPU, and the figures drawn from them (measured or recorded).
+"""Lesson 10's measurements on a GPU, and the figures drawn from them (measured or recorded).
 
 softmax: every row-softmax kernel against the device-to-device copy and torch.softmax on the same data;
 naive: attention with S and P in memory, time and peak memory against N, until it refuses;
@@ -20,7 +20,7 @@ from kernels.attention import triton_kernels as T
 from kernels.attention.flash import WGMMA_DEFAULT, WGMMA_VARIANTS
 from kernels.attention.row_softmax import cluster_missing
 
-LESSON = "09_attention"
+LESSON = "10_attention"
 ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
 SOFTMAX_BYTES = 2**30  # each row-softmax run reads 1 GiB and writes 1 GiB
 HEAD_DIM, HEADS, TOKENS = 128, 16, 32768  # the field: batch x N = 32k tokens, 16 heads of 128
@@ -229,13 +229,13 @@ def _flash_kernels(torch, causal: bool, q_dim: int = HEAD_DIM):
     out = {}
     from gpucourse import gpus
 
-    if gpus.status("09.wgmma").runs:  # Hopper: each step of FlashAttention-3's structure, so the figure shows what it buys
+    if gpus.status("10.wgmma").runs:  # Hopper: each step of FlashAttention-3's structure, so the figure shows what it buys
         for variant in wgmma_variants(q_dim):
             out[f"wgmma {variant} (CUDA C)"] = (lambda variant: lambda q, k, v: A.flash_wgmma(
                 q, k, v, causal=causal, variant=variant))(variant)
-    if gpus.status("09.wmma").runs and not A.wmma_missing(q_dim):  # its tiles fit this GPU's shared memory
+    if gpus.status("10.wmma").runs and not A.wmma_missing(q_dim):  # its tiles fit this GPU's shared memory
         out[WMMA_NAME] = lambda q, k, v: A.flash_wmma(q, k, v, causal=causal)
-    if gpus.status("09.mma").runs:  # the launcher's default variant (attention_mma.cu's FLASH_MMA_DEFAULT)
+    if gpus.status("10.mma").runs:  # the launcher's default variant (attention_mma.cu's FLASH_MMA_DEFAULT)
         out[MMA_NAME] = lambda q, k, v: A.flash_mma(q, k, v, causal=causal)
     if torch is not None and T.available() is None:
         out["Triton"] = lambda q, k, v: T.flash_forward(T.from_cupy(q), T.from_cupy(k), T.from_cupy(v), causal=causal)
@@ -418,7 +418,7 @@ def ratios(t: dict) -> list:
 
 
 def field_reading(t: dict) -> list:
-    """What notebook 09 says in words about the field (section 6), each statement with whether it holds in ``t`` (a
+    """What notebook 10 says in words about the field (section 6), each statement with whether it holds in ``t`` (a
     run's or a record's figure "field"): [(statement, True, False or None)], None where the figure lacks what a
     statement needs (no Hopper kernel below compute capability 9.0, a backend that did not run). Every record holds
     every statement (a records test asserts it)."""
@@ -458,7 +458,7 @@ def plan_over_online(t: dict, dtype: str = "float32") -> list:
 
 
 def orders_reading(t: dict) -> list:
-    """What the deep dive of lesson 9 says of the Hopper kernel's orders of work (section 3), each statement with
+    """What the deep dive of lesson 10 says of the Hopper kernel's orders of work (section 3), each statement with
     whether it holds in ``t`` (a run's or a record's figure "field"), each order's forward over the fastest backend's:
     [(statement, True, False or None)], None without the Hopper rows. A records test asserts every statement on every
     record."""
@@ -575,11 +575,11 @@ from kernels import attention as A
 rs = cp.random.RandomState(0)
 q, k, v = ((rs.standard_normal(({PROFILE_BATCH}, {HEADS}, {PROFILE_N}, {HEAD_DIM}), dtype=cp.float32) * 0.5).astype(cp.float16)
            for _ in range(3))
-if gpus.status("09.wgmma").runs:
+if gpus.status("10.wgmma").runs:
     A.flash_wgmma(q, k, v, causal=CAUSAL)
 if not CAUSAL and not A.wmma_missing({HEAD_DIM}):
     A.flash_wmma(q, k, v)
-    if gpus.status("09.mma").runs:
+    if gpus.status("10.mma").runs:
         A.flash_mma(q, k, v)
 tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
 for backend in (SDPBackend.CUDNN_ATTENTION,) + (() if CAUSAL else (SDPBackend.FLASH_ATTENTION,)):
@@ -645,7 +645,7 @@ def text_profile(p: dict) -> str:
 
 
 def profile_reading(p: dict) -> list:
-    """What the deep dive of lesson 9 says of the profile (section 4), each statement with whether it holds in ``p``
+    """What the deep dive of lesson 10 says of the profile (section 4), each statement with whether it holds in ``p``
     (a run's or a record's figure "profile"): [(statement, True, False or None)]. A records test asserts every
     statement on every record."""
     busy = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"

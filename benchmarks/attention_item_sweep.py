@@ -1,4 +1,4 @@
-"""What a work item of lesson 9's Hopper attention kernel costs beside its tiles.
+"""What a work item of lesson 10's Hopper attention kernel costs beside its tiles.
 
 flash_wgmma (kernels/cuda/attention_wgmma.cu), ping-pong, d = 128, not causal, at N = 512 .. 4k, each run doing the
 work of 32 heads of 16k (heads = 32 (16k / N)^2), so that only the items' length changes (N / 128 tiles an item);
@@ -6,7 +6,7 @@ then a least-squares fit of TFLOP/s = P T / (T + X) over them: X is an item's fi
 and 16k beside them, whose items average (N / 128 + 1) / 2 tiles. The fit stops at 4k: beyond it other effects move
 the figure (on an H100, 554 TFLOP/s at 8k, 640 at 16k). Head 0's output is checked against the NumPy reference
 first.
-Notebook 09 quotes its H100 figures.
+Notebook 10 quotes its H100 figures.
 
     python benchmarks/attention_item_sweep.py [--repeats 7] [--json PATH]
 """

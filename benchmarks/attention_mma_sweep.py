@@ -1,4 +1,4 @@
-"""Lesson 9's mma.sync kernel (kernels/cuda/attention_mma.cu, FlashAttention-2's shape) on a GPU, to choose its
+"""Lesson 10's mma.sync kernel (kernels/cuda/attention_mma.cu, FlashAttention-2's shape) on a GPU, to choose its
 default shape: every variant's registers, spills and blocks an SM; every kernel checked against a float32
 reference (output and log-sum-exp); then the forward's TFLOP/s of the WMMA kernel, the mma.sync kernel's default
 and each of its variants, and PyTorch's SDPA with the cuDNN and FlashAttention-2 backends, on the same inputs in

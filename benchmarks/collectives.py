@@ -1,6 +1,6 @@
-"""Lesson 6's measurements on a machine with k >= 2 GPUs, and the figures drawn from them (measured or recorded).
+"""Lesson 7's measurements on a machine with k >= 2 GPUs, and the figures drawn from them (measured or recorded).
 
-Record on a GPU machine with the defaults (``python -m gpucourse record 06_collectives``) or choose the ring
+Record on a GPU machine with the defaults (``python -m gpucourse record 07_collectives``) or choose the ring
 sizes k, the chunk counts S and the sizes N (bytes):
 
     python -m benchmarks.collectives --k 2 4 8 --S 1 2 4 8 16 32 64 --N 1048576 67108864 1073741824
@@ -25,7 +25,7 @@ from gpucourse import bench, plots, records, runtime
 from gpucourse.records import Figure
 from kernels import collectives as col
 
-LESSON = "06_collectives"
+LESSON = "07_collectives"
 GPUS = 2  # a ring needs two GPUs at least
 ROOT = Path(__file__).resolve().parents[1]
 # The host's time to queue one message (a peer copy and an event from Python) is a few µs; before timing the GPUs
@@ -407,7 +407,7 @@ def measure_runs(ks=None, chunks=None, sizes=None) -> dict:
     n_gpus = col.gpu_count()
     ks = list(ks or [n_gpus])
     if n_gpus < 2 or max(ks) > n_gpus or min(ks) < 2:
-        raise runtime.CourseError(f"lesson 6 records rings of 2 or more GPUs; this machine has {n_gpus}, "
+        raise runtime.CourseError(f"lesson 7 records rings of 2 or more GPUs; this machine has {n_gpus}, "
                                   f"asked for k = {ks}")
     chunks = list(chunks or runtime.size("collectives.chunks"))
     sizes = list(sizes or runtime.size("collectives.sizes"))
@@ -729,7 +729,7 @@ LAUNCH_PROGRAM = "kernels.collectives.programs:nccl_allreduce_program"
 
 
 def measure_launchers(k: int | None = None, n: int = 2**22, seed: int = 4) -> dict:
-    """Lesson 6's NCCL all-reduce, one process per GPU, started by the course's launcher (gpucourse.ranks.launch)
+    """Lesson 7's NCCL all-reduce, one process per GPU, started by the course's launcher (gpucourse.ranks.launch)
     and by each cluster launcher this machine has; every rank's result compared with the course launcher's."""
     from gpucourse import ranks
     from kernels.collectives import programs

@@ -1,4 +1,4 @@
-"""Lesson 4's measurements on a GPU, and the figures drawn from them (measured or recorded).
+"""Lesson 5's measurements on a GPU, and the figures drawn from them (measured or recorded).
 
 For each of ResNet-50's 3x3 layers (kernels.convolution.LAYERS) in FP32 and FP16, NCHW and NHWC: cuDNN's
 own table of forward algorithms (cudnnFindConvolutionForwardAlgorithm: time, workspace, status of each),
@@ -15,7 +15,7 @@ from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import convolution as cv
 from systems.convolution import cudnn
 
-LESSON = "04_convolution"
+LESSON = "05_convolution"
 CONFIGS = (("float32", "fma"), ("float32", "default"), ("float16", "tensor_op"))  # (data type, cuDNN math)
 WORKSPACE_LIMITS_MIB = (0, 1, 4, 16, 64, 256, 1024)
 MIB = 2**20
@@ -23,7 +23,7 @@ CORES_DIRECT = "CUDA C direct, register-tiled"  # CUDA cores, NCHW
 CORES_IGEMM = "CUDA C direct on CUDA cores (implicit GEMM)"  # CUDA cores, strict FP32, NCHW
 TC_DIRECT = "CUDA C direct on tensor cores (implicit GEMM)"  # WMMA, FP16 NHWC
 TC_WGMMA = "CUDA C direct on tensor cores (wgmma + TMA)"  # Hopper only (sm_90a), FP16 NHWC
-GEMM_LESSON = "03_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
+GEMM_LESSON = "04_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
 TC_GOAL = 1.5  # the FP16 NHWC direct convolution on the tensor cores within this factor of cuDNN's fastest
 GEMM_GOAL = 2.0  # im2col + a tensor-core GEMM (TF32 for FP32 data, FP16) within this factor of cuDNN's fastest
 DIRECT_GOAL = 5.0  # a CUDA C direct kernel within this factor of cuDNN's fastest
@@ -217,7 +217,7 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                 rows[-1].update(config=best_cfg, configs_ms=configs_ms,
                                 rule_of_thumb=cv.igemm_choose(n * P * Q, k, runtime.get().device.get("sms", 132)))
             if layout == "NHWC" and dtype == "float16" and gpus.supports("wgmma"):
-                # Hopper: the same convolution as lesson 3's wgmma GEMM, every tile checked and timed, the fastest
+                # Hopper: the same convolution as lesson 4's wgmma GEMM, every tile checked and timed, the fastest
                 # kept. A tile that fails (its check, or the launch) is recorded with the reason, not timed, so
                 # that the rest of the table stands.
                 configs_ms = sweep({cfg: lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_wgmma(
@@ -294,9 +294,9 @@ def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> 
     """Why the WMMA convolution stays above ``goal`` x cuDNN, measured: for each layer, FP16 NHWC, the TFLOP/s of
     cuDNN's fastest algorithm, of the course's direct convolution on the tensor cores (TC_DIRECT), of cuBLAS on the
     layer's own GEMM (N P Q x R S C by R S C x K, the im2col + GEMM row's "GEMM alone") and what ``goal`` asks
-    of the course's kernel (cuDNN's TFLOP/s / goal). ``gemms``: lesson 3's figures["wgmma"] on the same GPU (8192^3
+    of the course's kernel (cuDNN's TFLOP/s / goal). ``gemms``: lesson 4's figures["wgmma"] on the same GPU (8192^3
     FP16 GEMMs: cuBLAS, the tiled WMMA GEMM this convolution is built like and, on Hopper, the wgmma GEMM fed by the
-    TMA), or None where lesson 3 has no such figure. Each of lesson 3's figures the table lacks is None: all of
+    TMA), or None where lesson 4 has no such figure. Each of lesson 4's figures the table lacks is None: all of
     them without ``gemms``; the wgmma GEMM's on a GPU without wgmma (compute capability below 9.0, whose table holds
     cuBLAS and WMMA alone) and in a table recorded without any row (``rows`` empty)."""
     if not goal > 0:
@@ -325,23 +325,23 @@ def tensor_core_gap(layers: list, gemms: dict | None, goal: float = TC_GOAL) -> 
 
 
 def lesson3_gemms_line(gap: list, gemm_source: str | None) -> str:
-    """One line: lesson 3's GEMMs that tensor_core_gap read the convolutions against, or why there are none."""
+    """One line: lesson 4's GEMMs that tensor_core_gap read the convolutions against, or why there are none."""
     g0 = gap[0] if gap else {}
     if not g0.get("wmma_tflops") or not g0.get("gemm_cublas_tflops"):
-        return ("lesson 3's GEMMs are not recorded on this GPU: run lesson 3's notebook or `python -m gpucourse "
+        return ("lesson 4's GEMMs are not recorded on this GPU: run lesson 4's notebook or `python -m gpucourse "
                 "record` for the figures to read these against")
     cublas, wmma, wgmma = g0["gemm_cublas_tflops"], g0["wmma_tflops"], g0["wgmma_tflops"]
     hopper = (f"the wgmma GEMM fed by the TMA {wgmma:.0f} ({wgmma / cublas:.2f}x)" if wgmma
               else "no wgmma GEMM (it needs compute capability 9.0)")
-    return (f"lesson 3's GEMMs at 8192^3, TFLOP/s: cuBLAS FP16 {cublas:.0f}, the tiled WMMA GEMM {wmma:.0f} "
+    return (f"lesson 4's GEMMs at 8192^3, TFLOP/s: cuBLAS FP16 {cublas:.0f}, the tiled WMMA GEMM {wmma:.0f} "
             f"({wmma / cublas:.2f}x cuBLAS), {hopper} ({gemm_source})")
 
 
 def tensor_core_gap_view(gap: list, gemm_source: str | None, conv_source: str = "",
                          goal: float = TC_GOAL) -> plots.Table:
     """tensor_core_gap as a table: per layer, FP16 NHWC, what the goal asks of the WMMA convolution against what
-    each kind of kernel was measured at, and (where lesson 3's GEMMs are there) both as shares of the WMMA GEMM's
-    rate. The title says where lesson 3's GEMMs come from."""
+    each kind of kernel was measured at, and (where lesson 4's GEMMs are there) both as shares of the WMMA GEMM's
+    rate. The title says where lesson 4's GEMMs come from."""
     with_wmma = bool(gap) and gap[0]["wmma_tflops"] is not None
     header = ["layer", "cuDNN", "WMMA conv", "its time / cuDNN's", f"{goal:g}x asks", "layer's GEMM (cuBLAS)"]
     if with_wmma:
@@ -701,7 +701,7 @@ def _cols_outlast_cudnn(layers: list, ceilings: dict) -> tuple:
 
 
 def reading(layers: list, ceilings: dict) -> list:
-    """What notebook 04 says in words about the tables of its sections 4 to 6, each statement with whether it holds
+    """What notebook 05 says in words about the tables of its sections 4 to 6, each statement with whether it holds
     in ``layers`` (a run's or a record's figure "layers"; ``ceilings`` of the same GPU): [(statement, True, False or
     None)]. Every record holds every statement (a records test asserts it); the notebook checks them on a run beside
     the record (checked_view), as a GPU shared with other work can break them in a run."""
@@ -754,9 +754,9 @@ def reading(layers: list, ceilings: dict) -> list:
 
 
 def wgmma_reading(layers: list, gemms: dict | None, ceilings: dict) -> list:
-    """What notebook 04's deep dive says in words, each statement with whether it holds in ``layers`` (a run's or a
-    record's figure "layers"), ``gemms`` (lesson 3's figure "wgmma" on the same GPU, or None) and ``ceilings``:
-    [(statement, True, False or None)], None where the figures lack it (no wgmma on this GPU, no lesson-3 GEMMs).
+    """What notebook 05's deep dive says in words, each statement with whether it holds in ``layers`` (a run's or a
+    record's figure "layers"), ``gemms`` (lesson 4's figure "wgmma" on the same GPU, or None) and ``ceilings``:
+    [(statement, True, False or None)], None where the figures lack it (no wgmma on this GPU, no lesson-4 GEMMs).
     Every Hopper record holds every statement (a records test asserts it)."""
     gap = tensor_core_gap(layers, gemms)
     modes = [im2col_mode(lt) for lt in layers]
@@ -778,9 +778,9 @@ def wgmma_reading(layers: list, gemms: dict | None, ceilings: dict) -> list:
         return None if not gap or gap[0]["wmma_tflops"] is None else test()
 
     return [
-        ("WMMA convolution: at most about half the rate of lesson 3's WMMA GEMM on every layer",
+        ("WMMA convolution: at most about half the rate of lesson 4's WMMA GEMM on every layer",
          _holds(lambda: lesson3(lambda: all(g["conv_of_wmma"] < 0.55 for g in gap)))),
-        ("lesson 3's WMMA GEMM: less than half of cuBLAS",
+        ("lesson 4's WMMA GEMM: less than half of cuBLAS",
          _holds(lambda: lesson3(lambda: gap[0]["wmma_tflops"] < 0.5 * gap[0]["gemm_cublas_tflops"]))),
         ("1.5x of cuDNN asks more than 0.8 of the WMMA GEMM's rate on the 28x28 and 14x14 layers",
          _holds(lambda: lesson3(lambda: len(gap) > 1 and all(g["needed_of_wmma"] > 0.8 for g in gap[1:])))),
@@ -804,7 +804,7 @@ def wgmma_reading(layers: list, gemms: dict | None, ceilings: dict) -> list:
 
 def checked_view(layers: list, ceilings: dict, source: str, *, gemms: dict | None = None,
                  deep_dive: bool = False) -> plots.Table:
-    """The statements of notebook 04 (``deep_dive``: of its deep dive, read with lesson 3's ``gemms``) checked on the
+    """The statements of notebook 05 (``deep_dive``: of its deep dive, read with lesson 4's ``gemms``) checked on the
     figures the notebook shows (``source``: their label) and, where those were measured here, on the record of this
     GPU beside them (the newest record where this GPU has none): what a run on a busy GPU breaks shows as a "NO" in
     the run's column only."""

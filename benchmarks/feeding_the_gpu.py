@@ -1,9 +1,9 @@
-"""Lesson 7's measurements and the figures drawn from them, declared once in FIGURES: streams and overlap, many
-small launches, lesson 5's engine served (batch sizes, the dynamic batcher), unified memory, NVML monitoring,
+"""Lesson 8's measurements and the figures drawn from them, declared once in FIGURES: streams and overlap, many
+small launches, lesson 6's engine served (batch sizes, the dynamic batcher), unified memory, NVML monitoring,
 Nsight Compute, and MPS against time-slicing (its client processes: systems/feeding_the_gpu/serving.py).
 
-    python -m gpucourse record 07_feeding_the_gpu                 # every figure: results/<gpu>/07_feeding_the_gpu.json
-    python -m gpucourse record 07_feeding_the_gpu --figure mps    # one figure, into the newest record of this GPU
+    python -m gpucourse record 08_feeding_the_gpu                 # every figure: results/<gpu>/08_feeding_the_gpu.json
+    python -m gpucourse record 08_feeding_the_gpu --figure mps    # one figure, into the newest record of this GPU
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from kernels import inference_engine as E
 from systems.feeding_the_gpu import batching as B
 from systems.feeding_the_gpu import serving
 
-LESSON = "07_feeding_the_gpu"
+LESSON = "08_feeding_the_gpu"
 OVERLAP_GOAL = 1.15  # pipelined total <= 1.15 x the longer copy direction alone
 LECTURE_MPS_GAIN, LECTURE_BATCHING_GAIN = 7.0, 1.6  # docs/sources.md, the V100 lecture: MPS 7x inference throughput, batching +60%
 
@@ -174,7 +174,7 @@ def plot_small_kernels(s: dict, source: str):
 
 def measure_mps(ks=(1, 2, 4, 8, 16), seconds: float = 2.0, batched: int = 8, binary: str | None = None,
                 cmd: list | None = None, client=None, make_plan=None, timeout: float = 120) -> dict:
-    """Lesson 5's engine at batch 1 in k client processes (serving.run_clients), time-sliced (no MPS), through
+    """Lesson 6's engine at batch 1 in k client processes (serving.run_clients), time-sliced (no MPS), through
     MPS, and through MPS with batch ``batched`` per request. "mps" is True when every MPS configuration was
     measured. If the daemon cannot start, or MPS fails while its configurations are measured (a client that
     cannot reach the MPS server often shows it only then), "mps" is False, "why" says where and why (with the
@@ -184,7 +184,7 @@ def measure_mps(ks=(1, 2, 4, 8, 16), seconds: float = 2.0, batched: int = 8, bin
     ``client``: the client function the processes run (by default serving.client; a notebook passes its own
     cell's). ``cmd`` (a whole client command line), ``make_plan(max_batch, folder) -> plan path`` and
     ``timeout`` (seconds for a client to be ready) let the tests run it without a GPU; by default the clients
-    run lesson 5's engine, which needs one."""
+    run lesson 6's engine, which needs one."""
     if make_plan is None:
         runtime.require_gpu("the MPS experiment")
 
@@ -246,7 +246,7 @@ def mps_ratios(table: dict) -> dict:
 
 def recorded_mps(batched: int = 8) -> tuple:
     """(table, label) of the newest record of the lesson whose MPS experiment ran every configuration, with
-    requests of ``batched`` images for the batched one (Task 7.3 reads it); records where MPS could not start,
+    requests of ``batched`` images for the batched one (Task 8.3 reads it); records where MPS could not start,
     or a configuration failed, are passed over."""
     want = {"time-slicing, batch 1", "MPS, batch 1", f"MPS, batch {batched}"}
     for rec in reversed(records.all_records(LESSON)):
@@ -274,13 +274,13 @@ def plot_mps(m: dict, source: str):
     series = {name: ([int(k) for k in rows], [rows[k]["images_per_s"] for k in rows])
               for name, rows in m["configs"].items()}
     return plots.lines(series, xlabel="client processes k", ylabel="images / s (all clients)", source=source,
-                       title="Lesson 5's engine in k processes on one GPU")
+                       title="Lesson 6's engine in k processes on one GPU")
 
 
 # ------------------------------------------------------------------------ 4. throughput vs latency
 
 def measure_batching(batches=None, repeats: int = 50) -> dict:
-    """Lesson 5's engine (fused, FP32, CUDA graphs): GPU latency of one inference (p50, p99) and images/s
+    """Lesson 6's engine (fused, FP32, CUDA graphs): GPU latency of one inference (p50, p99) and images/s
     at every batch size."""
     batches = list(batches or runtime.size("feeding.batches"))
     eng = E.Engine(serving.engine_plan(max(batches)), graphs=True)
@@ -321,7 +321,7 @@ def plot_batching(t: dict, source: str):
 
 
 def measure_batcher(rates=None, waits_ms=(0.0, 0.25, 1.0, 4.0), max_batch: int = 256, count: int = 4000) -> dict:
-    """The dynamic batcher with lesson 5's engine as the server: every batch really runs on the GPU and
+    """The dynamic batcher with lesson 6's engine as the server: every batch really runs on the GPU and
     takes the time it took (CUDA events). Per arrival rate and maximum wait: p50/p99 latency, images/s."""
     cp = runtime.cupy()
     eng = E.Engine(serving.engine_plan(max_batch), graphs=True)
@@ -612,7 +612,7 @@ def text_profile(p: dict) -> str:
 def profile_reading(p: dict, ceilings: dict) -> list:
     """ncu's counters beside the course's own measurements on the same GPU: the multiply's bytes over ncu's
     duration against the device-to-device copy lesson 1 measures (and the DRAM peak that ncu's percentage
-    implies), each GEMM's FLOPs over its duration against the cuBLAS ceiling lesson 3 measures, with the pipe
+    implies), each GEMM's FLOPs over its duration against the cuBLAS ceiling lesson 4 measures, with the pipe
     that kept busy. ``ceilings``: bench's ceilings of the GPU that measured ``p``."""
     if not p.get("ok"):
         return [f"ncu: {p.get('why', 'no profile')}"]
@@ -637,7 +637,7 @@ def profile_reading(p: dict, ceilings: dict) -> list:
             tflops = 2 * PROFILE_GEMM**3 / seconds / 1e12
             pipe = f"tensor pipes {r.get(tensor, float('nan')):.1f}%" if on_tensor else f"FMA pipes {r.get(fma, float('nan')):.1f}%"
             lines.append(f"{name} {PROFILE_GEMM}^3 ({profile.short_name(r['kernel'], 28)}): {tflops:,.1f} TFLOP/s = "
-                         f"{tflops / ceilings[ceiling]:.2f} x\n    the cuBLAS ceiling lesson 3 measures at 8192^3 "
+                         f"{tflops / ceilings[ceiling]:.2f} x\n    the cuBLAS ceiling lesson 4 measures at 8192^3 "
                          f"({ceilings[ceiling]:,.1f}); ncu: {pipe} busy")
     return lines
 

@@ -1,4 +1,4 @@
-"""Lesson 5's measurements on a GPU, and the figures drawn from them (measured or recorded).
+"""Lesson 6's measurements on a GPU, and the figures drawn from them (measured or recorded).
 
 Every function that measures needs GPU mode; every plot function takes the figures plus their source label,
 so the notebook draws recorded figures in CPU mode with the same code. ``plot_graph`` draws an engine graph
@@ -204,7 +204,7 @@ def _fused_launcher(handle, cudnn, x, w, b, y, xd, fd, conv, yd, bias_desc, act,
 def cudnn_table(engines: dict, repeats: int = 10) -> dict:
     """The engine's fused 3x3 CBR layer (branch3x3: batch x 16 x 16 x 32 -> 32 channels) beside cuDNN's
     cudnnConvolutionBiasActivationForward on the same shape, NHWC, FP32 (strict FMA math) and FP16 (tensor
-    cores). cuDNN comes through lesson 4's binding (systems/convolution/cudnn.py) with its descriptors built once. Every
+    cores). cuDNN comes through lesson 5's binding (systems/convolution/cudnn.py) with its descriptors built once. Every
     forward algorithm is tried for the fused call: those cuDNN refuses (with a ReLU, its legacy API allows
     few) are listed as refused, the others are checked against NumPy and timed, and the fastest is the one
     compared. Both sides are timed alike: GPU time per launch, launches queued behind a hold
@@ -392,7 +392,7 @@ def tuning_view(tuning: dict, name: str, source: str = "", batch: int | None = N
 
 
 def tuning_reading(tuning: dict) -> list:
-    """What the deep dive of lesson 5 says of the tuner's tables (section 1), each statement with whether it holds in
+    """What the deep dive of lesson 6 says of the tuner's tables (section 1), each statement with whether it holds in
     ``tuning`` (a run's or a record's figure "tuning"): [(statement, True, False or None)]. A records test asserts
     every statement on every record."""
     def kept(name):

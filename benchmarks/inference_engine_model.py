@@ -1,4 +1,4 @@
-"""What every lesson-5 benchmark shares: the lesson's model (``load``: the imported digits network, its optimisation
+"""What every lesson-6 benchmark shares: the lesson's model (``load``: the imported digits network, its optimisation
 stages and its data) and the engines the benchmarks run it as, with the goals they are measured against.
 
 benchmarks/inference_engine.py (the lesson's figures), inference_engine_network_phases.py (where a call of the
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kernels import inference_engine as E
 
-LESSON = "05_inference_engine"
+LESSON = "06_inference_engine"
 ENGINES = {  # name -> (passes applied, precision, CUDA graphs)
     "layer by layer, FP32": (False, "fp32", False),
     "layer by layer + graph, FP32": (False, "fp32", True),

@@ -1,4 +1,4 @@
-"""Where one block of lesson 5's digits network in one kernel spends its time: the kernel's `network` region with a
+"""Where one block of lesson 6's digits network in one kernel spends its time: the kernel's `network` region with a
 clock stamp (clock64, thread 0) after each of its barriers, run in place of the region (cuda_c's edits), at 16 rows
 a block (a whole image; the step's buffer for the tiles' shares of the logits is free then and takes the stamps).
 For FP16 and INT8 at a batch (256: every block resident, about two an SM) and for one block alone, the median

@@ -1,4 +1,4 @@
-"""Lesson 5's digits network in one kernel on a GPU (build_plan(fuse_network=True),
+"""Lesson 6's digits network in one kernel on a GPU (build_plan(fuse_network=True),
 kernels/cuda/inference_engine_network.cu), to choose its tile sizes and see where it stands: in FP32, FP16 and INT8,
 at batch 1 and at batch 256, the one-kernel engine with every tile size this GPU runs (rows of an image a block:
 network.TILE_ROWS) and with the rule's choice (network.tile_rows), beside the tuned "fused + graph" plan (8 kernels)

@@ -1,4 +1,4 @@
-"""PyTorch beside lesson 5's engine: the same trained weights in a ``torch.nn.Module``, timed with the course's
+"""PyTorch beside lesson 6's engine: the same trained weights in a ``torch.nn.Module``, timed with the course's
 timer in the same run as the engine.
 
 PyTorch is a benchmark comparison here, not a course dependency: pyproject.toml does not list it and no other
@@ -529,14 +529,14 @@ def _cells(t: dict, prefix: str = "") -> tuple:
 
 def ahead_line(t: dict) -> str:
     """Where the fused + graph engine is faster than PyTorch's best of this comparison, end to end, and where
-    slower: the sentence notebook 05 reads its tables by, made from their figures."""
+    slower: the sentence notebook 06 reads its tables by, made from their figures."""
     ahead, behind = _cells(t)
     return (f"the fused + graph engine over PyTorch's best: faster in {', '.join(ahead) or 'no cell'}; "
             f"slower in {', '.join(behind) or 'no cell'}")
 
 
 def reading(t: dict) -> list:
-    """What notebook 05 says in words about a comparison that timed torch.compile, each statement with whether it
+    """What notebook 06 says in words about a comparison that timed torch.compile, each statement with whether it
     holds in ``t``: [(statement, True, False or None)], None where ``t`` lacks the figures (no torch.compile
     rows, no network in one kernel). Every record holds every statement (a records test asserts it)."""
     compiled = any(r["variant"].startswith("torch.compile") for r in t.get("rows", []))

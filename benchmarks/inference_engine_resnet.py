@@ -1,7 +1,7 @@
-"""Lesson 5's engine on a real network: ResNet-50 at 224 x 224 (``E.resnet50``, seeded weights, batch norms calibrated
+"""Lesson 6's engine on a real network: ResNet-50 at 224 x 224 (``E.resnet50``, seeded weights, batch norms calibrated
 on a few images) built into plans and timed beside PyTorch on the same weights and images, in one run.
 
-What ``measure()`` records (figure "resnet" of 05_inference_engine):
+What ``measure()`` records (figure "resnet" of 06_inference_engine):
 
 * the build: seconds of the passes and of building and tuning each plan (goal: under a minute), apart from the
   kernels' one-time compilation;
@@ -210,7 +210,7 @@ def measure(repeats: int = 20) -> dict:
     from gpucourse import cuda_c, gpus
 
     cuda_c.module(E.SOURCE)
-    if gpus.status("05.wgmma").runs:
+    if gpus.status("06.wgmma").runs:
         cuda_c.module_arch(E.catalog.WG_SOURCE, "sm_90a")
     compile_s = time.perf_counter() - t0
     xs = [cp.asarray(images(BATCH, 10 + i)) for i in range(3)]
@@ -218,7 +218,7 @@ def measure(repeats: int = 20) -> dict:
     plans, engines, rows = {}, {}, {}
     configs = [("FP16, batch 64", "fp16", BATCH), ("FP16, batch 1", "fp16", 1), ("INT8, batch 64", "int8", BATCH),
                ("INT8 (mixed), batch 64", "int8", BATCH)]
-    if gpus.status("05.wgmma").runs:  # FP8 runs on Hopper's wgmma kernels only
+    if gpus.status("06.wgmma").runs:  # FP8 runs on Hopper's wgmma kernels only
         configs += [("FP8, batch 64", "fp8", BATCH), ("FP8 (mixed), batch 64", "fp8", BATCH)]
     for name, precision, batch in configs:
         keep = MIXED[precision] if "(mixed)" in name else None
@@ -295,7 +295,7 @@ def _keep_other_batches(out: dict, batches: tuple) -> None:
     ratio, each pair from one run), and says under "runs" when each batch size was measured."""
     from gpucourse import records
 
-    rec = records.latest("05_inference_engine", runtime.get().device["name"]) or {}
+    rec = records.latest("06_inference_engine", runtime.get().device["name"]) or {}
     old = rec.get("figures", {}).get("resnet_compile") or {}
     now = records._now()
     runs = {f"batch {n}": now for n in batches}
@@ -349,7 +349,7 @@ def measure_mixed(candidates: dict | None = None, *, choose: bool = True, target
     calib = images(CALIBRATION_IMAGES, 3)
     x_eval = images(AGREEMENT_IMAGES, 2)
     ref_eval, reference = _fp32_logits(g, x_eval)
-    precisions = ["int8"] + (["fp8"] if gpus.status("05.wgmma").runs else [])
+    precisions = ["int8"] + (["fp8"] if gpus.status("06.wgmma").runs else [])
     candidates = candidates or {p: [[], MIXED[p]] for p in precisions}
     out = {"reference": reference, "images": len(x_eval), "candidates": [], "timed": {}, "choices": {}}
     log(f"reference: {reference} ({time.perf_counter() - t_start:.0f} s)")
@@ -621,7 +621,7 @@ def floor_lines(t: dict) -> list:
 
 
 def reading(t: dict) -> list:
-    """What notebook 05's deep dive says in words about figure "resnet", each statement with whether it holds in
+    """What notebook 06's deep dive says in words about figure "resnet", each statement with whether it holds in
     ``t``: [(statement, True, False or None)], None where ``t`` lacks the figures (no FP8 plan below Hopper). Every
     record holds every statement (a records test asserts it)."""
     over = _over_floor(t)

@@ -1,4 +1,4 @@
-"""Lesson 9's row softmax on a GPU, to choose the Hopper kernel's shapes: for rows of 1k to 32k elements, FP32 and
+"""Lesson 10's row softmax on a GPU, to choose the Hopper kernel's shapes: for rows of 1k to 32k elements, FP32 and
 FP16, the GB/s (bytes read + written) of the online kernel (one block a row), of the cluster kernel with the shape
 SOFTMAX_PLAN gives it (kernels/attention/row_softmax.py), of every other shape the kernels can run
 (row_softmax.sweep_shapes: each cluster size and loads a thread, a warp per row with each block), of torch.softmax,

@@ -1,4 +1,4 @@
-"""Lesson 3's measurements on a GPU, and the figures drawn from them (measured or recorded).
+"""Lesson 4's measurements on a GPU, and the figures drawn from them (measured or recorded).
 
 Every function that measures needs GPU mode; every plot function takes the figures plus their source
 label, so the notebook draws recorded figures in CPU mode with the same code.
@@ -13,7 +13,7 @@ from gpucourse.records import Figure
 from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import tensor_cores as tc
 
-LESSON = "03_tensor_cores"
+LESSON = "04_tensor_cores"
 # What each wgmma configuration adds over the one before it (the notebook's "what each ingredient bought").
 WGMMA_STEPS = {
     "wgmma_128x256x64_s1_kn": "wgmma + TMA, 1 stage (copy, then compute)",
@@ -174,7 +174,7 @@ def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
     """Hopper's warpgroup MMA fed by the TMA (kernels/cuda/tensor_cores_wgmma.cu), every configuration on
     n x n x n, beside cuBLAS FP16 and the lesson's tiled WMMA kernel, each checked against the FP32 product
     first; plus the block order (group_m) of the default configuration: the rows of wgmma_plan. The wgmma rows
-    need compute capability 9.0: on another GPU the table holds cuBLAS and WMMA alone (the GEMMs lesson 4 reads its
+    need compute capability 9.0: on another GPU the table holds cuBLAS and WMMA alone (the GEMMs lesson 5 reads its
     convolution against) and "skipped" says why."""
     cp = runtime.cupy()
     n = n or runtime.size("tensor_cores.n")
@@ -339,7 +339,7 @@ def run() -> tuple:
 # ------------------------------------------------------------------------------------ text and plots
 
 def accumulation_reading(acc: dict) -> list:
-    """What notebook 03 says about accumulation on the tensor cores (``acc``: the figure "accumulation"): the FP16
+    """What notebook 04 says about accumulation on the tensor cores (``acc``: the figure "accumulation"): the FP16
     accumulator's error follows the model (within 1.5x at every K); the FP32 accumulator's grows about linearly
     with K (log-log slope within 20% of 1) and ends more than ten times the model's. [(statement, holds)]."""
     def farthest():
@@ -354,7 +354,7 @@ def accumulation_reading(acc: dict) -> list:
 
 
 def config_reading(configs: dict, kernels: dict, compute_capability: str | None) -> list:
-    """What notebook 03 says about the tiled kernel's configurations (``configs``, ``kernels``: the figures of one
+    """What notebook 04 says about the tiled kernel's configurations (``configs``, ``kernels``: the figures of one
     run): the 128x128x32 tile runs faster with two stages than with one; on Hopper (compute capability 9.0) the
     tiled WMMA kernel stays below half of cuBLAS FP16 in every configuration."""
     rows = {r["name"]: r for r in configs["rows"]}
@@ -373,14 +373,14 @@ def config_reading(configs: dict, kernels: dict, compute_capability: str | None)
 
 
 def size_reading(sizes: dict) -> list:
-    """What notebook 03 says about size (``sizes``: the figure "sizes"): the tiled WMMA kernel runs slower at the
+    """What notebook 04 says about size (``sizes``: the figure "sizes"): the tiled WMMA kernel runs slower at the
     smallest n than at the largest."""
     t, n = sizes["tflops"]["WMMA, tiled"], sizes["sizes"]
     return [claims.compare(f"WMMA, tiled at n = {n[0]} (TFLOP/s)", "below", f"at n = {n[-1]}", t[0], t[-1])]
 
 
 def roofline_reading(kernels: dict, ceilings: dict) -> list:
-    """What notebook 03 says about the roofline (``kernels``, ``ceilings`` of one run): the naive numba kernel runs
+    """What notebook 04 says about the roofline (``kernels``, ``ceilings`` of one run): the naive numba kernel runs
     above the memory roof at its point's intensity (the caches serve part of its traffic)."""
     naive = next((r for r in kernels["rows"] if r["name"] == "numba, naive"), {})
     return [claims.compare("numba, naive (TFLOP/s)", "above", "the memory roof at its point",
@@ -513,7 +513,7 @@ def results_rows(record: dict) -> list:
     w = f.get("wgmma", {})
     wrows = w.get("rows", [])
     hopper = max((r for r in wrows if w.get("default") and r.get("config") == w["default"]),
-                 key=lambda r: r["tflops"], default=None)  # the default configuration, as lesson 4 compares it
+                 key=lambda r: r["tflops"], default=None)  # the default configuration, as lesson 5 compares it
     wmma = next((r for r in wrows if r["name"].startswith("WMMA, tiled")), None)
     if wmma is None:
         wmma = next((r for r in f.get("kernels", {}).get("rows", []) if r["name"].startswith("WMMA, tiled (")), None)

@@ -1,8 +1,8 @@
-"""Lesson 8's measurements and the figures drawn from them, declared once in FIGURES (measured here on a GPU, else
+"""Lesson 9's measurements and the figures drawn from them, declared once in FIGURES (measured here on a GPU, else
 recalled from the newest record):
 
-    python -m gpucourse record 08_training                        # every figure: results/<gpu>/08_training.json
-    python -m gpucourse record 08_training --figure data_parallel # one figure, into the newest record of this GPU
+    python -m gpucourse record 09_training                        # every figure: results/<gpu>/09_training.json
+    python -m gpucourse record 09_training --figure data_parallel # one figure, into the newest record of this GPU
 
 * mixed precision: one SGD step of a 16-layer MLP of width 4096 at batch 1024, strict FP32 (CuPy does not use
   TF32 unless CUPY_TF32=1) against FP16 tensor-core GEMMs with FP32 master weights and dynamic loss scaling;
@@ -25,7 +25,7 @@ from gpucourse import bench, plots, records, runtime
 from gpucourse.records import Figure
 from kernels import training as tr
 
-LESSON = "08_training"
+LESSON = "09_training"
 GOALS = {"mixed_speedup": 2.0, "recompute_memory": 4.0, "recompute_time": 1.4, "scaling_efficiency_k8": 0.9}
 
 
@@ -283,7 +283,7 @@ def text_largest_batch(lb: dict) -> str:
 
 # How the data-parallel step is timed: with no communication, with NCCL's all-reduces started bucket by bucket
 # during the backward pass, started only after it, started during it on streams of the highest priority, and with
-# lesson 6's ring after the backward pass, all from one Python thread; and as "nccl" with one process per GPU.
+# lesson 7's ring after the backward pass, all from one Python thread; and as "nccl" with one process per GPU.
 DP_VARIANTS = {"none": {"reduce": "none"}, "nccl": {"reduce": "nccl"},
                "nccl_after": {"reduce": "nccl", "overlap": False},
                "nccl_priority": {"reduce": "nccl", "comm_priority": True}, "ring": {"reduce": "ring"},
@@ -318,7 +318,7 @@ def measure_data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: in
         entry = {}
         variants = dict(DP_VARIANTS)
         if k < 2:
-            variants.pop("ring")  # lesson 6's ring needs two GPUs
+            variants.pop("ring")  # lesson 7's ring needs two GPUs
         for reduce, kw in variants.items():
             if kw.get("processes"):
                 entry.update(_data_parallel_processes(k, widths, batch_per_gpu, repeats, reduce))
@@ -340,7 +340,7 @@ def measure_data_parallel(layers: int = 16, width: int = 4096, batch_per_gpu: in
 
 
 def _data_parallel_processes(k: int, widths, batch_per_gpu: int, repeats: int, name: str) -> dict:
-    """The data-parallel step with one process per GPU (tr.data_parallel_program under lesson 6's launcher): the
+    """The data-parallel step with one process per GPU (tr.data_parallel_program under lesson 7's launcher): the
     time of the slowest rank, each rank's median, or why it failed."""
     from gpucourse import ranks
 
@@ -390,7 +390,7 @@ def scaling_lines(d: dict) -> list:
         takes = [f"{what} {bench.format_ms(s[key])}" for key, what in (
             ("nccl_after_ms", "all-reduces only after the backward pass"),
             ("nccl_priority_ms", "during it on high-priority streams"),
-            ("ring_ms", "lesson 6's ring after the backward pass"),
+            ("ring_ms", "lesson 7's ring after the backward pass"),
             ("nccl_procs_ms", "one process per GPU (overlapped, as DDP)")) if key in s]
         if takes:
             lines.append(f"    the same step with " + "; ".join(takes))
@@ -456,7 +456,7 @@ def plot_data_parallel(d: dict, source: str):
 def recorded_with_more_gpus(d: dict) -> tuple | None:
     """(figures, label) of the lesson's data-parallel run recorded on the most GPUs, where that is more GPUs than
     ``d`` had (a learner's one GPU, or an older record), else None: the scale-up figures worth showing beside."""
-    recs = [r for r in records.all_records("08_training") if "data_parallel" in r["figures"]]
+    recs = [r for r in records.all_records("09_training") if "data_parallel" in r["figures"]]
     best = max(recs, key=lambda r: (r["figures"]["data_parallel"].get("gpus", 0), r["date"]), default=None)
     if best is None or best["figures"]["data_parallel"].get("gpus", 0) <= d.get("gpus", 0):
         return None
@@ -473,18 +473,18 @@ def gradient_bytes(d: dict) -> int:
 
 
 def links() -> dict:
-    """GB/s of the links scale-up and scale-out compare: NVLink as lesson 6 measured it (the bus bandwidth
-    2 (k - 1) / k N / t of NCCL's all-reduce of its largest N, on the smallest ring recorded), where a lesson 6
+    """GB/s of the links scale-up and scale-out compare: NVLink as lesson 7 measured it (the bus bandwidth
+    2 (k - 1) / k N / t of NCCL's all-reduce of its largest N, on the smallest ring recorded), where a lesson 7
     record holds one, then NETWORKS."""
     out = {}
-    rec = records.latest("06_collectives")
+    rec = records.latest("07_collectives")
     runs = (rec or {}).get("figures", {}).get("runs", {})
     measured = sorted(int(k) for k, e in runs.items() if e.get("allreduce", {}).get("nccl_ms"))
     if measured:
         k = measured[0]
         a = runs[str(k)]["allreduce"]
         n, t = a["N"][-1], a["nccl_ms"][-1]
-        out[f"NVLink, {k} x {rec['gpu']['name']} (lesson 6, NCCL)"] = 2 * (k - 1) / k * n / (t * 1e-3) / 1e9
+        out[f"NVLink, {k} x {rec['gpu']['name']} (lesson 7, NCCL)"] = 2 * (k - 1) / k * n / (t * 1e-3) / 1e9
     return {**out, **NETWORKS}
 
 
@@ -500,7 +500,7 @@ def measure_overlap_standin(layers: int = 16, width: int = 4096, batch: int = 10
     all-reduces (``buckets`` kernels of ``ctas`` blocks of 512 threads, each block holding its SM's share for
     comm_ms / buckets: bench.hold) runs on a stream of its own while the step (forward, backward, SGD of the
     data-parallel MLP) runs on another. The step with it, against the step and the stand-in alone, says how much of
-    the stand-in the step hid. comm_ms: the all-reduce of the step's gradients at k = 2 over NVLink as lesson 6
+    the stand-in the step hid. comm_ms: the all-reduce of the step's gradients at k = 2 over NVLink as lesson 7
     measured it (``links``), else 3.4 ms."""
     cp = runtime.cupy()
     widths = [width] * (layers + 1)
@@ -508,7 +508,7 @@ def measure_overlap_standin(layers: int = 16, width: int = 4096, batch: int = 10
     grad = gradient_bytes({"layers": layers, "width": width})
     if comm_ms is None:
         comm_ms, source = ((grad / (nvlink[0][1] * 1e9) * 1e3, nvlink[0][0]) if nvlink
-                           else (3.4, "no lesson 6 record: 3.4 ms assumed"))
+                           else (3.4, "no lesson 7 record: 3.4 ms assumed"))
     else:
         source = "given"
     dp = tr.DataParallel(tr.mlp_init(widths), [cp.cuda.Device().id], reduce="none")

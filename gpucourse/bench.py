@@ -169,7 +169,7 @@ def hold(ms: float, stream=None, *, blocks: int = 1, threads: int = 1, shared_by
     """Queue a kernel that keeps the GPU busy for ``ms`` milliseconds on ``stream`` (the current one by default).
     Work queued behind it starts only when it ends, however slowly the host queued it. By default one thread; with
     ``blocks`` of ``threads`` threads and ``shared_bytes`` of shared memory each, it holds those resources of as
-    many SMs for that long, as a communication kernel's blocks would (lesson 8's stand-in for NCCL)."""
+    many SMs for that long, as a communication kernel's blocks would (lesson 9's stand-in for NCCL)."""
     global _hold_kernel
     if not (ms >= 0 and blocks >= 1 and 1 <= threads <= 1024 and 0 <= shared_bytes <= 48 * 1024):
         raise runtime.CourseInputError("hold needs ms >= 0, blocks >= 1, 1..1024 threads and at most 48 KiB of "

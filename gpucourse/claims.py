@@ -1,5 +1,5 @@
 """Statements a notebook makes about its figures, printed by a function that reads the figures, so that a records
-test can run the same function over every record (lesson 4's ``reading`` is the pattern).
+test can run the same function over every record (lesson 5's ``reading`` is the pattern).
 
 A reading is a list of (statement, holds): holds is True, False, or None where the figures lack what the statement
 needs. ``compare`` writes a comparison's words from the relation it tests, so that reversing the words reverses the

@@ -2,8 +2,8 @@
 its kernels use with the compute capability each needs, and what every lesson step needs.
 
     gpus.supports("cp.async")                  # on this GPU (or the faked one); cc=(7, 5) to ask about another
-    gpus.require("fp16-wmma", what="lesson 3's WMMA GEMM")   # CourseError naming this GPU and what it lacks
-    gpus.step("03.wmma_tiled")                 # a launcher's check: raises, or notes a fallback once, or passes
+    gpus.require("fp16-wmma", what="lesson 4's WMMA GEMM")   # CourseError naming this GPU and what it lacks
+    gpus.step("04.wmma_tiled")                 # a launcher's check: raises, or notes a fallback once, or passes
     gpus.plan((7, 5))                          # every lesson step on a T4: runs / runs with a fallback / cannot
 
 The compute capability asked about is the real GPU's, or GPUCOURSE_FAKE_CC (e.g. 7.5) where that is set: how
@@ -71,7 +71,7 @@ FEATURES = {f.name: f for f in (
 
 @dataclass(frozen=True)
 class Step:
-    key: str  # "03.wmma_tiled": lesson number and step
+    key: str  # "04.wmma_tiled": lesson number and step
     what: str  # what the step is, as a learner would name it
     needs: tuple[str, ...] = ()  # features it cannot run without
     prefers: tuple[str, ...] = ()  # features it uses where the GPU has them ...
@@ -84,37 +84,37 @@ class Step:
 
 # Every lesson step that needs more than the oldest supported GPU (sm_75). Steps not named here (numba kernels,
 # SIMT CUDA C, cuBLAS and cuDNN calls) run on every GPU in GPUS. Most steps run everywhere, some with a fallback;
-# the wgmma steps need Hopper, and lesson 9's mma.sync step needs sm_80+ (no fallback: its shape of mma.sync and
+# the wgmma steps need Hopper, and lesson 10's mma.sync step needs sm_80+ (no fallback: its shape of mma.sync and
 # the shared memory its tiles take are not on a T4).
 STEPS = {s.key: s for s in (
-    Step("03.wmma", "lesson 3's WMMA GEMM, one warp per tile", needs=("fp16-wmma",)),
-    Step("03.wmma_tiled", "lesson 3's tiled, pipelined WMMA GEMM", needs=("fp16-wmma",), prefers=("cp.async",),
+    Step("04.wmma", "lesson 4's WMMA GEMM, one warp per tile", needs=("fp16-wmma",)),
+    Step("04.wmma_tiled", "lesson 4's tiled, pipelined WMMA GEMM", needs=("fp16-wmma",), prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
-    Step("04.igemm_wmma", "lesson 4's tensor-core convolution (implicit GEMM, NHWC)", needs=("fp16-wmma",),
+    Step("05.igemm_wmma", "lesson 5's tensor-core convolution (implicit GEMM, NHWC)", needs=("fp16-wmma",),
          prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
-    Step("05.wmma", "lesson 5's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
-    Step("05.tc", "lesson 5's pipelined tensor-core convolutions, FP16 and INT8 (integer tensor cores)",
+    Step("06.wmma", "lesson 6's FP16 tensor-core convolutions (WMMA)", needs=("fp16-wmma",)),
+    Step("06.tc", "lesson 6's pipelined tensor-core convolutions, FP16 and INT8 (integer tensor cores)",
          needs=("fp16-wmma", "int8-wmma"), prefers=("cp.async",),
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
-    Step("03.wgmma", "lesson 3's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
-    Step("04.wgmma", "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
-    Step("05.wgmma", "lesson 5's engine's Hopper convolutions (lesson 4's wgmma kernel with the engine's epilogue)",
+    Step("04.wgmma", "lesson 4's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
+    Step("05.wgmma", "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
+    Step("06.wgmma", "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
          needs=("wgmma",)),
-    Step("09.wmma", "lesson 9's FlashAttention on the tensor cores (WMMA)", needs=("fp16-wmma",),
+    Step("10.wmma", "lesson 10's FlashAttention on the tensor cores (WMMA)", needs=("fp16-wmma",),
          prefers=("cp.async",), fallback="copies the K and V tiles with ordinary loads, synchronously (no overlap)"),
-    Step("09.mma", "lesson 9's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async)",
+    Step("10.mma", "lesson 10's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async)",
          needs=("mma-m16n8k16",)),
-    Step("09.wgmma", "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
+    Step("10.wgmma", "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
 )}
 
 LESSONS = {
-    "01": "vector multiply", "02": "warp divergence", "03": "tensor cores", "04": "convolution",
-    "05": "inference engine", "06": "collectives",
-    "07": "feeding the GPU",
-    "08": "training on GPUs",
-    "09": "attention",
+    "01": "vector multiply", "02": "warp divergence", "04": "tensor cores", "05": "convolution",
+    "06": "inference engine", "07": "collectives",
+    "08": "feeding the GPU",
+    "09": "training on GPUs",
+    "10": "attention",
 }
 
 

@@ -37,7 +37,7 @@ from . import notebooks, runtime
 
 CAPABILITIES = ("7.5", "8.0", "8.6", "8.9", "native")  # what a learner's GPU may be (gpucourse.gpus.GPUS)
 NATIVE = "native"
-ALONE = ("06_collectives", "07_feeding_the_gpu")  # lessons whose notebooks start processes sharing the GPU
+ALONE = ("07_collectives", "08_feeding_the_gpu")  # lessons whose notebooks start processes sharing the GPU
 
 
 def capability(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Lesson 7 — sharing one GPU between processes: the MPS control daemon, started and always stopped.
+"""Lesson 8 — sharing one GPU between processes: the MPS control daemon, started and always stopped.
 
 Without MPS, kernels of different processes never run at the same time: the GPU time-slices between their
 contexts. The Multi-Process Service funnels every client's work through one server context, so small

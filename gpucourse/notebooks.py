@@ -52,7 +52,7 @@ def deep_dives() -> list[Path]:
 
 
 def lesson_of(path: Path) -> str:
-    """The lesson a notebook belongs to ("05_inference_engine"): its stem, less "_deep_dive", or its folder's name."""
+    """The lesson a notebook belongs to ("06_inference_engine"): its stem, less "_deep_dive", or its folder's name."""
     path = Path(path)
     if path.parent.name == "notebooks":
         return path.stem.removesuffix(DEEP_DIVE)

@@ -148,7 +148,7 @@ def _shown_line(lesson: str, figures: list, root: Path) -> str:
 # ------------------------------------------------------------------------------------------------ the document
 
 def title(lesson: str, root: Path | None = None) -> str:
-    """"07_feeding_the_gpu" -> "Lesson 7: feeding and sharing the GPU": the lesson's heading in docs/glossary.md, or
+    """"08_feeding_the_gpu" -> "Lesson 8: feeding and sharing the GPU": the lesson's heading in docs/glossary.md, or
     its name where the glossary has none."""
     root = ROOT if root is None else root
     number = int(lesson[:2])

@@ -34,10 +34,10 @@ SIZES = {
     "warp_divergence.iters": (2048, 8),  # multiply-add rounds per chain in that body
     "warp_divergence.paths": ((1, 2, 3, 4, 6, 8, 12, 16, 24, 32), (1, 2, 4, 8, 32)),
     "warp_divergence.reduce_n": (2**28, 20_000),  # float32 elements: 1 GiB on a GPU
-    "memory.n": (16384, 64),  # lesson 3's n x n float32 matrices (2-D scale, transposes): 1 GiB each on a GPU
+    "memory.n": (16384, 64),  # lesson 4's n x n float32 matrices (2-D scale, transposes): 1 GiB each on a GPU
     "memory.stride_n": (2**26, 1_024),  # elements copy_strided writes; it reads them from n * 32 (8 GiB on a GPU)
     "memory.strides": ((1, 2, 4, 8, 16, 32), (1, 2, 4, 8)),  # strides of the coalescing sweep
-    "memory.matmul_n": (4096, 32),  # n of lesson 3's n x n x n FP32 matrix multiplies (numba naive and tiled)
+    "memory.matmul_n": (4096, 32),  # n of lesson 4's n x n x n FP32 matrix multiplies (numba naive and tiled)
     "tensor_cores.n": (8192, 48),  # C = A B, n x n x n: the lesson's kernels (simulator: numba kernels only)
     "tensor_cores.sweep": ((512, 1024, 2048, 4096, 8192), ()),  # sizes of the rate-against-size sweep
     "tensor_cores.check_n": (4096, 32),  # n for the error table against float64
@@ -47,11 +47,11 @@ SIZES = {
     "convolution.demo": ((32, 64, 56, 56, 64), (2, 3, 8, 8, 4)),  # N, C, H, W, K of the numba direct demo
     "inference_engine.batch": (256, 64),  # max batch of a plan (the throughput batch on a GPU); NumPy in CPU mode
     "inference_engine.cbr_shape": ((256, 16, 16, 32, 32), (1, 6, 6, 3, 4)),  # N, H, W, C, K of the numba CBR
-    "feeding.n": (2**29, 4_096),  # float32 elements of the lesson-7 pipeline: 2 GiB per vector on a GPU
+    "feeding.n": (2**29, 4_096),  # float32 elements of the lesson-8 pipeline: 2 GiB per vector on a GPU
     "feeding.streams": ((1, 2, 3, 4, 8), (1, 2)),  # stream counts of the overlap sweep
     "feeding.chunks": (32, 8),  # chunks of the pipeline
-    "feeding.batches": ((1, 4, 16, 64, 256, 1024, 4096), (1, 16, 64)),  # lesson 5 engine's batch sweep
-    "training.demo_batch": (8192, 512),  # examples in lesson 8's live-curves training demo
+    "feeding.batches": ((1, 4, 16, 64, 256, 1024, 4096), (1, 16, 64)),  # lesson 6 engine's batch sweep
+    "training.demo_batch": (8192, 512),  # examples in lesson 9's live-curves training demo
     "training.demo_steps": (300, 60),  # its SGD steps
     "ceilings.copy_bytes": (2 * 2**30, 0),
     "ceilings.transfer_bytes": (2**30, 0),

@@ -1,6 +1,6 @@
-"""Lesson 4 — convolution: direct, im2col + GEMM, and cuDNN (systems/convolution/cudnn.py).
+"""Lesson 5 — convolution: direct, im2col + GEMM, and cuDNN (systems/convolution/cudnn.py).
 
-Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
+Used by notebooks/05_convolution.ipynb, benchmarks/convolution.py and the tests:
 
 * The arithmetic: ``output_size`` (padding, stride, dilation), the ResNet-50 layers of the lesson (LAYERS),
   FLOPs and bytes of a layer.
@@ -10,10 +10,10 @@ Used by notebooks/04_convolution.ipynb, benchmarks/convolution.py and the tests:
   filters -> KCRS / KRSC).
 * A numba.cuda direct convolution, one thread per output element (runs in Numba's simulator): ``conv2d_numba``.
 * CUDA C kernels of kernels/cuda/convolution.cu through CuPy: im2col for NCHW and NHWC, a register-tiled
-  direct convolution on the CUDA cores (``conv_direct``), the same as an implicit GEMM with lesson 3's SGEMM
+  direct convolution on the CUDA cores (``conv_direct``), the same as an implicit GEMM with lesson 4's SGEMM
   tiling (``conv_direct_cores``: strict FP32, NCHW, 8 x 8 outputs a thread) and a direct convolution on the tensor cores
   (``conv_implicit_gemm``: WMMA, FP16 NHWC, im2col done in shared memory tile by tile, never written out);
-  on Hopper, the same convolution as lesson 3's wgmma GEMM, its image tiles gathered by the TMA
+  on Hopper, the same convolution as lesson 4's wgmma GEMM, its image tiles gathered by the TMA
   (``conv_wgmma``, kernels/cuda/convolution_wgmma.cu, sm_90a);
   ``conv_im2col_gemm`` runs im2col and then the GEMM through cuBLAS (FP16 on tensor cores; FP32 as strict FP32
   or as TF32 on tensor cores).
@@ -242,7 +242,7 @@ def conv2d_direct(x, w, y, ph, pw, sh, sw, dh, dw):
 def conv2d_nhwc_bias_relu(x, w, b, y, ph, pw, sh, sw, dh, dw):
     """y = max(conv(x, w) + b, 0) in NHWC: x (N, H, W, C), w (K, R, S, C), b (K,), y (N, P, Q, K). One thread
     per output element, k fastest (the NHWC order of y, so writes are coalesced; the threads of a warp read the
-    same inputs, a broadcast). The layer of the exercises' Task 4.2 and the reference for its speed."""
+    same inputs, a broadcast). The layer of the exercises' Task 5.2 and the reference for its speed."""
     N, P, Q, K = y.shape
     H, W, C = x.shape[1], x.shape[2], x.shape[3]
     R, S = w.shape[1], w.shape[2]
@@ -489,7 +489,7 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
     if n * P * Q >= 2**31 or x.size >= 2**31:
         raise runtime.CourseInputError("the tensor-core convolution indexes pixels with 32-bit integers")
     cfg = igemm_config(config or igemm_choose(n * P * Q, k, runtime.get().device["sms"]))
-    gpus.step("04.igemm_wmma")  # below sm_80 its copies run synchronously, and it says so once
+    gpus.step("05.igemm_wmma")  # below sm_80 its copies run synchronously, and it says so once
     fn = cuda_c.function(SOURCE, cfg["name"])
     if cfg["name"] not in _igemm_ready:
         if cfg["smem_bytes"] > 48 * 1024:  # more than 48 KiB of shared memory a block only when asked for
@@ -502,7 +502,7 @@ def conv_implicit_gemm(x, w, y, *, pad=0, stride=1, dilation=1, config: str | No
     return y
 
 
-# =============================================== Hopper: the convolution as lesson 3's wgmma GEMM (sm_90a)
+# =============================================== Hopper: the convolution as lesson 4's wgmma GEMM (sm_90a)
 
 WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compiled for sm_90a only
 # BM output pixels x BN output channels a block, shared-memory stages (each BM x 64 of the image, BN x 64 of w)
@@ -600,7 +600,7 @@ def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128, im2col: bool = Fals
 
 def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None):
     """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
-    x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 3's wgmma GEMM with A read from the image:
+    x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 4's wgmma GEMM with A read from the image:
     for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
     padding), or, for the "i2c" configurations, bm consecutive output pixels' input pixels, which the TMA's im2col
     mode gathers. Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS.
@@ -620,7 +620,7 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     if n * P * Q >= 2**31 or x.size >= 2**31 or max(h, wd) > 2**15:
         raise runtime.CourseInputError("the wgmma convolution indexes pixels with 32-bit integers")
     cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
-    gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
+    gpus.step("05.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = tc.hopper_kernel(WGMMA_SOURCE, cfg["name"], cfg["smem_bytes"])
     t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"], cfg["im2col"])
     ph, pw = _pair(pad, "pad")
@@ -671,7 +671,7 @@ def conv_direct_cores(x, w, y, *, pad=0, stride=1, dilation=1, config: str | Non
     """y = conv2d(x, w) as an implicit GEMM on the CUDA cores (GPU mode): CuPy float32 arrays in NCHW, x (N, C, H,
     W), w (K, C, R, S), y (N, K, P, Q); strict FP32 (FMA, no tensor cores), no extra memory. y (K x N P Q) =
     w (K x C R S) @ the im2col matrix of x, whose tiles each block gathers straight from x into shared memory;
-    lesson 3's register tiling, 8 x 8 outputs a thread. ``config``: one of CORES_CONFIGS, ``splits``: one of
+    lesson 4's register tiling, 8 x 8 outputs a thread. ``config``: one of CORES_CONFIGS, ``splits``: one of
     CORES_SPLITS (by default cores_choose's); with 2 splits y is zeroed first and two blocks add into it."""
     _require_cupy(x=x, w=w, y=y)
     (n, c, h, wd), (k, _, r, s), (_, _, P, Q) = _check_conv(x, w, y, np.float32, pad, stride, dilation)

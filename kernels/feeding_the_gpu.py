@@ -1,4 +1,4 @@
-"""Lesson 7 — feeding the GPU: copies and kernels overlapped on streams, many small launches, CUDA graphs,
+"""Lesson 8 — feeding the GPU: copies and kernels overlapped on streams, many small launches, CUDA graphs,
 unified memory.
 
 The vector multiply of lesson 1 again, but with the data starting and ending in host memory: split into
@@ -164,7 +164,7 @@ class Pipeline:
 
 
 def pipelined_multiply(a, b, out, *, chunks: int, streams: int) -> None:
-    """out = a * b through a fresh Pipeline (allocates its buffers: the reference of Task 7.1)."""
+    """out = a * b through a fresh Pipeline (allocates its buffers: the reference of Task 8.1)."""
     check_host(a, b, out)
     Pipeline(a.size, chunks=chunks, streams=streams).run(a, b, out)
 

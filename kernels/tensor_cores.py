@@ -1,6 +1,6 @@
-"""Lesson 3 — tensor cores: mixed precision, WMMA, and the road to cuBLAS.
+"""Lesson 4 — tensor cores: mixed precision, WMMA, and the road to cuBLAS.
 
-Used by notebooks/03_tensor_cores.ipynb, benchmarks/tensor_cores.py and the tests:
+Used by notebooks/04_tensor_cores.ipynb, benchmarks/tensor_cores.py and the tests:
 
 * numba.cuda FP32 GEMMs, one output per thread: ``gemm_naive`` (every operand from global memory) and
   ``gemm_tiled`` (16 x 16 tiles through shared memory). Both run in Numba's simulator at small sizes.
@@ -465,7 +465,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     if max(M, N, K) >= 2**31 // 16:
         raise runtime.CourseInputError("dimensions must stay below 2**27")
     if kernel == "naive":
-        gpus.step("03.wmma")  # which GPU each step needs: gpucourse/gpus.py
+        gpus.step("04.wmma")  # which GPU each step needs: gpucourse/gpus.py
         _require_multiple(M, N, K, 16, 16, 16, "the one-warp-per-tile WMMA kernel")
         warps = (M // 16) * (N // 16)
         threads = 128
@@ -477,7 +477,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     if c["acc"] != acc:
         raise runtime.CourseInputError(f"{c['name']} accumulates in {c['acc']} but C is {acc}")
     _require_multiple(M, N, K, c["bm"], c["bn"], c["bk"], c["name"])
-    gpus.step("03.wmma_tiled")  # below sm_80 its copies run synchronously, and it says so once
+    gpus.step("04.wmma_tiled")  # below sm_80 its copies run synchronously, and it says so once
     fn = _tiled_function(c["name"], c["smem_bytes"])
     fn((N // c["bn"], M // c["bm"]), (c["threads"],), (A, B, C, np.int32(M), np.int32(N), np.int32(K)),
        shared_mem=c["smem_bytes"])
@@ -739,7 +739,7 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
         raise runtime.CourseInputError("dimensions must stay below 2**30")
     if not 1 <= group_m <= 64:
         raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
-    gpus.step("03.wgmma")  # compute capability 9.0 exactly, else one line saying so
+    gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = hopper_kernel(WGMMA_SOURCE, c["name"], c["smem_bytes"])
     map_a = tensor_map(A, (c["bm"], c["bk"]))
     map_b = tensor_map(B, (c["bk"], 64) if c["b_layout"] == "kn" else (c["bn"], c["bk"]))

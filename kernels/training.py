@@ -1,4 +1,4 @@
-"""Lesson 8: a training step on the GPU built from the course's own pieces.
+"""Lesson 9: a training step on the GPU built from the course's own pieces.
 
 One multi-layer perceptron, written once against an array module ``xp`` (CuPy on a GPU: cuBLAS GEMMs, on
 tensor cores in FP16; NumPy in CPU mode and in the tests), and four ideas on top of it:
@@ -10,7 +10,7 @@ tensor cores in FP16; NumPy in CPU mode and in the tests), and four ideas on top
   backward pass (``checkpoint_every`` of ``loss_and_grads``);
 * data parallelism: k replicas on k shards of the batch, gradients averaged with an all-reduce in buckets that
   start while the backward pass is still running (``data_parallel_grads`` simulated with NumPy replicas;
-  ``DataParallel`` on k GPUs with NCCL or lesson 6's ring).
+  ``DataParallel`` on k GPUs with NCCL or lesson 7's ring).
 
 The network: layer 0 computes z_0 = X W_0 + b_0, layer i > 0 computes z_i = relu(z_{i-1}) W_i + b_i; the last
 z are the logits. Keeping the pre-activations z_{i-1} (a layer's input) is all a layer's backward needs, so a
@@ -377,7 +377,7 @@ def data_parallel_grads(params, X, y, k: int, *, reduce: str = "mean", bucket_by
 
     Every replica runs the backward pass on its shard; the replicas advance layer by layer in lockstep, and
     a bucket is all-reduced as soon as every replica has finished its layers: reduce="mean" averages the
-    stacked buckets, reduce="ring" runs lesson 6's ring all-reduce (col.ring_allreduce_numpy) and divides by k.
+    stacked buckets, reduce="ring" runs lesson 7's ring all-reduce (col.ring_allreduce_numpy) and divides by k.
     trace: receives ("backward", layer) and ("all-reduce", bucket) events in the order they happen."""
     from kernels import collectives as col
 
@@ -502,7 +502,7 @@ class DataParallel:
     its layers, so the all-reduce of the last layers runs while the first layers' backward still computes.
 
     reduce="nccl": NCCL's all-reduce (cupy.cuda.nccl, one communicator per GPU; k = 1 works too and measures
-    the cost of the calls); reduce="ring": lesson 6's ring all-reduce (col.GpuRing, k >= 2: a kernel per step
+    the cost of the calls); reduce="ring": lesson 7's ring all-reduce (col.GpuRing, k >= 2: a kernel per step
     that reads the previous GPU's chunk over NVLink, replayed as one CUDA graph per bucket), run after the
     backward pass (no overlap). The gradients are summed; the step divides by k.
 

@@ -52,9 +52,9 @@ def test_supports_follows_the_faked_gpu(fake_cc, cc, cp_async, wgmma):
 def test_require_names_the_gpu_and_what_it_lacks(fake_cc):
     fake_cc("7.5")
     with pytest.raises(runtime.CourseError) as err:
-        gpus.require("cp.async", what="lesson 3's pipelined WMMA GEMM")
+        gpus.require("cp.async", what="lesson 4's pipelined WMMA GEMM")
     msg = str(err.value)
-    assert "\n" not in msg and msg.startswith("lesson 3's pipelined WMMA GEMM needs cp.async")
+    assert "\n" not in msg and msg.startswith("lesson 4's pipelined WMMA GEMM needs cp.async")
     assert "sm_80+" in msg and "compute capability 7.5 (Turing: T4" in msg and msg.endswith("does not have it")
     gpus.require("fp16-wmma", what="WMMA")  # has it: no error
     with pytest.raises(runtime.CourseInputError, match="no GPU feature named 'dp8'"):
@@ -73,14 +73,14 @@ def test_without_a_gpu_the_question_needs_a_compute_capability(monkeypatch):
 def test_steps_fall_back_or_refuse(fake_cc, capsys, monkeypatch):
     monkeypatch.setattr(gpus, "_noted", set())
     fake_cc("7.5")
-    st = gpus.step("03.wmma_tiled")
+    st = gpus.step("04.wmma_tiled")
     assert st.runs and st.falls_back == ["cp.async"]
-    gpus.step("03.wmma_tiled")  # the note is printed once per process
+    gpus.step("04.wmma_tiled")  # the note is printed once per process
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["note: lesson 3's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary "
+    assert out == ["note: lesson 4's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary "
                    "loads, synchronously (no overlap) (cp.async needs sm_80+)."]
     fake_cc("8.0")
-    assert not gpus.status("03.wmma_tiled").falls_back and gpus.status("04.igemm_wmma").runs
+    assert not gpus.status("04.wmma_tiled").falls_back and gpus.status("05.igemm_wmma").runs
     # a step whose feature this GPU lacks is refused with one line
     monkeypatch.setitem(gpus.STEPS, "99.wgmma", gpus.Step("99.wgmma", "a wgmma GEMM", needs=("wgmma",)))
     with pytest.raises(runtime.CourseError, match=r"^a wgmma GEMM needs wgmma .* sm_90a \(compute capability 9.0 "
@@ -89,7 +89,7 @@ def test_steps_fall_back_or_refuse(fake_cc, capsys, monkeypatch):
     fake_cc("9.0")
     assert gpus.step("99.wgmma").runs
     with pytest.raises(runtime.CourseInputError, match="no lesson step"):
-        gpus.status("03.nope")
+        gpus.status("04.nope")
 
 
 def test_every_step_names_known_features_and_lessons():
@@ -102,13 +102,13 @@ def test_every_step_names_known_features_and_lessons():
     assert [gpus.runtime.parse_cc(a) for a in gpus.ARCHS] == sorted(gpus.GPUS)
     # every supported GPU runs every step of the course, some with a fallback, except the steps built on one
     # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere, and those
-    # built on a newer GPU's feature with no fallback (lesson 9's mma.sync kernel, sm_80+), refused on older ones
+    # built on a newer GPU's feature with no fallback (lesson 10's mma.sync kernel, sm_80+), refused on older ones
     specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
-    assert specific == {"03.wgmma", "04.wgmma", "05.wgmma", "09.wgmma"}
+    assert specific == {"04.wgmma", "05.wgmma", "06.wgmma", "10.wgmma"}
     oldest = min(gpus.GPUS)
     newer = {k: max(gpus.feature(f).cc for f in s.needs) for k, s in gpus.STEPS.items()
              if k not in specific and any(gpus.feature(f).cc > oldest for f in s.needs)}
-    assert newer == {"09.mma": (8, 0)}
+    assert newer == {"10.mma": (8, 0)}
     for cc in gpus.GPUS:
         for steps in gpus.plan(cc).values():
             for st in steps:
@@ -144,11 +144,11 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
         assert synchronous is (cc == "7.5" and n in (3, 4, 5, 9)), line
-        hopper = {3: "lesson 3's Hopper GEMM (wgmma fed by the TMA)",
-                  4: "lesson 4's Hopper convolution (wgmma, image tiles gathered by the TMA)",
-                  5: "lesson 5's engine's Hopper convolutions (lesson 4's wgmma kernel with the engine's epilogue)",
-                  9: "lesson 9's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
-        no_mma = "; lesson 9's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async) " \
+        hopper = {3: "lesson 4's Hopper GEMM (wgmma fed by the TMA)",
+                  4: "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)",
+                  5: "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
+                  9: "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
+        no_mma = "; lesson 10's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async) " \
                  "needs mma-m16n8k16 (" in line  # sm_80+: refused on a T4
         assert no_mma is (cc == "7.5" and n == 9), line
         refused = 1 + no_mma
@@ -283,7 +283,7 @@ def test_sm80_code_is_what_it_was_and_sm75_has_no_cp_async():
 
 @pytest.fixture
 def as_if_sm75(monkeypatch, tmp_path, fake_cc):
-    """Lessons 3 and 4's CUDA C as a T4 gets it (PTX for sm_75: plain loads in place of cp.async), which the
+    """Lessons 4 and 5's CUDA C as a T4 gets it (PTX for sm_75: plain loads in place of cp.async), which the
     driver compiles for this GPU: the fallback's results checked on real hardware."""
     import numpy as np  # noqa: F401
 
@@ -339,9 +339,9 @@ def test_sm75_fallback_gemm_and_conv_match_spec(as_if_sm75, rng, capsys):
         assert cv.rel_error(y.get(), want) <= cv.tolerance("float16", math.prod(ws[1:])), config
     out = capsys.readouterr().out.splitlines()
     assert [line for line in out if line.startswith("note:")] == [
-        "note: lesson 3's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary loads, "
+        "note: lesson 4's tiled, pipelined WMMA GEMM copies tiles to shared memory with ordinary loads, "
         "synchronously (no overlap) (cp.async needs sm_80+).",
-        "note: lesson 4's tensor-core convolution (implicit GEMM, NHWC) copies tiles to shared memory with "
+        "note: lesson 5's tensor-core convolution (implicit GEMM, NHWC) copies tiles to shared memory with "
         "ordinary loads, synchronously (no overlap) (cp.async needs sm_80+)."]
 
 

@@ -796,8 +796,8 @@ def test_integrity_refuses_the_routes_to_patching(code, finding):
 
 
 # A lesson's own functions that answer its tasks (the solution's metadata "gpucourse": {"answers": ...}).
-ANSWERS = {"kernels.feeding_the_gpu.overlap_fraction": "Task 7.4", "systems.feeding_the_gpu.batching.dynamic_batching": "Task 7.2",
-           "kernels.training.loss_and_grads(checkpoint_every)": "Task 8.2"}
+ANSWERS = {"kernels.feeding_the_gpu.overlap_fraction": "Task 8.4", "systems.feeding_the_gpu.batching.dynamic_batching": "Task 8.2",
+           "kernels.training.loss_and_grads(checkpoint_every)": "Task 9.2"}
 SAME_7 = {"S": "kernels.feeding_the_gpu", "B": "systems.feeding_the_gpu.batching", "feeding": "benchmarks.feeding_the_gpu", "tr": "kernels.training",
           "np": "numpy"}
 
@@ -865,7 +865,7 @@ def test_every_declared_answer_exists_and_solutions_do_not_use_them():
 # parameters and names inside a def or class body bind no global.
 @pytest.mark.parametrize("code", [
     "largest = str(max(int(check_product) for check_product in ['3', '5']))\n"
-    "best = max({'1': 2}, key=lambda check_product: check_product)",  # the Task 7.3 answer's shape
+    "best = max({'1': 2}, key=lambda check_product: check_product)",  # the Task 8.3 answer's shape
     "xs = [check_product for check_product in range(3)]\nd = {check_product: 1 for check_product in 'ab'}",
     "s = {check_product for check_product in range(3)}",
     "def f(check_product):\n    check_product = 2\n    return check_product",
@@ -888,14 +888,14 @@ def test_integrity_refuses_every_module_level_rebinding(code):
 
 
 def test_a_task_7_3_answer_that_names_k_locally_is_run_by_grade_and_by_run():
-    """Lesson 7's read-only table cell loops `for k, r in rows.items()` inside a generator: k is no global of it, and
+    """Lesson 8's read-only table cell loops `for k, r in rows.items()` inside a generator: k is no global of it, and
     an answer may use k as its own comprehension variable or lambda parameter; both `grade` (prepare_submission) and
     `run` (integrity_notes) accept it."""
-    nb = source_nb("07_feeding_the_gpu")
+    nb = source_nb("08_feeding_the_gpu")
     protected, _ = grading.integrity.protected_names(nb["cells"])
     assert "k" not in protected
-    answer = next(c for c in nb["cells"] if c.get("id") == "task-7-3-answer" or
-                  (c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "task_7_3_answer"))
+    answer = next(c for c in nb["cells"] if c.get("id") == "task-8-3-answer" or
+                  (c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "task_8_3_answer"))
     answer["source"] = (
         'sliced = MPS["configs"]["time-slicing, batch 1"]\n'
         'largest = str(max(int(k) for k in sliced))\n'
@@ -909,7 +909,7 @@ def test_a_task_7_3_answer_that_names_k_locally_is_run_by_grade_and_by_run():
     answer["source"] += "k = 3\n"  # a real rebinding of a read-only name is still refused, by both
     protected.add("k")  # (as if a read-only cell bound k at module level)
     notes = [n for *_, n, why in grading.submissions.refused_cells(nb["cells"], protected, {}, {}) if why]
-    assert notes == ["cell task_7_3_answer"], notes
+    assert notes == ["cell task_8_3_answer"], notes
 
 
 def test_protected_names_of_lesson_1():
@@ -960,9 +960,9 @@ def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
     """gpucourse.gpus says which GPU each lesson step needs; a performance test of a step the GPU lacks a
     feature for says so in one line and is left out of the gradable total (tested with a stated compute
     capability, as a GPU of it would answer)."""
-    assert grading.step_missing("03.wmma", 3.0, cc="9.0") is False and capsys.readouterr().out == ""
+    assert grading.step_missing("04.wmma", 3.0, cc="9.0") is False and capsys.readouterr().out == ""
     assert grading.step_missing(None, 3.0) is False
-    assert grading.step_missing("03.wmma", 3.0, cc="6.1") is True
+    assert grading.step_missing("04.wmma", 3.0, cc="6.1") is True
     line = capsys.readouterr().out.strip()
     assert line.startswith("performance: not gradable on this GPU (") and "fp16-wmma" in line, line
     assert line.endswith("0 of 3 points given here"), line
@@ -971,7 +971,7 @@ def test_a_step_this_gpu_cannot_run_is_not_gradable_rather_than_failed(capsys):
     assert grading.verdicts.cell_verdict(cell, 3.0, "gpu") == (0.0, grading.NOT_GRADABLE_ARCH, line)
     assert not grading.TestResult("perf_x", 0.0, 3.0, grading.NOT_GRADABLE_ARCH, line).gradable
     with pytest.raises(runtime.CourseInputError, match="no lesson step"):
-        grading.step_missing("03.no_such_step", 3.0, cc="9.0")
+        grading.step_missing("04.no_such_step", 3.0, cc="9.0")
 
 
 def test_asking_about_a_step_without_a_gpu_is_quiet(monkeypatch, capsys):
@@ -980,7 +980,7 @@ def test_asking_about_a_step_without_a_gpu_is_quiet(monkeypatch, capsys):
     monkeypatch.delenv(runtime.FAKE_CC_VARIABLE, raising=False)
     if runtime.compute_capability() is not None:
         pytest.skip("this machine has a GPU: its steps are asked about for real")
-    assert grading.step_missing("03.wmma", 3.0) is False and capsys.readouterr().out == ""
+    assert grading.step_missing("04.wmma", 3.0) is False and capsys.readouterr().out == ""
 
 
 def test_a_multi_gpu_test_on_one_gpu_is_not_gradable_rather_than_failed():
@@ -1311,8 +1311,8 @@ def test_gpu_solution_gets_every_point_in_the_guarded_kernel(tmp_path, lesson):
     every performance test is timed against the reference on this GPU (the answer is the reference's own code, so
     its ratio is about 1: at least half the points, allowing for noise); only a test that needs more GPUs than
     this machine has is not gradable here."""
-    if lesson == "08_training":
-        pytest.importorskip("tensorflow", reason="Task 8.5 needs TensorFlow, which this machine lacks")
+    if lesson == "09_training":
+        pytest.importorskip("tensorflow", reason="Task 9.5 needs TensorFlow, which this machine lacks")
     nb = filled_exercise(lesson)
     path = tmp_path / lesson / next((grading.SOLUTIONS / lesson).glob("*.ipynb")).name
     path.parent.mkdir()
@@ -1398,7 +1398,7 @@ def test_a_test_this_machine_lacks_the_software_for_is_not_gradable_rather_than_
     assert grading.verdicts.cell_verdict(_graded_cell("check()", [said]), 3.0, "cpu")[:2] == (3.0, "passed")
     error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
     assert grading.verdicts.cell_verdict(_graded_cell(asks, [said, error]), 3.0, "cpu")[:2] == (0.0, "failed")
-    report = grading.GradeReport("x.ipynb", "09_attention", "cpu", tests=[
+    report = grading.GradeReport("x.ipynb", "10_attention", "cpu", tests=[
         grading.TestResult("test_a", 2.0, 2.0, "passed", ""),
         grading.TestResult("test_x", 0.0, 3.0, grading.NOT_GRADABLE_SOFTWARE, line)])
     assert report.gradable_max_score == 2.0
@@ -1424,7 +1424,7 @@ def test_a_test_of_results_on_more_gpus_than_this_machine_has_is_not_gradable_ra
     assert verdict(_graded_cell("check()", [said]), 2.0, "cpu")[:2] == (2.0, "passed")
     error = {"output_type": "error", "ename": "AssertionError", "evalue": "no", "traceback": []}
     assert verdict(_graded_cell(asks, [said, error]), 2.0, "cpu")[:2] == (0.0, "failed")
-    report = grading.GradeReport("x.ipynb", "06_collectives", "cpu", tests=[
+    report = grading.GradeReport("x.ipynb", "07_collectives", "cpu", tests=[
         grading.TestResult("test_a", 2.0, 2.0, "passed", ""),
         grading.TestResult("test_x", 0.0, 2.0, grading.NOT_GRADABLE_GPUS, line)])
     assert report.gradable_max_score == 2.0

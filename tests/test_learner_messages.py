@@ -34,15 +34,15 @@ def _copy(exercise: str, folder: Path, name: str | None = None) -> Path:
 
 
 def test_grading_outside_a_lesson_folder_says_which_folder_to_make(tmp_path, capsys):
-    copy = _copy("05_inference_engine", tmp_path / "my_work")
+    copy = _copy("06_inference_engine", tmp_path / "my_work")
     with pytest.raises(runtime.CourseInputError) as err:  # said before anything is graded
         grading.grade(copy)
     message = str(err.value)
-    assert "Put it in a folder named 05_inference_engine (05_inference_engine/inference_engine.ipynb)" in message
+    assert "Put it in a folder named 06_inference_engine (06_inference_engine/inference_engine.ipynb)" in message
     assert "solution" not in message.lower() and "looked for" not in message
     # the same from the command line, on stderr, exit status 2
     assert cli.main(["grade", "--mode", "cpu", str(copy)]) == 2
-    assert "folder named 05_inference_engine" in capsys.readouterr().err
+    assert "folder named 06_inference_engine" in capsys.readouterr().err
 
 
 def test_a_notebook_no_lesson_has_gets_the_lessons_named(tmp_path):

@@ -94,13 +94,13 @@ def test_a_capability_above_the_gpu_is_not_faked(tmp_path):
 
 def test_jobs_run_at_once_and_lessons_that_share_the_gpu_run_alone(tmp_path):
     paths = [_notebook(tmp_path / "notebooks", f"0{i}_x.ipynb") for i in (1, 2, 3)]
-    paths.append(_notebook(tmp_path / "notebooks", "07_feeding_the_gpu.ipynb"))
+    paths.append(_notebook(tmp_path / "notebooks", "08_feeding_the_gpu.ipynb"))
     gpu = FakeGPU()
     order = []
     m = matrix.run_matrix(paths, ["7.5", "8.6"], jobs=3, execute=gpu, say=order.append)
     assert gpu.most == 3 and not m.failed and m.jobs == 3
     runs = [line for line in order if line.startswith("[")]
-    assert all("07_feeding_the_gpu" in line for line in runs[-2:])  # after the others, one at a time
+    assert all("08_feeding_the_gpu" in line for line in runs[-2:])  # after the others, one at a time
     assert "(3 at a time)" in m.table().splitlines()[-1]
 
 

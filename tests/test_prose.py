@@ -297,7 +297,7 @@ def test_the_figure_finder_finds_figures_in_words():
     text = "it ran 1.3 times as fast, took 1.2 s, then 3 seconds; 84 percent busy, 2.5 times faster than 80 per cent"
     assert typed_figures(text) == ["1.3 times as", "1.2 s", "3 seconds", "84 percent", "2.5 times faster",
                                    "80 per cent"]
-    assert typed_figures("3 times the launches, 2 sets, 4 SMs, 12 bytes, 3 stages, sm_90s, lesson 3's") == \
+    assert typed_figures("3 times the launches, 2 sets, 4 SMs, 12 bytes, 3 stages, sm_90s, lesson 4's") == \
         ["3 times the"]
     assert typed_figures("**Time:** about 40 minutes to read; the cells run in under 2 minutes and 30 s in CPU mode.") == []
 

@@ -109,7 +109,7 @@ def test_formats():
     assert results.short_gpu("NVIDIA H100 80GB HBM3") == "H100" and results.short_gpu("NVIDIA H200") == "H200"
     assert results.short_gpu("NVIDIA A100-SXM4-80GB") == "A100" and results.short_gpu("Tesla T4") == "T4"
     assert results.short_gpu("NVIDIA GeForce RTX 4090") == "RTX 4090"
-    assert results.title("05_inference_engine") == "Lesson 5: an inference engine"  # docs/glossary.md's heading
+    assert results.title("06_inference_engine") == "Lesson 6: an inference engine"  # docs/glossary.md's heading
 
 
 def _record(folder: Path, gpu: str, lesson: str, figures: dict, date: str = "2030-01-02 03:04 UTC"):
@@ -217,7 +217,7 @@ def _derived_ratios(lesson: str, f: dict):
     if lesson == "03_memory" and "transposes" in f:
         for r in f["transposes"]["rows"]:
             yield f"transposes/{r['variant']}/of_copy", r["of_copy"], r["gbps"] / f["transposes"]["copy_gbps"]
-    if lesson == "03_tensor_cores":
+    if lesson == "04_tensor_cores":
         if "configs" in f:
             for r in f["configs"]["rows"]:
                 yield f"configs/{r['name']}/of_cublas", r["of_cublas"], r["tflops"] / f["configs"]["cublas_fp16_tflops"]
@@ -232,7 +232,7 @@ def _derived_ratios(lesson: str, f: dict):
                 rows["cuBLAS FP16 (tensor cores)"]["tflops"] / rows["cuBLAS FP32"]["tflops"]
             yield "kernels/tc_vs_simt_ours", k["tc_vs_simt_ours"], \
                 ours["tflops"] / rows["CUDA C, register tiles 128x128 (8x8 a thread)"]["tflops"]
-    if lesson == "04_convolution":
+    if lesson == "05_convolution":
         for lt in f.get("layers", []):
             rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
             for r in lt["rows"]:
@@ -244,17 +244,17 @@ def _derived_ratios(lesson: str, f: dict):
                 stored = {r["of_cudnn_fastest"] for r in lt["rows"]}
                 yield f"layers/{lt['name']}/targets/{name}/ratio", t["ratio"], t["ratio"] if t["ratio"] in stored \
                     else float("nan")
-    if lesson == "05_inference_engine":
+    if lesson == "06_inference_engine":
         for r in f.get("cudnn", {}).get("rows", []):
             if r.get("ours_over_cudnn") is not None:
                 yield f"cudnn/{r['engine']}/{r['layer']}/ours_over_cudnn", r["ours_over_cudnn"], r["ours_ms"] / r["cudnn_ms"]
-    if lesson == "06_collectives":
+    if lesson == "07_collectives":
         for k, run in f.get("runs", {}).items():
             h = run.get("headline")
             if h and h.get("ring_over_nccl") is not None:
                 yield f"runs/{k}/headline/ring_over_nccl", h["ring_over_nccl"], \
                     h["nccl"]["median_ms"] / h["ring"]["median_ms"]
-    if lesson == "07_feeding_the_gpu":
+    if lesson == "08_feeding_the_gpu":
         s = f.get("small_kernels")
         if s:
             us = s["us_per_launch"]
@@ -267,7 +267,7 @@ def _derived_ratios(lesson: str, f: dict):
             best = o["runs"][str(o["best"]["streams"])]
             yield "overlap/best/ratio_to_longer_copy", o["best"]["ratio_to_longer_copy"], best["total_ms"] / longer
             yield "overlap/best/speedup_over_serial", o["best"]["speedup_over_serial"], o["serial_ms"] / best["total_ms"]
-    if lesson == "08_training":
+    if lesson == "09_training":
         m = f.get("mixed_precision")
         if m:
             yield "mixed_precision/speedup", m["speedup"], m["fp32"]["median_ms"] / m["mixed"]["median_ms"]
@@ -297,13 +297,13 @@ def _ratio_keys(node, path=""):
 
 # Ratio keys no rule above recomputes, each with why (lesson, a pattern of "path/key" -> why).
 RATIOS_NOT_RECOMPUTED = {
-    ("03_tensor_cores", r"^/errors/.*/vs_"): "errors against two references, not ratios",
-    ("05_inference_engine", r"^/(?!cudnn/)"): "the engines' ratios are of medians the record keeps per engine and batch in other "
+    ("04_tensor_cores", r"^/errors/.*/vs_"): "errors against two references, not ratios",
+    ("06_inference_engine", r"^/(?!cudnn/)"): "the engines' ratios are of medians the record keeps per engine and batch in other "
                                   "figures (not yet given a rule here, except cuDNN's)",
-    ("08_training", r"^/goals/"): "the goals, not measured",
-    ("09_attention", r"/of_needed$"): "the peak over the bytes the kernel needs, which the record does not keep",
-    ("07_feeding_the_gpu", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
-    ("09_attention", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
+    ("09_training", r"^/goals/"): "the goals, not measured",
+    ("10_attention", r"/of_needed$"): "the peak over the bytes the kernel needs, which the record does not keep",
+    ("08_feeding_the_gpu", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
+    ("10_attention", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
 }
 
 

@@ -141,7 +141,7 @@ def test_tooling_imports_stand_in_floors():
 
 def test_kernels_use_only_the_tooling_below_them():
     """kernels import runtime, gpus, bench and the CUDA C loader of the tooling, nothing above and nothing of systems/
-    (which may use kernels); the rooms of the engine and of lesson 6's collectives stand in floors."""
+    (which may use kernels); the rooms of the engine and of lesson 7's collectives stand in floors."""
     import ast
     from pathlib import Path
 
@@ -166,7 +166,7 @@ def test_kernels_use_only_the_tooling_below_them():
     assert {"graph", "plan", "executor", "build", "fused"} <= set(engine)
     assert _find_cycle(engine) is None, engine
     assert "executor" in engine["tuning"] and "tuning" in engine["build"]
-    collectives = _floors(_import_graph(kernels), "kernels.collectives")  # lesson 6: gpu -> stream_model -> specs -> model
+    collectives = _floors(_import_graph(kernels), "kernels.collectives")  # lesson 7: gpu -> stream_model -> specs -> model
     assert {"model", "specs", "stream_model", "gpu"} <= set(collectives)
     assert _find_cycle({k: v for k, v in collectives.items() if k != "__init__"}) is None, collectives
     assert collectives["model"] == set() and "specs" in collectives["gpu"] and "stream_model" in collectives["gpu"]
@@ -435,9 +435,9 @@ def test_small_grids_silences_numbas_grid_warning_and_nothing_else():
 
 
 def test_the_courses_small_launches_raise_no_grid_warning():
-    """Notebook 09's flash kernel at a demonstration size goes through kernels.attention.flash_numba, which launches
+    """Notebook 10's flash kernel at a demonstration size goes through kernels.attention.flash_numba, which launches
     inside small_grids: a kernel that warns as numba does at launch raises nothing under warnings-as-errors; Task
-    7.1's check and notebook 09's softmax launch say `small_grids()` where they launch a few blocks."""
+    7.1's check and notebook 10's softmax launch say `small_grids()` where they launch a few blocks."""
     import warnings
 
     import numpy as np
@@ -462,10 +462,10 @@ def test_the_courses_small_launches_raise_no_grid_warning():
         flash.flash_numba(q, q, q, cuda.to_device(np.zeros((1, 8, 4), np.float32)), lse, kernel=Warns())
     assert Warns.launched == 1
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    nb = json.loads((root / "notebooks/09_attention.ipynb").read_text())
+    nb = json.loads((root / "notebooks/10_attention.ipynb").read_text())
     cell = next(c for c in nb["cells"] if c.get("id") == "73d3b624")
     assert "with rt.small_grids():" in "".join(cell["source"])
-    sol = json.loads((root / "solutions/07_feeding_the_gpu/feeding_the_gpu.ipynb").read_text())
+    sol = json.loads((root / "solutions/08_feeding_the_gpu/feeding_the_gpu.ipynb").read_text())
     helpers = "".join(next(c for c in sol["cells"] if c.get("id") == "test-helpers")["source"])
     assert "streams_run_together() as sim, runtime.small_grids()" in helpers
 

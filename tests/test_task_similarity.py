@@ -9,7 +9,7 @@ does not lower the score much, while the same words in another order do); the sc
 ``difflib.SequenceMatcher`` ratio of its stream against any window of the same length (slid by an eighth of it)
 of one lesson cell or source file. 1.0 is a verbatim copy. A region that applies the lesson's idea to another
 operation, shape, layout or schedule scores below 0.6; the copies this test was written against scored above 0.85
-(Task 3.1's loop body, the lesson's gemm_tiled, 0.99; the window slides in steps, so a verbatim copy may score a
+(Task 4.1's loop body, the lesson's gemm_tiled, 0.99; the window slides in steps, so a verbatim copy may score a
 little below 1).
 
 ``python tests/test_task_similarity.py`` prints every region's best score and where it matched."""
@@ -27,34 +27,34 @@ ROOT = Path(__file__).resolve().parents[1]
 THRESHOLD = 0.75  # a region scoring this or more against a lesson window is a near copy
 MIN_LINES = 4  # regions shorter than this (a constant, a letter, a one-line call) are answers, not code to copy
 
-# Solutions still near copies of their lesson, each to be reworked as Tasks 3.1, 3.2 and 8.1 were (the same idea
+# Solutions still near copies of their lesson, each to be reworked as Tasks 4.1, 4.2 and 9.1 were (the same idea
 # applied to another operation, shape, layout or schedule). Expected to fail, strictly: once one is reworked its
 # test passes, fails as "XPASS", and its line here goes.
 KNOWN_COPIES = {
     "01_vector_multiply/task-1-1-kernel": "notebook 01 cell 19's kernel",
-    "04_convolution/task-4-2-kernel": "kernels/convolution.py's direct NHWC kernel",
-    "05_inference_engine/task-5-1-kernel": "notebook 05 cell 21's fused CBR kernel",
-    "06_collectives/task-6-2-rank": "notebook 06 cell 11's ring broadcast",
-    "06_collectives/task-6-5-pull": "notebook 06 cell 19's pull broadcast",
-    "07_feeding_the_gpu/task-7-1-pipeline": "notebook 07 cell 8's chunked pipeline",
-    "07_feeding_the_gpu/task-7-4-overlap": "kernels/feeding_the_gpu.py's overlap measure",
-    "09_attention/task-9-1-merge": "notebook 09 cell 6's merge rule",
-    "09_attention/task-9-2-kernel": "notebook 09 cell 9's row softmax kernel",
-    "09_attention/task-9-3-kernel": "notebook 09 cell 26's tiled forward pass",
-    "09_attention/task-9-6-kernel": "notebook 09 cell 44's Triton loop",
+    "05_convolution/task-5-2-kernel": "kernels/convolution.py's direct NHWC kernel",
+    "06_inference_engine/task-6-1-kernel": "notebook 06 cell 21's fused CBR kernel",
+    "07_collectives/task-7-2-rank": "notebook 07 cell 11's ring broadcast",
+    "07_collectives/task-7-5-pull": "notebook 07 cell 19's pull broadcast",
+    "08_feeding_the_gpu/task-8-1-pipeline": "notebook 08 cell 8's chunked pipeline",
+    "08_feeding_the_gpu/task-8-4-overlap": "kernels/feeding_the_gpu.py's overlap measure",
+    "10_attention/task-10-1-merge": "notebook 10 cell 6's merge rule",
+    "10_attention/task-10-2-kernel": "notebook 10 cell 9's row softmax kernel",
+    "10_attention/task-10-3-kernel": "notebook 10 cell 26's tiled forward pass",
+    "10_attention/task-10-6-kernel": "notebook 10 cell 44's Triton loop",
 }
 
 # The kernel sources of each lesson, besides the code cells of notebooks/NN_*.ipynb.
 SOURCES = {
     "01": ["kernels/vector_multiply.py", "kernels/cuda/vector_multiply.cu"],
     "02": ["kernels/warp_divergence.py", "kernels/warp_divergence_model.py", "kernels/cuda/warp_divergence.cu"],
-    "03": ["kernels/tensor_cores.py", "kernels/cuda/tensor_cores.cu", "kernels/cuda/tensor_cores_wgmma.cu"],
-    "04": ["kernels/convolution.py", "kernels/cuda/convolution.cu", "kernels/cuda/convolution_wgmma.cu"],
-    "05": ["kernels/inference_engine", "kernels/cuda/inference_engine.cu", "kernels/cuda/inference_engine_network.cu"],
-    "06": ["kernels/collectives", "kernels/cuda/collectives.cu"],
-    "07": ["kernels/feeding_the_gpu.py"],
-    "08": ["kernels/training.py"],
-    "09": ["kernels/attention", "kernels/cuda/attention.cu", "kernels/cuda/attention_mma.cu"],
+    "04": ["kernels/tensor_cores.py", "kernels/cuda/tensor_cores.cu", "kernels/cuda/tensor_cores_wgmma.cu"],
+    "05": ["kernels/convolution.py", "kernels/cuda/convolution.cu", "kernels/cuda/convolution_wgmma.cu"],
+    "06": ["kernels/inference_engine", "kernels/cuda/inference_engine.cu", "kernels/cuda/inference_engine_network.cu"],
+    "07": ["kernels/collectives", "kernels/cuda/collectives.cu"],
+    "08": ["kernels/feeding_the_gpu.py"],
+    "09": ["kernels/training.py"],
+    "10": ["kernels/attention", "kernels/cuda/attention.cu", "kernels/cuda/attention_mma.cu"],
 }
 
 TOKEN = re.compile(r"[A-Za-z_]\w*|\d[\w.]*|\S")
@@ -135,9 +135,9 @@ def test_there_are_regions_to_compare():
 
 
 def test_a_copy_scores_one_and_a_rewrite_less():
-    """The measure itself: the lesson's gemm_tiled loop scores near 1 against lesson 3; the same idea for Y = X W^T,
-    W's tile read along its rows and stored transposed (Task 3.1 now), and unrelated code score below the threshold."""
-    streams = lesson_streams("03")
+    """The measure itself: the lesson's gemm_tiled loop scores near 1 against lesson 4; the same idea for Y = X W^T,
+    W's tile read along its rows and stored transposed (Task 4.1 now), and unrelated code score below the threshold."""
+    streams = lesson_streams("04")
     copy = tokens("""
         sa[ty, tx] = A[row, k0 + tx] if row < M and k0 + tx < K else np.float32(0.0)
         sb[ty, tx] = B[k0 + ty, col] if k0 + ty < K and col < N else np.float32(0.0)

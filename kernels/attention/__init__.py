@@ -1,4 +1,4 @@
-"""Lesson 9 — attention: softmax as a memory-bound kernel, attention the naive way, and FlashAttention's forward and
+"""Lesson 10 — attention: softmax as a memory-bound kernel, attention the naive way, and FlashAttention's forward and
 backward passes (numba, CUDA C on the tensor cores, Triton), one module per part:
 
 * ``specs``: NumPy references in float64 (softmax three-pass and online, the merge rule of two partial softmax

@@ -1,4 +1,4 @@
-"""Lesson 9, FlashAttention's forward pass: a readable numba kernel (one thread per query row, K and V tiles
+"""Lesson 10, FlashAttention's forward pass: a readable numba kernel (one thread per query row, K and V tiles
 through shared memory; it also runs in the simulator), the tensor-core kernel of kernels/cuda/attention.cu
 (WMMA, sm_80+), FlashAttention-2's shape on mma.sync of kernels/cuda/attention_mma.cu (sm_80+: S, P and O in
 registers) and Hopper's of kernels/cuda/attention_wgmma.cu (wgmma fed by the TMA, a producer warpgroup and two
@@ -144,7 +144,7 @@ def flash_wmma(q, k, v, *, causal: bool = False, scale=None, edits: dict | None 
     cp = runtime.cupy()
     from gpucourse import gpus
 
-    gpus.step("09.wmma")
+    gpus.step("10.wmma")
     B, H, N, D = _fp16_inputs(q, k, v, "flash_wmma", WMMA_HEAD_DIMS)
     why = wmma_missing(D)
     if why:
@@ -234,7 +234,7 @@ def flash_mma(q, k, v, *, causal: bool = False, scale=None, variant: str | None 
     FLASH_MMA_DEFAULT for d, the kernel flash_mma_d<d>, where its shared memory fits the GPU: ``mma_variant``)."""
     from gpucourse import gpus
 
-    gpus.step("09.mma")  # before anything else: a GPU without mma.sync's m16n8k16 shape gets one line saying so
+    gpus.step("10.mma")  # before anything else: a GPU without mma.sync's m16n8k16 shape gets one line saying so
     cp = runtime.cupy()
     B, H, N, D = _fp16_inputs(q, k, v, "flash_mma", MMA_HEAD_DIMS)
     variants, default = mma_variants()
@@ -302,7 +302,7 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
         name, block_n, stages = f"flash_wgmma_d128_probe_{probe}", 128, 2
     else:
         name = f"flash_wgmma_d{D}_{variant}" + ("_causal" if causal else "")
-    gpus.step("09.wgmma")
+    gpus.step("10.wgmma")
     smem = wgmma_smem_bytes(D, block_n, stages)
     fn = hopper_kernel(WGMMA_SOURCE, name, smem, edits)
     o = cp.empty_like(q)

@@ -1,4 +1,4 @@
-"""Lesson 9, attention the naive way: S = Q K^T by cuBLAS (CuPy's matmul), the row softmax of kernels/cuda/attention.cu
+"""Lesson 10, attention the naive way: S = Q K^T by cuBLAS (CuPy's matmul), the row softmax of kernels/cuda/attention.cu
 into P, then O = P V. S and P are B x H x N x N each: their memory and their trips through memory grow as N^2."""
 from __future__ import annotations
 

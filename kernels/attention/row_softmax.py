@@ -1,4 +1,4 @@
-"""Lesson 9, softmax as a memory-bound kernel: numba kernels (they also run in the simulator) and the CUDA C ones of
+"""Lesson 10, softmax as a memory-bound kernel: numba kernels (they also run in the simulator) and the CUDA C ones of
 kernels/cuda/attention.cu: one block per row (three passes, or one pass in registers), and on Hopper a row split
 across a thread-block cluster (or, for short rows, a warp per row), its shape chosen per row length from
 SOFTMAX_PLAN. Every kernel returns zeros for a row of -inf (specs.softmax_spec)."""
@@ -47,7 +47,7 @@ SOFTMAX_PLAN = {
         32768: ("cluster", 1, 8, 512),
     },
 }
-CLUSTER_WHAT = "lesson 9's row softmax across a thread-block cluster"
+CLUSTER_WHAT = "lesson 10's row softmax across a thread-block cluster"
 # The numba kernels with a signature: tests/test_gpu_archs.py compiles each for every GPU the course supports.
 NUMBA_KERNELS = {name: "void(float32[:, ::1], float32[:, ::1])"
                  for name in ("softmax_three_pass_numba", "softmax_online_numba")}

@@ -1,4 +1,4 @@
-"""Lesson 9: what every attention kernel computes, in NumPy (float64), and what it costs.
+"""Lesson 10: what every attention kernel computes, in NumPy (float64), and what it costs.
 
 Softmax of a row x: exp(x - max x) / sum exp(x - max x). Subtracting the max changes nothing mathematically and
 keeps every exp(...) <= 1, so nothing overflows. A row whose every element is -inf (a query that may attend to

@@ -1,4 +1,4 @@
-"""Lesson 9's Triton kernels: FlashAttention's forward pass and FlashAttention-2's backward pass, as @triton.jit
+"""Lesson 10's Triton kernels: FlashAttention's forward pass and FlashAttention-2's backward pass, as @triton.jit
 functions (imported only where triton is installed; kernels/attention/triton_kernels.py launches them)."""
 import triton
 import triton.language as tl
@@ -114,7 +114,7 @@ def backward_dkdv(Q, K, V, DO, LSE, Delta, DK, DV, scale, N,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                   EVEN_N: tl.constexpr):
     # One program per (BLOCK_N keys, one batch x head): dV and dK of those keys, summed over every query tile
-    # that sees them; P recomputed from the saved log-sum-exp (lesson 8's recomputation: no N x N matrix).
+    # that sees them; P recomputed from the saved log-sum-exp (lesson 9's recomputation: no N x N matrix).
     start_n = tl.program_id(0)
     bh = tl.program_id(1)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -1,4 +1,4 @@
-"""Lesson 9: FlashAttention, forward and backward, in Triton.
+"""Lesson 10: FlashAttention, forward and backward, in Triton.
 
 The algorithm is the one of kernels/cuda/attention.cu (tiles of Q kept, K and V streamed, the online softmax, the
 output normalised once, the log-sum-exp kept); what Triton decides for you is everything inside a block: how the

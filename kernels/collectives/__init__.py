@@ -1,6 +1,6 @@
-"""Lesson 6 — collectives: the ring broadcast and the ring all-reduce, modelled, simulated, on GPUs, and NCCL.
+"""Lesson 7 — collectives: the ring broadcast and the ring all-reduce, modelled, simulated, on GPUs, and NCCL.
 
-Used by notebooks/06_collectives.ipynb, benchmarks/collectives.py, programs (the rank programs of gpucourse.ranks) and the tests, as
+Used by notebooks/07_collectives.ipynb, benchmarks/collectives.py, programs (the rank programs of gpucourse.ranks) and the tests, as
 ``from kernels import collectives as col``; one module per part of the lesson, imports going one way
 (gpu -> stream_model -> specs -> model):
 

@@ -1,4 +1,4 @@
-"""Lesson 6 on real GPUs: ``GpuRing``, the course's ring (peer-to-peer copies on one CUDA stream per link, the
+"""Lesson 7 on real GPUs: ``GpuRing``, the course's ring (peer-to-peer copies on one CUDA stream per link, the
 buffer split into S chunks, CUDA events so that a link forwards chunk i only once it has received it) for any
 k >= 2 GPUs, with a ring all-reduce in two versions: the first, a peer copy into scratch memory and an add per
 step, issued step by step; and the default, one kernel per step that reads the previous GPU's chunk over NVLink
@@ -35,7 +35,7 @@ def allreduce_schedule(k: int) -> list:
 
     GPU r's step t waits for one thing besides its own step t - 1: GPU r - 1's step t - 1, which made the chunk
     it pulls final. That is enough: no step writes a chunk that another GPU has still to read (a chain of those
-    waits runs from every read to the later write of the same chunk); tests/test_06_collectives.py checks it."""
+    waits runs from every read to the later write of the same chunk); tests/test_07_collectives.py checks it."""
     if int(k) != k or k < 2:
         raise runtime.CourseInputError(f"a ring needs k >= 2 GPUs, got k = {k}")
     k = int(k)

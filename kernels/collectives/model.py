@@ -1,4 +1,4 @@
-"""Lesson 6: the cost model of a ring. A broadcast of N bytes over k GPUs whose links carry B bytes a second:
+"""Lesson 7: the cost model of a ring. A broadcast of N bytes over k GPUs whose links carry B bytes a second:
 (k - 1) N / B sent whole, N (S + k - 2) / (S B) split into S messages, and with a latency alpha for every message
 (S + k - 2)(alpha + N / (S B)), which has a best S; the ring all-reduce's time, and what moving its bytes costs in
 each of GpuRing's versions; a least-squares fit of alpha, B (and a start-up cost) to measured times."""

@@ -1,4 +1,4 @@
-"""Lesson 6: the programs every rank runs, one process per GPU (``gpucourse.ranks.launch(k, program, ...)`` on one
+"""Lesson 7: the programs every rank runs, one process per GPU (``gpucourse.ranks.launch(k, program, ...)`` on one
 machine, or ``python -m gpucourse.ranks kernels.collectives.programs:PROGRAM ...`` under torchrun, srun or mpirun).
 
 * ``ring_allreduce_program``: the ring all-reduce of ``ring_allreduce_numpy``, one rank per process, its chunks

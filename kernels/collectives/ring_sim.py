@@ -1,6 +1,6 @@
-"""Lesson 6 — k ranks on a ring, simulated with real threads: links with a bandwidth and a latency.
+"""Lesson 7 — k ranks on a ring, simulated with real threads: links with a bandwidth and a latency.
 
-Used by notebooks/06_collectives.ipynb, its exercises and the tests, on any machine (no GPU needed).
+Used by notebooks/07_collectives.ipynb, its exercises and the tests, on any machine (no GPU needed).
 
 Each rank is a Python thread that runs the same *rank program*, ``program(comm, *args)``, as every rank of a
 real collective does. ``comm.send(array)`` puts a copy of the array on the link to the next rank of the ring;

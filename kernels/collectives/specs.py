@@ -1,4 +1,4 @@
-"""Lesson 6: NumPy specs of the five collectives, the ring broadcast's schedule and the ring all-reduce step by step;
+"""Lesson 7: NumPy specs of the five collectives, the ring broadcast's schedule and the ring all-reduce step by step;
 the rank programs of the chunked ring broadcast for the simulated ring of kernels/collectives/ring_sim.py; and a small
 two-layer network in NumPy or CuPy whose gradients the lesson averages across ranks."""
 from __future__ import annotations

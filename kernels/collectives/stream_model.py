@@ -1,4 +1,4 @@
-"""Lesson 6: a ring schedule written once for real GPUs and for a CPU model of them. ``push_broadcast`` queues the
+"""Lesson 7: a ring schedule written once for real GPUs and for a CPU model of them. ``push_broadcast`` queues the
 pipelined ring broadcast as stream work (waits, copies, events) on a GpuRing or a SimRing; ``SimRing`` runs such a
 schedule on a model of CUDA streams and events with links of a given bandwidth and latency, and says when a
 copy read data that had not arrived (``simulate_gpu_broadcast``)."""

@@ -1,4 +1,4 @@
-// cp.async (sm_80+), shared by the kernels of lessons 3, 4 and 5 (gpucourse/cuda_c.py copies this file into each
+// cp.async (sm_80+), shared by the kernels of lessons 4, 5 and 6 (gpucourse/cuda_c.py copies this file into each
 // source that includes it): a 16-byte copy from global to shared memory that does not pass through registers
 // and does not block the thread; commit_group closes a group of copies, wait_group<n> waits until at most n
 // groups are still in flight. cp_async16_zfill copies nothing and writes 16 bytes of zeros where ``valid`` is

@@ -1,4 +1,4 @@
-// Lesson 9: attention's kernels in CUDA C. Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC;
+// Lesson 10: attention's kernels in CUDA C. Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC;
 // <mma.h> needs the CUDA include path, which cuda_c.include_dirs() finds); launched by kernels/attention/.
 //
 // 1. Row softmax, memory-bound: each element is read once and written once, so the copy's bandwidth is the ceiling.

@@ -1,4 +1,4 @@
-// Lesson 9, the step after WMMA: FlashAttention's forward pass in FlashAttention-2's shape (Dao, 2023) on the
+// Lesson 10, the step after WMMA: FlashAttention's forward pass in FlashAttention-2's shape (Dao, 2023) on the
 // warp-level MMA instruction of sm_80+, mma.sync.aligned.m16n8k16 (FP16 inputs, FP32 sums), written out in
 // inline PTX. Launched by kernels/attention/flash.py (flash_mma).
 //
@@ -25,7 +25,7 @@
 // cross it (or the end of the keys) are masked, and the row blocks with the most tiles are launched first.
 //
 // mma.sync.m16n8k16 needs sm_80: built for sm_75 (the course compiles every source for it) the kernels are stubs
-// that trap, and gpus.step("09.mma") refuses before a launch.
+// that trap, and gpus.step("10.mma") refuses before a launch.
 #include <cuda_fp16.h>
 #include "async_copy.cuh"
 #include "fast_math.cuh"

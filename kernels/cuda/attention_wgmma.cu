@@ -1,5 +1,5 @@
 // gpucourse-arch: sm_90a
-// Lesson 9, the Hopper step: FlashAttention's forward pass on warpgroup MMA (wgmma.mma_async), fed by the Tensor
+// Lesson 10, the Hopper step: FlashAttention's forward pass on warpgroup MMA (wgmma.mma_async), fed by the Tensor
 // Memory Accelerator, in FlashAttention-3's shape (Shah et al., 2024). Launched by kernels/attention/flash.py
 // (flash_wgmma).
 //

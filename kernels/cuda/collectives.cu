@@ -1,4 +1,4 @@
-// Lesson 6: the kernels of the ring all-reduce, in CUDA C.
+// Lesson 7: the kernels of the ring all-reduce, in CUDA C.
 // Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use); launched by
 // kernels/collectives/gpu.py: GpuRing.allreduce, one launch per step of the ring on every GPU.
 //

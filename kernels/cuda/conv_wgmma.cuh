@@ -1,6 +1,6 @@
-// Lesson 4's Hopper convolution, the tile a block computes (conv_tile): lesson 3's wgmma GEMM with its A tiles
-// gathered from the image by the TMA. Shared by convolution_wgmma.cu (lesson 4) and inference_engine_wgmma.cu
-// (lesson 5's engine, which ends it with its own epilogue); gpucourse/cuda_c.py copies it into each.
+// Lesson 5's Hopper convolution, the tile a block computes (conv_tile): lesson 4's wgmma GEMM with its A tiles
+// gathered from the image by the TMA. Shared by convolution_wgmma.cu (lesson 5) and inference_engine_wgmma.cu
+// (lesson 6's engine, which ends it with its own epilogue); gpucourse/cuda_c.py copies it into each.
 // What it computes and how is told in convolution_wgmma.cu.
 
 #include <cuda_fp16.h>
@@ -15,7 +15,7 @@ namespace hopper {
 // "wide" 8-bit tiles take BKC = 128, rows of 128 bytes in the 128-byte swizzle as FP16's, so that a slice is as many
 // bytes and as much tensor-core work as FP16's (at 64 channels, half of each: an 8-bit layer took as many slices as
 // FP16's, each with its fixed cost, and ran no faster). wgmma takes 32 bytes of a row a step either way: K = 16 FP16
-// or K = 32 INT8 / FP8. Lesson 4 uses FP16; lesson 5's engine all three (INT8 into INT32 sums, FP8 e4m3 into FP32).
+// or K = 32 INT8 / FP8. Lesson 5 uses FP16; lesson 6's engine all three (INT8 into INT32 sums, FP8 e4m3 into FP32).
 struct F16 {
   static constexpr int kBytes = 2, kFloat = 1;
   using Acc = float;
@@ -29,14 +29,14 @@ struct E4M3 {
   using Acc = float;
 };
 
-// ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 4
+// ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 5
 // rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw, f)`` for Store::kVec channels
 // k, k + 1, ... (16 bytes of its output) instead, after the tile went through shared memory, with ``raw =
 // store.load(m, k)`` (a Store::Raw) what it reads there, loaded earlier, and ``f = store.factors(k)`` (a
-// Store::Factors) what it reads per output channel: lesson 5's engine, which reads a residual, a bias and, in the
+// Store::Factors) what it reads per output channel: lesson 6's engine, which reads a residual, a bias and, in the
 // 8-bit types, two scales (inference_engine_wgmma.cu).
 //
-// PERSIST (lesson 5's engine): a block per SM (or as many as fit) walks the tiles in turn instead of one block a
+// PERSIST (lesson 6's engine): a block per SM (or as many as fit) walks the tiles in turn instead of one block a
 // tile. The producer runs ahead into the next tile's slices while the consumers are still in the epilogue of this
 // one, so a layer with a short reduction (a 1 x 1 convolution of 64 channels: one slice) loads its next tiles
 // while it stores this one, instead of leaving the SM's memory traffic to the next block's start. The epilogue then
@@ -47,7 +47,7 @@ struct E4M3 {
 // landed, well before the consumers' epilogue of that tile reads it.
 template <class S, class = void> struct HasPrefetch { static constexpr bool value = false; };
 template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static constexpr bool value = true; };
-// A Store with kTma true (lesson 5's 8-bit persistent tiles, PERSIST and I2C only, BN a multiple of 128 up to 256,
+// A Store with kTma true (lesson 6's 8-bit persistent tiles, PERSIST and I2C only, BN a multiple of 128 up to 256,
 // 1-byte outputs) ends a tile through the TMA instead: tmR (the residual, if ``store.has_res()``) and tmY (the output)
 // are 2-D tensor maps of its rows (channels fastest, a row a pixel) with boxes of 128 channels x 64 rows in the 128-byte
 // swizzle. A consumer's 64 rows of a tile live in one of its RBUF buffers (tma_buffers: 2 or 3; the tiles take turns):
@@ -154,7 +154,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
 
   const int slices = C / BKC;  // slices of BKC channels in one tap
   const int kblocks = R * S * slices;
-  // Split-K (lesson 5's engine at batch 1, one tile a block): blockIdx.z of gridDim.z sums only its share of the
+  // Split-K (lesson 6's engine at batch 1, one tile a block): blockIdx.z of gridDim.z sums only its share of the
   // slices, kb_lo .. kb_hi - 1, and its Store writes those partial sums for another kernel to add up. A layer with a
   // long reduction and few tiles (ResNet-50's last 3 x 3 layers at batch 1: 8 tiles of 72 slices) then fills more
   // SMs. One block a tile without a split: the whole reduction.

@@ -1,4 +1,4 @@
-// Lesson 4: convolution kernels in CUDA C, loaded through CuPy (gpucourse/cuda_c.py).
+// Lesson 5: convolution kernels in CUDA C, loaded through CuPy (gpucourse/cuda_c.py).
 //
 //   im2col_nchw_*   x (N, C, H, W)  -> cols (C*R*S, N*P*Q): row c*R*S + r*S + s, column (n*P + p)*Q + q
 //   im2col_nhwc_*   x (N, H, W, C)  -> cols (N*P*Q, R*S*C): row (n*P + p)*Q + q, column (r*S + s)*C + c
@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(DIRECT_THREADS) conv_direct_nchw_3x3_f16(const
 // The convolution as a GEMM that is never written out (an "implicit GEMM"), NHWC, half in, float sums, half out:
 //   y (N*P*Q x K) = A (N*P*Q x R*S*C) @ B (R*S*C x K),  A = the im2col matrix of x, B[(r, s, c), k] = w[k, r, s, c].
 // Block (blockIdx.x, blockIdx.y) computes the BM x BN tile of y at pixel row bm = blockIdx.x BM, output channel
-// bn = blockIdx.y BN, with (BM/WM) x (BN/WN) warps of (WM/16) x (WN/16) WMMA accumulators, as in lesson 3's tiled
+// bn = blockIdx.y BN, with (BM/WM) x (BN/WN) warps of (WM/16) x (WN/16) WMMA accumulators, as in lesson 4's tiled
 // GEMM. The difference is where A's tile comes from: for each BK-wide step along R*S*C (one filter tap (r, s)
 // and BK consecutive channels c0 .. c0 + BK - 1, since C is a multiple of BK), row m of the tile is the input
 // pixel x[n, p sh - ph + r dh, q sw - pw + s dw, c0 ..] of output pixel m = (n P + p) Q + q: BK contiguous
@@ -232,7 +232,7 @@ constexpr int BK = 32;
 constexpr int LD = BK + 8;  // shared-memory row pitch in halves: rows 16 bytes apart round the banks
 
 // cp.async needs sm_80+; below (a T4) the copies are synchronous (async_copy.cuh; gpucourse/gpus.py: step
-// "04.igemm_wmma").
+// "05.igemm_wmma").
 
 // region: conv_igemm
 template <int BM, int BN, int WM, int WN, int STAGES>
@@ -375,12 +375,12 @@ CONV_IGEMM(64, 128, 32, 64, 3)   // 4 warps
 
 // ------------------------------------------------- direct convolution on the CUDA cores, as an implicit GEMM
 //
-// The same implicit GEMM in FP32 on the ordinary cores, for NCHW, with lesson 3's register-tiled SGEMM inside:
+// The same implicit GEMM in FP32 on the ordinary cores, for NCHW, with lesson 4's register-tiled SGEMM inside:
 //   y[n, :, p, q] (K x N*P*Q) = W (K x C*R*S) @ X (C*R*S x N*P*Q),  X[(c, r, s), (n, p, q)] = x[n, c, h, w] with
 //   h = p sh - ph + r dh, w = q sw - pw + s dw (zero outside the image): the im2col matrix, never written out.
 // A block computes a BM x BN tile of that product (BM output channels x BN output pixels); each of its
 // (BM/8) x (BN/8) threads keeps 8 x 8 accumulators: the channels ty*4 .. +3 and BM/2 + ty*4 .. +3 times the pixels
-// tx*4 .. +3 and BN/2 + tx*4 .. +3, read from shared memory as float4 (conflict-free, as in lesson 3). Each step
+// tx*4 .. +3 and BN/2 + tx*4 .. +3, read from shared memory as float4 (conflict-free, as in lesson 4). Each step
 // along C*R*S takes BK = 8 of it: the BM x 8 weights (contiguous rows of KCRS, stored transposed) and the 8 x BN
 // inputs, gathered straight from the NCHW image: a thread loads one (c, r, s) row for BN*8/THREADS pixels that are
 // THREADS/8 apart, so neighbouring threads read neighbouring pixels. The next step's loads go to registers while

@@ -1,12 +1,12 @@
 // gpucourse-arch: sm_90a
-// Lesson 4, the Hopper step: the direct convolution on the tensor cores as lesson 3's wgmma GEMM, its A tiles
+// Lesson 5, the Hopper step: the direct convolution on the tensor cores as lesson 4's wgmma GEMM, its A tiles
 // gathered from the image by the Tensor Memory Accelerator.
 //
 // x: N x H x W x C, FP16 (NHWC).  w: K x R x S x C, FP16 (each output channel's filter contiguous).
 // y: N x P x Q x K, FP16, FP32 sums; stride 1, no dilation, padding (ph, pw): P = H + 2 ph - R + 1.
 //
 // The GEMM is y (N P Q x K) = im2col(x) (N P Q x R S C) w^T, and w, read as a K x (R S C) matrix, is already B
-// stored K-major (lesson 3's "nk"). What makes it a convolution is A. A block computes BM = TH x TW output
+// stored K-major (lesson 4's "nk"). What makes it a convolution is A. A block computes BM = TH x TW output
 // pixels, TH rows and TW columns of one image, against BN output channels, and runs the reduction as R S taps
 // times C / 64 slices of channels. For tap (r, s) and channels c0 .. c0 + 63, the block's A tile is
 //
@@ -35,7 +35,7 @@
 
 #include "conv_wgmma.cuh"
 
-// Lesson 4's output: y (N P Q x K), the FP32 sums rounded to FP16, two channels in one 4-byte store.
+// Lesson 5's output: y (N P Q x K), the FP32 sums rounded to FP16, two channels in one 4-byte store.
 struct RoundToHalf {
   static constexpr bool kStaged = false;
   __half* y;

@@ -1,4 +1,4 @@
-// The two conversions every tensor-core softmax makes, shared by lesson 9's kernels (gpucourse/cuda_c.py copies
+// The two conversions every tensor-core softmax makes, shared by lesson 10's kernels (gpucourse/cuda_c.py copies
 // this file into each source that includes it):
 //   * ex2(x) = 2^x as one instruction of the special-function unit (ex2.approx.ftz: relative error about 2^-22,
 //     denormal results flushed to zero, ex2(-inf) = 0). exp2f compiles to the same instruction wrapped in a test

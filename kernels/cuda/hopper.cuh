@@ -1,4 +1,4 @@
-// Hopper's tensor-core path (sm_90a), shared by lesson 3's GEMM (tensor_cores_wgmma.cu) and lesson 4's convolution
+// Hopper's tensor-core path (sm_90a), shared by lesson 4's GEMM (tensor_cores_wgmma.cu) and lesson 5's convolution
 // (convolution_wgmma.cu); gpucourse/cuda_c.py copies this file into each source that includes it:
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
@@ -7,7 +7,7 @@
 //     stores of a 2-D box from shared memory (bulk groups: commit, wait until read), and the proxy fence before one;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256 (A from shared memory), N = 64, 128 (A from
-//     registers, lesson 9's P), the m64nNk32 8-bit MMAs (INT8 into INT32, FP8 e4m3 into FP32; lesson 5's engine),
+//     registers, lesson 10's P), the m64nNk32 8-bit MMAs (INT8 into INT32, FP8 e4m3 into FP32; lesson 6's engine),
 //     and ``pin``, which keeps an asynchronous MMA's registers in place until its wait.
 // GPUCOURSE_WGMMA is defined only when compiling for sm_90a; elsewhere none of the helpers exist and the kernels
 // built on them are stubs that trap.
@@ -63,7 +63,7 @@ constexpr unsigned long long MBAR_TIMEOUT_NS = GPUCOURSE_MBAR_TIMEOUT_NS;
 // How a wait gives up: brkpt, a breakpoint with no debugger to take it, ends the launch with "unspecified launch
 // failure", as trap does. Not trap: in a consumer whose loop may end in a trap, ptxas ignores the 240 registers
 // setmaxnreg gives it and allocates the launch bound's 168, so FlashAttention's pipelined consumers (S, P and O in
-// flight) spilled and had their wgmmas serialised (its remark C7512; tests/test_09_attention.py looks for it).
+// flight) spilled and had their wgmmas serialised (its remark C7512; tests/test_10_attention.py looks for it).
 #ifndef GPUCOURSE_FAIL
 #define GPUCOURSE_FAIL() asm volatile("brkpt;")
 #endif
@@ -260,7 +260,7 @@ __device__ __forceinline__ void wgmma_k16(float (&d)[BN / 16][8], unsigned long 
 }
 
 // ------------------------------------------------------------------- 8-bit wgmma (INT8 and FP8 e4m3)
-// K = 32 a step: 32 bytes of a row, as FP16's K = 16. lesson 5's engine runs its INT8 (and FP8) convolutions on them.
+// K = 32 a step: 32 bytes of a row, as FP16's K = 16. lesson 6's engine runs its INT8 (and FP8) convolutions on them.
 
 // D (64 x 64, INT32) += A (64 x 32) B (32 x 64), both INT8 and K-major in shared memory (8-bit MMAs take no
 // transpose), named by their descriptors.

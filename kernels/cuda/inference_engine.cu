@@ -1,4 +1,4 @@
-// Lesson 5: the kernels of a small inference engine, in CUDA C. Loaded from Python by gpucourse/cuda_c.py
+// Lesson 6: the kernels of a small inference engine, in CUDA C. Loaded from Python by gpucourse/cuda_c.py
 // (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA include path). The plan that says which
 // kernel runs on which buffer, and a NumPy model of every kernel, are in kernels/inference_engine/.
 //
@@ -22,7 +22,7 @@
 #include <mma.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
-#include "async_copy.cuh"  // cp.async, and what a T4 does instead (gpus.py: "05.tc")
+#include "async_copy.cuh"  // cp.async, and what a T4 does instead (gpus.py: "06.tc")
 
 using namespace nvcuda;
 
@@ -255,7 +255,7 @@ CONV_SIMT_VEC_ALL(i8, int8)
 // and per chunk of CB input channels loads the input tile with its halo, (TH + KS - 1) x (TW + KS - 1) x CB,
 // once (zeros outside the image), and the chunk's weights, KS x KS x CB x BN; one barrier, then the whole
 // chunk's arithmetic from shared memory. Each thread owns TM consecutive pixels of one row x TN consecutive
-// channels (register tiling, as in lesson 3's SGEMM): per input channel and kernel row it reads TM + KS - 1
+// channels (register tiling, as in lesson 4's SGEMM): per input channel and kernel row it reads TM + KS - 1
 // input values into registers once and uses each for up to KS taps, and reads its TN weights of a tap as
 // one float4 (int4 for int8's int32 sums), 2 KS + TM - 1 shared loads for KS^2 TM TN multiply-adds.
 // The input tile keeps its CB channels of a pixel together, padded to CB + 1 so neighbouring threads' pixels

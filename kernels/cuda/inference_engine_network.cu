@@ -1,4 +1,4 @@
-// Lesson 5: the digits network in one kernel. Loaded from Python by gpucourse/cuda_c.py; the plan step that runs it
+// Lesson 6: the digits network in one kernel. Loaded from Python by gpucourse/cuda_c.py; the plan step that runs it
 // ("network", build_plan(fuse_network=True)), its weights as this file reads them and the NumPy model of the same
 // arithmetic are in kernels/inference_engine/network.py.
 //

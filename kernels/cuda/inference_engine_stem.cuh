@@ -1,4 +1,4 @@
-// Lesson 5: ResNet-50's stem in one kernel: the 7 x 7 convolution of stride 2 over the image's 3 colours, + bias,
+// Lesson 6: ResNet-50's stem in one kernel: the 7 x 7 convolution of stride 2 over the image's 3 colours, + bias,
 // ReLU, and the 3 x 3 max pool of stride 2 after it (Keras: ZeroPadding2D(3), Conv2D(64, 7, 2), BatchNorm, ReLU,
 // ZeroPadding2D(1), MaxPool2D(3, 2)), from the network's float input straight to the pooled activations.
 //

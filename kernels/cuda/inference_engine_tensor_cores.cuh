@@ -1,4 +1,4 @@
-// Lesson 5: the engine's convolutions on the tensor cores (WMMA), in the order the lesson met them: 1b staged
+// Lesson 6: the engine's convolutions on the tensor cores (WMMA), in the order the lesson met them: 1b staged
 // 2 bytes at a time, 1c 16 bytes at a time, 1d pipelined and in INT8 too, 1f direct for narrow images.
 // Part of inference_engine.cu, which includes it after the helpers these kernels share (pixel and tap arithmetic, the
 // epilogues, cp.async).
@@ -175,7 +175,7 @@ CONV_WMMA_VEC(conv_wmmav_128x16_f16, 4, 1, 2, 1)
 
 // ----------------------------------------- 1d. tensor cores, pipelined: half and int8 (integer tensor cores)
 // What 1c still lacks, added: (1) the next tiles are copied while the tensor cores work on this one
-// (cp.async into STAGES shared-memory buffers, as lesson 4's convolution does); (2) INT8 runs on the integer
+// (cp.async into STAGES shared-memory buffers, as lesson 5's convolution does); (2) INT8 runs on the integer
 // tensor cores (WMMA with signed char tiles and int32 sums: IMMA instructions), exact like the SIMT kernels;
 // (3) the epilogue writes 8 channels of a pixel at once (16 bytes of half, 8 of int8) where they are
 // contiguous in the destination. Each step covers 64 bytes of the reduction per pixel: 32 halves or 64 int8,

@@ -1,7 +1,7 @@
 // gpucourse-arch: sm_90a
-// Lesson 5's engine on Hopper: its convolutions as lesson 4's wgmma kernel (conv_wgmma.cuh: A tiles gathered from
+// Lesson 6's engine on Hopper: its convolutions as lesson 5's wgmma kernel (conv_wgmma.cuh: A tiles gathered from
 // the image by the TMA, wgmma from shared memory, a producer warpgroup and one or two consumers), ended with the
-// engine's epilogue instead of lesson 4's plain rounding: + bias, + the residual (a ResNet block's shortcut),
+// engine's epilogue instead of lesson 5's plain rounding: + bias, + the residual (a ResNet block's shortcut),
 // ReLU, FP16, into the output's place in the arena (pixel stride ldy). The tile goes through shared memory first
 // (conv_tile's staged store), so the residual is read and the output written 16 bytes a thread, in runs along a row.
 //

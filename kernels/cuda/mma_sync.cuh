@@ -1,5 +1,5 @@
-// The warp-level tensor-core instructions in inline PTX, shared by lesson 5's stem and one-kernel network
-// (inference_engine_stem.cuh, inference_engine_network.cu) and lesson 9's FlashAttention-2 kernel
+// The warp-level tensor-core instructions in inline PTX, shared by lesson 6's stem and one-kernel network
+// (inference_engine_stem.cuh, inference_engine_network.cu) and lesson 10's FlashAttention-2 kernel
 // (attention_mma.cu); gpucourse/cuda_c.py copies this file into each source that includes it. Their register
 // layouts are documented (PTX ISA, "Matrix fragments for mma.m16n8k16"), unlike WMMA's: with g = lane / 4 and
 // c = lane % 4, a[0] = A(g, 2c..2c+1), a[1] = A(g+8, 2c..), a[2] = A(g, 2c+8..), a[3] = A(g+8, 2c+8..);

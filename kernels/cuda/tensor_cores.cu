@@ -1,4 +1,4 @@
-// Lesson 3: tensor cores, in CUDA C. C = A B with A (M x K) and B (K x N) row-major.
+// Lesson 4: tensor cores, in CUDA C. C = A B with A (M x K) and B (K x N) row-major.
 // Loaded from Python by gpucourse/cuda_c.py (CuPy compiles it with NVRTC on first use; <mma.h> needs the CUDA
 // include path, which cuda_c.include_dirs() finds). The launchers with their input checks, and a NumPy
 // model of what a tensor core computes, are in kernels/tensor_cores.py.
@@ -59,7 +59,7 @@ extern "C" __global__ void wmma_naive_f16(const half* A, const half* B, half* C,
 // ------------------------------------------------------------------- 2. tiled through shared memory
 
 // The next tiles are copied with cp.async while the tensor cores work (async_copy.cuh, which also says what a
-// GPU without it, a T4, does instead: gpucourse/gpus.py step "03.wmma_tiled").
+// GPU without it, a T4, does instead: gpucourse/gpus.py step "04.wmma_tiled").
 #include "async_copy.cuh"
 
 // Shared memory rows are padded by 8 halves (16 bytes): row r of a slice starts 16 bytes further round the

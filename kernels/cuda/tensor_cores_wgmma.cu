@@ -1,5 +1,5 @@
 // gpucourse-arch: sm_90a
-// Lesson 3, the Hopper step: C = A B on warpgroup MMA (wgmma.mma_async), fed by the Tensor Memory
+// Lesson 4, the Hopper step: C = A B on warpgroup MMA (wgmma.mma_async), fed by the Tensor Memory
 // Accelerator (cp.async.bulk.tensor) through a ring of shared-memory stages guarded by mbarriers.
 //
 // A: M x K, FP16, row-major (K-major).  B: K x N, FP16, row-major ("kn", MN-major for the MMA) or N x K

@@ -1,6 +1,6 @@
-"""Lesson 5 — a small TensorRT-style inference engine: graph, optimisation passes, plan, runtime.
+"""Lesson 6 — a small TensorRT-style inference engine: graph, optimisation passes, plan, runtime.
 
-Used by notebooks/05_inference_engine.ipynb, benchmarks/inference_engine.py and the tests. The path of a
+Used by notebooks/06_inference_engine.ipynb, benchmarks/inference_engine.py and the tests. The path of a
 trained network through the engine:
 
     Keras model --graph_from_keras--> Graph of primitive ops (Conv, BiasAdd, BatchNorm, Relu, ...)

@@ -66,11 +66,11 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
         raise runtime.CourseInputError(f"max_batch {max_batch} is too large: the kernels index a tensor with "
                                        "32-bit integers")
     if precision == "fp16" and runtime.is_gpu():
-        gpus.step("05.wmma")  # its convolutions run on the tensor cores: which GPU that needs is said in gpus.py
+        gpus.step("06.wmma")  # its convolutions run on the tensor cores: which GPU that needs is said in gpus.py
     if precision in ("fp16", "int8") and runtime.is_gpu():
-        gpus.step("05.tc")
+        gpus.step("06.tc")
     if precision == "fp8" and runtime.is_gpu():
-        gpus.step("05.wgmma")  # FP8 runs on the Hopper kernels only: one line saying so elsewhere
+        gpus.step("06.wgmma")  # FP8 runs on the Hopper kernels only: one line saying so elsewhere
     if precision not in SCALED:
         scales = None
     elif scales is None:
@@ -80,7 +80,7 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
         scales = calibrate(g, x_calib, calibration, precision)
     per_layer = _layer_precisions(g, precision, keep_fp16, layer_precisions)  # {} unless mixed
     if per_layer and runtime.is_gpu():
-        gpus.step("05.wmma")  # its FP16 layers' kernels
+        gpus.step("06.wmma")  # its FP16 layers' kernels
 
     def prec(name):  # a convolution's precision
         return per_layer.get(name, precision)

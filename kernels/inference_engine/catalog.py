@@ -33,9 +33,9 @@ CONV_KERNELS.update({k: (th * 16, bn, 128) for k, (_, th, bn, _) in TCD.items()}
 PIX = {"pix_32": 32, "pix_16": 16}  # name -> channels per thread
 PIX_R = 64  # the longest reduction (KH KW C) they take: their weights tile in shared memory
 CONV_KERNELS.update({k: (128, bn, 128) for k, bn in PIX.items()})
-# Hopper (sm_90a, inference_engine_wgmma.cu): lesson 4's wgmma convolution with the engine's epilogue, in FP16 and
+# Hopper (sm_90a, inference_engine_wgmma.cu): lesson 5's wgmma convolution with the engine's epilogue, in FP16 and
 # (wgmma's 8-bit paths, rows of 64 bytes in the 64-byte swizzle) INT8 and FP8 e4m3: kernels conv_<name>_f16, _i8
-# and _f8. name -> its tile: (im2col, BM, BN, stages), as lesson 4's (kernels/convolution.py, wgmma_conv_config), and
+# and _f8. name -> its tile: (im2col, BM, BN, stages), as lesson 5's (kernels/convolution.py, wgmma_conv_config), and
 # two of its own with fewer stages, so that a 1 x 1 layer with few slices of 64 channels to reduce (nothing for more
 # stages to overlap) fits two or three blocks on an SM, one's epilogue running while another's tiles load.
 # "i2c" tiles are BM consecutive output pixels gathered in the TMA's im2col mode, the others boxes of one image.

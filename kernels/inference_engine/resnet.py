@@ -1,5 +1,5 @@
 """ResNet-50 (He et al., 2016) as an engine graph, built with NumPy: Keras' ``keras.applications.ResNet50``
-layer for layer (its layer names too; tests/test_05_inference_engine_resnet.py imports Keras' own and compares), with
+layer for layer (its layer names too; tests/test_06_inference_engine_resnet.py imports Keras' own and compares), with
 fixed random weights (He's initialisation, seeded) and batch-norm statistics from a calibration pass, so nothing
 is downloaded and TensorFlow is not needed. Also: what each convolution costs (FLOPs, bytes) and the floors the
 GPU's measured ceilings put under it, layer by layer (a roofline per layer, on paper).

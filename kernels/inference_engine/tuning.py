@@ -92,8 +92,8 @@ def tma_fits(step: dict) -> bool:
 
 def candidates(step: dict, precision: str) -> list:
     """The kernels of CANDIDATES[precision] that can run this conv step on this GPU (the wg kernels on Hopper
-    only: gpus.py, step "05.wgmma")."""
-    hopper = runtime.is_gpu() and gpus.status("05.wgmma").runs
+    only: gpus.py, step "06.wgmma")."""
+    hopper = runtime.is_gpu() and gpus.status("06.wgmma").runs
     return [k for k in CANDIDATES[precision] if kernel_fits(step, k, precision) and (k not in WG or hopper)]
 
 

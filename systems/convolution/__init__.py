@@ -1,1 +1,1 @@
-"""Lesson 4, convolution: cuDNN bound from Python."""
+"""Lesson 5, convolution: cuDNN bound from Python."""

@@ -1,6 +1,6 @@
 """cuDNN's classic descriptor API from Python: a small typed ctypes binding of libcudnn.so.9.
 
-Lesson 4 walks through the steps of NVIDIA's cuDNN example one by one, and this module is those steps:
+Lesson 5 walks through the steps of NVIDIA's cuDNN example one by one, and this module is those steps:
 
     with cudnn.Handle() as h, \\
          cudnn.TensorDescriptor((32, 64, 56, 56), "float32") as x_desc, \\

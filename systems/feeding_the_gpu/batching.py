@@ -1,4 +1,4 @@
-"""Lesson 7 — throughput against latency: batch statistics and a dynamic batcher.
+"""Lesson 8 — throughput against latency: batch statistics and a dynamic batcher.
 
 A server that runs one request at a time keeps every request's latency low and the GPU mostly idle; one
 that waits for full batches keeps the GPU busy and makes early requests wait. A *dynamic batcher* (what
@@ -6,7 +6,7 @@ Triton and TF Serving do) takes whatever has arrived, up to ``max_batch``, but n
 wait longer than ``max_wait`` before starting a batch.
 
 ``dynamic_batching`` plays a stream of arrivals through that rule. Each batch's service time comes from
-``service(n)``: on a GPU the benchmark passes a function that really runs lesson 5's engine on n images and
+``service(n)``: on a GPU the benchmark passes a function that really runs lesson 6's engine on n images and
 returns the time it took, so the queueing is computed on the clock of real GPU work (no sleeping: arrivals
 are a list of times, the server's clock advances by each batch's measured time).
 """

@@ -1,4 +1,4 @@
-"""Lesson 7, sections 3 and 4: serving lesson 5's engine.
+"""Lesson 8, sections 3 and 4: serving lesson 6's engine.
 
 One GPU shared by many processes. ``client`` is one client process's loop: load the engine's plan, warm up, say
 "ready", wait for "go", then run inferences back to back for a few seconds and print what it served. ``run_clients``
@@ -38,10 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def engine_plan(max_batch: int, precision: str = "fp32") -> E.Plan:
-    """Lesson 5's engine for the digits network: every optimisation pass, CUDA graphs, batches up to ``max_batch``."""
+    """Lesson 6's engine for the digits network: every optimisation pass, CUDA graphs, batches up to ``max_batch``."""
     g, data = E.load_model_file()
     stages = E.optimize(g)
-    return E.build_plan(stages[-1][1], precision=precision, max_batch=max_batch, name="lesson 7", graphs=True,
+    return E.build_plan(stages[-1][1], precision=precision, max_batch=max_batch, name="lesson 8", graphs=True,
                         x_calib=E.dataset(data)["x_calib"])
 
 

@@ -1,4 +1,4 @@
-"""Lesson 7 — streams that run together in Numba's CUDA simulator, so CPU mode can catch what only concurrency
+"""Lesson 8 — streams that run together in Numba's CUDA simulator, so CPU mode can catch what only concurrency
 breaks.
 
 The simulator runs every copy and kernel the moment it is called, whatever stream it is given: streams there

@@ -1,1 +1,1 @@
-"""Lesson 8, training: TensorFlow's side (variables, GradientTape, towers, MirroredStrategy), the course step's oracle."""
+"""Lesson 9, training: TensorFlow's side (variables, GradientTape, towers, MirroredStrategy), the course step's oracle."""

@@ -1,4 +1,4 @@
-"""Lesson 8: TensorFlow's training machinery, for real (on the CPU here; on a GPU where TensorFlow sees one).
+"""Lesson 9: TensorFlow's training machinery, for real (on the CPU here; on a GPU where TensorFlow sees one).
 
 The same network as kernels/training.py, written with tf.Variable and tf.GradientTape, so the course's own
 step can be checked against TensorFlow on the same weights and batch. Towers: gradients of k replicas
@@ -23,7 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def tf():
     """TensorFlow, imported on first use and set up the course's way (gpucourse.runtime.tensorflow: memory growth,
-    so CuPy shares the GPU with it in lesson 8; strict FP32, so it is the oracle of the course's FP32 step)."""
+    so CuPy shares the GPU with it in lesson 9; strict FP32, so it is the oracle of the course's FP32 step)."""
     return runtime.tensorflow()
 
 

@@ -3,7 +3,7 @@
 // built-ins are defined here (blockIdx and the rest as globals, the bit-moving intrinsics with memcpy, __half
 // as the compiler's _Float16), and a launch runs the grid's threads one after another, which is one of the
 // orders a GPU may run them in: every element is written by one thread only and read by no other.
-// Built by tests/test_06_collectives.py with -fsanitize=alignment, which stops at any 16-byte load or store
+// Built by tests/test_07_collectives.py with -fsanitize=alignment, which stops at any 16-byte load or store
 // that is not on a 16-byte boundary.
 #include <cstdint>
 #include <cstdio>

@@ -1,0 +1,143 @@
+"""Lesson 7's graded exercises through the real grader: the solution earns every point, the released exercise none,
+and known-wrong answers exactly the points their mistakes leave them. Everything runs in CPU mode: Tasks 7.2 to 7.4
+are graded on the simulated ring's virtual clock (kernels/collectives/ring_sim.py), whose times do not depend on how the
+threads are scheduled, and Task 7.5's schedule on the CPU model of streams and events (col.SimRing); its two
+GPU tests (test_7_5_results, perf_7_5_speed) need two or more GPUs and are "not gradable here"; their GPU side is checked by running the
+solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode gpu)."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import LessonExercises, replace_in_cell
+
+
+pytestmark = [pytest.mark.lesson07, pytest.mark.slow]
+
+
+def no_latency_steps(nb):
+    """Task 7.1 (a): the latency paid once per message, not once per step: S alpha instead of (S + k - 2) alpha."""
+    replace_in_cell(nb, "task-7-1-time", "return (S + k - 2) * (alpha + N / (S * B))",
+                    "return S * alpha + (S + k - 2) * N / (S * B)")
+
+
+def rounded_optimum(nb):
+    """Task 7.1 (b): S* rounded to the nearest whole number, without comparing the two neighbours."""
+    replace_in_cell(nb, "task-7-1-best",
+                    "    return min(sorted(candidates), key=lambda c: (c + k - 2) * (alpha + N / (c * B)))\n",
+                    "    return max(1, round(s))\n")
+
+
+def root_is_zero(nb):
+    """Task 7.2: the ring counted from rank 0 whatever the root: right only when the root is 0."""
+    replace_in_cell(nb, "task-7-2-rank", "pos = (comm.rank - root) % comm.size", "pos = comm.rank")
+
+
+def store_and_forward(nb):
+    """Task 7.2: every chunk received before any is forwarded: right data, no pipelining."""
+    replace_in_cell(nb, "task-7-2-rank", """    for i in range(S):
+        lo, hi = chunk_bounds(data.size, S, i)
+        if pos != 0:
+            data[lo:hi] = comm.recv()
+        if pos != comm.size - 1:
+            comm.send(data[lo:hi])
+""", """    if pos != 0:
+        for i in range(S):
+            lo, hi = chunk_bounds(data.size, S, i)
+            data[lo:hi] = comm.recv()
+    if pos != comm.size - 1:
+        for i in range(S):
+            lo, hi = chunk_bounds(data.size, S, i)
+            comm.send(data[lo:hi])
+""")
+
+
+def whole_buffer(nb):
+    """Task 7.2: one message of the whole buffer, S ignored: right data, (k - 1) N / B."""
+    replace_in_cell(nb, "task-7-2-rank", "lo, hi = chunk_bounds(data.size, S, i)", "lo, hi = chunk_bounds(data.size, 1, 0)")
+    replace_in_cell(nb, "task-7-2-rank", "for i in range(S):", "for i in range(1):")
+
+
+def store_not_add(nb):
+    """Task 7.3: the reduce-scatter stores the received chunk instead of adding it: the right messages, the wrong
+    sums."""
+    replace_in_cell(nb, "task-7-3-rank", "x[slice(*chunk_bounds(x.size, k, (r - 1 - s) % k))] += comm.recv()",
+                    "x[slice(*chunk_bounds(x.size, k, (r - 1 - s) % k))] = comm.recv()")
+
+
+def pass_whole_arrays(nb):
+    """Task 7.3: whole arrays passed round the ring and added up: the right sum, k times the ring's traffic per
+    message and k - 1 messages instead of 2 (k - 1)."""
+    replace_in_cell(nb, "task-7-3-rank", """    for s in range(k - 1):
+        comm.send(x[slice(*chunk_bounds(x.size, k, (r - s) % k))])
+        x[slice(*chunk_bounds(x.size, k, (r - 1 - s) % k))] += comm.recv()
+    for s in range(k - 1):
+        comm.send(x[slice(*chunk_bounds(x.size, k, (r + 1 - s) % k))])
+        x[slice(*chunk_bounds(x.size, k, (r - s) % k))] = comm.recv()
+""", """    passing = x.copy()
+    for s in range(k - 1):
+        comm.send(passing)
+        passing = comm.recv()
+        x += passing
+""")
+
+
+def sum_not_mean(nb):
+    """Task 7.4: the all-reduce's sum, not divided by k."""
+    replace_in_cell(nb, "task-7-4-average", "col.unflatten(v / k, grads[0])", "col.unflatten(v, grads[0])")
+
+
+def pull_on_sender(nb):
+    """Task 7.5: the copies queued on the sender's stream while the receiver's event is recorded on it: CUDA (and
+    the model) refuse an event recorded on another GPU's stream."""
+    replace_in_cell(nb, "task-7-5-pull", "stream = ring.streams[j + 1]  # the receiver's stream", "stream = ring.streams[j]")
+
+
+def pull_without_waiting(nb):
+    """Task 7.5: no wait for chunk i to reach GPU j before GPU j + 1 pulls it: stale memory is copied on."""
+    replace_in_cell(nb, "task-7-5-pull", """            if j > 0:
+                stream.wait_event(ring.event(j, i))  # chunk i has reached GPU j
+""", "")
+
+
+class TestExercises(LessonExercises):
+    LESSON = "07_collectives"
+    NOTEBOOK = "collectives.ipynb"
+    TIMEOUT = 60  # seconds per cell; the slowest takes well under one
+    POINTS = {"test_7_1_time": 2, "test_7_1_best": 1, "test_7_2_data": 2, "test_7_2_pipelined": 2,
+              "test_7_3_results": 2, "test_7_3_traffic": 1, "test_7_4_gradients": 2,
+              "test_7_5_schedule": 2, "test_7_5_results": 2, "perf_7_5_speed": 2}
+    MULTI_GPU = {"test_7_5_results": 2}  # results on GPUs: graded on a machine with two or more
+    VARIANTS = {
+        no_latency_steps: ["test_7_1_time"],
+        rounded_optimum: ["test_7_1_best"],
+        root_is_zero: ["test_7_2_data"],
+        store_and_forward: ["test_7_2_pipelined"],
+        whole_buffer: ["test_7_2_pipelined"],
+        store_not_add: ["test_7_3_results", "test_7_4_gradients"],
+        pass_whole_arrays: ["test_7_3_traffic"],
+        sum_not_mean: ["test_7_4_gradients"],
+        pull_on_sender: ["test_7_5_schedule"],
+        pull_without_waiting: ["test_7_5_schedule"],
+    }
+    UNANSWERED = {"test_7_1_time": "NotImplementedError", "test_7_1_best": "NotImplementedError",
+                  "test_7_2_data": "NotImplementedError", "test_7_2_pipelined": "NotImplementedError",
+                  "test_7_3_results": "NotImplementedError", "test_7_3_traffic": "NotImplementedError",
+                  "test_7_4_gradients": "NotImplementedError", "test_7_5_schedule": "NotImplementedError"}
+    ANSWERS = ["(S + k - 2) * (alpha + N / (S * B))",
+               "pos = (comm.rank - root) % comm.size",
+               "col.unflatten(v / k, grads[0])",
+               "stream = ring.streams[j + 1]"]
+
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
+
+        assert "want" in message("no_latency_steps", "test_7_1_time")
+        assert "takes" in message("rounded_optimum", "test_7_1_best")  # a hidden test
+        assert "unlike the root's" in message("root_is_zero", "test_7_2_data")
+        assert "as soon as it has arrived" in message("store_and_forward", "test_7_2_pipelined")
+        assert "one per chunk" in message("whole_buffer", "test_7_2_pipelined")
+        assert "differs from the sum" in message("store_not_add", "test_7_3_results")
+        assert "2 (k - 1)" in message("pass_whole_arrays", "test_7_3_traffic")
+        assert "whole batch" in message("sum_not_mean", "test_7_4_gradients")
+        assert "cannot be recorded" in message("pull_on_sender", "test_7_5_schedule")
+        assert "stale" in message("pull_without_waiting", "test_7_5_schedule")

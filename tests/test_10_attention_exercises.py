@@ -1,0 +1,94 @@
+"""Lesson 10's graded exercises through the real grader: the solution earns every point CPU mode can grade, the
+released exercise none, and known-wrong answers exactly the points their mistakes leave them. Runs in CPU mode
+(the numba kernels in the simulator, Task 10.6's Triton kernel in Triton's interpreter where PyTorch is installed),
+where the performance tests are "not gradable here"; without PyTorch, Task 10.6's tests are "not gradable here (needs
+software this machine lacks)" too. The GPU side is checked by running the solution notebook on a GPU."""
+from __future__ import annotations
+
+import pytest
+from exercise_variants import LessonExercises, replace_in_cell
+
+
+pytestmark = [pytest.mark.lesson10, pytest.mark.slow]
+
+
+def merge_without_rescale(nb):
+    """Task 10.1: the two parts' sums and outputs added as they are, each still relative to its own max."""
+    replace_in_cell(nb, "task-10-1-merge", "return m, l1 * a1 + l2 * a2, o1 * a1[:, None] + o2 * a2[:, None]",
+                    "return m, l1 + l2, o1 + o2")
+
+
+def softmax_without_max(nb):
+    """Task 10.2: exp(x) without the max subtracted: right on small values, overflows on the large row."""
+    replace_in_cell(nb, "task-10-2-kernel", "shift = np.float32(0.0) if m == -np.inf else m", "shift = np.float32(0.0)")
+
+
+def forgets_rescale(nb):
+    """Task 10.3: the running sum is rescaled when the max grows, the output is not."""
+    replace_in_cell(nb, "task-10-3-kernel", "acc[j] = acc[j] * alpha + p * v_s[r, j]", "acc[j] = acc[j] + p * v_s[r, j]")
+
+
+def causal_loads_everything(nb):
+    """Task 10.4: every block loads every tile, mask or not."""
+    replace_in_cell(nb, "task-10-4-tiles", "last_key = min(n, (b + 1) * block_m) if causal else n", "last_key = n")
+
+
+def sum_not_rescaled(nb):
+    """Task 10.6: the running max is updated and the output rescaled, but the running sum is not: wrong wherever a
+    later tile raises a row's max."""
+    replace_in_cell(nb, "task-10-6-kernel", "l_i = l_i * alpha + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)")
+
+
+def causal_mask_off_by_one(nb):
+    """Task 10.6: the causal mask hides the query's own key (j < i instead of j <= i): the first row sees nothing."""
+    replace_in_cell(nb, "task-10-6-kernel", "cols[None, :] <= offs_m[:, None]", "cols[None, :] < offs_m[:, None]")
+
+
+def counts_scores_bytes(nb):
+    """Task 10.5: the bytes of S and P counted too, as if the scores went to memory."""
+    replace_in_cell(nb, "task-10-5-cost", "return flops, 4.0 * batch * heads * n * d * itemsize",
+                    "return flops, 4.0 * batch * heads * n * d * itemsize + 2.0 * batch * heads * n * n * itemsize")
+
+
+class TestExercises(LessonExercises):
+    LESSON = "10_attention"
+    NOTEBOOK = "attention.ipynb"
+    TIMEOUT = 120  # seconds per cell: Task 10.3's kernel in the simulator takes a few
+    POINTS = {"test_10_1_merge": 2, "test_10_1_empty": 1, "test_10_2_softmax": 2, "test_10_2_minus_infinity": 1,
+              "perf_10_2_softmax": 2, "test_10_3_output": 3, "test_10_3_lse": 1, "test_10_4_tiles": 2,
+              "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_6_forward": 3,
+              "test_10_6_causal": 2, "perf_10_6_forward": 2}
+    VARIANTS = {
+        merge_without_rescale: ["test_10_1_merge"],
+        softmax_without_max: ["test_10_2_softmax"],
+        forgets_rescale: ["test_10_3_output"],
+        causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
+        counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge"],
+        sum_not_rescaled: ["test_10_6_forward", "test_10_6_causal"],
+        causal_mask_off_by_one: ["test_10_6_causal"],
+    }
+    UNANSWERED = {"test_10_1_merge": "NotImplementedError", "test_10_4_tiles": "NotImplementedError",
+                  "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
+                  "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
+    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
+               "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
+
+    @classmethod
+    def lacking(cls) -> set:
+        """Task 10.6's tests where Triton cannot run here (no PyTorch for its interpreter, or no triton)."""
+        from kernels.attention import triton_kernels as T
+
+        return {g for g in cls.POINTS if g.startswith("test_10_6")} if T.available() else set()
+
+    def test_feedback_names_the_mistake(self, graded):
+        def message(variant, grade_id):
+            return graded[variant].test(grade_id).message
+
+        assert "against the softmax of the whole row" in message("merge_without_rescale", "test_10_1_merge")
+        assert "softmax_rows" in message("softmax_without_max", "test_10_2_softmax")
+        assert "attention_forward's output" in message("forgets_rescale", "test_10_3_output")
+        assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_10_4_tiles")
+        assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_10_5_cost")
+        if not self.lacking():
+            assert "attention_kernel's output" in message("sum_not_rescaled", "test_10_6_forward")
+            assert "attention_kernel's output (causal)" in message("causal_mask_off_by_one", "test_10_6_causal")
