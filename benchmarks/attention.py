@@ -13,11 +13,11 @@ import math
 
 import numpy as np
 
-from gpucourse import bench, plots, runtime
+from gpucourse import bench, claims, plots, runtime
 from gpucourse.records import Figure
 from kernels import attention as A
 from kernels.attention import triton_kernels as T
-from kernels.attention.flash import WGMMA_DEFAULT
+from kernels.attention.flash import WGMMA_DEFAULT, WGMMA_VARIANTS
 from kernels.attention.row_softmax import cluster_missing
 
 LESSON = "10_attention"
@@ -449,6 +449,45 @@ def field_reading(t: dict) -> list:
     ]
 
 
+def plan_over_online(t: dict, dtype: str = "float32") -> list:
+    """The row softmax with SOFTMAX_PLAN's shapes (the row "one pass across a cluster") over the online kernel's GB/s
+    at each row length of ``t`` (a run's or a record's figure "softmax"): [(length, ratio)]."""
+    rows = t["dtypes"][dtype]
+    plan, online = rows["CUDA C, one pass across a cluster (Hopper)"], rows["CUDA C, one pass (online, in registers)"]
+    return [(n, a / b) for n, a, b in zip(t["lengths"], plan, online) if a and b]
+
+
+def orders_reading(t: dict) -> list:
+    """What the deep dive of lesson 10 says of the Hopper kernel's orders of work (section 3), each statement with
+    whether it holds in ``t`` (a run's or a record's figure "field"), each order's forward over the fastest backend's:
+    [(statement, True, False or None)], None without the Hopper rows. A records test asserts every statement on every
+    record."""
+    qs = ratios(t)
+    key = {name: f"wgmma {name} (CUDA C) / fastest" for name in WGMMA_VARIANTS[t.get("d", 128)]}
+
+    def every(test):
+        return claims.holds(lambda: all(test(q) for q in qs) if qs else None)
+
+    def order(q):
+        return {name: q[k] for name, k in key.items()}
+
+    big_causal = [q for q in qs if q["causal"] and q["N"] == max(r["N"] for r in qs)]
+    return [
+        ("pipelined: faster than serial in every column", every(lambda q: q[key["pipelined"]] > q[key["serial"]])),
+        ("ahead: never more than a hundredth faster than serial",
+         every(lambda q: q[key["ahead"]] <= q[key["serial"]] + 0.01)),
+        ("Q in registers: the fastest order in every column",
+         every(lambda q: max(order(q), key=order(q).get) == "qregs")),
+        ("Q in registers: at or above the fastest backend's forward in every column",
+         every(lambda q: q[key["qregs"]] >= 1.0)),
+        ("every other order: under the fastest backend's forward in some column",
+         claims.holds(lambda: all(min(q[key[n]] for q in qs) < 1.0 for n in key if n != "qregs") if qs else None)),
+        (f"ping-pong: under the fastest backend's forward at the longest causal run"
+         + (f" ({_k(big_causal[0]['N'])})" if big_causal else ""),
+         claims.holds(lambda: big_causal[0][key["pingpong"]] < 1.0)),
+    ]
+
+
 def _run_head(r: dict) -> str:
     return _k(r["N"]) + (" causal" if r["causal"] else "")
 
@@ -603,6 +642,54 @@ def text_profile(p: dict) -> str:
     if not p["ok"]:
         return f"ncu: {p['why']}"
     return "\n\n".join(str(profile_table(p, causal=causal)) for causal in (False, True))
+
+
+def profile_reading(p: dict) -> list:
+    """What the deep dive of lesson 10 says of the profile (section 4), each statement with whether it holds in ``p``
+    (a run's or a record's figure "profile"): [(statement, True, False or None)]. A records test asserts every
+    statement on every record."""
+    busy = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    xu = "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"
+
+    def pick(rows, test):
+        return next(r for r in rows if test(r["kernel"]))
+
+    def ours(rows):
+        return pick(rows, lambda k: k.startswith("flash_wgmma"))
+
+    def cudnn(rows):
+        return pick(rows, lambda k: "cudnn" in k)
+
+    both = (("full", "rows"), ("causal", "causal_rows"))
+    out = []
+    for what, test in (
+            ("tensor pipes busier than in cuDNN's kernel",
+             lambda rows: ours(rows)[busy] > cudnn(rows)[busy]),
+            ("the same registers a thread and occupancy as cuDNN's",
+             lambda rows: all(abs(ours(rows)[k] - cudnn(rows)[k]) <= 1e-3 * cudnn(rows)[k] for k in
+                              ("launch__registers_per_thread", "sm__warps_active.avg.pct_of_peak_sustained_active"))),
+            ("finishes sooner than cuDNN's", lambda rows: ours(rows)["gpu__time_duration.sum"]
+             < cudnn(rows)["gpu__time_duration.sum"])):
+        out.append((f"Q in registers, full and causal: {what}",
+                    claims.holds(lambda: all(test(p[k]) for _, k in both) if p.get("ok") else None)))
+    rows = p.get("rows", [])
+    others = [r for r in rows if r["kernel"].startswith("flash_mma") or "pytorch_flash" in r["kernel"]]
+    out += [
+        ("FlashAttention-2's and the mma.sync kernel: the tensor pipes under 0.8 of cuDNN's share",
+         claims.holds(lambda: (len(others) == 2 and all(r[busy] < 0.8 * cudnn(rows)[busy] for r in others))
+                      if rows else None)),
+        ("WMMA's kernel: the tensor pipes busy the least",
+         claims.holds(lambda: pick(rows, lambda k: k.startswith("flash_wmma"))[busy] == min(r[busy] for r in rows))),
+        ("Q in registers, causal: its SMs have work over 95% of the run (no long tail of idle SMs)",
+         claims.holds(lambda: ours(p["causal_rows"])["sm__cycles_active.avg.pct_of_peak_sustained_elapsed"] > 95
+                      if p.get("ok") else None)),
+        ("Q in registers: the exp2 (XU) pipe busy over a quarter of the time, full and causal",
+         claims.holds(lambda: all(ours(p[k])[xu] > 25 for _, k in both) if p.get("ok") else None)),
+        ("cuDNN's kernel and Q in registers: 168 registers a thread, full and causal",
+         claims.holds(lambda: all(r(p[k])["launch__registers_per_thread"] == 168 for r in (ours, cudnn) for _, k in both)
+                      if p.get("ok") else None)),
+    ]
+    return out
 
 
 FIGURES = {

@@ -16,7 +16,7 @@ from benchmarks import inference_engine_network_phases as network_phases
 from benchmarks import inference_engine_pytorch as pytorch_reference
 from benchmarks import inference_engine_resnet
 from gpucourse.records import Figure
-from gpucourse import bench, plots, runtime
+from gpucourse import bench, claims, plots, runtime
 from kernels import inference_engine as E
 
 # the lesson's model, its engines and their goals: shared with the phases benchmark, which this module imports
@@ -389,6 +389,31 @@ def tuning_view(tuning: dict, name: str, source: str = "", batch: int | None = N
     return plots.table(["layer", "kernel kept", "its time", "next fastest", "its time", "timed", "wrong"], rows,
                        align="llrlrrr", title=f"{name}: each convolution's kernel, timed on the GPU{at}",
                        source=source)
+
+
+def tuning_reading(tuning: dict) -> list:
+    """What the deep dive of lesson 6 says of the tuner's tables (section 1), each statement with whether it holds in
+    ``tuning`` (a run's or a record's figure "tuning"): [(statement, True, False or None)]. A records test asserts
+    every statement on every record."""
+    def kept(name):
+        return {r["layer"]: r["kernel"] for r in tuning[name]}
+
+    def wide_beats_narrow():
+        pairs = [([v for k, v in r["tuning_ms"].items() if k.startswith("wmmav_")],
+                  [v for k, v in r["tuning_ms"].items() if k.startswith("wmma_")]) for r in tuning["fused, FP16"]]
+        pairs = [(w, n) for w, n in pairs if w and n]
+        return all(max(w) < min(n) for w, n in pairs) if pairs else None
+
+    return [
+        ("FP16: every 16-byte WMMA tile faster than every 2-byte one, on each layer both can run",
+         claims.holds(wide_beats_narrow)),
+        ("FP32: the direct kernels kept on the 3 x 3 and 5 x 5 layers",
+         claims.holds(lambda: kept("fused, FP32")["branch3x3"].startswith("direct3")
+                      and kept("fused, FP32")["branch5x5"].startswith("direct5"))),
+        ("FP16: the direct kernels on the tensor cores kept on the 3 x 3 and 5 x 5 layers",
+         claims.holds(lambda: kept("fused, FP16")["branch3x3"].startswith("tcd3")
+                      and kept("fused, FP16")["branch5x5"].startswith("tcd5"))),
+    ]
 
 
 def tuning_candidates_view(tuning: dict, name: str, source: str = "") -> plots.Table:

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from gpucourse import bench, runtime
+from gpucourse import bench, claims, runtime
 from kernels import inference_engine as E
 
 SIZE = 224
@@ -615,6 +615,8 @@ def floor_lines(t: dict) -> list:
             lines.append(f"{p.upper()}: top-1 agreement {100 * r[f'top1_{p}']['ratio']:.1f}% in 8 bits everywhere; "
                          f"{100 * r[f'top1_{p}_mixed']['ratio']:.1f}% mixed, with {100 * mixed['fp16_share']:.0f}% "
                          "of the multiply-adds kept in FP16")
+            if mixed.get("keep_fp16"):
+                lines.append(f"{p.upper()} mixed: kept in FP16 {', '.join(mixed['keep_fp16'])}")
     return lines
 
 
@@ -637,7 +639,29 @@ def reading(t: dict) -> list:
          (r["top1_fp8"]["ratio"] > r["top1_int8"]["ratio"]) if fp8 else None),
         ("yet the mixed FP8 plan keeps more of the multiply-adds in FP16 than the mixed INT8 plan",
          (share("fp8") > share("int8")) if fp8 else None),
+        ("both mixed plans keep the first stages (conv1 to conv3) in FP16",
+         claims.holds(lambda: all({"conv1", "conv2", "conv3"} <= set(e[f"{p} (mixed), batch {b}"]["keep_fp16"])
+                                  for p in ("INT8", "FP8")) if fp8 else None)),
+        ("the mixed FP8 plan runs conv5 alone in 8 bits",
+         claims.holds(lambda: set(e[f"FP8 (mixed), batch {b}"]["keep_fp16"]) == {"conv1", "conv2", "conv3", "conv4"}
+                      if fp8 else None)),
     ]
+
+
+def bound_counts(floors: list) -> dict:
+    """How many convolutions of each kernel size are memory-bound, from kernels.inference_engine.floors:
+    {"1x1": (memory-bound, of), "3x3": ..., "7x7": ...}."""
+    out = {}
+    for r in floors:
+        size = r["kernel"].split("/")[0]
+        memory, total = out.get(size, (0, 0))
+        out[size] = (memory + (r["bound"] == "memory"), total + 1)
+    return dict(sorted(out.items()))
+
+
+def bound_line(floors: list) -> str:
+    """``bound_counts`` as a line of text."""
+    return "memory-bound: " + ", ".join(f"{k} {m} of {n}" for k, (m, n) in bound_counts(floors).items())
 
 
 def mixed_bound(t: dict) -> dict:

@@ -342,6 +342,52 @@ def reduction_text(table: dict) -> str:
     return "\n".join(lines)
 
 
+def _loop_bodies(ptx: str) -> list:
+    """Each loop of one basic block in ``ptx`` (a label, straight-line code, a branch back to the label), as
+    (fma instructions, other instructions)."""
+    import re
+
+    loops = []
+    for block in re.split(r"^(?=\$L__BB\d+_\d+:)", ptx, flags=re.M):  # the basic blocks, each from its label
+        m = re.match(r"(\$L__BB\d+_\d+):", block)
+        if not m or not re.search(r"bra(?:\.uni)?\s+" + re.escape(m.group(1)) + ";", block):
+            continue  # not a loop of one basic block
+        lines = [ln.strip() for ln in block.splitlines()[1:]
+                 if ln.strip() and not ln.strip().startswith(("//", "{", "}", ".pragma"))]
+        fma = sum(ln.startswith("fma.rn.f32") for ln in lines)
+        loops.append((fma, len(lines) - fma))
+    return loops
+
+
+def loop_counts() -> dict:
+    """The inner loop of the branch kernel (``branch_on_lane``) as each compiler unrolled it, read from the PTX
+    (no GPU needed): {"numba": ..., "CUDA C": ...}, each {"rounds": rounds of the four multiply-adds a pass,
+    "other": instructions a pass that are not those multiply-adds (the counter, its test, the branch back)}.
+    Raises runtime.CourseError where numba cannot compile to PTX (no NVVM)."""
+    from gpucourse import cuda_c
+    from gpucourse.numba_ptx import numba_ptx
+
+    sources = {
+        "numba": numba_ptx({"branch_on_lane": wd.NUMBA_KERNELS["branch_on_lane"]},
+                           module="kernels.warp_divergence")["branch_on_lane"],
+        "CUDA C": cuda_c.ptx_entry(cuda_c.compile_ptx("warp_divergence", arch="sm_90"), "branch_on_lane"),
+    }
+    out = {}
+    for name, ptx in sources.items():
+        fma, other = max(_loop_bodies(ptx))  # the unrolled loop: the most multiply-adds a pass
+        out[name] = {"rounds": fma // 4, "other": other}
+    return out
+
+
+def loop_lines(counts: dict) -> list:
+    """What notebook 02's deep dive says about the two loops, from ``loop_counts``."""
+    n, c = counts["numba"], counts["CUDA C"]
+    return [f"{name}: {v['rounds']} rounds of the body a pass of the loop, {v['other']} other instructions "
+            f"({v['other'] / v['rounds']:.2f} a round)" for name, v in counts.items()] + [
+        f"numba's loop issues {(n['other'] / n['rounds']) / (c['other'] / c['rounds']):.0f}x as many instructions "
+        "a round around the multiply-adds as the CUDA C loop"]
+
+
 # ------------------------------------------------------------------------------------- figures
 
 _COLOURS = {"A": "tab:blue", "B": "tab:cyan", "X": "tab:orange", "Y": "tab:red", "Z": "tab:green"}

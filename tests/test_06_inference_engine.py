@@ -1120,6 +1120,23 @@ def test_recorded_one_kernel_claims_hold_in_every_record(each_record):
     assert b["ratio"]["INT8, that and the branches at half FP16's"] > 0.95 * goal
 
 
+def test_recorded_deep_dive_statements_hold_in_every_record(each_record):
+    """Deep dive, sections 1 and 4, as its cells print them: the tuner's tables (tuning_reading), and the floors per
+    layer from the record's ceilings: at batch 1 every 1 x 1 convolution and most 3 x 3 ones memory-bound; at batch
+    64 no 3 x 3 one, the 7 x 7 stem still, and most 1 x 1 ones."""
+    from benchmarks import inference_engine_resnet as R
+
+    f = each_record["figures"]
+    assert [s for s, holds in bench_lesson.tuning_reading(f["tuning"]) if holds is not True] == []
+    layers = E.optimize(E.resnet50(224))[-1][1]
+    c = each_record["ceilings"]
+    at = {b: R.bound_counts(E.floors(E.layer_costs(layers, b), c["fp16_tflops"], c["copy_gbps"])) for b in (1, 64)}
+    (m1, n1), (m3, n3) = at[1]["1x1"], at[1]["3x3"]
+    assert m1 == n1 and 2 * m3 > n3, at[1]
+    (m1, n1), (m3, n3), (m7, n7) = at[64]["1x1"], at[64]["3x3"], at[64]["7x7"]
+    assert m3 == 0 and m7 == n7 == 1 and 2 * m1 > n1, at[64]
+
+
 def test_recorded_resnet_claims_hold_in_every_record(each_record):
     """Deep dive, sections 4 and 5: the FP16 plan faster than PyTorch's CUDA graph of channels_last cuDNN calls and
     than torch.compile in a CUDA graph at batch 1 and 64; the INT8 and FP8 plans faster than FP16 by the goal but

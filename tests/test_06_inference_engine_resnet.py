@@ -826,3 +826,7 @@ def test_the_deep_dives_statements_on_resnet_follow_the_figures():
     assert read["the 3 x 3 convolutions of 64 channels (conv2's) the furthest above their floors"] is False
     assert read["no convolution of the FP16 plan runs below its floor"] is False
     assert R.floor_lines(t)[0].startswith("furthest above their floors: conv3_block2_1 ")
+    t["engine"][f"FP8 (mixed), batch {t['batch']}"]["keep_fp16"] = ["conv1", "conv2", "conv4"]
+    read = dict(R.reading(t))
+    assert read["the mixed FP8 plan runs conv5 alone in 8 bits"] is False
+    assert read["both mixed plans keep the first stages (conv1 to conv3) in FP16"] is False

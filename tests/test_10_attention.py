@@ -971,6 +971,47 @@ def test_recorded_field_statements_notebook_10_prints_hold_on_every_record():
         assert [s for s, holds in read if holds is not True] == [], rec["path"]
 
 
+def test_recorded_what_the_deep_dive_prints_of_the_orders_and_the_profile_holds_on_every_record():
+    """The statements the deep dive prints under its table of orders (orders_reading) and under the profile
+    (profile_reading) hold in every record; so does section 1's reading of the softmax: the plan's shapes run faster
+    than the online kernel at every length in FP32, most at the longest rows."""
+    from benchmarks import attention as B
+
+    for rec in _field_records():
+        read = B.orders_reading(rec["figures"]["field"])
+        assert read and [s for s, holds in read if holds is not True] == [], rec["path"]
+    for rec in records_of("profile"):
+        read = B.profile_reading(rec["figures"]["profile"])
+        assert read and [s for s, holds in read if holds is not True] == [], rec["path"]
+    for rec in records_of("softmax"):  # section 1: the plan's shapes (C = 1) beat the online kernel in FP32
+        gains = [q for _, q in B.plan_over_online(rec["figures"]["softmax"])]
+        assert len(gains) >= 4 and min(gains) > 1.0 and gains[-1] == max(gains), (rec["path"], gains)
+
+
+def test_the_orders_and_profile_statements_follow_the_figures():
+    """A field where pipelined falls behind serial in one column, and a profile where cuDNN's kernel keeps the tensor
+    pipes busier, print NO for those statements; a profile that did not run prints "-"."""
+    import copy
+
+    from benchmarks import attention as B
+
+    rec = next(iter(_field_records()))
+    field = copy.deepcopy(rec["figures"]["field"])
+    run = field["runs"][0]
+    run["fwd"]["wgmma pipelined (CUDA C)"] = 0.99 * run["fwd"]["wgmma serial (CUDA C)"]
+    read = dict(B.orders_reading(field))
+    assert read["pipelined: faster than serial in every column"] is False
+    assert read["Q in registers: the fastest order in every column"] is True
+    profile = copy.deepcopy(records_of("profile")[0]["figures"]["profile"])
+    busy = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    cudnn = next(r for r in profile["causal_rows"] if "cudnn" in r["kernel"])
+    cudnn[busy] = 99.0
+    read = dict(B.profile_reading(profile))
+    assert read["Q in registers, full and causal: tensor pipes busier than in cuDNN's kernel"] is False
+    assert read["Q in registers, full and causal: finishes sooner than cuDNN's"] is True
+    assert {h for _, h in B.profile_reading({"ok": False, "why": "no ncu"})} == {None}
+
+
 def test_the_field_statements_follow_the_figures():
     """A field whose Hopper kernel falls to 0.97 of cuDNN in one column, and whose Triton forward falls behind
     FlashAttention-2's, prints NO for those two statements and yes for the others; without the Hopper rows (a GPU
