@@ -26,6 +26,12 @@ def rounded_optimum(nb):
                     "    return max(1, round(s))\n")
 
 
+def never_pipeline(nb):
+    """Task 7.1 (b): one message whatever k, as if there were nothing to pipeline: far slower than the measured best
+    on four GPUs at 64 MiB and above."""
+    replace_in_cell(nb, "task-7-1-best", "if k == 2:", "if k >= 2:")
+
+
 def root_is_zero(nb):
     """Task 7.2: the ring counted from rank 0 whatever the root: right only when the root is 0."""
     replace_in_cell(nb, "task-7-2-rank", "pos = (comm.rank - root) % comm.size", "pos = comm.rank")
@@ -102,13 +108,14 @@ class TestExercises(LessonExercises):
     LESSON = "07_collectives"
     NOTEBOOK = "collectives.ipynb"
     TIMEOUT = 60  # seconds per cell; the slowest takes well under one
-    POINTS = {"test_7_1_time": 2, "test_7_1_best": 1, "test_7_2_data": 2, "test_7_2_pipelined": 2,
+    POINTS = {"test_7_1_time": 2, "test_7_1_best": 1, "test_7_1_measured": 1, "test_7_2_data": 2, "test_7_2_pipelined": 2,
               "test_7_3_results": 2, "test_7_3_traffic": 1, "test_7_4_gradients": 2,
               "test_7_5_schedule": 2, "test_7_5_results": 2, "perf_7_5_speed": 2}
     MULTI_GPU = {"test_7_5_results": 2}  # results on GPUs: graded on a machine with two or more
     VARIANTS = {
         no_latency_steps: ["test_7_1_time"],
         rounded_optimum: ["test_7_1_best"],
+        never_pipeline: ["test_7_1_best", "test_7_1_measured"],
         root_is_zero: ["test_7_2_data"],
         store_and_forward: ["test_7_2_pipelined"],
         whole_buffer: ["test_7_2_pipelined"],
@@ -119,6 +126,7 @@ class TestExercises(LessonExercises):
         pull_without_waiting: ["test_7_5_schedule"],
     }
     UNANSWERED = {"test_7_1_time": "NotImplementedError", "test_7_1_best": "NotImplementedError",
+                  "test_7_1_measured": "NotImplementedError",
                   "test_7_2_data": "NotImplementedError", "test_7_2_pipelined": "NotImplementedError",
                   "test_7_3_results": "NotImplementedError", "test_7_3_traffic": "NotImplementedError",
                   "test_7_4_gradients": "NotImplementedError", "test_7_5_schedule": "NotImplementedError"}
@@ -133,6 +141,7 @@ class TestExercises(LessonExercises):
 
         assert "want" in message("no_latency_steps", "test_7_1_time")
         assert "takes" in message("rounded_optimum", "test_7_1_best")  # a hidden test
+        assert "within 10% of the fastest measured" in message("never_pipeline", "test_7_1_measured")
         assert "unlike the root's" in message("root_is_zero", "test_7_2_data")
         assert "as soon as it has arrived" in message("store_and_forward", "test_7_2_pipelined")
         assert "one per chunk" in message("whole_buffer", "test_7_2_pipelined")
