@@ -61,6 +61,11 @@ def inverted_gain(nb):
                     'mps_gain = sliced[largest]["images_per_s"] / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"]')
 
 
+def more_processes_more_images(nb):
+    """Task 8.3: time-slicing predicted to serve more with more processes, as MPS does."""
+    replace_in_cell(nb, "task-8-3-predict", "predicted_best_k = 1 ", "predicted_best_k = 16 ")
+
+
 def gain_at_smallest_k(nb):
     """Task 8.3: the gains read at the smallest k of the table (one client), not the largest."""
     replace_in_cell(nb, "task-8-3-answer",
@@ -84,7 +89,7 @@ class TestExercises(LessonExercises):
     NOTEBOOK = "feeding_the_gpu.ipynb"
     TIMEOUT = 60
     POINTS = {"test_8_1_results": 3, "test_8_1_errors": 1, "perf_8_1_speed": 2, "test_8_2_batcher": 3,
-              "test_8_3_table": 2, "test_8_4_overlap": 2}
+              "test_8_3_predict": 1, "test_8_3_table": 2, "test_8_4_overlap": 2}
     VARIANTS = {
         last_chunk_skipped: ["test_8_1_results"],
         no_split_check: ["test_8_1_errors"],
@@ -93,6 +98,7 @@ class TestExercises(LessonExercises):
         first_stream_synchronised: ["test_8_1_results"],
         full_batches_only: ["test_8_2_batcher"],
         server_never_busy: ["test_8_2_batcher"],
+        more_processes_more_images: ["test_8_3_predict"],
         inverted_gain: ["test_8_3_table"],
         gain_at_smallest_k: ["test_8_3_table"],
         closed_intervals: ["test_8_4_overlap"],
@@ -113,5 +119,6 @@ class TestExercises(LessonExercises):
         assert any("lesson's own answer to Task 8.4" in n and "task_8_4_overlap" in n
                    for n in graded["overlap_by_reference"].notes), graded["overlap_by_reference"].format()
         assert "batch sizes" in message("full_batches_only", "test_8_2_batcher")
+        assert "one context at a time" in message("more_processes_more_images", "test_8_3_predict")  # a hidden test
         assert "mps_gain" in message("inverted_gain", "test_8_3_table")
         assert "at the largest k of the table" in message("gain_at_smallest_k", "test_8_3_table")  # a visible test
