@@ -56,19 +56,20 @@ class TestExercises(LessonExercises):
     TIMEOUT = 120  # seconds per cell: Task 10.3's kernel in the simulator takes a few
     POINTS = {"test_10_1_merge": 2, "test_10_1_empty": 1, "test_10_2_softmax": 2, "test_10_2_minus_infinity": 1,
               "perf_10_2_softmax": 2, "test_10_3_output": 3, "test_10_3_lse": 1, "test_10_4_tiles": 2,
-              "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_6_forward": 3,
-              "test_10_6_causal": 2, "perf_10_6_forward": 2}
+              "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_5_measured": 1,
+              "test_10_6_forward": 3, "test_10_6_causal": 2, "perf_10_6_forward": 2}
     VARIANTS = {
         merge_without_rescale: ["test_10_1_merge"],
         softmax_without_max: ["test_10_2_softmax"],
         forgets_rescale: ["test_10_3_output"],
         causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
-        counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge"],
+        counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge", "test_10_5_measured"],
         sum_not_rescaled: ["test_10_6_forward", "test_10_6_causal"],
         causal_mask_off_by_one: ["test_10_6_causal"],
     }
     UNANSWERED = {"test_10_1_merge": "NotImplementedError", "test_10_4_tiles": "NotImplementedError",
                   "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
+                  "test_10_5_measured": "NotImplementedError",
                   "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
     ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
                "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
@@ -89,6 +90,7 @@ class TestExercises(LessonExercises):
         assert "attention_forward's output" in message("forgets_rescale", "test_10_3_output")
         assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_10_4_tiles")
         assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_10_5_cost")
+        assert "above your roofline" in message("counts_scores_bytes", "test_10_5_measured")
         if not self.lacking():
             assert "attention_kernel's output" in message("sum_not_rescaled", "test_10_6_forward")
             assert "attention_kernel's output (causal)" in message("causal_mask_off_by_one", "test_10_6_causal")
