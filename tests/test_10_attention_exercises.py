@@ -13,9 +13,13 @@ pytestmark = [pytest.mark.lesson10, pytest.mark.slow]
 
 
 def merge_without_rescale(nb):
-    """Task 10.1: the two parts' sums and outputs added as they are, each still relative to its own max."""
-    replace_in_cell(nb, "task-10-1-merge", "return m, l1 * a1 + l2 * a2, o1 * a1[:, None] + o2 * a2[:, None]",
-                    "return m, l1 + l2, o1 + o2")
+    """Task 10.1: the two parts' outputs averaged as they are, not weighted by their shares of the sum."""
+    replace_in_cell(nb, "task-10-1-merge", "return L, w1[:, None] * y1 + w2[:, None] * y2", "return L, (y1 + y2) / 2")
+
+
+def lse_through_exp(nb):
+    """Task 10.1: L as log(exp(L1) + exp(L2)): right until the scores reach the hundreds, where exp overflows."""
+    replace_in_cell(nb, "task-10-1-merge", "L = np.logaddexp(L1, L2)", "L = np.log(np.exp(L1) + np.exp(L2))")
 
 
 def softmax_without_max(nb):
@@ -59,7 +63,8 @@ class TestExercises(LessonExercises):
               "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_5_measured": 1,
               "test_10_6_forward": 3, "test_10_6_causal": 2, "perf_10_6_forward": 2}
     VARIANTS = {
-        merge_without_rescale: ["test_10_1_merge"],
+        merge_without_rescale: ["test_10_1_merge", "test_10_1_empty"],
+        lse_through_exp: ["test_10_1_merge"],
         softmax_without_max: ["test_10_2_softmax"],
         forgets_rescale: ["test_10_3_output"],
         causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
@@ -71,7 +76,7 @@ class TestExercises(LessonExercises):
                   "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
                   "test_10_5_measured": "NotImplementedError",
                   "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
-    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
+    ANSWERS = ["np.logaddexp(L1, L2)", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
                "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
 
     @classmethod
@@ -86,6 +91,7 @@ class TestExercises(LessonExercises):
             return graded[variant].test(grade_id).message
 
         assert "against the softmax of the whole row" in message("merge_without_rescale", "test_10_1_merge")
+        assert "exp(L) overflows" in message("lse_through_exp", "test_10_1_merge")  # a hidden test
         assert "softmax_rows" in message("softmax_without_max", "test_10_2_softmax")
         assert "attention_forward's output" in message("forgets_rescale", "test_10_3_output")
         assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_10_4_tiles")
