@@ -24,7 +24,12 @@ def lse_through_exp(nb):
 
 def softmax_without_max(nb):
     """Task 10.2: exp(x) without the max subtracted: right on small values, overflows on the large row."""
-    replace_in_cell(nb, "task-10-2-kernel", "shift = np.float32(0.0) if m == -np.inf else m", "shift = np.float32(0.0)")
+    replace_in_cell(nb, "task-10-2-kernel", "shift = np.float32(0.0) if top == -np.inf else top", "shift = np.float32(0.0)")
+
+
+def no_row_guard(nb):
+    """Task 10.2: the rows past the end of the last block read as if they were there: out of bounds."""
+    replace_in_cell(nb, "task-10-2-kernel", "live = row < x.shape[0]", "live = True")
 
 
 def forgets_rescale(nb):
@@ -66,6 +71,7 @@ class TestExercises(LessonExercises):
         merge_without_rescale: ["test_10_1_merge", "test_10_1_empty"],
         lse_through_exp: ["test_10_1_merge"],
         softmax_without_max: ["test_10_2_softmax"],
+        no_row_guard: ["test_10_2_softmax", "test_10_2_minus_infinity"],
         forgets_rescale: ["test_10_3_output"],
         causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
         counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge", "test_10_5_measured"],
@@ -76,7 +82,7 @@ class TestExercises(LessonExercises):
                   "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
                   "test_10_5_measured": "NotImplementedError",
                   "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
-    ANSWERS = ["np.logaddexp(L1, L2)", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
+    ANSWERS = ["np.logaddexp(L1, L2)", "live = row < x.shape[0]", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
                "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
 
     @classmethod
@@ -93,6 +99,7 @@ class TestExercises(LessonExercises):
         assert "against the softmax of the whole row" in message("merge_without_rescale", "test_10_1_merge")
         assert "exp(L) overflows" in message("lse_through_exp", "test_10_1_merge")  # a hidden test
         assert "softmax_rows" in message("softmax_without_max", "test_10_2_softmax")
+        assert "out of bounds" in message("no_row_guard", "test_10_2_softmax")
         assert "attention_forward's output" in message("forgets_rescale", "test_10_3_output")
         assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_10_4_tiles")
         assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_10_5_cost")
