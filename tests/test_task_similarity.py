@@ -34,7 +34,6 @@ KNOWN_COPIES = {
     "05_convolution/task-5-2-kernel": "kernels/convolution.py's direct NHWC kernel",
     "06_inference_engine/task-6-1-kernel": "notebook 06 cell 21's fused CBR kernel",
     "07_collectives/task-7-5-pull": "notebook 07 cell 19's pull broadcast",
-    "10_attention/task-10-3-kernel": "notebook 10 cell 26's tiled forward pass",
     "10_attention/task-10-6-kernel": "notebook 10 cell 44's Triton loop",
 }
 
