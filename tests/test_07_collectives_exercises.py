@@ -26,34 +26,46 @@ def rounded_optimum(nb):
                     "    return max(1, round(s))\n")
 
 
+def never_pipeline(nb):
+    """Task 7.1 (b): one message whatever k, as if there were nothing to pipeline: far slower than the measured best
+    on four GPUs at 64 MiB and above."""
+    replace_in_cell(nb, "task-7-1-best", "if k == 2:", "if k >= 2:")
+
+
 def root_is_zero(nb):
-    """Task 7.2: the ring counted from rank 0 whatever the root: right only when the root is 0."""
-    replace_in_cell(nb, "task-7-2-rank", "pos = (comm.rank - root) % comm.size", "pos = comm.rank")
+    """Task 7.2: the chain counted as if the root were rank 0 whatever the root: right only when it is."""
+    replace_in_cell(nb, "task-7-2-rank", "after_root = (comm.rank - root - 1) % k", "after_root = (comm.rank - 1) % k")
 
 
 def store_and_forward(nb):
-    """Task 7.2: every chunk received before any is forwarded: right data, no pipelining."""
+    """Task 7.2: every chunk received before any is passed on: the right sum, no pipelining."""
     replace_in_cell(nb, "task-7-2-rank", """    for i in range(S):
-        lo, hi = chunk_bounds(data.size, S, i)
-        if pos != 0:
-            data[lo:hi] = comm.recv()
-        if pos != comm.size - 1:
-            comm.send(data[lo:hi])
-""", """    if pos != 0:
+        part = slice(*chunk_bounds(x.size, S, i))
+        if after_root > 0:
+            x[part] += comm.recv()  # chunk i summed over the ranks before this one
+        if after_root < k - 1:
+            comm.send(x[part])
+""", """    if after_root > 0:
         for i in range(S):
-            lo, hi = chunk_bounds(data.size, S, i)
-            data[lo:hi] = comm.recv()
-    if pos != comm.size - 1:
+            part = slice(*chunk_bounds(x.size, S, i))
+            x[part] += comm.recv()
+    if after_root < k - 1:
         for i in range(S):
-            lo, hi = chunk_bounds(data.size, S, i)
-            comm.send(data[lo:hi])
+            part = slice(*chunk_bounds(x.size, S, i))
+            comm.send(x[part])
 """)
 
 
 def whole_buffer(nb):
-    """Task 7.2: one message of the whole buffer, S ignored: right data, (k - 1) N / B."""
-    replace_in_cell(nb, "task-7-2-rank", "lo, hi = chunk_bounds(data.size, S, i)", "lo, hi = chunk_bounds(data.size, 1, 0)")
+    """Task 7.2: one message of the whole array, S ignored: the right sum, (k - 1) N / B."""
+    replace_in_cell(nb, "task-7-2-rank", "part = slice(*chunk_bounds(x.size, S, i))", "part = slice(*chunk_bounds(x.size, 1, 0))")
     replace_in_cell(nb, "task-7-2-rank", "for i in range(S):", "for i in range(1):")
+
+
+def forward_without_adding(nb):
+    """Task 7.2: each rank passes on what it received without adding its own values: the root ends with the first
+    rank's array plus its own."""
+    replace_in_cell(nb, "task-7-2-rank", "x[part] += comm.recv()", "x[part] = comm.recv()")
 
 
 def store_not_add(nb):
@@ -102,16 +114,18 @@ class TestExercises(LessonExercises):
     LESSON = "07_collectives"
     NOTEBOOK = "collectives.ipynb"
     TIMEOUT = 60  # seconds per cell; the slowest takes well under one
-    POINTS = {"test_7_1_time": 2, "test_7_1_best": 1, "test_7_2_data": 2, "test_7_2_pipelined": 2,
+    POINTS = {"test_7_1_time": 2, "test_7_1_best": 1, "test_7_1_measured": 1, "test_7_2_data": 2, "test_7_2_pipelined": 2,
               "test_7_3_results": 2, "test_7_3_traffic": 1, "test_7_4_gradients": 2,
               "test_7_5_schedule": 2, "test_7_5_results": 2, "perf_7_5_speed": 2}
     MULTI_GPU = {"test_7_5_results": 2}  # results on GPUs: graded on a machine with two or more
     VARIANTS = {
         no_latency_steps: ["test_7_1_time"],
         rounded_optimum: ["test_7_1_best"],
-        root_is_zero: ["test_7_2_data"],
+        never_pipeline: ["test_7_1_best", "test_7_1_measured"],
+        root_is_zero: ["test_7_2_data", "test_7_2_pipelined"],
         store_and_forward: ["test_7_2_pipelined"],
         whole_buffer: ["test_7_2_pipelined"],
+        forward_without_adding: ["test_7_2_data", "test_7_2_pipelined"],
         store_not_add: ["test_7_3_results", "test_7_4_gradients"],
         pass_whole_arrays: ["test_7_3_traffic"],
         sum_not_mean: ["test_7_4_gradients"],
@@ -119,11 +133,12 @@ class TestExercises(LessonExercises):
         pull_without_waiting: ["test_7_5_schedule"],
     }
     UNANSWERED = {"test_7_1_time": "NotImplementedError", "test_7_1_best": "NotImplementedError",
+                  "test_7_1_measured": "NotImplementedError",
                   "test_7_2_data": "NotImplementedError", "test_7_2_pipelined": "NotImplementedError",
                   "test_7_3_results": "NotImplementedError", "test_7_3_traffic": "NotImplementedError",
                   "test_7_4_gradients": "NotImplementedError", "test_7_5_schedule": "NotImplementedError"}
     ANSWERS = ["(S + k - 2) * (alpha + N / (S * B))",
-               "pos = (comm.rank - root) % comm.size",
+               "after_root = (comm.rank - root - 1) % k",
                "col.unflatten(v / k, grads[0])",
                "stream = ring.streams[j + 1]"]
 
@@ -133,7 +148,8 @@ class TestExercises(LessonExercises):
 
         assert "want" in message("no_latency_steps", "test_7_1_time")
         assert "takes" in message("rounded_optimum", "test_7_1_best")  # a hidden test
-        assert "unlike the root's" in message("root_is_zero", "test_7_2_data")
+        assert "within 10% of the fastest measured" in message("never_pipeline", "test_7_1_measured")
+        assert "differs from the sum" in message("root_is_zero", "test_7_2_data")
         assert "as soon as it has arrived" in message("store_and_forward", "test_7_2_pipelined")
         assert "one per chunk" in message("whole_buffer", "test_7_2_pipelined")
         assert "differs from the sum" in message("store_not_add", "test_7_3_results")

@@ -25,21 +25,28 @@ def no_split_check(nb):
 
 
 def wrong_slot(nb):
-    """Task 8.1: every chunk's result copied from stream 0's output buffer: right with one stream only."""
-    replace_in_cell(nb, "task-8-1-pipeline", "dout.copy_to_host(out[lo:hi], stream=s)",
-                    "buffers[0][2].copy_to_host(out[lo:hi], stream=s)")
+    """Task 8.1: every chunk's result copied from stream 0's buffer: right with one stream only."""
+    replace_in_cell(nb, "task-8-1-pipeline", "da.copy_to_host(out[part], stream=s)",
+                    "lanes[0][1].copy_to_host(out[part], stream=s)")
+
+
+def product_over_b(nb):
+    """Task 8.1: the product written over b's copy while the result is copied back from a's: out = a."""
+    replace_in_cell(nb, "task-8-1-pipeline", "S.multiply_kernel[blocks, THREADS, s](da, db, da)",
+                    "S.multiply_kernel[blocks, THREADS, s](da, db, db)")
 
 
 def shared_buffers(nb):
     """Task 8.1: one set of device buffers for every stream: right when the streams run one after another (as
     the simulator alone runs them), wrong when they run together."""
-    replace_in_cell(nb, "task-8-1-pipeline", "da, db, dout = buffers[i % streams]", "da, db, dout = buffers[0]")
+    replace_in_cell(nb, "task-8-1-pipeline", "s, da, db = lanes[i % streams]",
+                    "s, (_, da, db) = lanes[i % streams][0], lanes[0]")
 
 
 def first_stream_synchronised(nb):
     """Task 8.1: only the first stream waited for: the others may still be copying results back."""
-    replace_in_cell(nb, "task-8-1-pipeline", "for s in stream_list:\n        s.synchronize()",
-                    "stream_list[0].synchronize()")
+    replace_in_cell(nb, "task-8-1-pipeline", "for lane in lanes:\n        lane[0].synchronize()",
+                    "lanes[0][0].synchronize()")
 
 
 def full_batches_only(nb):
@@ -61,6 +68,11 @@ def inverted_gain(nb):
                     'mps_gain = sliced[largest]["images_per_s"] / MPS["configs"]["MPS, batch 1"][largest]["images_per_s"]')
 
 
+def more_processes_more_images(nb):
+    """Task 8.3: time-slicing predicted to serve more with more processes, as MPS does."""
+    replace_in_cell(nb, "task-8-3-predict", "predicted_best_k = 1 ", "predicted_best_k = 16 ")
+
+
 def gain_at_smallest_k(nb):
     """Task 8.3: the gains read at the smallest k of the table (one client), not the largest."""
     replace_in_cell(nb, "task-8-3-answer",
@@ -70,13 +82,13 @@ def gain_at_smallest_k(nb):
 
 def closed_intervals(nb):
     """Task 8.4: every moment some stage runs counted, not only those where two do: the busy fraction."""
-    replace_in_cell(nb, "task-8-4-overlap", "if sum(lo <= mid < hi for lo, hi in spans) >= 2:",
-                    "if sum(lo <= mid < hi for lo, hi in spans) >= 1:")
+    replace_in_cell(nb, "task-8-4-overlap", "if running >= 2:", "if running >= 1:")
 
 
 def overlap_by_reference(nb):
     """Task 8.4: the lesson's own S.overlap_fraction, reached through another module with getattr: refused."""
-    replace_in_cell(nb, "task-8-4-overlap", "    spans = [", "    return getattr(feeding.S, \"overlap_fraction\")(timeline)\n    spans = [")
+    replace_in_cell(nb, "task-8-4-overlap", "    events = sorted(",
+                    "    return getattr(feeding.S, \"overlap_fraction\")(timeline)\n    events = sorted(")
 
 
 class TestExercises(LessonExercises):
@@ -84,15 +96,17 @@ class TestExercises(LessonExercises):
     NOTEBOOK = "feeding_the_gpu.ipynb"
     TIMEOUT = 60
     POINTS = {"test_8_1_results": 3, "test_8_1_errors": 1, "perf_8_1_speed": 2, "test_8_2_batcher": 3,
-              "test_8_3_table": 2, "test_8_4_overlap": 2}
+              "test_8_3_predict": 1, "test_8_3_table": 2, "test_8_4_overlap": 2}
     VARIANTS = {
         last_chunk_skipped: ["test_8_1_results"],
         no_split_check: ["test_8_1_errors"],
         wrong_slot: ["test_8_1_results"],
+        product_over_b: ["test_8_1_results"],
         shared_buffers: ["test_8_1_results"],
         first_stream_synchronised: ["test_8_1_results"],
         full_batches_only: ["test_8_2_batcher"],
         server_never_busy: ["test_8_2_batcher"],
+        more_processes_more_images: ["test_8_3_predict"],
         inverted_gain: ["test_8_3_table"],
         gain_at_smallest_k: ["test_8_3_table"],
         closed_intervals: ["test_8_4_overlap"],
@@ -100,8 +114,8 @@ class TestExercises(LessonExercises):
     }
     UNANSWERED = {"test_8_1_results": "NotImplementedError", "test_8_2_batcher": "NotImplementedError",
                   "test_8_4_overlap": "NotImplementedError"}
-    ANSWERS = ["da, db, dout = buffers[i % streams]", "start = max(free, min(t[i] + max_wait, full))",
-               "sum(lo <= mid < hi for lo, hi in spans) >= 2"]
+    ANSWERS = ["S.multiply_kernel[blocks, THREADS, s](da, db, da)", "start = max(free, min(t[i] + max_wait, full))",
+               "if running >= 2:"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -113,5 +127,6 @@ class TestExercises(LessonExercises):
         assert any("lesson's own answer to Task 8.4" in n and "task_8_4_overlap" in n
                    for n in graded["overlap_by_reference"].notes), graded["overlap_by_reference"].format()
         assert "batch sizes" in message("full_batches_only", "test_8_2_batcher")
+        assert "one context at a time" in message("more_processes_more_images", "test_8_3_predict")  # a hidden test
         assert "mps_gain" in message("inverted_gain", "test_8_3_table")
         assert "at the largest k of the table" in message("gain_at_smallest_k", "test_8_3_table")  # a visible test

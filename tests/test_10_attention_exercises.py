@@ -13,19 +13,28 @@ pytestmark = [pytest.mark.lesson10, pytest.mark.slow]
 
 
 def merge_without_rescale(nb):
-    """Task 10.1: the two parts' sums and outputs added as they are, each still relative to its own max."""
-    replace_in_cell(nb, "task-10-1-merge", "return m, l1 * a1 + l2 * a2, o1 * a1[:, None] + o2 * a2[:, None]",
-                    "return m, l1 + l2, o1 + o2")
+    """Task 10.1: the two parts' outputs averaged as they are, not weighted by their shares of the sum."""
+    replace_in_cell(nb, "task-10-1-merge", "return L, w1[:, None] * y1 + w2[:, None] * y2", "return L, (y1 + y2) / 2")
+
+
+def lse_through_exp(nb):
+    """Task 10.1: L as log(exp(L1) + exp(L2)): right until the scores reach the hundreds, where exp overflows."""
+    replace_in_cell(nb, "task-10-1-merge", "L = np.logaddexp(L1, L2)", "L = np.log(np.exp(L1) + np.exp(L2))")
 
 
 def softmax_without_max(nb):
     """Task 10.2: exp(x) without the max subtracted: right on small values, overflows on the large row."""
-    replace_in_cell(nb, "task-10-2-kernel", "shift = np.float32(0.0) if m == -np.inf else m", "shift = np.float32(0.0)")
+    replace_in_cell(nb, "task-10-2-kernel", "shift = np.float32(0.0) if top == -np.inf else top", "shift = np.float32(0.0)")
+
+
+def no_row_guard(nb):
+    """Task 10.2: the rows past the end of the last block read as if they were there: out of bounds."""
+    replace_in_cell(nb, "task-10-2-kernel", "live = row < x.shape[0]", "live = True")
 
 
 def forgets_rescale(nb):
     """Task 10.3: the running sum is rescaled when the max grows, the output is not."""
-    replace_in_cell(nb, "task-10-3-kernel", "acc[j] = acc[j] * alpha + p * v_s[r, j]", "acc[j] = acc[j] + p * v_s[r, j]")
+    replace_in_cell(nb, "task-10-3-kernel", "            for j in range(d):\n                acc[j] *= alpha\n", "")
 
 
 def causal_loads_everything(nb):
@@ -56,21 +65,24 @@ class TestExercises(LessonExercises):
     TIMEOUT = 120  # seconds per cell: Task 10.3's kernel in the simulator takes a few
     POINTS = {"test_10_1_merge": 2, "test_10_1_empty": 1, "test_10_2_softmax": 2, "test_10_2_minus_infinity": 1,
               "perf_10_2_softmax": 2, "test_10_3_output": 3, "test_10_3_lse": 1, "test_10_4_tiles": 2,
-              "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_6_forward": 3,
-              "test_10_6_causal": 2, "perf_10_6_forward": 2}
+              "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_5_measured": 1,
+              "test_10_6_forward": 3, "test_10_6_causal": 2, "perf_10_6_forward": 2}
     VARIANTS = {
-        merge_without_rescale: ["test_10_1_merge"],
+        merge_without_rescale: ["test_10_1_merge", "test_10_1_empty"],
+        lse_through_exp: ["test_10_1_merge"],
         softmax_without_max: ["test_10_2_softmax"],
+        no_row_guard: ["test_10_2_softmax", "test_10_2_minus_infinity"],
         forgets_rescale: ["test_10_3_output"],
         causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
-        counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge"],
+        counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge", "test_10_5_measured"],
         sum_not_rescaled: ["test_10_6_forward", "test_10_6_causal"],
         causal_mask_off_by_one: ["test_10_6_causal"],
     }
     UNANSWERED = {"test_10_1_merge": "NotImplementedError", "test_10_4_tiles": "NotImplementedError",
                   "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
+                  "test_10_5_measured": "NotImplementedError",
                   "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
-    ANSWERS = ["l1 * a1 + l2 * a2", "acc[j] * alpha + p * v_s[r, j]", "(b + 1) * block_m",
+    ANSWERS = ["np.logaddexp(L1, L2)", "live = row < x.shape[0]", "alpha = math.exp(m - tile_max)", "(b + 1) * block_m",
                "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
 
     @classmethod
@@ -85,10 +97,13 @@ class TestExercises(LessonExercises):
             return graded[variant].test(grade_id).message
 
         assert "against the softmax of the whole row" in message("merge_without_rescale", "test_10_1_merge")
+        assert "exp(L) overflows" in message("lse_through_exp", "test_10_1_merge")  # a hidden test
         assert "softmax_rows" in message("softmax_without_max", "test_10_2_softmax")
+        assert "out of bounds" in message("no_row_guard", "test_10_2_softmax")
         assert "attention_forward's output" in message("forgets_rescale", "test_10_3_output")
         assert "the first block sees one tile, got 16" in message("causal_loads_everything", "test_10_4_tiles")
         assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_10_5_cost")
+        assert "above your roofline" in message("counts_scores_bytes", "test_10_5_measured")
         if not self.lacking():
             assert "attention_kernel's output" in message("sum_not_rescaled", "test_10_6_forward")
             assert "attention_kernel's output (causal)" in message("causal_mask_off_by_one", "test_10_6_causal")

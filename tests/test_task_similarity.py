@@ -33,14 +33,8 @@ MIN_LINES = 4  # regions shorter than this (a constant, a letter, a one-line cal
 KNOWN_COPIES = {
     "05_convolution/task-5-2-kernel": "kernels/convolution.py's direct NHWC kernel",
     "06_inference_engine/task-6-1-kernel": "notebook 06 cell 21's fused CBR kernel",
-    "07_collectives/task-7-2-rank": "notebook 07 cell 11's ring broadcast",
-    "07_collectives/task-7-5-pull": "notebook 07 cell 19's pull broadcast",
-    "08_feeding_the_gpu/task-8-1-pipeline": "notebook 08 cell 8's chunked pipeline",
-    "08_feeding_the_gpu/task-8-4-overlap": "kernels/feeding_the_gpu.py's overlap measure",
-    "10_attention/task-10-1-merge": "notebook 10 cell 6's merge rule",
-    "10_attention/task-10-2-kernel": "notebook 10 cell 9's row softmax kernel",
-    "10_attention/task-10-3-kernel": "notebook 10 cell 26's tiled forward pass",
-    "10_attention/task-10-6-kernel": "notebook 10 cell 44's Triton loop",
+    "07_collectives/task-7-5-pull": "notebook 07 cell 25's push broadcast (the schedule on the receivers' streams)",
+    "10_attention/task-10-6-kernel": "notebook 10 cell 53's Triton loop",
 }
 
 # The kernel sources of each lesson, besides the code cells of notebooks/NN_*.ipynb.
