@@ -54,12 +54,24 @@ def fastest_for_no_workspace(nb):
                     "algo_no_workspace = choose_algorithm(TABLE, None)")
 
 
+def gemm_reads_no_cols(nb):
+    """Task 5.5 (a): the im2col route's GEMM counted without reading the cols matrix back: (b) is consistent with
+    it, and wrong against the model."""
+    replace_in_cell(nb, "task-5-5-floor", "max((cols + w_bytes + y_bytes) * bytes_us, flops_us)",
+                    "max((w_bytes + y_bytes) * bytes_us, flops_us)")
+
+
+def im2col_ok_inverted(nb):
+    """Task 5.5 (b): the layers where im2col + GEMM costs more than twice the implicit GEMM, not at most."""
+    replace_in_cell(nb, "task-5-5-decision", "if ratio <= 2]", "if ratio > 2]")
+
+
 class TestExercises(LessonExercises):
     LESSON = "05_convolution"
     NOTEBOOK = "convolution.ipynb"
     TIMEOUT = 60  # seconds per cell: Task 5.2's hidden cases in the simulator take a few
     POINTS = {"test_5_1_size": 2, "test_5_2_results": 3, "perf_5_2_speed": 2, "test_5_3_im2col": 3,
-              "test_5_4_choose": 2, "test_5_4_answers": 2}
+              "test_5_4_choose": 2, "test_5_4_answers": 2, "test_5_5_floor": 2, "test_5_5_decision": 2}
     VARIANTS = {
         no_dilation: ["test_5_1_size", "test_5_3_im2col"],  # Task 5.3's im2col uses output_size
         flipped_filter: ["test_5_2_results"],
@@ -68,11 +80,13 @@ class TestExercises(LessonExercises):
         trusts_failed_rows: ["test_5_4_choose"],
         strict_limit: ["test_5_4_choose", "test_5_4_answers"],  # with limit 0, nothing is below it
         fastest_for_no_workspace: ["test_5_4_answers"],
+        gemm_reads_no_cols: ["test_5_5_floor", "test_5_5_decision"],
+        im2col_ok_inverted: ["test_5_5_decision"],
     }
     UNANSWERED = {"test_5_1_size": "NotImplementedError", "test_5_3_im2col": "NotImplementedError",
-                  "test_5_4_choose": "NotImplementedError"}
+                  "test_5_4_choose": "NotImplementedError", "test_5_5_floor": "NotImplementedError"}
     ANSWERS = ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
-               "max(acc + b[k]"]
+               "max(acc + b[k]", "(x_bytes + cols) * bytes_us"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
