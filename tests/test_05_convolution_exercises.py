@@ -95,6 +95,6 @@ class TestExercises(LessonExercises):
         assert "want 28" in message("no_dilation", "test_5_1_size")  # a hidden test: 3 taps dilated by 2, pad 2
         assert "cross-correlation" in message("flipped_filter", "test_5_2_results")
         assert "ReLU is missing" in message("no_relu", "test_5_2_results")
-        assert "c R S + r S + s" in message("taps_outermost", "test_5_3_im2col")
+        assert "c R S + i S + j" in message("taps_outermost", "test_5_3_im2col")
         assert "chose" in message("trusts_failed_rows", "test_5_4_choose")
         assert "bytes of workspace" in message("fastest_for_no_workspace", "test_5_4_answers")

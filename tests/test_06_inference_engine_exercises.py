@@ -77,6 +77,20 @@ def symmetric_padding(nb):
 # variant -> the tests it fails (all others pass)
 
 
+def weights_per_image(nb):
+    """Task 6.5 (a): the weights counted once per image, not once per batch: no batch makes a layer cross, and (b)
+    follows its own crossover_batch, wrongly."""
+    replace_in_cell(nb, "task-6-5-crossover", 'gain = cost["flops"] * bandwidth - cost["act_bytes"] * peak',
+                    'gain = cost["flops"] * bandwidth - (cost["act_bytes"] + cost["weight_bytes"]) * peak')
+
+
+def serve_at_largest_crossing_unrounded(nb):
+    """Task 6.5 (b): the largest crossing batch itself, not the power of two that covers it."""
+    replace_in_cell(nb, "task-6-5-decision",
+                    "SERVE_BATCH = next(2**i for i in range(9) if all(b is None or b <= 2**i for b in crossings))",
+                    "SERVE_BATCH = max(b for b in crossings if b is not None)")
+
+
 class TestExercises(LessonExercises):
     LESSON = "06_inference_engine"
     NOTEBOOK = "inference_engine.ipynb"
@@ -84,8 +98,10 @@ class TestExercises(LessonExercises):
     POINTS = {"test_6_1_results": 3, "test_6_1_fused": 1, "perf_6_1_speed": 2,
               "test_6_2_fold": 3, "test_6_2_stem": 1,
               "test_6_3_scale": 1, "test_6_3_quantize": 2, "test_6_3_roundtrip": 1, "perf_6_3_speed": 1,
-              "test_6_4_results": 2, "test_6_4_residual": 2}
+              "test_6_4_results": 2, "test_6_4_residual": 2, "test_6_5_crossover": 2, "test_6_5_decision": 2}
     VARIANTS = {
+        weights_per_image: ["test_6_5_crossover", "test_6_5_decision"],
+        serve_at_largest_crossing_unrounded: ["test_6_5_decision"],
         no_relu: ["test_6_1_results"],
         relu_in_a_second_pass: ["test_6_1_fused"],
         no_padding_check: ["test_6_1_results", "test_6_1_fused"],
@@ -98,9 +114,11 @@ class TestExercises(LessonExercises):
         symmetric_padding: ["test_6_4_results"],
     }
     UNANSWERED = {"test_6_1_results": "NotImplementedError", "test_6_2_fold": "NotImplementedError",
-                  "test_6_3_scale": "NotImplementedError", "test_6_4_results": "NotImplementedError"}
+                  "test_6_3_scale": "NotImplementedError", "test_6_4_results": "NotImplementedError",
+                  "test_6_5_crossover": "NotImplementedError"}
     ANSWERS = ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
-               "acc += x[n, hh, ww, c]", "stride * (ho - 1) + 1:stride"]
+               "acc += x[n, hh, ww, c]", "stride * (ho - 1) + 1:stride",
+               'cost["weight_bytes"] * peak / gain']
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
