@@ -84,11 +84,10 @@ def weights_per_image(nb):
                     'gain = cost["flops"] * bandwidth - (cost["act_bytes"] + cost["weight_bytes"]) * peak')
 
 
-def serve_at_largest_crossing_unrounded(nb):
-    """Task 6.5 (b): the largest crossing batch itself, not the power of two that covers it."""
-    replace_in_cell(nb, "task-6-5-decision",
-                    "SERVE_BATCH = next(2**i for i in range(9) if all(b is None or b <= 2**i for b in crossings))",
-                    "SERVE_BATCH = max(b for b in crossings if b is not None)")
+def serve_past_the_crossing(nb):
+    """Task 6.5 (b): a batch taken only when it is past every crossing (< for <=): one power of two too many."""
+    replace_in_cell(nb, "task-6-5-decision", "all(b is None or b <= 2**i for b in crossings)",
+                    "all(b is None or b < 2**i for b in crossings)")
 
 
 class TestExercises(LessonExercises):
@@ -101,7 +100,7 @@ class TestExercises(LessonExercises):
               "test_6_4_results": 2, "test_6_4_residual": 2, "test_6_5_crossover": 2, "test_6_5_decision": 2}
     VARIANTS = {
         weights_per_image: ["test_6_5_crossover", "test_6_5_decision"],
-        serve_at_largest_crossing_unrounded: ["test_6_5_decision"],
+        serve_past_the_crossing: ["test_6_5_decision"],
         no_relu: ["test_6_1_results"],
         relu_in_a_second_pass: ["test_6_1_fused"],
         no_padding_check: ["test_6_1_results", "test_6_1_fused"],
