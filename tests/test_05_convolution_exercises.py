@@ -18,14 +18,14 @@ def no_dilation(nb):
 
 def flipped_filter(nb):
     """Task 5.2: the textbook convolution (filter flipped) instead of deep learning's cross-correlation."""
-    replace_in_cell(nb, "task-5-2-kernel", "acc += x[n, h, col, c] * w[k, r, s, c]",
-                    "acc += x[n, h, col, c] * w[k, R - 1 - r, S - 1 - s, c]")
+    replace_in_cell(nb, "task-5-2-kernel", "acc[j] += v * w[k0 + j, r, s, c]",
+                    "acc[j] += v * w[k0 + j, R - 1 - r, S - 1 - s, c]")
 
 
 def no_relu(nb):
     """Task 5.2: the bias added, the ReLU forgotten."""
-    replace_in_cell(nb, "task-5-2-kernel", "y[n, p, q, k] = max(acc + b[k], np.float32(0.0))",
-                    "y[n, p, q, k] = acc + b[k]")
+    replace_in_cell(nb, "task-5-2-kernel", "y[n, p, q, k0 + j] = max(acc[j] + b[k0 + j], np.float32(0.0))",
+                    "y[n, p, q, k0 + j] = acc[j] + b[k0 + j]")
 
 
 def taps_outermost(nb):
@@ -66,6 +66,12 @@ def im2col_ok_inverted(nb):
     replace_in_cell(nb, "task-5-5-decision", "if ratio <= 2]", "if ratio > 2]")
 
 
+def last_group_full(nb):
+    """Task 5.2: every group taken as KPT channels wide: with K not a multiple of 4 the last group reads w and
+    writes y past channel K - 1 (in the simulator, an index out of bounds)."""
+    replace_in_cell(nb, "task-5-2-kernel", "kn = min(KPT, K - k0)", "kn = KPT")
+
+
 class TestExercises(LessonExercises):
     LESSON = "05_convolution"
     NOTEBOOK = "convolution.ipynb"
@@ -76,6 +82,7 @@ class TestExercises(LessonExercises):
         no_dilation: ["test_5_1_size", "test_5_3_im2col"],  # Task 5.3's im2col uses output_size
         flipped_filter: ["test_5_2_results"],
         no_relu: ["test_5_2_results"],
+        last_group_full: ["test_5_2_results"],
         taps_outermost: ["test_5_3_im2col"],
         trusts_failed_rows: ["test_5_4_choose"],
         strict_limit: ["test_5_4_choose", "test_5_4_answers"],  # with limit 0, nothing is below it
@@ -86,7 +93,7 @@ class TestExercises(LessonExercises):
     UNANSWERED = {"test_5_1_size": "NotImplementedError", "test_5_3_im2col": "NotImplementedError",
                   "test_5_4_choose": "NotImplementedError", "test_5_5_floor": "NotImplementedError"}
     ANSWERS = ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
-               "max(acc + b[k]", "(x_bytes + cols) * bytes_us"]
+               "max(acc[j] + b[k0 + j]", "(x_bytes + cols) * bytes_us"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
