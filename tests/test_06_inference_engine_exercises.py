@@ -12,21 +12,21 @@ pytestmark = [pytest.mark.lesson06, pytest.mark.slow]
 
 
 def no_relu(nb):
-    """Task 6.1: conv + bias, the ReLU forgotten."""
-    replace_in_cell(nb, "task-6-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))", "y[n, row, col, k] = acc")
+    """Task 6.1: conv + bias + pool, the ReLU forgotten (the largest starts below every activation)."""
+    replace_in_cell(nb, "task-6-1-kernel", "best = np.float32(0.0)  # the ReLU: nothing below zero survives",
+                    "best = np.float32(-math.inf)")
 
 
 def relu_in_a_second_pass(nb):
-    """Task 6.1: right results, but the sum is written to y and the ReLU applied by reading it back: the
-    memory pass fusion removes."""
-    replace_in_cell(nb, "task-6-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))",
-                    "y[n, row, col, k] = acc\n        y[n, row, col, k] = max(y[n, row, col, k], np.float32(0.0))")
+    """Task 6.1: right results, but the last activation is written to y and the window's largest found by reading
+    it back: the memory pass fusion removes."""
+    replace_in_cell(nb, "task-6-1-kernel", "        y[n, i, j, k] = best\n",
+                    "        y[n, i, j, k] = acc\n        y[n, i, j, k] = max(y[n, i, j, k], best)\n")
 
 
 def no_padding_check(nb):
     """Task 6.1: the window's edge test left out for columns: reads wrap into the neighbouring row (or fail)."""
-    replace_in_cell(nb, "task-6-1-kernel", "                    if 0 <= ww < W:\n",
-                    "                    if True:\n")
+    replace_in_cell(nb, "task-6-1-kernel", "if 0 <= hh < H and 0 <= ww < W:", "if 0 <= hh < H:")
 
 
 def mean_not_subtracted(nb):

@@ -31,7 +31,6 @@ MIN_LINES = 4  # regions shorter than this (a constant, a letter, a one-line cal
 # applied to another operation, shape, layout or schedule). Expected to fail, strictly: once one is reworked its
 # test passes, fails as "XPASS", and its line here goes.
 KNOWN_COPIES = {
-    "06_inference_engine/task-6-1-kernel": "notebook 06 cell 21's fused CBR kernel",
     "07_collectives/task-7-2-rank": "notebook 07 cell 11's ring broadcast",
     "07_collectives/task-7-5-pull": "notebook 07 cell 19's pull broadcast",
     "08_feeding_the_gpu/task-8-1-pipeline": "notebook 08 cell 8's chunked pipeline",
