@@ -25,7 +25,8 @@ def relu_in_a_second_pass(nb):
 
 
 def no_padding_check(nb):
-    """Task 6.1: the window's edge test left out for columns: reads wrap into the neighbouring row (or fail)."""
+    """Task 6.1: the window's edge test left out for columns: reads wrap into the neighbouring row, or fail past
+    the last column."""
     replace_in_cell(nb, "task-6-1-kernel", "if 0 <= hh < H and 0 <= ww < W:", "if 0 <= hh < H:")
 
 
@@ -103,7 +104,7 @@ class TestExercises(LessonExercises):
         serve_past_the_crossing: ["test_6_5_decision"],
         no_relu: ["test_6_1_results"],
         relu_in_a_second_pass: ["test_6_1_fused"],
-        no_padding_check: ["test_6_1_results", "test_6_1_fused"],
+        no_padding_check: ["test_6_1_results"],  # one pass over y still: the fused test counts traffic only
         mean_not_subtracted: ["test_6_2_fold", "test_6_2_stem"],
         stem_without_beta: ["test_6_2_stem"],
         zero_scale: ["test_6_3_scale"],

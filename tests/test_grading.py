@@ -58,8 +58,8 @@ def never_returns(nb):
 
 def float_grid(nb):
     """Task 1.4: a grid size computed with / is a float; the launch raises."""
-    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / THREADS), BLOCKS_PER_SM * SMS))",
-             "out.shape[0] / THREADS")
+    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(numbers / THREADS), BLOCKS_PER_SM * SMS))",
+             "numbers / THREADS")
 
 
 def odd_sizes_in_exercise(nb):
@@ -71,11 +71,11 @@ def odd_sizes_in_exercise(nb):
 
 
 def no_stride_loop(nb):
-    """Task 1.4 (c): one thread per element, no loop, launched on a grid that covers the test arrays (4 blocks of
-    256 threads for 1000 elements): fast_multiply is right, but fast_kernel on a grid smaller than the array
-    leaves elements unwritten, in CPU mode too."""
-    replace_in_cell(nb, "task-1-4-fast-multiply", "    while i < out.size:\n        out[i] = a[i] * b[i]\n"
-                    "        i += cuda.gridsize(1)", "    if i < out.size:\n        out[i] = a[i] * b[i]")
+    """Task 1.4 (c): one thread per complex number, no loop, launched on a grid that covers the test arrays (2
+    blocks of 256 threads for 500 numbers): fast_multiply is right, but fast_kernel on a grid with fewer threads
+    than numbers leaves elements unwritten, in CPU mode too."""
+    replace_in_cell(nb, "task-1-4-fast-multiply", "    while 2 * k + 1 < out.size:", "    if 2 * k + 1 < out.size:")
+    replace_in_cell(nb, "task-1-4-fast-multiply", "        k += cuda.gridsize(1)", "        pass")
 
 
 def blocks_of_one_warp(nb):
