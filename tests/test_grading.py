@@ -169,7 +169,7 @@ def test_feedback_names_the_error(graded):
     assert graded["float_grid"].test("test_1_4_fast_multiply").message.startswith("TypeError")
     assert "7 x 143 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
     assert "1 x 5 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
-    assert "n=1000, 2 block(s) x 64 thread(s)" in graded["no_stride_loop"].test("test_1_4_any_grid").message
+    assert "1000 complex numbers, 2 block(s) x 64 thread(s)" in graded["no_stride_loop"].test("test_1_4_any_grid").message
     assert "the SMs are not full" in graded["blocks_of_one_warp"].test("test_1_4_decision").message
     assert "occupancy(32) = 1.0" in graded["occupancy_without_block_limit"].test("test_1_4_occupancy").message
     assert "pinned_s over the kernel's 2.3 ms, both in seconds" in \
