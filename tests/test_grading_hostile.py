@@ -519,15 +519,15 @@ LESSON_CASES: dict[str, list[Case]] = {L1: [
     Case("patched_timer_and_clock", l1_patched_timer, **_l1(10, {
         "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
         "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 24: sets attribute time.perf_counter (a notebook may set "
+        "cell task_1_4_fast_multiply was not run: line 25: sets attribute time.perf_counter (a notebook may set "
         "attributes only on self in its own classes; setting them on modules or shared objects patches what the "
-        "tests use); line 25: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
+        "tests use); line 26: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
         "own classes; setting them on modules or shared objects patches what the tests use)"])),
     Case("patched_grader", l1_patched_grader, **_l1(10, {
         "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
         "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 22: imports gpucourse.grading (is the grader itself; graded "
-        "notebooks may not); line 23: sets attribute grading.performance_points (a notebook may set attributes "
+        "cell task_1_4_fast_multiply was not run: line 23: imports gpucourse.grading (is the grader itself; graded "
+        "notebooks may not); line 24: sets attribute grading.performance_points (a notebook may set attributes "
         "only on self in its own classes; setting them on modules or shared objects patches what the tests "
         "use)"])),
     # Caching passes the correctness test, which never repeats a size; the performance test catches it
