@@ -85,6 +85,15 @@ def multiply_pairs(a2, b2, out2, a, b, out):
         out[last] = a[last] * b[last]
 
 
+@cuda.jit
+def multiply_complex(a2, b2, out2):
+    """The complex product out2 = a2 * b2 on complex views of float arrays (numba multiplies complex numbers
+    itself), grid-stride: the reference of the exercises' Task 1.4, whose kernel does the same arithmetic on the
+    interleaved float elements."""
+    for i in range(cuda.grid(1), out2.size, cuda.gridsize(1)):
+        out2[i] = a2[i] * b2[i]
+
+
 KERNELS = {"one_per_thread": multiply_one_per_thread, "grid_stride": multiply_grid_stride,
            "grid_stride_x4": multiply_grid_stride_x4, "pairs": multiply_pairs}
 # Every numba kernel of this module with a signature: tests/test_gpu_archs.py compiles each to PTX and machine
@@ -93,6 +102,7 @@ NUMBA_KERNELS = {name: "void(float32[::1], float32[::1], float32[::1])"
                  for name in ("multiply_one_per_thread", "multiply_grid_stride", "multiply_grid_stride_x4")}
 NUMBA_KERNELS["multiply_pairs"] = ("void(complex64[::1], complex64[::1], complex64[::1], float32[::1], float32[::1], "
                                    "float32[::1])")
+NUMBA_KERNELS["multiply_complex"] = "void(complex64[::1], complex64[::1], complex64[::1])"
 PAIR_DTYPES = {np.dtype(np.float32): np.complex64, np.dtype(np.float64): np.complex128}
 
 
@@ -187,6 +197,24 @@ def multiply_cuda_c(a, b, out, *, variant: str = "vmul_vec4", threads: int = 256
             raise runtime.CourseInputError(f"{name} is not 16-byte aligned; {variant} loads float4")
     blocks = blocks or default_blocks_cuda_c(a.shape[0], threads, variant)
     cuda_c.function("vector_multiply", variant, edits)((blocks,), (threads,), (a, b, out, np.int64(a.shape[0])))
+    return out
+
+
+def complex_spec(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The complex product of two float arrays holding complex numbers interleaved (number k: real part at
+    index 2k, imaginary part at 2k + 1), in the same layout; computed in double precision."""
+    a2, b2 = (np.asarray(x, dtype=np.float64).view(np.complex128) for x in (a, b))
+    return (a2 * b2).view(np.float64)
+
+
+def complex_multiply(a, b, out, *, threads: int = 256, blocks: int | None = None):
+    """out = a * b for complex numbers stored interleaved in 1-D float device arrays of even length (the
+    layout of complex64 viewed as float32), grid-stride over the numbers; returns out."""
+    check_operands(a, b, out)
+    if a.shape[0] % 2:
+        raise runtime.CourseInputError(f"interleaved complex numbers need an even length, got {a.shape[0]}")
+    blocks = blocks or default_blocks(a.shape[0] // 2, threads, "grid_stride")
+    multiply_complex[blocks, threads](as_pairs(a), as_pairs(b), as_pairs(out))
     return out
 
 

@@ -51,6 +51,19 @@ def test_next_steps_cover_any_grid(rng, kernel, blocks, threads):
         np.testing.assert_array_equal(dout.copy_to_host(), a * b)
 
 
+@pytest.mark.parametrize("n,blocks", [(2, None), (1000, None), (1000, 1), (4098, 3)])
+def test_complex_multiply_matches_spec(rng, n, blocks):
+    """The reference of the exercises' Task 1.4: the complex product of interleaved numbers, any grid."""
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    dout = cuda.to_device(np.full(n, np.nan, dtype=np.float32))
+    vm.complex_multiply(cuda.to_device(a), cuda.to_device(b), dout, threads=32, blocks=blocks)
+    want = (a.view(np.complex64) * b.view(np.complex64)).view(np.float32)
+    np.testing.assert_allclose(dout.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(vm.complex_spec(a, b), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(runtime.CourseInputError, match="even length"):
+        vm.complex_multiply(*(cuda.to_device(np.zeros(3, np.float32)) for _ in range(3)))
+
+
 def test_pairs_view_and_alignment(rng):
     a, b, da, db, dout = device_operands(rng, 7)
     pairs = vm.as_pairs(da)

@@ -25,14 +25,14 @@ def rotate_is_a_transpose(nb):
 
 def matmul_wrong_tile_index(nb):
     """Task 3.2: b's tile loaded with the thread indices swapped, and read as if it were not."""
-    replace_in_cell(nb, "task-3-2-kernel", "sb[ty, tx] = b[j0 + ty, k0 + tx] if j0 + ty < b.shape[0]",
-                    "sb[ty, tx] = b[j0 + tx, k0 + ty] if j0 + tx < b.shape[0]")
+    replace_in_cell(nb, "task-3-2-kernel", "sb[half * MM_TILE + ty, tx] = b[jb, k] if jb < n and k < k_total",
+                    "sb[half * MM_TILE + tx, ty] = b[jb, k] if jb < n and k < k_total")
 
 
 def matmul_without_second_barrier(nb):
     """Task 3.2: no barrier before the next step's loads: fast threads overwrite tiles slow ones still read."""
-    replace_in_cell(nb, "task-3-2-kernel", "            acc += sa[ty, kk] * sb[tx, kk]\n        cuda.syncthreads()\n",
-                    "            acc += sa[ty, kk] * sb[tx, kk]\n")
+    replace_in_cell(nb, "task-3-2-kernel", "            acc1 += x * sb[MM_TILE + tx, kk]\n        cuda.syncthreads()\n",
+                    "            acc1 += x * sb[MM_TILE + tx, kk]\n")
 
 
 def aos_one_sector_a_lane(nb):
@@ -48,14 +48,16 @@ def widths_not_multiple_of_32(nb):
 
 
 def blur_wraps_around(nb):
-    """Task 3.4: the edges wrap around to the other side of the image instead of being clamped."""
-    replace_in_cell(nb, "task-3-4-kernel", "r = min(max(row + dr, 0), rows - 1)", "r = (row + dr) % rows")
+    """Task 3.4: the halo wraps around to the other side of the image instead of being clamped."""
+    replace_in_cell(nb, "task-3-4-kernel", "img[min(max(r0 + tr, 0), rows - 1), min(max(c0 + tc, 0), cols - 1)]",
+                    "img[(r0 + tr) % rows, (c0 + tc) % cols]")
 
 
 def blur_without_weights(nb):
-    """Task 3.4: a plain 3 x 3 mean (the lesson's blur3x3), not the Gaussian weights."""
-    replace_in_cell(nb, "task-3-4-kernel", "w = np.float32((2 - abs(dr)) * (2 - abs(dc)))  # 1, 2 or 4",
-                    "w = np.float32(16.0 / 9.0)")
+    """Task 3.4: the row pass a plain mean of three (1 1 1 over 3), not 1 2 1: the weights not separated right."""
+    replace_in_cell(nb, "task-3-4-kernel",
+                    "rowpass[tr, tx] = tile[tr, tx] + np.float32(2.0) * tile[tr, tx + 1] + tile[tr, tx + 2]",
+                    "rowpass[tr, tx] = np.float32(4.0 / 3.0) * (tile[tr, tx] + tile[tr, tx + 1] + tile[tr, tx + 2])")
 
 
 class TestExercises(LessonExercises):
@@ -76,8 +78,8 @@ class TestExercises(LessonExercises):
     }
     UNANSWERED = {"test_3_1_rotate": "must go through", "test_3_2_matmul": "must go through",
                   "test_3_3_layouts": "NameError", "test_3_3_widths": "NotImplementedError",
-                  "test_3_4_blur": "NotImplementedError"}
-    ANSWERS = ["rows - 1 - r] = tile[TILE - 1 - tx, j]", "sb[tx, kk]", "(2 - abs(dr)) * (2 - abs(dc))",
+                  "test_3_4_blur": "must go through"}
+    ANSWERS = ["rows - 1 - r] = tile[TILE - 1 - tx, j]", "sb[tx, kk]", "rowpass[ty + 2, tx]",
                "aos_sectors = 16"]
 
     def test_feedback_names_the_mistake(self, graded):

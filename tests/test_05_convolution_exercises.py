@@ -18,14 +18,14 @@ def no_dilation(nb):
 
 def flipped_filter(nb):
     """Task 5.2: the textbook convolution (filter flipped) instead of deep learning's cross-correlation."""
-    replace_in_cell(nb, "task-5-2-kernel", "acc += x[n, h, col, c] * w[k, r, s, c]",
-                    "acc += x[n, h, col, c] * w[k, R - 1 - r, S - 1 - s, c]")
+    replace_in_cell(nb, "task-5-2-kernel", "acc[j] += v * w[k0 + j, r, s, c]",
+                    "acc[j] += v * w[k0 + j, R - 1 - r, S - 1 - s, c]")
 
 
 def no_relu(nb):
     """Task 5.2: the bias added, the ReLU forgotten."""
-    replace_in_cell(nb, "task-5-2-kernel", "y[n, p, q, k] = max(acc + b[k], np.float32(0.0))",
-                    "y[n, p, q, k] = acc + b[k]")
+    replace_in_cell(nb, "task-5-2-kernel", "y[n, p, q, k0 + j] = max(acc[j] + b[k0 + j], np.float32(0.0))",
+                    "y[n, p, q, k0 + j] = acc[j] + b[k0 + j]")
 
 
 def taps_outermost(nb):
@@ -54,25 +54,46 @@ def fastest_for_no_workspace(nb):
                     "algo_no_workspace = choose_algorithm(TABLE, None)")
 
 
+def gemm_reads_no_cols(nb):
+    """Task 5.5 (a): the im2col route's GEMM counted without reading the cols matrix back: (b) is consistent with
+    it, and wrong against the model."""
+    replace_in_cell(nb, "task-5-5-floor", "max((cols + w_bytes + y_bytes) * bytes_us, flops_us)",
+                    "max((w_bytes + y_bytes) * bytes_us, flops_us)")
+
+
+def im2col_ok_inverted(nb):
+    """Task 5.5 (b): the layers where im2col + GEMM costs more than twice the implicit GEMM, not at most."""
+    replace_in_cell(nb, "task-5-5-decision", "if ratio <= 2]", "if ratio > 2]")
+
+
+def last_group_full(nb):
+    """Task 5.2: every group taken as KPT channels wide: with K not a multiple of 4 the last group reads w and
+    writes y past channel K - 1 (in the simulator, an index out of bounds)."""
+    replace_in_cell(nb, "task-5-2-kernel", "kn = min(KPT, K - k0)", "kn = KPT")
+
+
 class TestExercises(LessonExercises):
     LESSON = "05_convolution"
     NOTEBOOK = "convolution.ipynb"
     TIMEOUT = 60  # seconds per cell: Task 5.2's hidden cases in the simulator take a few
     POINTS = {"test_5_1_size": 2, "test_5_2_results": 3, "perf_5_2_speed": 2, "test_5_3_im2col": 3,
-              "test_5_4_choose": 2, "test_5_4_answers": 2}
+              "test_5_4_choose": 2, "test_5_4_answers": 2, "test_5_5_floor": 2, "test_5_5_decision": 2}
     VARIANTS = {
         no_dilation: ["test_5_1_size", "test_5_3_im2col"],  # Task 5.3's im2col uses output_size
         flipped_filter: ["test_5_2_results"],
         no_relu: ["test_5_2_results"],
+        last_group_full: ["test_5_2_results"],
         taps_outermost: ["test_5_3_im2col"],
         trusts_failed_rows: ["test_5_4_choose"],
         strict_limit: ["test_5_4_choose", "test_5_4_answers"],  # with limit 0, nothing is below it
         fastest_for_no_workspace: ["test_5_4_answers"],
+        gemm_reads_no_cols: ["test_5_5_floor", "test_5_5_decision"],
+        im2col_ok_inverted: ["test_5_5_decision"],
     }
     UNANSWERED = {"test_5_1_size": "NotImplementedError", "test_5_3_im2col": "NotImplementedError",
-                  "test_5_4_choose": "NotImplementedError"}
+                  "test_5_4_choose": "NotImplementedError", "test_5_5_floor": "NotImplementedError"}
     ANSWERS = ["dilation * (r - 1) + 1", 'row["workspace_bytes"] <= limit',
-               "max(acc + b[k]"]
+               "max(acc[j] + b[k0 + j]", "(x_bytes + cols) * bytes_us"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -81,6 +102,6 @@ class TestExercises(LessonExercises):
         assert "want 28" in message("no_dilation", "test_5_1_size")  # a hidden test: 3 taps dilated by 2, pad 2
         assert "cross-correlation" in message("flipped_filter", "test_5_2_results")
         assert "ReLU is missing" in message("no_relu", "test_5_2_results")
-        assert "c R S + r S + s" in message("taps_outermost", "test_5_3_im2col")
+        assert "c R S + i S + j" in message("taps_outermost", "test_5_3_im2col")
         assert "chose" in message("trusts_failed_rows", "test_5_4_choose")
         assert "bytes of workspace" in message("fastest_for_no_workspace", "test_5_4_answers")

@@ -12,21 +12,22 @@ pytestmark = [pytest.mark.lesson06, pytest.mark.slow]
 
 
 def no_relu(nb):
-    """Task 6.1: conv + bias, the ReLU forgotten."""
-    replace_in_cell(nb, "task-6-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))", "y[n, row, col, k] = acc")
+    """Task 6.1: conv + bias + pool, the ReLU forgotten (the largest starts below every activation)."""
+    replace_in_cell(nb, "task-6-1-kernel", "best = np.float32(0.0)  # the ReLU: nothing below zero survives",
+                    "best = np.float32(-math.inf)")
 
 
 def relu_in_a_second_pass(nb):
-    """Task 6.1: right results, but the sum is written to y and the ReLU applied by reading it back: the
-    memory pass fusion removes."""
-    replace_in_cell(nb, "task-6-1-kernel", "y[n, row, col, k] = max(acc, np.float32(0.0))",
-                    "y[n, row, col, k] = acc\n        y[n, row, col, k] = max(y[n, row, col, k], np.float32(0.0))")
+    """Task 6.1: right results, but the last activation is written to y and the window's largest found by reading
+    it back: the memory pass fusion removes."""
+    replace_in_cell(nb, "task-6-1-kernel", "        y[n, i, j, k] = best\n",
+                    "        y[n, i, j, k] = acc\n        y[n, i, j, k] = max(y[n, i, j, k], best)\n")
 
 
 def no_padding_check(nb):
-    """Task 6.1: the window's edge test left out for columns: reads wrap into the neighbouring row (or fail)."""
-    replace_in_cell(nb, "task-6-1-kernel", "                    if 0 <= ww < W:\n",
-                    "                    if True:\n")
+    """Task 6.1: the window's edge test left out for columns: reads wrap into the neighbouring row, or fail past
+    the last column."""
+    replace_in_cell(nb, "task-6-1-kernel", "if 0 <= hh < H and 0 <= ww < W:", "if 0 <= hh < H:")
 
 
 def mean_not_subtracted(nb):
@@ -77,6 +78,19 @@ def symmetric_padding(nb):
 # variant -> the tests it fails (all others pass)
 
 
+def weights_per_image(nb):
+    """Task 6.5 (a): the weights counted once per image, not once per batch: no batch makes a layer cross, and (b)
+    follows its own crossover_batch, wrongly."""
+    replace_in_cell(nb, "task-6-5-crossover", 'gain = cost["flops"] * bandwidth - cost["act_bytes"] * peak',
+                    'gain = cost["flops"] * bandwidth - (cost["act_bytes"] + cost["weight_bytes"]) * peak')
+
+
+def serve_past_the_crossing(nb):
+    """Task 6.5 (b): a batch taken only when it is past every crossing (< for <=): one power of two too many."""
+    replace_in_cell(nb, "task-6-5-decision", "all(b is None or b <= 2**i for b in crossings)",
+                    "all(b is None or b < 2**i for b in crossings)")
+
+
 class TestExercises(LessonExercises):
     LESSON = "06_inference_engine"
     NOTEBOOK = "inference_engine.ipynb"
@@ -84,11 +98,13 @@ class TestExercises(LessonExercises):
     POINTS = {"test_6_1_results": 3, "test_6_1_fused": 1, "perf_6_1_speed": 2,
               "test_6_2_fold": 3, "test_6_2_stem": 1,
               "test_6_3_scale": 1, "test_6_3_quantize": 2, "test_6_3_roundtrip": 1, "perf_6_3_speed": 1,
-              "test_6_4_results": 2, "test_6_4_residual": 2}
+              "test_6_4_results": 2, "test_6_4_residual": 2, "test_6_5_crossover": 2, "test_6_5_decision": 2}
     VARIANTS = {
+        weights_per_image: ["test_6_5_crossover", "test_6_5_decision"],
+        serve_past_the_crossing: ["test_6_5_decision"],
         no_relu: ["test_6_1_results"],
         relu_in_a_second_pass: ["test_6_1_fused"],
-        no_padding_check: ["test_6_1_results", "test_6_1_fused"],
+        no_padding_check: ["test_6_1_results"],  # one pass over y still: the fused test counts traffic only
         mean_not_subtracted: ["test_6_2_fold", "test_6_2_stem"],
         stem_without_beta: ["test_6_2_stem"],
         zero_scale: ["test_6_3_scale"],
@@ -98,9 +114,11 @@ class TestExercises(LessonExercises):
         symmetric_padding: ["test_6_4_results"],
     }
     UNANSWERED = {"test_6_1_results": "NotImplementedError", "test_6_2_fold": "NotImplementedError",
-                  "test_6_3_scale": "NotImplementedError", "test_6_4_results": "NotImplementedError"}
+                  "test_6_3_scale": "NotImplementedError", "test_6_4_results": "NotImplementedError",
+                  "test_6_5_crossover": "NotImplementedError"}
     ANSWERS = ["np.rint(x / np.float32(scale))", "(b0 - mean) * s",
-               "acc += x[n, hh, ww, c]", "stride * (ho - 1) + 1:stride"]
+               "acc += x[n, hh, ww, c]", "stride * (ho - 1) + 1:stride",
+               'cost["weight_bytes"] * peak / gain']
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):

@@ -58,8 +58,8 @@ def never_returns(nb):
 
 def float_grid(nb):
     """Task 1.4: a grid size computed with / is a float; the launch raises."""
-    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(out.shape[0] / THREADS), BLOCKS_PER_SM * SMS))",
-             "out.shape[0] / THREADS")
+    replace_in_cell(nb, "task-1-4-fast-multiply", "max(1, min(math.ceil(numbers / THREADS), BLOCKS_PER_SM * SMS))",
+             "numbers / THREADS")
 
 
 def odd_sizes_in_exercise(nb):
@@ -71,11 +71,11 @@ def odd_sizes_in_exercise(nb):
 
 
 def no_stride_loop(nb):
-    """Task 1.4 (c): one thread per element, no loop, launched on a grid that covers the test arrays (4 blocks of
-    256 threads for 1000 elements): fast_multiply is right, but fast_kernel on a grid smaller than the array
-    leaves elements unwritten, in CPU mode too."""
-    replace_in_cell(nb, "task-1-4-fast-multiply", "    while i < out.size:\n        out[i] = a[i] * b[i]\n"
-                    "        i += cuda.gridsize(1)", "    if i < out.size:\n        out[i] = a[i] * b[i]")
+    """Task 1.4 (c): one thread per complex number, no loop, launched on a grid that covers the test arrays (2
+    blocks of 256 threads for 500 numbers): fast_multiply is right, but fast_kernel on a grid with fewer threads
+    than numbers leaves elements unwritten, in CPU mode too."""
+    replace_in_cell(nb, "task-1-4-fast-multiply", "    while 2 * k + 1 < out.size:", "    if 2 * k + 1 < out.size:")
+    replace_in_cell(nb, "task-1-4-fast-multiply", "        k += cuda.gridsize(1)", "        pass")
 
 
 def blocks_of_one_warp(nb):
@@ -169,7 +169,7 @@ def test_feedback_names_the_error(graded):
     assert graded["float_grid"].test("test_1_4_fast_multiply").message.startswith("TypeError")
     assert "7 x 143 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_kernel").message  # a hidden test
     assert "1 x 5 matrix" in graded["odd_sizes_in_exercise"].test("test_1_1_small_grids").message  # a hidden test
-    assert "n=1000, 2 block(s) x 64 thread(s)" in graded["no_stride_loop"].test("test_1_4_any_grid").message
+    assert "1000 complex numbers, 2 block(s) x 64 thread(s)" in graded["no_stride_loop"].test("test_1_4_any_grid").message
     assert "the SMs are not full" in graded["blocks_of_one_warp"].test("test_1_4_decision").message
     assert "occupancy(32) = 1.0" in graded["occupancy_without_block_limit"].test("test_1_4_occupancy").message
     assert "pinned_s over the kernel's 2.3 ms, both in seconds" in \

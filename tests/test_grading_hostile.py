@@ -333,15 +333,17 @@ def l1_cached(nb, _):
 
         @cuda.jit
         def fast_kernel(a, b, out):
-            for i in range(cuda.grid(1), out.size, cuda.gridsize(1)):
-                out[i] = a[i] * b[i]
+            for k in range(cuda.grid(1), out.size // 2, cuda.gridsize(1)):
+                x, y, u, v = a[2 * k], a[2 * k + 1], b[2 * k], b[2 * k + 1]
+                out[2 * k] = x * u - y * v
+                out[2 * k + 1] = x * v + y * u
 
 
         def fast_multiply(a, b, out):
             # Computes once per size, then hands back the stored product: wrong for new inputs of that size.
             n = out.shape[0]
             if n not in _CACHE:
-                fast_kernel[max(1, min(math.ceil(n / THREADS), BLOCKS_PER_SM * SMS)), THREADS](a, b, out)
+                fast_kernel[max(1, min(math.ceil(n / 2 / THREADS), BLOCKS_PER_SM * SMS)), THREADS](a, b, out)
                 _CACHE[n] = out.copy_to_host()
             out.copy_to_device(_CACHE[n])
             return out
@@ -517,15 +519,15 @@ LESSON_CASES: dict[str, list[Case]] = {L1: [
     Case("patched_timer_and_clock", l1_patched_timer, **_l1(10, {
         "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
         "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 21: sets attribute time.perf_counter (a notebook may set "
+        "cell task_1_4_fast_multiply was not run: line 25: sets attribute time.perf_counter (a notebook may set "
         "attributes only on self in its own classes; setting them on modules or shared objects patches what the "
-        "tests use); line 22: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
+        "tests use); line 26: sets attribute bench.time_gpu (a notebook may set attributes only on self in its "
         "own classes; setting them on modules or shared objects patches what the tests use)"])),
     Case("patched_grader", l1_patched_grader, **_l1(10, {
         "test_1_4_fast_multiply": ("failed", "NameError: name 'fast_multiply' is not defined"),
         "test_1_4_any_grid": ("failed", "NameError: name 'fast_kernel' is not defined")}, [
-        "cell task_1_4_fast_multiply was not run: line 19: imports gpucourse.grading (is the grader itself; graded "
-        "notebooks may not); line 20: sets attribute grading.performance_points (a notebook may set attributes "
+        "cell task_1_4_fast_multiply was not run: line 23: imports gpucourse.grading (is the grader itself; graded "
+        "notebooks may not); line 24: sets attribute grading.performance_points (a notebook may set attributes "
         "only on self in its own classes; setting them on modules or shared objects patches what the tests "
         "use)"])),
     # Caching passes the correctness test, which never repeats a size; the performance test catches it
