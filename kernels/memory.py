@@ -28,6 +28,7 @@ cuda = runtime.cuda()
 SOURCE = "memory"  # kernels/cuda/memory.cu
 TILE = 32  # transpose tiles of TILE x TILE ...
 TILE_PADDED = TILE + 1  # a padded tile's row: one word more (numba needs the shape as one constant)
+GAUSSIAN_3X3 = np.array([[1, 2, 1], [2, 4, 2], [1, 2, 1]], np.float32) / 16  # a 3 x 3 Gaussian blur
 BLOCK_ROWS = 8  # ... moved by blocks of TILE x BLOCK_ROWS threads, each thread TILE / BLOCK_ROWS elements
 MM_TILE = 16  # the tiled matrix multiply: MM_TILE x MM_TILE tiles and threads per block
 STRIDE_THREADS = 256
@@ -47,6 +48,7 @@ NUMBA_KERNELS = {
     "matmul_naive": f"void({_M}, {_M}, {_M})",
     "matmul_tiled": f"void({_M}, {_M}, {_M})",
     "blur3x3": f"void({_M}, {_M})",
+    "stencil3x3": f"void({_M}, {_M}, {_M})",
 }
 
 
@@ -205,6 +207,21 @@ def blur3x3(img, out):
         out[row, col] = acc / np.float32(9.0)
 
 
+@cuda.jit
+def stencil3x3(img, w, out):
+    """out[r, c] = the sum of w[i, j] * img[r + i - 1, c + j - 1] over the 3 x 3 neighbourhood, edges clamped: any
+    3 x 3 filter (GAUSSIAN_3X3, say), one thread per pixel reading its nine neighbours from global memory."""
+    col, row = cuda.grid(2)
+    rows, cols = img.shape
+    if row < rows and col < cols:
+        acc = np.float32(0.0)
+        for i in range(3):
+            r = min(max(row + i - 1, 0), rows - 1)
+            for j in range(3):
+                acc += w[i, j] * img[r, min(max(col + j - 1, 0), cols - 1)]
+        out[row, col] = acc
+
+
 # ------------------------------------------------------------------------------------------------------ specs
 
 def scale_spec(a: np.ndarray, s: float) -> np.ndarray:
@@ -220,11 +237,14 @@ def matmul_spec(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(a, np.float64) @ np.asarray(b, np.float64)
 
 
-def blur_spec(img: np.ndarray) -> np.ndarray:
+def blur_spec(img: np.ndarray, weights=None) -> np.ndarray:
+    """The 3 x 3 mean (or the 3 x 3 filter ``weights``) of every pixel, edges clamped, in float64."""
     img = np.asarray(img, np.float64)
+    w = np.full((3, 3), 1 / 9.0) if weights is None else np.asarray(weights, np.float64)
     p = np.pad(img, 1, mode="edge")
     rows, cols = img.shape
-    return sum(p[1 + dr:1 + dr + rows, 1 + dc:1 + dc + cols] for dr in (-1, 0, 1) for dc in (-1, 0, 1)) / 9.0
+    return sum(w[1 + dr, 1 + dc] * p[1 + dr:1 + dr + rows, 1 + dc:1 + dc + cols]
+               for dr in (-1, 0, 1) for dc in (-1, 0, 1))
 
 
 def matmul_tolerance(k: int) -> float:
@@ -366,12 +386,19 @@ def matmul(a, b, *, variant: str = "tiled", out=None):
     return _back(o, kind)
 
 
-def blur(img, *, block=(16, 16), out=None):
-    """The 3 x 3 mean of every pixel of a 2-D float32 image, edges clamped (blur3x3)."""
+def blur(img, *, weights=None, block=(16, 16), out=None):
+    """The 3 x 3 mean of every pixel of a 2-D float32 image (blur3x3), or the 3 x 3 filter ``weights``
+    (stencil3x3, e.g. GAUSSIAN_3X3), edges clamped."""
     d, kind = _matrix(img, "img")
     o = _empty(d.shape, kind, out)
     blocks, threads = grid_2d(d.shape, block)
-    blur3x3[blocks, threads](_numba(d), _numba(o))
+    if weights is None:
+        blur3x3[blocks, threads](_numba(d), _numba(o))
+    else:
+        w = np.asarray(weights, np.float32)
+        if w.shape != (3, 3):
+            raise runtime.CourseInputError(f"weights must be a 3 x 3 filter, not of shape {w.shape}")
+        stencil3x3[blocks, threads](_numba(d), cuda.to_device(w), _numba(o))
     return _back(o, kind)
 
 

@@ -63,6 +63,15 @@ def test_blur_matches_spec(rng, shape):
     np.testing.assert_allclose(mem.blur(img, block=(8, 8)), mem.blur_spec(img), rtol=1e-5)
 
 
+def test_a_3x3_filter_matches_its_spec(rng):
+    img = rng.random((13, 21), dtype=np.float32)
+    got = mem.blur(img, weights=mem.GAUSSIAN_3X3, block=(8, 8))
+    np.testing.assert_allclose(got, mem.blur_spec(img, mem.GAUSSIAN_3X3), rtol=1e-5)
+    assert not np.allclose(got, mem.blur_spec(img), rtol=1e-3)  # not the mean
+    with pytest.raises(runtime.CourseInputError):
+        mem.blur(img, weights=np.ones(3))
+
+
 def test_blur_spec_by_hand():
     img = np.zeros((3, 3), np.float32)
     img[0, 0] = 9.0
