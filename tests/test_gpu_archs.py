@@ -143,14 +143,14 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
     for n, line in by_lesson.items():
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
-        assert synchronous is (cc == "7.5" and n in (3, 4, 5, 9)), line
-        hopper = {3: "lesson 4's Hopper GEMM (wgmma fed by the TMA)",
-                  4: "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)",
-                  5: "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
-                  9: "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
+        assert synchronous is (cc == "7.5" and n in (4, 5, 6, 10)), line
+        hopper = {4: "lesson 4's Hopper GEMM (wgmma fed by the TMA)",
+                  5: "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)",
+                  6: "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
+                  10: "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
         no_mma = "; lesson 10's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async) " \
                  "needs mma-m16n8k16 (" in line  # sm_80+: refused on a T4
-        assert no_mma is (cc == "7.5" and n == 9), line
+        assert no_mma is (cc == "7.5" and n == 10), line
         refused = 1 + no_mma
         no_wgmma = n in hopper and (f"all steps but {refused};" in line and f"; {hopper[n]} needs wgmma (" in line
                                     and line.endswith("does not have it"))
@@ -158,7 +158,7 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
     if cc == "9.0":
         assert all(line.endswith("all steps") for line in by_lesson.values())
     elif cc != "7.5":
-        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n not in (3, 4, 5, 9))
+        assert all(line.endswith("all steps") for n, line in by_lesson.items() if n not in (4, 5, 6, 10))
 
 
 def test_probe_without_a_gpu_points_at_cc(capsys, monkeypatch):
