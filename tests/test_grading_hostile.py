@@ -916,12 +916,15 @@ def test_a_task_7_3_answer_that_names_k_locally_is_run_by_grade_and_by_run():
 
 def test_protected_names_of_lesson_1():
     protected, same = grading.integrity.protected_names(source_nb(L1)["cells"])
-    assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "multiply_spec", "random_operands",
-            "check_product", "run_kernel", "grading", "multiply", "perf_inputs", "perf_check"} <= protected
+    assert {"math", "np", "gpucourse", "runtime", "rt", "cuda", "SMS", "hashlib", "complex_spec", "random_operands",
+            "check_product", "run_kernel", "run_rows_kernel", "same_answer", "grading", "complex_multiply",
+            "perf_inputs", "perf_check", "measure_launches"} <= protected
     assert {"isinstance", "globals", "bool", "float"} <= protected
-    assert not {"a", "b", "got", "want", "n", "d_out", "result", "sum"} & protected  # test-cell variables, unused
-    assert same["np"] == "numpy" and same["cuda"] == "numba.cuda" and same["multiply_spec"].endswith(
-        "vector_multiply.multiply_spec")
+    # test-cell variables, and those the read-only measuring cell keeps inside its function: the learner's to reuse
+    assert not {"a", "b", "got", "want", "n", "d_out", "result", "sum", "out", "name", "model", "numbers",
+                "cp", "ms", "few", "work"} & protected
+    assert same["np"] == "numpy" and same["cuda"] == "numba.cuda" and same["complex_spec"].endswith(
+        "vector_multiply.complex_spec") and same["complex_multiply"].endswith("vector_multiply.complex_multiply")
 
 
 # ------------------------------------------------------------------- verdicts (nbgrader's quirks)
@@ -1356,8 +1359,9 @@ def test_class_of_50_within_10_minutes_on_2_cores(tmp_path):
             nb = json.loads(next((grading.EXERCISES / L1).glob("*.ipynb")).read_text())
             expected[f"student{k:02d}"] = 0
         elif k % 10 == 3:
-            l1_nan(nb, None)
-            expected[f"student{k:02d}"] = 5
+            l1_nan(nb, None)  # Task 1.1's kernel writes NaN: both of its tests fail
+            expected[f"student{k:02d}"] = (gradable(L1) - points(L1)["test_1_1_kernel"]
+                                           - points(L1)["test_1_1_small_grids"])
         else:
             expected[f"student{k:02d}"] = gradable(L1)
         sub = folder / f"student{k:02d}" / L1

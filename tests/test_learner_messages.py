@@ -147,20 +147,20 @@ def test_run_lists_an_exercises_tests_and_grade_adds_the_hidden_ones(tmp_path):
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  test_")]
-    assert len(rows) == 6 and all(r[4] == "FAIL" for r in rows), done.stdout
+    assert len(rows) == 9 and all(r[4] == "FAIL" for r in rows), done.stdout
     assert all(("NotImplementedError" in " ".join(r)) or ("AssertionError" in " ".join(r)) for r in rows), rows
-    assert "0 of 6 tests pass (CPU mode)" in done.stdout
+    assert "0 of 9 tests pass (CPU mode)" in done.stdout
     assert f"`python -m gpucourse grade {copy}` adds the hidden tests and gives your score" in done.stdout
     assert WARNING not in out
 
     solution = next((grading.SOLUTIONS / lesson).glob("*.ipynb"))
     done = _course("run", "--mode", "cpu", str(solution.relative_to(ROOT)))
     rows = [line.split() for line in done.stdout.splitlines() if line.startswith("  test_")]
-    assert done.returncode == 0 and len(rows) == 6 and all(r[4] == "pass" for r in rows), done.stdout + done.stderr
-    assert "6 of 6 tests pass" in done.stdout and WARNING not in done.stdout + done.stderr
+    assert done.returncode == 0 and len(rows) == 9 and all(r[4] == "pass" for r in rows), done.stdout + done.stderr
+    assert "9 of 9 tests pass" in done.stdout and WARNING not in done.stdout + done.stderr
 
     done = _course("grade", "--mode", "cpu", str(copy), cwd=tmp_path)
-    assert done.returncode == 0 and "Score: 0 / 12" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "Score: 0 / 15  (0 / 12 gradable here" in done.stdout, done.stdout + done.stderr
     assert WARNING not in done.stdout + done.stderr
 
 
