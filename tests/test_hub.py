@@ -44,7 +44,7 @@ NOTEBOOK = "vector_multiply.ipynb"
 SOLUTION = ROOT / "solutions" / LESSON / NOTEBOOK
 EXERCISE = ROOT / "exercises" / LESSON / NOTEBOOK
 COURSE_FILES = ("nbgrader_config.py", "gpucourse", "kernels", "benchmarks", "solutions", "exercises")
-MAX_SCORE = 12.0  # lesson 1: 9 points gradable in CPU mode, 3 performance points that need a GPU
+MAX_SCORE = 15.0  # lesson 1: 12 points gradable in CPU mode, 3 performance points that need a GPU
 
 
 def _prerequisites() -> str | None:
@@ -325,7 +325,7 @@ from gpucourse import cli
 sys.exit(cli.main(sys.argv[1:]))
 """
 
-EXPECTED = {"full": 9.0, "part": 7.0, "blank": 0.0, "web": 0.0}  # CPU mode: the 3 performance points not given
+EXPECTED = {"full": 12.0, "part": 10.0, "blank": 0.0, "web": 0.0}  # CPU mode: the 3 performance points not given
 
 
 def _denied(room: Classroom, user: str, paths: list[Path]) -> dict[str, str]:
@@ -501,10 +501,10 @@ def test_class_on_jupyterhub(classroom):
     verdicts = {role: re.findall(r"grader: (\S+) / (\S+), (passed|failed|not gradable here)", html.read_text())
                 for role, html in feedback.items()}
     statuses = {role: sorted(v[2] for v in found) for role, found in verdicts.items()}
-    assert statuses["full"] == ["not gradable here"] + ["passed"] * 6, verdicts["full"]
-    assert statuses["part"] == ["failed", "not gradable here"] + ["passed"] * 5, verdicts["part"]
+    assert statuses["full"] == ["not gradable here"] + ["passed"] * 9, verdicts["full"]
+    assert statuses["part"] == ["failed", "not gradable here"] + ["passed"] * 8, verdicts["part"]
     assert ("0", "2", "failed") in verdicts["part"], verdicts["part"]
-    assert statuses["blank"] == ["failed"] * 6 + ["not gradable here"], verdicts["blank"]
+    assert statuses["blank"] == ["failed"] * 9 + ["not gradable here"], verdicts["blank"]
     assert "NotImplementedError" in feedback["blank"].read_text()
     # ... and cannot read another's.
     assert _denied(room, blank, [feedback["full"]]) == {str(feedback["full"]): "PermissionError"}
