@@ -927,6 +927,20 @@ def test_protected_names_of_lesson_1():
         "vector_multiply.complex_spec") and same["complex_multiply"].endswith("vector_multiply.complex_multiply")
 
 
+@pytest.mark.parametrize("lesson, functions, free", [
+    ("06_inference_engine", {"model_graph", "compare_layer_classes", "g", "g_nodes"},  # g, g_nodes: Task 6.2 reads them
+     {"_", "n", "b", "key", "cost", "peak", "steps", "shares", "classes", "engine", "speedup", "resnet"}),
+    ("08_feeding_the_gpu", {"show_mps_table"}, {"name", "rows", "k", "r"}),
+    ("09_training", {"measured_mib", "compare_schedules"}, {"name", "cps", "every", "model", "batch", "seen"}),
+])
+def test_read_only_measuring_cells_keep_their_variables_inside_a_function(lesson, functions, free):
+    """A read-only cell that prints a table binds its function's name, not its loop variables: a learner's cell
+    may use common names like name, model or key."""
+    protected, _ = grading.integrity.protected_names(source_nb(lesson)["cells"])
+    assert functions <= protected
+    assert not free & protected, free & protected
+
+
 # ------------------------------------------------------------------- verdicts (nbgrader's quirks)
 
 def _graded_cell(source: str, outputs: list, grade_id: str = "test_x") -> dict:
