@@ -941,6 +941,19 @@ def test_read_only_measuring_cells_keep_their_variables_inside_a_function(lesson
     assert not free & protected, free & protected
 
 
+@pytest.mark.parametrize("lesson, function", [
+    ("02_warp_divergence", "compare_regrouping"), ("03_memory", "measure_strides"),
+    ("04_tensor_cores", "compare_configs"), ("05_convolution", "compare_routes")])
+def test_a_read_only_measuring_cell_leaves_common_names_to_the_learner(lesson, function):
+    """The measuring cell after a lesson's last task keeps its arrays and loop variables inside a function: only
+    that function's name is read-only, so a learner's own cell may still use n, out, cp, name, ... ."""
+    protected, _ = grading.integrity.protected_names(source_nb(lesson)["cells"])
+    assert function in protected
+    assert not {"n", "a", "b", "out", "src", "times", "cp", "bench", "name", "t", "A", "B", "C", "row", "rows",
+                "data", "source", "measured", "r", "build", "yours", "x", "y", "wt", "cols", "entry", "configs",
+                "where", "mark", "IM2COL_ROW", "IMPLICIT_ROW"} & protected
+
+
 # ------------------------------------------------------------------- verdicts (nbgrader's quirks)
 
 def _graded_cell(source: str, outputs: list, grade_id: str = "test_x") -> dict:
