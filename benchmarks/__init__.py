@@ -48,9 +48,7 @@ def _figure(lesson: str, name: str) -> records.Figure:
     return known[name]
 
 
-def gpu_count() -> int:
-    """GPUs this process sees (0 in CPU mode)."""
-    return runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+gpu_count = runtime.gpu_count  # GPUs this process sees (0 in CPU mode)
 
 
 def figure(lesson: str, name: str, measure=None) -> Shown:

@@ -202,7 +202,7 @@ def _record(args) -> int:
         print(f"wrote {records.add_figure(args.lessons[0], args.figure, data)}")
         _rewrite_results()
         return 0
-    have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+    have = runtime.gpu_count()
     for lesson in args.lessons or list(benchmarks.LESSONS):
         if lesson not in benchmarks.LESSONS:
             raise runtime.CourseInputError(f"no lesson {lesson!r}; known: {', '.join(benchmarks.LESSONS)}")

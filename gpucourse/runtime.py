@@ -223,6 +223,11 @@ def is_gpu() -> bool:
     return get().gpu
 
 
+def gpu_count() -> int:
+    """GPUs this process sees (0 in CPU mode)."""
+    return cupy().cuda.runtime.getDeviceCount() if is_gpu() else 0
+
+
 def cuda():
     """numba.cuda, imported only after the mode is fixed (the simulator in CPU mode)."""
     get()

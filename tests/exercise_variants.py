@@ -173,8 +173,7 @@ class LessonExercises:
     def gpus_lacking(cls) -> set:
         from gpucourse import runtime
 
-        have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
-        return {g for g, n in cls.MULTI_GPU.items() if have < n}
+        return {g for g, n in cls.MULTI_GPU.items() if runtime.gpu_count() < n}
 
     @classmethod
     def solution(cls) -> Path:

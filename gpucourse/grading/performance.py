@@ -190,7 +190,7 @@ def needs_gpus(needed: int, max_points: float) -> bool:
     the gradable total) and return True; otherwise False. The test cell starts with ``if not
     grading.needs_gpus(2, points): ...``; the verdict believes the line only in a test whose own source calls this
     function."""
-    have = runtime.cupy().cuda.runtime.getDeviceCount() if runtime.is_gpu() else 0
+    have = runtime.gpu_count()
     if have >= needed:
         return False
     print(GPUS_MESSAGE.format(needed=needed, have=have, points=number(max_points)))
