@@ -930,7 +930,7 @@ def test_protected_names_of_lesson_1():
 @pytest.mark.parametrize("lesson, functions, free", [
     ("06_inference_engine", {"model_graph", "compare_layer_classes", "g", "g_nodes"},  # g, g_nodes: Task 6.2 reads them
      {"_", "n", "b", "key", "cost", "peak", "steps", "shares", "classes", "engine", "speedup", "resnet"}),
-    ("08_feeding_the_gpu", {"show_mps_table"}, {"name", "rows", "k", "r"}),
+    ("08_feeding_the_gpu", {"show_mps_table"}, {"name", "rows", "k", "r", "B", "S"}),
     ("09_training", {"measured_mib", "compare_schedules"}, {"name", "cps", "every", "model", "batch", "seen"}),
 ])
 def test_read_only_measuring_cells_keep_their_variables_inside_a_function(lesson, functions, free):
