@@ -1,9 +1,11 @@
 """Lesson 7's graded exercises through the real grader: the solution earns every point, the released exercise none,
 and known-wrong answers exactly the points their mistakes leave them. Everything runs in CPU mode: Tasks 7.2 to 7.4
 are graded on the simulated ring's virtual clock (kernels/collectives/ring_sim.py), whose times do not depend on how the
-threads are scheduled, and Task 7.5's schedule on the CPU model of streams and events (col.SimRing); its two
-GPU tests (test_7_5_results, perf_7_5_speed) need two or more GPUs and are "not gradable here"; their GPU side is checked by running the
-solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode gpu)."""
+threads are scheduled, and Task 7.5's schedule (the broadcast both ways round the ring, every copy on its
+receiver's stream) on the CPU model of streams and events (col.SimRing), which, like CUDA, lets a wait on an event
+not yet recorded pass at once, so that a schedule queued in the wrong order copies stale memory; its two GPU tests
+(test_7_5_results, perf_7_5_speed) need two or more GPUs and are "not gradable here"; their GPU side is checked by
+running the solution notebook on a machine with two GPUs (python -m gpucourse run ... --mode gpu)."""
 from __future__ import annotations
 
 import pytest
@@ -100,14 +102,22 @@ def sum_not_mean(nb):
 def pull_on_sender(nb):
     """Task 7.5: the copies queued on the sender's stream while the receiver's event is recorded on it: CUDA (and
     the model) refuse an event recorded on another GPU's stream."""
-    replace_in_cell(nb, "task-7-5-pull", "stream = ring.streams[j + 1]  # the receiver's stream", "stream = ring.streams[j]")
+    replace_in_cell(nb, "task-7-5-pull", "stream = ring.streams[r]", "stream = ring.streams[src]")
 
 
 def pull_without_waiting(nb):
-    """Task 7.5: no wait for chunk i to reach GPU j before GPU j + 1 pulls it: stale memory is copied on."""
-    replace_in_cell(nb, "task-7-5-pull", """            if j > 0:
-                stream.wait_event(ring.event(j, i))  # chunk i has reached GPU j
+    """Task 7.5: no wait for chunk i to reach the sender before the receiver pulls it: stale memory is copied on."""
+    replace_in_cell(nb, "task-7-5-pull", """            if src != 0:
+                stream.wait_event(ring.event(src, i))  # chunk i has reached the sender
 """, "")
+
+
+def queued_gpu_by_gpu(nb):
+    """Task 7.5: the right copies, waits and events, queued GPU by GPU (1, 2, ..., k - 1) instead of nearest GPU 0
+    first: from k = 5 on, GPU k - 2's stream waits on GPU k - 1's event before it has been recorded, the wait passes
+    at once (as in CUDA) and GPU k - 2 copies stale memory."""
+    replace_in_cell(nb, "task-7-5-pull", "for r in sorted(range(1, k), key=lambda r: min(r, k - r)):",
+                    "for r in range(1, k):")
 
 
 class TestExercises(LessonExercises):
@@ -131,6 +141,7 @@ class TestExercises(LessonExercises):
         sum_not_mean: ["test_7_4_gradients"],
         pull_on_sender: ["test_7_5_schedule"],
         pull_without_waiting: ["test_7_5_schedule"],
+        queued_gpu_by_gpu: ["test_7_5_schedule"],
     }
     UNANSWERED = {"test_7_1_time": "NotImplementedError", "test_7_1_best": "NotImplementedError",
                   "test_7_1_measured": "NotImplementedError",
@@ -140,7 +151,7 @@ class TestExercises(LessonExercises):
     ANSWERS = ["(S + k - 2) * (alpha + N / (S * B))",
                "after_root = (comm.rank - root - 1) % k",
                "col.unflatten(v / k, grads[0])",
-               "stream = ring.streams[j + 1]"]
+               "key=lambda r: min(r, k - r)"]
 
     def test_feedback_names_the_mistake(self, graded):
         def message(variant, grade_id):
@@ -157,3 +168,5 @@ class TestExercises(LessonExercises):
         assert "whole batch" in message("sum_not_mean", "test_7_4_gradients")
         assert "cannot be recorded" in message("pull_on_sender", "test_7_5_schedule")
         assert "stale" in message("pull_without_waiting", "test_7_5_schedule")
+        assert "GPU 3 ends with" in message("queued_gpu_by_gpu", "test_7_5_schedule")  # the visible test, k = 5
+        assert "not yet recorded" in message("queued_gpu_by_gpu", "test_7_5_schedule")

@@ -31,7 +31,6 @@ MIN_LINES = 4  # regions shorter than this (a constant, a letter, a one-line cal
 # applied to another operation, shape, layout or schedule). Expected to fail, strictly: once one is reworked its
 # test passes, fails as "XPASS", and its line here goes.
 KNOWN_COPIES = {
-    "07_collectives/task-7-5-pull": "notebook 07 cell 25's push broadcast (the schedule on the receivers' streams)",
     "10_attention/task-10-6-kernel": "notebook 10 cell 53's Triton loop",
 }
 
