@@ -32,7 +32,6 @@ MIN_LINES = 4  # regions shorter than this (a constant, a letter, a one-line cal
 # test passes, fails as "XPASS", and its line here goes.
 KNOWN_COPIES = {
     "07_collectives/task-7-5-pull": "notebook 07 cell 25's push broadcast (the schedule on the receivers' streams)",
-    "10_attention/task-10-6-kernel": "notebook 10 cell 53's Triton loop",
 }
 
 # The kernel sources of each lesson, besides the code cells of notebooks/NN_*.ipynb.
