@@ -80,6 +80,30 @@ def test_attention_spec_and_its_log_sum_exp(rng):
         A.attention_spec(q, k[..., :4], v)
 
 
+def test_sliding_window_spec(rng):
+    """Sliding-window attention (Task 10.6's reference): query i sees keys i - W < j <= i; W >= N is the causal mask,
+    W = 1 each query's own value; every other row is the softmax of its own W keys, written out row by row."""
+    q, k, v = (rng.standard_normal((2, 3, 13, 8)) for _ in range(3))
+    causal = A.attention_spec(q, k, v, causal=True)
+    for w in (13, 14, 100):
+        for got, want in zip(A.attention_spec(q, k, v, window=w), causal):
+            np.testing.assert_allclose(got, want, rtol=1e-12)
+    o, lse = A.attention_spec(q, k, v, window=1)
+    np.testing.assert_allclose(o, v, rtol=1e-12)
+    np.testing.assert_allclose(lse, np.einsum("...id,...id->...i", q, k) / math.sqrt(8), rtol=1e-12)
+    o, lse = A.attention_spec(q, k, v, window=5)
+    for i in range(13):
+        keys = slice(max(0, i - 4), i + 1)
+        s = np.einsum("...d,...jd->...j", q[..., i, :], k[..., keys, :]) / math.sqrt(8)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(o[..., i, :], np.einsum("...j,...jd->...d", p / p.sum(-1, keepdims=True),
+                                                            v[..., keys, :]), rtol=1e-10)
+        np.testing.assert_allclose(lse[..., i], np.log(np.exp(s).sum(-1)), rtol=1e-12)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(runtime.CourseInputError, match="window"):
+            A.attention_spec(q, k, v, window=bad)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_spec_against_finite_differences(rng, causal):
     q, k, v, do = (rng.standard_normal((1, 2, 7, 4)) for _ in range(4))

@@ -44,13 +44,33 @@ def causal_loads_everything(nb):
 
 def sum_not_rescaled(nb):
     """Task 10.6: the running max is updated and the output rescaled, but the running sum is not: wrong wherever a
-    later tile raises a row's max."""
+    later tile raises a row's max (W = 1, one key a row, stays right)."""
     replace_in_cell(nb, "task-10-6-kernel", "l_i = l_i * alpha + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)")
 
 
-def causal_mask_off_by_one(nb):
-    """Task 10.6: the causal mask hides the query's own key (j < i instead of j <= i): the first row sees nothing."""
-    replace_in_cell(nb, "task-10-6-kernel", "cols[None, :] <= offs_m[:, None]", "cols[None, :] < offs_m[:, None]")
+def window_off_by_one(nb):
+    """Task 10.6: the window's lower edge off by one (j >= i - W): every query sees W + 1 keys, W = 1 two."""
+    replace_in_cell(nb, "task-10-6-kernel", "(behind >= 0) & (behind < WINDOW)", "(behind >= 0) & (behind <= WINDOW)")
+
+
+def no_empty_row_guard(nb):
+    """Task 10.6: the max subtracted as it is: a row that sees none of the first tile's keys (the window's lower
+    edge) computes exp2(-inf - (-inf)) = NaN."""
+    replace_in_cell(nb, "task-10-6-kernel", 'shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")
+
+
+def lo_rounded_up(nb):
+    """Task 10.6: the first tile rounded up instead of down: the keys of the window before it are skipped (right only
+    where the window's first key starts a tile, as with W = 1)."""
+    replace_in_cell(nb, "task-10-6-kernel", "tl.maximum(start_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N * BLOCK_N",
+                    "tl.cdiv(tl.maximum(start_m * BLOCK_M - WINDOW + 1, 0), BLOCK_N) * BLOCK_N")
+
+
+def loops_over_every_tile(nb):
+    """Task 10.6: every tile of keys loaded, the masks alone keeping the window: right, so it keeps every point CPU
+    mode grades; on a GPU it takes about 8 times the reference's time at W = 385, N = 4096 (perf_10_6_window, about
+    0.4 of 2 points), which only a GPU run shows."""
+    replace_in_cell(nb, "task-10-6-kernel", "hi = tl.minimum((start_m + 1) * BLOCK_M, N)", "hi = N\n    lo = 0")
 
 
 def counts_scores_bytes(nb):
@@ -66,7 +86,7 @@ class TestExercises(LessonExercises):
     POINTS = {"test_10_1_merge": 2, "test_10_1_empty": 1, "test_10_2_softmax": 2, "test_10_2_minus_infinity": 1,
               "perf_10_2_softmax": 2, "test_10_3_output": 3, "test_10_3_lse": 1, "test_10_4_tiles": 2,
               "test_10_4_fraction": 1, "test_10_5_cost": 2, "test_10_5_ridge": 1, "test_10_5_measured": 1,
-              "test_10_6_forward": 3, "test_10_6_causal": 2, "perf_10_6_forward": 2}
+              "test_10_6_window": 3, "test_10_6_edges": 2, "perf_10_6_window": 2}
     VARIANTS = {
         merge_without_rescale: ["test_10_1_merge", "test_10_1_empty"],
         lse_through_exp: ["test_10_1_merge"],
@@ -75,15 +95,19 @@ class TestExercises(LessonExercises):
         forgets_rescale: ["test_10_3_output"],
         causal_loads_everything: ["test_10_4_tiles", "test_10_4_fraction"],
         counts_scores_bytes: ["test_10_5_cost", "test_10_5_ridge", "test_10_5_measured"],
-        sum_not_rescaled: ["test_10_6_forward", "test_10_6_causal"],
-        causal_mask_off_by_one: ["test_10_6_causal"],
+        sum_not_rescaled: ["test_10_6_window", "test_10_6_edges"],
+        window_off_by_one: ["test_10_6_window", "test_10_6_edges"],
+        no_empty_row_guard: ["test_10_6_window", "test_10_6_edges"],
+        lo_rounded_up: ["test_10_6_window", "test_10_6_edges"],
+        loops_over_every_tile: [],
     }
     UNANSWERED = {"test_10_1_merge": "NotImplementedError", "test_10_4_tiles": "NotImplementedError",
                   "test_10_5_cost": "NotImplementedError", "test_10_5_ridge": "NameError",
                   "test_10_5_measured": "NotImplementedError",
-                  "test_10_6_forward": "NotImplementedError", "test_10_6_causal": "NotImplementedError"}
+                  "test_10_6_window": "NotImplementedError", "test_10_6_edges": "NotImplementedError"}
     ANSWERS = ["np.logaddexp(L1, L2)", "live = row < x.shape[0]", "alpha = math.exp(m - tile_max)", "(b + 1) * block_m",
-               "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]"]
+               "l_i * alpha + tl.sum(p, 1)", "acc * alpha[:, None]",
+               "// BLOCK_N * BLOCK_N", "behind < WINDOW"]
 
     @classmethod
     def lacking(cls) -> set:
@@ -105,5 +129,7 @@ class TestExercises(LessonExercises):
         assert "Q, K, V and O, once each" in message("counts_scores_bytes", "test_10_5_cost")
         assert "above your roofline" in message("counts_scores_bytes", "test_10_5_measured")
         if not self.lacking():
-            assert "attention_kernel's output" in message("sum_not_rescaled", "test_10_6_forward")
-            assert "attention_kernel's output (causal)" in message("causal_mask_off_by_one", "test_10_6_causal")
+            assert "attention_kernel's output, W = 20" in message("sum_not_rescaled", "test_10_6_window")
+            assert "attention_kernel's output, W = 1" in message("window_off_by_one", "test_10_6_edges")
+            assert "(got nan" in message("no_empty_row_guard", "test_10_6_window")
+            assert "W = 16, tiles 16 x 16" in message("lo_rounded_up", "test_10_6_edges")  # a hidden test

@@ -92,20 +92,26 @@ def _scale(d: int, scale) -> float:
     return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
 
-def scores_spec(q, k, *, causal: bool = False, scale=None) -> np.ndarray:
-    """S = q k^T * scale in float64, -inf above the diagonal when ``causal``."""
+def scores_spec(q, k, *, causal: bool = False, window: int | None = None, scale=None) -> np.ndarray:
+    """S = q k^T * scale in float64, -inf above the diagonal when ``causal``. With ``window`` W (sliding-window
+    attention, as in Mistral's and Gemma's local layers), query i sees key j only when i - W < j <= i: its own key
+    and the W - 1 before it (W >= N is the causal mask)."""
     q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
     s = np.einsum("...id,...jd->...ij", q, k) * _scale(q.shape[-1], scale)
-    if causal:
-        n = s.shape[-1]
-        s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    if window is not None and (isinstance(window, bool) or int(window) != window or window < 1):
+        raise runtime.CourseInputError(f"window must be a whole number of keys >= 1, got {window!r}")
+    if causal or window is not None:
+        i, j = np.arange(s.shape[-2])[:, None], np.arange(s.shape[-1])[None, :]
+        seen = (j <= i) & (j > i - (window if window is not None else s.shape[-1]))
+        s = np.where(seen, s, -np.inf)
     return s
 
 
-def attention_spec(q, k, v, *, causal: bool = False, scale=None) -> tuple:
-    """(O, lse): O = softmax(q k^T * scale) v and the natural log-sum-exp of each row of the scores, in float64."""
+def attention_spec(q, k, v, *, causal: bool = False, window: int | None = None, scale=None) -> tuple:
+    """(O, lse): O = softmax(q k^T * scale) v and the natural log-sum-exp of each row of the scores, in float64;
+    ``causal`` and ``window`` mask the scores as in ``scores_spec``."""
     check_qkv(q, k, v, "attention_spec")
-    s = scores_spec(q, k, causal=causal, scale=scale)
+    s = scores_spec(q, k, causal=causal, window=window, scale=scale)
     m = s.max(axis=-1, keepdims=True)
     safe = np.where(np.isneginf(m), 0.0, m)
     e = np.exp(s - safe)
