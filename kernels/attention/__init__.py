@@ -10,6 +10,10 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
   FlashAttention-2's shape on mma.sync (sm_80+: S, P and O in registers) and Hopper's (wgmma fed by the TMA, a
   producer warpgroup and two consumers, FlashAttention-3's structure);
 * ``triton_kernels``: the forward and the backward in Triton;
+* ``backward_tiles``: the backward pass tile by tile as a GPU kernel runs it (dQ by atomics or a second pass), in
+  NumPy, with what it computes and recomputes;
+* ``fp8``: the FP8 (e4m3) forward's numerics in NumPy (block scales, P scaled for e4m3, the random Hadamard rotation of
+  Q and K) beside the same tiles in FP16;
 
 Layout everywhere: (batch, heads, N, d), contiguous; float16 on the GPU kernels.
 """

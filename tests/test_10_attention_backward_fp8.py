@@ -1,0 +1,251 @@
+"""Lesson 10, the NumPy algorithms a CUDA C backward and an FP8 forward are checked against: FlashAttention's tiled
+backward (both ways of forming dQ) against the dense float64 backward, its counts against the tile grid; FP8's block
+quantisation, the random Hadamard rotation, and the FP8 forward's error against FP16's. CPU only, a few seconds."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpucourse import runtime
+from kernels.attention import backward_tiles as BT
+from kernels.attention import fp8 as F8
+from kernels.attention import specs as S
+from kernels.inference_engine.precision import E4M3_MAX, from_e4m3
+
+pytestmark = pytest.mark.lesson10
+ROOT = Path(__file__).resolve().parents[1]
+
+# (N, d, block_m, block_n): tiles that divide N and tiles that do not, unequal tiles both ways
+SHAPES = [(37, 64, 16, 16), (64, 64, 32, 32), (100, 128, 32, 16), (100, 64, 24, 40), (64, 128, 64, 64)]
+# The FP16-input / FP32-accumulate mode against float64 on the same rounded inputs: P and dS are rounded to float16
+# (unit roundoff 2^-11 = 4.9e-4) where they enter a product, so the error is a few of those relative to the largest
+# gradient; measured 1.9e-4 .. 4.7e-4 on these shapes.
+FP16_REL = 4 * 2.0 ** -11
+
+
+def _problem(rng, n, d, heads=2, batch=1, causal=False):
+    q, k, v, do = (rng.standard_normal((batch, heads, n, d)) for _ in range(4))
+    o, lse = S.attention_spec(q, k, v, causal=causal)
+    return q, k, v, o, lse, do
+
+
+# ------------------------------------------------------------------------------------ the tiled backward
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,d,bm,bn", SHAPES)
+def test_tiled_backward_equals_the_dense_backward_in_float64(rng, n, d, bm, bn, causal):
+    q, k, v, o, lse, do = _problem(rng, n, d, causal=causal)
+    ref = S.attention_backward_spec(q, k, v, do, causal=causal)
+    for mode in BT.DQ_MODES:
+        got = BT.flash_backward_tiles(q, k, v, o, lse, do, causal=causal, block_m=bm, block_n=bn, dq=mode,
+                                      precision="fp64")
+        for g, r in zip(got, ref):
+            assert g.dtype == np.float64 and g.shape == q.shape
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,d,bm,bn", SHAPES[::2])
+def test_tiled_backward_in_fp16_with_fp32_accumulation(rng, n, d, bm, bn, causal):
+    q, k, v, _, _, do = _problem(rng, n, d, causal=causal)
+    r16 = [x.astype(np.float16).astype(np.float64) for x in (q, k, v, do)]  # what the kernel reads
+    o, lse = S.attention_spec(*r16[:3], causal=causal)
+    ref = S.attention_backward_spec(*r16, causal=causal)
+    got = {mode: BT.flash_backward_tiles(q, k, v, o, lse, do, causal=causal, block_m=bm, block_n=bn, dq=mode)
+           for mode in BT.DQ_MODES}
+    for g, r in zip(got["atomic"], ref):
+        assert g.dtype == np.float32
+        err = np.abs(g - r).max() / np.abs(r).max()
+        assert 1e-6 < err < FP16_REL  # not float64's 1e-15: P and dS were rounded to float16
+    for a, b in zip(got["atomic"], got["second-pass"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_tiled_backward_takes_every_layout(rng):
+    q, k, v, o, lse, do = _problem(rng, 33, 16, heads=3, batch=2, causal=True)
+    whole = BT.flash_backward_tiles(q, k, v, o, lse, do, causal=True, block_m=8, block_n=16, precision="fp64")
+    one = BT.flash_backward_tiles(q[1, 2], k[1, 2], v[1, 2], o[1, 2], lse[1, 2], do[1, 2], causal=True,
+                                  block_m=8, block_n=16, precision="fp64")
+    for a, b in zip(whole, one):
+        np.testing.assert_allclose(a[1, 2], b, rtol=1e-12)
+    sc = 0.3
+    o, lse = S.attention_spec(q, k, v, scale=sc)
+    ref = S.attention_backward_spec(q, k, v, do, scale=sc)
+    for g, r in zip(BT.flash_backward_tiles(q, k, v, o, lse, do, scale=sc, block_m=5, block_n=7,
+                                            precision="fp64", dq="second-pass"), ref):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n,d,bm,bn", SHAPES)
+def test_counts_follow_the_tile_grid(rng, n, d, bm, bn, causal):
+    q, k, v, o, lse, do = _problem(rng, n, d, heads=2, causal=causal)
+    for mode in BT.DQ_MODES:
+        *_, c = BT.flash_backward_tiles(q, k, v, o, lse, do, causal=causal, block_m=bm, block_n=bn, dq=mode,
+                                        precision="fp64", counts=True)
+        want = BT.expected_counts(n, d, bm, bn, causal=causal, dq=mode, heads=2)
+        assert {key: c[key] for key in want} == want
+        t = c["tile_pairs"]
+        if mode == "atomic":  # five products a tile pair, P once, one dQ tile added per pair
+            assert c["products"] == dict.fromkeys(BT.PRODUCTS, t)
+            assert c["atomic_elements"] == 2 * sum(min(n, (i + 1) * bm) - i * bm
+                                                   for i, _ in BT.tile_pairs(n, bm, bn, causal)) * d
+        else:  # S and dP computed twice, dV and dK once, dQ once: 7 products, P twice
+            assert c["products"]["S = Q K^T"] == c["products"]["dP = dO V^T"] == 2 * t
+            assert c["products"]["dV += P^T dO"] == c["products"]["dK += dS^T Q"] == c["products"]["dQ += dS K"] == t
+            assert c["products_total"] == 7 * t and c["p_tiles"] == 2 * t and c["atomic_adds"] == 0
+    tm, tn = -(-n // bm), -(-n // bn)
+    assert c["tile_pairs"] == 2 * (tm * tn if not causal else len(BT.tile_pairs(n, bm, bn, True)))
+
+
+def test_causal_visits_about_half_the_tiles():
+    for t in (1, 2, 8, 64):
+        assert BT.causal_fraction(128 * t, 128, 128) == pytest.approx((t + 1) / (2 * t))
+    assert BT.causal_fraction(16384, 128, 128) < 0.51
+    # a causal mask halves the products' FLOPs only in the limit: the diagonal tiles are done whole
+    full = BT.backward_product_flops(1024, 64, 64, 64, causal=False, dq="atomic")
+    assert full == S.attention_flops(1, 1, 1024, 64, backward=True)
+    causal = BT.backward_product_flops(1024, 64, 64, 64, causal=True, dq="atomic")
+    assert causal == full * 17 / 32 > S.attention_flops(1, 1, 1024, 64, causal=True, backward=True)
+    assert BT.backward_product_flops(1024, 64, 64, 64, causal=False, dq="second-pass") == full * 7 / 5
+
+
+def test_tiled_backward_refuses_bad_input(rng):
+    q, k, v, o, lse, do = _problem(rng, 8, 4)
+    with pytest.raises(runtime.CourseInputError, match="dq"):
+        BT.flash_backward_tiles(q, k, v, o, lse, do, dq="both")
+    with pytest.raises(runtime.CourseInputError, match="precision"):
+        BT.flash_backward_tiles(q, k, v, o, lse, do, precision="fp8")
+    with pytest.raises(runtime.CourseInputError, match="block_m"):
+        BT.flash_backward_tiles(q, k, v, o, lse, do, block_m=0)
+    with pytest.raises(runtime.CourseInputError, match="lse"):
+        BT.flash_backward_tiles(q, k, v, o, lse[..., :-1], do)
+
+
+# -------------------------------------------------------------------------------------------------- FP8
+
+def test_quantize_blocks_scales_each_block_to_its_amax(rng):
+    x = rng.standard_normal((2, 70, 16)) * np.exp(rng.standard_normal((2, 70, 1)))
+    codes, scales = F8.quantize_blocks(x, 32)
+    assert codes.dtype == np.uint8 and codes.shape == x.shape and scales.shape == (2, 3)
+    for b in range(3):
+        blk = x[:, 32 * b:32 * (b + 1)]
+        np.testing.assert_allclose(scales[:, b], np.abs(blk).max(axis=(1, 2)) / E4M3_MAX, rtol=1e-6)
+        assert (np.abs(from_e4m3(codes[:, 32 * b:32 * (b + 1)])).max(axis=(1, 2)) == E4M3_MAX).all()
+    back = F8.dequantize_blocks(codes, scales, 32)
+    err = np.abs(back - x)
+    step = np.repeat(scales, 32, axis=-1)[:, :70, None] * 2.0 ** -9  # e4m3's subnormal step, scaled
+    assert (err <= np.maximum(np.abs(x) * 2.0 ** -4, step / 2) * (1 + 1e-6)).all()  # half an ulp: 3 mantissa bits
+    one, s1 = F8.quantize_blocks(x, 70)  # per tensor
+    assert s1.shape == (2, 1)
+    np.testing.assert_allclose(s1[:, 0], np.abs(x).max(axis=(1, 2)) / E4M3_MAX, rtol=1e-6)
+    zc, zs = F8.quantize_blocks(np.zeros((5, 4)), 2)
+    assert (zs == 1).all() and (from_e4m3(zc) == 0).all()
+
+
+@pytest.mark.parametrize("d", [1, 2, 16, 64, 128])
+def test_random_hadamard_is_orthogonal_and_keeps_q_k_transposed(rng, d):
+    h = F8.random_hadamard(d, 3)
+    np.testing.assert_allclose(h @ h.T, np.eye(d), atol=1e-12)
+    np.testing.assert_allclose(np.abs(h), 1 / math.sqrt(d))
+    q, k = rng.standard_normal((2, 9, d)), rng.standard_normal((2, 11, d))
+    np.testing.assert_allclose((q @ h) @ np.swapaxes(k @ h, -1, -2), q @ np.swapaxes(k, -1, -2), atol=1e-12)
+    if d >= 16:
+        assert not np.array_equal(h, F8.random_hadamard(d, 4))  # another draw of signs
+        np.testing.assert_array_equal(h, F8.random_hadamard(d, 3))
+    for bad in (0, 3, 96, True):
+        with pytest.raises(runtime.CourseInputError, match="power of 2"):
+            F8.random_hadamard(bad)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_tiled_forwards_compute_attention(rng, causal):
+    q, k, v = (rng.standard_normal((2, 100, 64)) for _ in range(3))
+    ref, lref = S.attention_spec(q, k, v, causal=causal)
+    o, lse = F8.fp16_attention(q, k, v, causal=causal, block_m=32, block_n=48)
+    assert o.dtype == np.float32 and o.shape == q.shape and lse.shape == q.shape[:-1]
+    np.testing.assert_allclose(o, ref, atol=2e-3)
+    np.testing.assert_allclose(lse, lref, atol=1e-3)
+    o8, lse8 = F8.fp8_attention(q, k, v, causal=causal, block_m=32, block_n=48)
+    assert F8.rmse(o8, ref) < 0.02 and np.abs(lse8 - lref).max() < 0.15
+    oh, _ = F8.fp16_attention(q, k, v, causal=causal, hadamard=5)  # the rotation changes no score
+    np.testing.assert_allclose(oh, ref, atol=2e-3)
+
+
+def test_fp8_error_is_larger_than_fp16s_and_bounded(rng):
+    q, k, v = (rng.standard_normal((4, 256, 64)) for _ in range(3))
+    ref = S.attention_spec(q, k, v)[0]
+    e16, e8 = F8.rmse(F8.fp16_attention(q, k, v)[0], ref), F8.rmse(F8.fp8_attention(q, k, v)[0], ref)
+    # e4m3 rounds to 3 mantissa bits (half an ulp: 2^-4 relative) where float16 has 10: measured 5.4e-3 against
+    # 4.2e-5, about 5% of the output's rms (0.1)
+    assert e8 > 30 * e16
+    assert e8 < 1e-2
+
+
+def test_p_scaled_by_256_keeps_the_many_small_weights(rng):
+    # one key 8 above all the others: the other 511 keys' P = exp(-8) = 3.4e-4 each, below half e4m3's smallest
+    # subnormal (2^-9 / 2), so unscaled they round to 0 and lose 15% of the row's weight; times 256 they are normals
+    n, d = 512, 64
+    q = np.zeros((1, n, d))
+    q[..., 0] = 1
+    k = np.zeros((1, n, d))
+    k[..., 1:] = rng.standard_normal((1, n, d - 1))
+    k[:, 0, 0] = 8.0
+    v = rng.standard_normal((1, n, d)) + np.r_[0.0, np.ones(n - 1)][None, :, None]
+    ref = S.attention_spec(q, k, v, scale=1.0)[0]
+    err = {p: F8.rmse(F8.fp8_attention(q, k, v, scale=1.0, p_scale=p)[0], ref) for p in (1.0, F8.P_SCALE)}
+    assert err[1.0] > 4 * err[F8.P_SCALE]
+    assert F8.P_SCALE == 2 ** 8 < E4M3_MAX
+
+
+def test_per_block_scales_beat_one_per_tensor_when_a_few_rows_are_huge(rng):
+    # e4m3 is a floating format: one scale per tensor costs precision only where its magnitudes span more than e4m3's
+    # normals (2^-6 .. 448, a factor 2.9e4). Four query rows 3e4 times the rest (massive activations of the first
+    # tokens) push every other row's values into subnormals under a per-tensor scale; per block only the first tile's.
+    q, k, v = (rng.standard_normal((2, 256, 64)) for _ in range(3))
+    q[:, :4] *= 3e4
+    keep = slice(64, None)
+    ref = S.attention_spec(q, k, v)[0][:, keep]
+    tensor = F8.rmse(F8.fp8_attention(q, k, v, per_block=False)[0][:, keep], ref)
+    block = F8.rmse(F8.fp8_attention(q, k, v)[0][:, keep], ref)
+    assert tensor > 1.5 * block
+    q[:, :4] /= 3e4  # and with no huge rows the two are alike
+    ref = S.attention_spec(q, k, v)[0]
+    a, b = (F8.rmse(F8.fp8_attention(q, k, v, per_block=pb)[0], ref) for pb in (False, True))
+    assert 0.8 < a / b < 1.25
+
+
+def test_the_hadamard_rotation_reduces_fp8s_error_with_outliers():
+    figs = F8.error_figures()
+    for name, row in figs.items():
+        assert row["fp8 per block"] > 20 * row["fp16"]
+    g, e, c = figs["gaussian"], figs["outlier entries"], figs["outlier channels"]
+    assert 0.9 < g["fp8 per block + hadamard"] / g["fp8 per block"] < 1.1  # nothing to spread: no gain
+    assert c["fp8 per block"] > 2 * c["fp8 per block + hadamard"]  # outlier channels: spread over all d
+    assert e["fp8 per tensor"] > e["fp8 per block"] > 1.2 * e["fp8 per block + hadamard"]
+    # FlashAttention-3's outlier entries, over other draws: a smaller gain, but a gain
+    ratios = []
+    for seed in range(1, 4):
+        q, k, v = F8.outlier_inputs(np.random.default_rng(seed), (4, 256, 64), kind="entries")
+        ref = S.attention_spec(q, k, v)[0]
+        ratios.append(F8.rmse(F8.fp8_attention(q, k, v)[0], ref)
+                      / F8.rmse(F8.fp8_attention(q, k, v, hadamard=seed)[0], ref))
+    assert min(ratios) > 1.0 and np.mean(ratios) > 1.1
+
+
+def test_the_engineering_note_carries_the_figures_the_functions_compute():
+    note = (ROOT / "docs" / "engineering" / "10_attention.md").read_text()
+    assert F8.format_error_figures(F8.error_figures()) in note
+    assert BT.format_counts() in note
+
+
+def test_fp8_refuses_bad_input(rng):
+    with pytest.raises(runtime.CourseInputError, match="rows"):
+        F8.quantize_blocks(np.ones((4, 4)), 0)
+    with pytest.raises(runtime.CourseInputError, match="power of 2"):
+        F8.fp8_attention(*(rng.standard_normal((8, 12)) for _ in range(3)), hadamard=0)
+    with pytest.raises(runtime.CourseInputError, match="kind"):
+        F8.outlier_inputs(rng, (4, 8), kind="rows")
