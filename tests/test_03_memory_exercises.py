@@ -19,8 +19,8 @@ def rotate_without_barrier(nb):
 
 def rotate_is_a_transpose(nb):
     """Task 3.1: the tile written out as a transpose, not a rotation (the column index not mirrored)."""
-    replace_in_cell(nb, "task-3-1-kernel", "out[c0 + j, rows - 1 - r] = tile[TILE - 1 - tx, j]",
-                    "out[c0 + j, r] = tile[TILE - 1 - tx, j]")
+    replace_in_cell(nb, "task-3-1-kernel", "out[c0 + ty + j, rows - 1 - r] = tile[TILE - 1 - tx, ty + j]",
+                    "out[c0 + ty + j, r] = tile[TILE - 1 - tx, ty + j]")
 
 
 def matmul_wrong_tile_index(nb):

@@ -20,7 +20,7 @@ def last_chunk_skipped(nb):
 def no_split_check(nb):
     """Task 8.1: the chunk size rounded down without checking that the chunks divide n: a remainder is lost
     silently, and a bad split is not refused."""
-    replace_in_cell(nb, "task-8-1-pipeline", "size = S.check_pipeline(a.size, chunks, streams)",
+    replace_in_cell(nb, "task-8-1-pipeline", "size = feed.check_pipeline(a.size, chunks, streams)",
                     "size = a.size // chunks")
 
 
@@ -32,8 +32,8 @@ def wrong_slot(nb):
 
 def product_over_b(nb):
     """Task 8.1: the product written over b's copy while the result is copied back from a's: out = a."""
-    replace_in_cell(nb, "task-8-1-pipeline", "S.multiply_kernel[blocks, THREADS, s](da, db, da)",
-                    "S.multiply_kernel[blocks, THREADS, s](da, db, db)")
+    replace_in_cell(nb, "task-8-1-pipeline", "feed.multiply_kernel[blocks, THREADS, s](da, db, da)",
+                    "feed.multiply_kernel[blocks, THREADS, s](da, db, db)")
 
 
 def shared_buffers(nb):
@@ -114,7 +114,7 @@ class TestExercises(LessonExercises):
     }
     UNANSWERED = {"test_8_1_results": "NotImplementedError", "test_8_2_batcher": "NotImplementedError",
                   "test_8_4_overlap": "NotImplementedError"}
-    ANSWERS = ["S.multiply_kernel[blocks, THREADS, s](da, db, da)", "start = max(free, min(t[i] + max_wait, full))",
+    ANSWERS = ["feed.multiply_kernel[blocks, THREADS, s](da, db, da)", "start = max(free, min(t[i] + max_wait, full))",
                "if running >= 2:"]
 
     def test_feedback_names_the_mistake(self, graded):
