@@ -250,6 +250,8 @@ def test_the_hadamard_rotation_reduces_fp8s_error_with_outliers():
         assert 50 < row["fp8 per block"] / row["fp16"] < 200
         assert 0.8 < row["fp8 per tensor"] / row["fp8 per block"] < 1.25
     assert 1.7 < c["fp8 per block"] / c["fp8 per block + hadamard"] < 3
+    assert (e["fp8 per block"] / e["fp8 per block + hadamard"]
+            < c["fp8 per block"] / c["fp8 per block + hadamard"])  # outlier entries: it helps less
     # FlashAttention-3's outlier entries, over other draws: a smaller gain, but a gain
     ratios = []
     for seed in range(1, 4):
