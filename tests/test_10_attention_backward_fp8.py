@@ -113,6 +113,24 @@ def test_causal_visits_about_half_the_tiles():
     assert BT.backward_product_flops(1024, 64, 64, 64, causal=False, dq="second-pass") == full * 7 / 5
 
 
+def test_the_loops_passed_in_are_the_loops_that_run(rng):
+    """The deep dive passes its copy of ``backward_blocks`` (edited by a learner): that copy runs, not the module's."""
+    q, k, v, o, lse, do = _problem(rng, 40, 16, causal=True)
+    calls = []
+
+    def spy(*args):
+        calls.append(len(args[7]))  # the tile pairs
+        return BT.backward_blocks(*args)
+
+    got = BT.flash_backward_tiles(q, k, v, o, lse, do, causal=True, block_m=16, block_n=8, blocks=spy)
+    assert calls == [len(BT.tile_pairs(40, 16, 8, True))]
+    for g, r in zip(got, BT.flash_backward_tiles(q, k, v, o, lse, do, causal=True, block_m=16, block_n=8)):
+        np.testing.assert_array_equal(g, r)
+    broken = lambda *args: tuple(2 * x for x in BT.backward_blocks(*args))  # noqa: E731
+    assert not np.allclose(BT.flash_backward_tiles(q, k, v, o, lse, do, blocks=broken)[0],
+                           BT.flash_backward_tiles(q, k, v, o, lse, do)[0])
+
+
 def test_tiled_backward_refuses_bad_input(rng):
     q, k, v, o, lse, do = _problem(rng, 8, 4)
     with pytest.raises(runtime.CourseInputError, match="dq"):
@@ -226,6 +244,14 @@ def test_the_hadamard_rotation_reduces_fp8s_error_with_outliers():
     assert 0.9 < g["fp8 per block + hadamard"] / g["fp8 per block"] < 1.1  # nothing to spread: no gain
     assert c["fp8 per block"] > 2 * c["fp8 per block + hadamard"]  # outlier channels: spread over all d
     assert e["fp8 per tensor"] > e["fp8 per block"] > 1.2 * e["fp8 per block + hadamard"]
+    # what the deep dive says under the table it prints: FP8 about 100 times FP16's error on every input, the
+    # rotation about halving it with outlier channels, block scales against one a tensor within 25% either way
+    for row in figs.values():
+        assert 50 < row["fp8 per block"] / row["fp16"] < 200
+        assert 0.8 < row["fp8 per tensor"] / row["fp8 per block"] < 1.25
+    assert 1.7 < c["fp8 per block"] / c["fp8 per block + hadamard"] < 3
+    assert (e["fp8 per block"] / e["fp8 per block + hadamard"]
+            < c["fp8 per block"] / c["fp8 per block + hadamard"])  # outlier entries: it helps less
     # FlashAttention-3's outlier entries, over other draws: a smaller gain, but a gain
     ratios = []
     for seed in range(1, 4):

@@ -23,6 +23,8 @@ diagonal, are masked: P = 0 there, so they add nothing; NumPy's slices at the ed
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from gpucourse import runtime
@@ -41,17 +43,58 @@ def tile_pairs(n: int, block_m: int, block_n: int, causal: bool) -> list:
     return [(i, j) for j in range(tn) for i in range((j * block_n) // block_m if causal else 0, tm)]
 
 
-def _operand(x, dtype):
-    return x.astype(dtype) if dtype == np.float16 else x
+def T(x):
+    """Each head's tile transposed: (BH, r, c) to (BH, c, r)."""
+    return np.swapaxes(x, -1, -2)
+
+
+def recompute_p_ds(q, k, v, do, lse, D, scale, keep, operand):
+    """One (query tile, key tile) pair: S = Q K^T recomputed, P = exp(S scale - lse) from the forward's log-sum-exp,
+    dP = dO V^T, dS = P (dP - D). ``keep``: the pair's causal mask (None: every key); a masked key gets S = -inf,
+    so P = 0. P and dS come back through ``operand``, the rounding of a product's input (FP16 on the GPU)."""
+    s = q @ T(k)
+    if keep is not None:
+        s = np.where(keep, s, -np.inf).astype(s.dtype)
+    p = np.exp(s * scale - lse[..., None])
+    ds = p * (do @ T(v) - D[..., None])
+    return operand(p), operand(ds)
+
+
+def backward_blocks(Q, K, V, dO, lse, D, scale, pairs, tile, dq, operand, seen):
+    """Steps 2 and 3 of the module's docstring over (BH, N, d) arrays, accumulating in Q's type: ``tile(i, j)``
+    gives a pair's rows, columns and causal mask; ``seen``, a Counter, what was done. Returns (dQ, dK, dV)."""
+    dQ, dK, dV = (np.zeros_like(Q) for _ in range(3))
+    for i, j in pairs:  # one block per key tile j (pairs come ordered by j): dK, dV of its keys stay on chip
+        rows, cols, keep = tile(i, j)
+        p, ds = recompute_p_ds(Q[:, rows], K[:, cols], V[:, cols], dO[:, rows], lse[:, rows], D[:, rows], scale,
+                               keep, operand)
+        dV[:, cols] += T(p) @ dO[:, rows]
+        dK[:, cols] += T(ds) @ Q[:, rows]
+        seen["pairs"] += 1
+        if dq == "atomic":  # every key tile's block adds into the same dQ rows: on the GPU, FP32 atomicAdd
+            add = ds @ K[:, cols]
+            dQ[:, rows] += add
+            seen["dQ adds"] += 1
+            seen["dQ floats"] += add.size
+    if dq == "second-pass":  # one block per query tile i: S, P and dP again, then dQ += dS K on chip
+        for i, j in sorted(pairs):
+            rows, cols, keep = tile(i, j)
+            _, ds = recompute_p_ds(Q[:, rows], K[:, cols], V[:, cols], dO[:, rows], lse[:, rows], D[:, rows],
+                                   scale, keep, operand)
+            dQ[:, rows] += ds @ K[:, cols]
+            seen["second-pass pairs"] += 1
+    return dQ * scale, dK * scale, dV
 
 
 def flash_backward_tiles(q, k, v, o, lse, do, *, causal: bool = False, scale=None, block_m: int = 64,
-                         block_n: int = 64, dq: str = "atomic", precision: str = "fp16", counts: bool = False):
-    """(dq, dk, dv) of attention by FlashAttention's tiled backward (see the module's docstring); with ``counts``,
-    also a dict of what it did: the tile pairs visited by each pass, the tile products of each kind, the P tiles
-    computed, the dQ tile adds into the FP32 buffer (``atomic_adds``, each a block_m x d tile; ``atomic_elements``
-    the float adds). q, k, v, o, do: (N, d), (heads, N, d) or (batch, heads, N, d); lse: the same without d, natural
-    log. Returns float32 (float64 with ``precision="fp64"``) arrays of q's shape."""
+                         block_n: int = 64, dq: str = "atomic", precision: str = "fp16", counts: bool = False,
+                         blocks=None):
+    """(dq, dk, dv) of attention by FlashAttention's tiled backward (see the module's docstring): the pre-pass here,
+    the loops in ``blocks`` (``backward_blocks``, or a function of its arguments: a notebook passes its edited copy).
+    With ``counts``, also a dict of what it did: the tile pairs visited by each pass, the tile products of each kind,
+    the P tiles computed, the dQ tile adds into the FP32 buffer (``atomic_adds``, each a block_m x d tile;
+    ``atomic_elements`` the float adds). q, k, v, o, do: (N, d), (heads, N, d) or (batch, heads, N, d); lse: the
+    same without d, natural log. Returns float32 (float64 with ``precision="fp64"``) arrays of q's shape."""
     shape = check_qkv(q, k, v, "flash_backward_tiles")
     if dq not in DQ_MODES:
         raise runtime.CourseInputError(f"dq must be one of {DQ_MODES}, got {dq!r}")
@@ -68,59 +111,30 @@ def flash_backward_tiles(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
     bh, n, d = shape[0] * shape[1], shape[2], shape[3]
     Q, K, V, O, dO = (np.asarray(a).reshape(bh, n, d).astype(op).astype(acc) for a in (q, k, v, o, do))
     L = np.asarray(lse, np.float64).reshape(bh, n).astype(acc)
-    sc = acc(_scale(d, scale))
-    finite = ~np.isneginf(L)
-    Lsafe = np.where(finite, L, 0).astype(acc)
-    T = lambda x: np.swapaxes(x, -1, -2)  # noqa: E731
-    c = {"tile_pairs": 0, "dq_pass_tile_pairs": 0, "p_tiles": 0, "atomic_adds": 0, "atomic_elements": 0,
-         "products": dict.fromkeys(PRODUCTS, 0), "heads": bh}
+    L = np.where(np.isneginf(L), np.inf, L).astype(acc)  # a row that saw no key: exp(S - inf) = 0, no NaN
 
-    # 1. the pre-pass: D = rowsum(dO * O), in the accumulators' precision
-    D = (dO * O).sum(axis=-1)
+    def operand(x):  # P and dS as they feed a product: rounded to FP16 in the FP16 mode
+        return x.astype(op).astype(acc)
 
-    def p_and_ds(i, j):
-        """P and dS of query tile i against key tile j, recomputed from lse (and dP = dO V^T)."""
+    def tile(i, j):
         rows, cols = slice(i * block_m, min(n, (i + 1) * block_m)), slice(j * block_n, min(n, (j + 1) * block_n))
-        s = Q[:, rows] @ T(K[:, cols])
-        if causal:  # keys past the query: -inf before the exp (so no exp overflows there), P = 0
-            qi, kj = np.arange(rows.start, rows.stop)[:, None], np.arange(cols.start, cols.stop)[None, :]
-            s = np.where(kj <= qi, s, -np.inf).astype(acc)
-        p = np.where(finite[:, rows, None], np.exp(s * sc - Lsafe[:, rows, None]), 0).astype(acc)
-        dp = dO[:, rows] @ T(V[:, cols])
-        ds = p * (dp - D[:, rows, None])
-        c["products"]["S = Q K^T"] += bh
-        c["products"]["dP = dO V^T"] += bh
-        c["p_tiles"] += bh
-        return rows, cols, _operand(p, op).astype(acc), _operand(ds, op).astype(acc)
+        keep = np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
+        return rows, cols, keep if causal else None
 
-    dK, dV = np.zeros((bh, n, d), acc), np.zeros((bh, n, d), acc)
-    dQ = np.zeros((bh, n, d), acc)  # the FP32 buffer the atomics add into (or the second pass writes)
-    pairs = tile_pairs(n, block_m, block_n, causal)
-    # 2. one block per key tile j (the pairs come ordered by j, then by the query tile i)
-    for i, j in pairs:
-        rows, cols, p, ds = p_and_ds(i, j)
-        dV[:, cols] += T(p) @ dO[:, rows]
-        dK[:, cols] += T(ds) @ Q[:, rows]
-        c["products"]["dV += P^T dO"] += bh
-        c["products"]["dK += dS^T Q"] += bh
-        c["tile_pairs"] += bh
-        if dq == "atomic":
-            dQ[:, rows] += ds @ K[:, cols]  # the GPU: one atomicAdd (red.global.add.f32) an element
-            c["products"]["dQ += dS K"] += bh
-            c["atomic_adds"] += bh
-            c["atomic_elements"] += bh * (rows.stop - rows.start) * d
-    # 3. second pass: one block per query tile i over the key tiles it sees
-    if dq == "second-pass":
-        for i, j in sorted(pairs):
-            rows, cols, _, ds = p_and_ds(i, j)
-            dQ[:, rows] += ds @ K[:, cols]
-            c["products"]["dQ += dS K"] += bh
-            c["dq_pass_tile_pairs"] += bh
-    dq_, dk_, dv_ = (x.reshape(np.shape(q)) for x in (dQ * sc, dK * sc, dV))
-    if counts:
-        c["products_total"] = sum(c["products"].values())
-        return dq_, dk_, dv_, c
-    return dq_, dk_, dv_
+    D = (dO * O).sum(axis=-1)  # 1. the pre-pass, in the accumulators' precision
+    seen = Counter()
+    dQ, dK, dV = (blocks or backward_blocks)(Q, K, V, dO, L, D, acc(_scale(d, scale)),
+                                             tile_pairs(n, block_m, block_n, causal), tile, dq, operand, seen)
+    dq_, dk_, dv_ = (x.reshape(np.shape(q)) for x in (dQ, dK, dV))
+    if not counts:
+        return dq_, dk_, dv_
+    pairs, second = seen["pairs"] * bh, seen["second-pass pairs"] * bh
+    c = {"tile_pairs": pairs, "dq_pass_tile_pairs": second, "p_tiles": pairs + second,
+         "atomic_adds": seen["dQ adds"] * bh, "atomic_elements": seen["dQ floats"], "heads": bh,
+         "products": {"S = Q K^T": pairs + second, "dV += P^T dO": pairs, "dP = dO V^T": pairs + second,
+                      "dK += dS^T Q": pairs, "dQ += dS K": seen["dQ adds"] * bh + second}}
+    c["products_total"] = sum(c["products"].values())
+    return dq_, dk_, dv_, c
 
 
 def expected_counts(n: int, d: int, block_m: int, block_n: int, *, causal: bool, dq: str, heads: int = 1) -> dict:
@@ -171,5 +185,5 @@ def format_counts(n: int = 4096, d: int = 128, block_m: int = 64, block_n: int =
     return "\n".join(lines)
 
 
-__all__ = ["DQ_MODES", "PRODUCTS", "backward_product_flops", "causal_fraction", "expected_counts",
-           "flash_backward_tiles", "format_counts", "tile_pairs"]
+__all__ = ["DQ_MODES", "PRODUCTS", "T", "backward_blocks", "backward_product_flops", "causal_fraction",
+           "expected_counts", "flash_backward_tiles", "format_counts", "recompute_p_ds", "tile_pairs"]
