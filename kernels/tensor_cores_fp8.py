@@ -1,0 +1,177 @@
+"""Lesson 4, an FP8 GEMM's numerics in NumPy: the reference a Hopper FP8 GEMM (and cuBLAS's, ``torch._scaled_mm``)
+is checked against, and its error beside FP16's.
+
+* ``quantize_fp8``: one float32 scale per tensor, scale = amax / 448 by default (the largest magnitude mapped to
+  e4m3's largest value), codes = e4m3(x / scale), so that x ~ from_e4m3(codes) * scale. This is what
+  ``torch._scaled_mm`` is given: the codes and these scales (the inverse of the factor the tensor was multiplied by).
+* ``gemm_fp8_spec``: C = (A_fp8 * scale_a) (B_fp8 * scale_b)^T, rounded once to the output type (FP16, BF16 or
+  FP32). B is taken N x K, each row one output column's K values: FP8 ``wgmma`` reads both operands K-major, so
+  the GPU kernel stores B transposed (as ``torch._scaled_mm`` wants its second operand column-major). The transpose
+  moves bytes, not values.
+* ``round_bf16``: float values rounded to bfloat16 as the GPU converts a float32 (to nearest, ties to even, on the
+  top 16 bits), returned as float32, since NumPy has no bfloat16.
+* ``fp8_gemm_error`` and ``format_fp8_gemm_error``: the error against float64 of FP16 operands, FP8 operands with
+  one scale per tensor, and FP8 results stored as FP16 or BF16, on Gaussian inputs and inputs with outlier rows
+  (the table of docs/engineering/04_tensor_cores.md).
+
+e4m3's rounding lives in kernels/inference_engine/precision.py (``to_e4m3``, ``from_e4m3``) and its per-block scales
+in kernels/attention/fp8.py (``quantize_blocks``); this module uses both.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpucourse import runtime
+from kernels.attention.fp8 import quantize_blocks
+from kernels.inference_engine.precision import E4M3_MAX, from_e4m3, to_e4m3
+
+from .tensor_cores import gemm_emulated, gemm_spec, rel_error
+
+OUTPUTS = ("float16", "bfloat16", "float32", "float64")  # float64: the exact product, no output rounding
+WGMMA_FP8_K = 32  # FP8 wgmma's K per instruction: the FP32 accumulator is rounded every 32 products
+U_E4M3 = 2.0**-4  # half an ulp of e4m3 relative to a normal value: 3 stored mantissa bits
+E4M3_SUBNORMAL_STEP = 2.0**-9  # the spacing of e4m3's subnormals (below 2^-6)
+DISTS = ("gaussian", "outliers")
+OUTLIERS = (2.0**12, 2.0**15)  # how much larger the outlier rows and columns are in the table: e4m3's normals span
+# 2^-6 to 448, a factor 2^14.8; FP16 holds N(0, 1) times 2^12 (below 65504), not times 2^15
+
+
+def quantize_fp8(x, *, scale=None) -> tuple:
+    """(codes uint8 of x's shape, scale float32) with x ~ from_e4m3(codes) * scale: one scale for the whole tensor,
+    amax / E4M3_MAX unless given (1 for a tensor of zeros). Values beyond 448 * scale saturate to +-448."""
+    x = np.asarray(x, np.float32)
+    if scale is None:
+        codes, scales = quantize_blocks(x.reshape(-1, 1), max(x.size, 1))  # one block: the whole tensor
+        return codes.reshape(x.shape), np.float32(scales.reshape(-1)[0])
+    scale = np.float32(scale)
+    if not (np.isfinite(scale) and scale > 0):
+        raise runtime.CourseInputError(f"scale must be a positive finite number, got {scale!r}")
+    return to_e4m3(x / scale), scale
+
+
+def round_bf16(x) -> np.ndarray:
+    """x rounded to bfloat16, as float32 values: x is first a float32 (as an FP32 accumulator holds it), then its
+    low 16 bits are rounded away to nearest, ties to the even result; beyond bfloat16's largest value, inf; NaN
+    stays NaN."""
+    f = np.ascontiguousarray(np.asarray(x, np.float32))
+    u = f.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+    out = r.view(np.float32).reshape(f.shape)
+    return np.where(np.isnan(f), np.float32(np.nan), out)
+
+
+def _round_to(c64, out: str) -> np.ndarray:
+    if out == "float64":
+        return c64
+    if out == "bfloat16":
+        return round_bf16(c64)
+    with np.errstate(over="ignore"):
+        return c64.astype(out)
+
+
+def gemm_fp8_spec(a_codes, b_codes, scale_a, scale_b, *, out: str = "float16") -> np.ndarray:
+    """C = (from_e4m3(A) scale_a) (from_e4m3(B) scale_b)^T for A's codes M x K and B's codes N x K (K-major, as FP8
+    ``wgmma`` reads it), rounded once to ``out``: "float16", "float32", "bfloat16" (float32 values) or "float64"
+    (no rounding).
+
+    The products are summed in float64, where the sum is exact: an e4m3 value has 4 significant bits and lies
+    between 2^-9 and 448, so each product of two is a multiple of 2^-18 below 2^18 with 8 significant bits, and a
+    sum of K of them needs at most 36 + log2(K) bits, within float64's 53 for any K below 2^17. The spec is
+    therefore the exact product of the quantised operands; the GPU kernel, which accumulates in FP32, differs from it
+    only by the rounding of its partial sums (at most K 2^-24 of the sum of |products|, ``tolerance``'s
+    "fp16_inputs_fp32_acc"), then by the output's rounding."""
+    if out not in OUTPUTS:
+        raise runtime.CourseInputError(f"out must be one of {OUTPUTS}, not {out!r}")
+    a, b = np.asarray(a_codes), np.asarray(b_codes)
+    if a.dtype != np.uint8 or b.dtype != np.uint8:
+        raise runtime.CourseInputError(f"the operands must be e4m3 codes (uint8), got {a.dtype} and {b.dtype}")
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise runtime.CourseInputError(f"A is {a.shape} and B is {b.shape}: need M x K and N x K (B K-major)")
+    if a.shape[1] >= 2**17:
+        raise runtime.CourseInputError(f"K = {a.shape[1]}: the float64 sum is exact only for K below 2^17")
+    c = gemm_spec(from_e4m3(a), from_e4m3(b).T) * (float(np.float32(scale_a)) * float(np.float32(scale_b)))
+    return _round_to(c, out)
+
+
+def gemm_fp8_fp32_acc(a_codes, b_codes, scale_a, scale_b, *, k_step: int = WGMMA_FP8_K) -> np.ndarray:
+    """The same product with an FP32 accumulator rounded every ``k_step`` products along K (FP8 ``wgmma``: 32),
+    then scaled in float32: what a kernel that keeps its sums in FP32 registers computes, before the output is
+    rounded. Every e4m3 value is exactly an FP16 value (4 significant bits, 2^-9 to 448), so lesson 4's model of an
+    FP16 tensor core, ``gemm_emulated``, computes it. (Hopper's FP8 ``wgmma`` itself keeps fewer than FP32's bits
+    in its sums; a kernel that adds its partial sums into FP32 registers every few instructions gets this.)"""
+    a, b = from_e4m3(a_codes), from_e4m3(b_codes)
+    c = gemm_emulated(a, b.T, acc="float32", k_step=k_step)
+    return c * np.float32(scale_a) * np.float32(scale_b)
+
+
+def _rms_rel(c, ref) -> float:
+    c, ref = np.asarray(c, np.float64), np.asarray(ref, np.float64)
+    if not np.isfinite(c).all():
+        return math.inf
+    return float(np.sqrt(np.mean((c - ref) ** 2) / max(np.mean(ref**2), np.finfo(np.float64).tiny)))
+
+
+def fp8_inputs(m: int, n: int, k: int, *, seed: int = 0, dist: str = "gaussian", outlier: float = 2.0**12) -> tuple:
+    """(A M x K, B K x N, the output rows and columns the errors are taken over), float64. "gaussian": N(0, 1)
+    entries, every output counted. "outliers": the same with 2 rows of A and 2 columns of B ``outlier`` times
+    larger (the massive activations some tokens and channels of a language model carry); the errors are taken over
+    the other outputs, where the outliers' only effect is the larger per-tensor scale they force."""
+    if dist not in DISTS:
+        raise runtime.CourseInputError(f"dist must be one of {DISTS}, not {dist!r}")
+    for name, v in (("m", m), ("n", n), ("k", k)):
+        if isinstance(v, bool) or int(v) != v or v < 1 or (dist != "gaussian" and name != "k" and v < 4):
+            raise runtime.CourseInputError(f"{name} must be a whole number >= 1 (>= 4 with outliers), got {v!r}")
+    rng = np.random.default_rng(seed)
+    A, B = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    rows, cols = np.ones(m, bool), np.ones(n, bool)
+    if dist == "outliers":
+        r, c = rng.choice(m, 2, replace=False), rng.choice(n, 2, replace=False)
+        A[r] *= outlier
+        B[:, c] *= outlier
+        rows[r], cols[c] = False, False
+    return A, B, np.ix_(rows, cols)
+
+
+def fp8_gemm_error(m: int, n: int, k: int, *, seed: int = 0, dist: str = "gaussian", outlier: float = 2.0**12) -> dict:
+    """Errors of C = A B (A M x K, B K x N from ``fp8_inputs``) against float64, each as (max |C - ref| / max |ref|,
+    rms(C - ref) / rms(ref)):
+
+    * "fp16": FP16 operands, FP32 accumulation (``gemm_emulated``, 16 products a step), FP32 result;
+    * "fp8": e4m3 operands with one scale per tensor (``quantize_fp8``), FP32 accumulation every 32 products,
+      FP32 result (``gemm_fp8_fp32_acc``);
+    * "fp8 -> fp16", "fp8 -> bf16": that result stored as FP16, as BF16.
+
+    With outliers beyond FP16's range its operands there are inf; the other outputs, over which the errors are taken,
+    do not use them."""
+    A, B, keep = fp8_inputs(m, n, k, seed=seed, dist=dist, outlier=outlier)
+    ref = gemm_spec(A, B)[keep]
+    (ca, sa), (cb, sb) = quantize_fp8(A), quantize_fp8(B.T)
+    c8 = gemm_fp8_fp32_acc(ca, cb, sa, sb)
+    with np.errstate(over="ignore", invalid="ignore"):
+        c16 = gemm_emulated(A, B, acc="float32")
+    results = {"fp16": c16, "fp8": c8, "fp8 -> fp16": _round_to(c8, "float16"),
+               "fp8 -> bf16": round_bf16(c8)}
+    return {name: (rel_error(c[keep], ref), _rms_rel(c[keep], ref)) for name, c in results.items()}
+
+
+def fp8_gemm_error_figures(ks=(256, 1024, 4096), *, m: int = 64, n: int = 64, seed: int = 0) -> dict:
+    """{(inputs, k): ``fp8_gemm_error``} for each K on Gaussian inputs and with outliers of each size in OUTLIERS
+    (inputs "outliers x 2^12", ...)."""
+    cases = [("gaussian", "gaussian", 1.0)] + [(f"outliers x 2^{round(math.log2(o))}", "outliers", o) for o in OUTLIERS]
+    return {(name, k): fp8_gemm_error(m, n, k, seed=seed, dist=dist, outlier=o) for name, dist, o in cases for k in ks}
+
+
+def format_fp8_gemm_error(figs: dict) -> str:
+    """The figures of ``fp8_gemm_error_figures`` as a Markdown table: max / rms relative error, 2 significant
+    digits."""
+    cols = list(next(iter(figs.values())))
+    lines = ["| inputs | K | " + " | ".join(cols) + " |", "| --- | ---: |" + " --- |" * len(cols)]
+    for (dist, k), row in figs.items():
+        lines.append(f"| {dist} | {k} | " + " | ".join(f"{row[c][0]:.2g} / {row[c][1]:.2g}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m kernels.tensor_cores_fp8: the table of docs/engineering/04_tensor_cores.md
+    print(format_fp8_gemm_error(fp8_gemm_error_figures()))
