@@ -14,8 +14,8 @@ is checked against, and its error beside FP16's.
   one scale per tensor, and FP8 results stored as FP16 or BF16, on Gaussian inputs and inputs with outlier rows
   (the table of docs/engineering/04_tensor_cores.md).
 
-e4m3's rounding lives in kernels/inference_engine/precision.py (``to_e4m3``, ``from_e4m3``) and its per-block scales
-in kernels/attention/fp8.py (``quantize_blocks``); this module uses both.
+e4m3's rounding and scales live in kernels/inference_engine/precision.py (``to_e4m3``, ``from_e4m3``,
+``e4m3_scale``); this module uses them.
 """
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ import math
 import numpy as np
 
 from gpucourse import runtime
-from kernels.attention.fp8 import quantize_blocks
-from kernels.inference_engine.precision import E4M3_MAX, from_e4m3, to_e4m3
+from kernels.inference_engine.precision import e4m3_scale, from_e4m3, to_e4m3
 
 from .tensor_cores import gemm_emulated, gemm_spec, rel_error
 
@@ -42,10 +41,7 @@ def quantize_fp8(x, *, scale=None) -> tuple:
     """(codes uint8 of x's shape, scale float32) with x ~ from_e4m3(codes) * scale: one scale for the whole tensor,
     amax / E4M3_MAX unless given (1 for a tensor of zeros). Values beyond 448 * scale saturate to +-448."""
     x = np.asarray(x, np.float32)
-    if scale is None:
-        codes, scales = quantize_blocks(x.reshape(-1, 1), max(x.size, 1))  # one block: the whole tensor
-        return codes.reshape(x.shape), np.float32(scales.reshape(-1)[0])
-    scale = np.float32(scale)
+    scale = e4m3_scale(np.abs(x).max() if x.size else 0)[()] if scale is None else np.float32(scale)
     if not (np.isfinite(scale) and scale > 0):
         raise runtime.CourseInputError(f"scale must be a positive finite number, got {scale!r}")
     return to_e4m3(x / scale), scale

@@ -141,10 +141,10 @@ def expected_counts(n: int, d: int, block_m: int, block_n: int, *, causal: bool,
     """What ``flash_backward_tiles`` must count, from the tile grid alone: with T pairs a head (all Tm x Tn, or causal
     sum over key tiles j of Tm - floor(j block_n / block_m)), the atomic mode does 5 products and one dQ tile add a
     pair, the second pass 4 + 3 = 7 products and computes P (and dP) twice."""
-    tm, tn = -(-n // block_m), -(-n // block_n)
-    t = sum(tm - ((j * block_n) // block_m if causal else 0) for j in range(tn)) * heads
+    pairs = tile_pairs(n, block_m, block_n, causal)
+    t = len(pairs) * heads
     atomic = dq == "atomic"
-    rows = sum(min(n, (i + 1) * block_m) - i * block_m for i, _ in tile_pairs(n, block_m, block_n, causal))
+    rows = sum(min(n, (i + 1) * block_m) - i * block_m for i, _ in pairs)
     return {"tile_pairs": t, "dq_pass_tile_pairs": 0 if atomic else t, "p_tiles": t if atomic else 2 * t,
             "atomic_adds": t if atomic else 0, "atomic_elements": rows * d * heads if atomic else 0,
             "products_total": 5 * t if atomic else 7 * t}

@@ -31,7 +31,7 @@ import numpy as np
 
 from gpucourse import runtime
 
-from kernels.inference_engine.precision import E4M3_MAX, from_e4m3, to_e4m3
+from kernels.inference_engine.precision import e4m3_scale, from_e4m3, to_e4m3
 
 from .specs import _scale, attention_spec, check_qkv
 
@@ -50,8 +50,7 @@ def quantize_blocks(x, rows: int) -> tuple:
     pad = nb * rows - n
     xp = np.concatenate([x, np.zeros(x.shape[:-2] + (pad, x.shape[-1]), np.float32)], axis=-2) if pad else x
     blocks = xp.reshape(x.shape[:-2] + (nb, rows, x.shape[-1]))
-    amax = np.abs(blocks).max(axis=(-2, -1))
-    scales = np.where(amax > 0, amax / np.float32(E4M3_MAX), 1).astype(np.float32)
+    scales = e4m3_scale(np.abs(blocks).max(axis=(-2, -1)))
     codes = to_e4m3(blocks / scales[..., None, None]).reshape(xp.shape)[..., :n, :]
     return codes, scales
 

@@ -106,27 +106,43 @@ def _check(q, k, v, what: str):
 
 
 
+def launch_forward(kernel, q, k, v, *args, scale=None, block_m: int | None = None, block_n: int | None = None,
+                   o=None, lse=None, **constexprs) -> tuple:
+    """Run ``kernel``, a forward of triton_jit.flash_forward's shape, on (batch, heads, N, d) tensors with fixed tiles:
+    kernel[(N / BLOCK_M, batch x heads)](Q, K, V, O, LSE, scale log2 e, N, *args, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_N,
+    **constexprs). Tiles of 128 x 64 keys with 8 warps and 3 stages on a GPU, 16 x 16 in the interpreter, unless
+    ``block_m``/``block_n`` say others; o and lse (float32, natural log) are written where given, else made.
+    Returns (o, lse)."""
+    torch, triton, _ = _lib()
+    _check(q, k, v, "launch_forward")
+    B, H, N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    o = torch.empty_like(q) if o is None else o
+    lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device) if lse is None else lse
+    bm, bn = block_m or (128 if q.is_cuda else 16), block_n or (64 if q.is_cuda else 16)
+    extra = {"num_warps": 8, "num_stages": 3} if q.is_cuda else {}
+    kernel[(triton.cdiv(N, bm), B * H)](q, k, v, o, lse, scale * LOG2E, N, *args, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
+                                        EVEN_N=N % bn == 0, **constexprs, **extra)
+    return o, lse
+
+
 def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | None = None,
                   block_n: int | None = None, kernel=None) -> tuple:
     """(o, lse) of attention on (batch, heads, N, d) float16 tensors; lse in float32 (natural log). On a GPU Triton's
     autotuner picks the tiles; ``block_m``/``block_n`` fix them, and ``kernel`` runs another @triton.jit kernel of
-    the same signature (a notebook cell's version of triton_jit.flash_forward) with them."""
-    torch, triton, _ = _lib()
+    the same signature (a notebook cell's version of triton_jit.flash_forward) with them (``launch_forward``)."""
     _check(q, k, v, "flash_forward")
+    if not q.is_cuda or block_m or block_n or kernel:  # the interpreter, tiles asked for, or another kernel
+        return launch_forward(kernel or kernels()["flash_forward"], q, k, v, scale=scale, block_m=block_m,
+                              block_n=block_n, CAUSAL=bool(causal))
+    torch, triton, _ = _lib()
     B, H, N, D = q.shape
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     o = torch.empty_like(q)
     lse = torch.empty((B, H, N), dtype=torch.float32, device=q.device)
-    ks = kernels()
-    args = (q, k, v, o, lse, scale * LOG2E, N)
-    if q.is_cuda and not (block_m or block_n or kernel):
-        grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
-        ks["flash_forward_tuned"][grid](*args, HEAD_DIM=D, CAUSAL=bool(causal), EVEN_N=N % 128 == 0)
-    else:  # the interpreter, tiles asked for, or another kernel
-        bm, bn = block_m or (128 if q.is_cuda else 16), block_n or (64 if q.is_cuda else 16)
-        extra = {"num_warps": 8, "num_stages": 3} if q.is_cuda else {}
-        (kernel or ks["flash_forward"])[(triton.cdiv(N, bm), B * H)](*args, HEAD_DIM=D, BLOCK_M=bm, BLOCK_N=bn,
-                                                                     CAUSAL=bool(causal), EVEN_N=N % bn == 0, **extra)
+    grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
+    kernels()["flash_forward_tuned"][grid](q, k, v, o, lse, scale * LOG2E, N, HEAD_DIM=D, CAUSAL=bool(causal),
+                                           EVEN_N=N % 128 == 0)
     return o, lse
 
 

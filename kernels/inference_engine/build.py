@@ -15,7 +15,7 @@ from . import network
 from .graph import conv_geometry, Graph
 from .passes import _single_consumer
 from .plan import Plan, PLAN_FORMAT, PLAN_MAGIC, this_target
-from .precision import _root, ALL_PRECISIONS, calibrate, DTYPES, E4M3_MAX, minmax_scale, quantize, SCALED, to_e4m3
+from .precision import _root, ALL_PRECISIONS, calibrate, DTYPES, e4m3_scale, minmax_scale, quantize, SCALED, to_e4m3
 from .tuning import autotune, kernel_fits, plain, wg_fits
 
 
@@ -235,8 +235,7 @@ def build_plan(g: Graph, *, precision: str = "fp32", max_batch: int = 256, x_cal
                 inv = np.array([1.0 / scale_of(n.outputs[d]) for d in dest_of_k], np.float32)
                 w = wq
             elif p == "fp8":  # e4m3 weights with a scale per output channel: w ~ sw[k] e4m3(w / sw[k])
-                amax = np.abs(w).max(axis=0)
-                sw = np.where(amax > 0, amax / E4M3_MAX, 1.0).astype(np.float32)
+                sw = e4m3_scale(np.abs(w).max(axis=0))
                 scale = (scale_of(n.inputs[0]) * sw).astype(np.float32)
                 inv = np.array([1.0 / scale_of(n.outputs[d]) for d in dest_of_k], np.float32)
                 w = to_e4m3(w / sw)

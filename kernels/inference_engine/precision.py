@@ -42,6 +42,13 @@ def from_e4m3(codes) -> np.ndarray:
     return E4M3[np.asarray(codes, np.uint8)]
 
 
+def e4m3_scale(amax) -> np.ndarray:
+    """float32 scales that map each largest magnitude ``amax`` (a number or an array: per tensor, channel or block) to
+    e4m3's largest value, x ~ scale e4m3(x / scale); 1 where amax is 0 (any scale represents zeros)."""
+    amax = np.asarray(amax, np.float32)
+    return np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+
+
 def to_e4m3(x) -> np.ndarray:
     """e4m3 codes (uint8) of float values, as the GPU converts them (cvt.rn.satfinite: to nearest, ties to the even
     code, magnitudes beyond 448 to 448; NaN to NaN)."""
