@@ -12,6 +12,7 @@ import numpy as np
 from gpucourse.records import Figure
 from gpucourse import bench, claims, gpus, plots, runtime
 from kernels import tensor_cores as tc
+from kernels import tensor_cores_fp8 as F
 
 LESSON = "04_tensor_cores"
 # What each wgmma configuration adds over the one before it (the notebook's "what each ingredient bought").
@@ -216,6 +217,106 @@ def wgmma_rows(table: dict) -> list:
     """The rows of a wgmma table (wgmma_table, measured or recorded) that ran a wgmma kernel: none where the GPU
     has no wgmma, or where the table was recorded without them."""
     return [r for r in table.get("rows", []) if r.get("config") in tc.WGMMA_CONFIGS]
+
+
+def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
+    """The rows fp8_table measures, as dicts of name, kind ("library" or "kernel"), precision and config: cuBLAS FP16
+    and the course's FP16 wgmma GEMM, cuBLAS's FP8 GEMM (through ``torch._scaled_mm``, where ``torch_fp8``: with
+    and without its fast accumulation), and every FP8 configuration of kernels/cuda/tensor_cores_fp8.cu. Empty
+    where the GPU has no wgmma."""
+    if not gpus.supports("wgmma", cc):
+        return []
+    plan = [{"name": "cuBLAS FP16", "kind": "library", "precision": "fp16", "config": None},
+            {"name": "wgmma FP16 (the lesson's Hopper GEMM)", "kind": "kernel", "precision": "fp16",
+             "config": tc.DEFAULT_WGMMA}]
+    if torch_fp8:
+        plan += [{"name": "cuBLAS FP8 (torch._scaled_mm)", "kind": "library", "precision": "fp8",
+                  "config": "promoted"},
+                 {"name": "cuBLAS FP8, fast accumulation", "kind": "library", "precision": "fp8", "config": "fast"}]
+    plan += [{"name": f"wgmma FP8, {F.fp8_config(c)['bm']} x {F.fp8_config(c)['bn']}, {F.fp8_config(c)['accumulate']}",
+              "kind": "kernel", "precision": "fp8", "config": c} for c in F.FP8_CONFIGS]
+    return plan
+
+
+def _torch_fp8():
+    """PyTorch with CUDA and FP8 (``torch._scaled_mm``), or None: the comparison is skipped without it."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() and hasattr(torch, "float8_e4m3fn") else None
+
+
+def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
+    """FP8 against FP16 on n x n x n (compute capability 9.0): cuBLAS FP16, the lesson's FP16 wgmma GEMM, cuBLAS's
+    FP8 GEMM (``torch._scaled_mm``, where PyTorch is installed) and the FP8 wgmma GEMM of each configuration, on the
+    same N(0, 1) inputs quantised with one scale per tensor, FP16 output. Every FP8 result is checked first against
+    the FP32 product of the dequantised operands; TFLOP/s, and each FP8 row's ratio to cuBLAS's FP8 GEMM with the
+    same accumulation. "skipped" says why where the GPU has no wgmma."""
+    out = {"n": n, "rows": []}
+    if wgmma_skipped():
+        return {**out, "skipped": gpus.missing("wgmma", what="the FP8 GEMM")}
+    cp = runtime.cupy()
+    torch = _torch_fp8()
+    n = n or runtime.size("tensor_cores.n")
+    runtime.check_fits(n * n * (4 * 3 + 2 * 4 + 1 * 2), f"a {n}^3 FP8 GEMM")
+    rs = cp.random.RandomState(3)
+    X, Y = rs.standard_normal((n, n), dtype=cp.float32), rs.standard_normal((n, n), dtype=cp.float32)
+    (A8, sa), (B8, sb) = F.quantize_fp8_gpu(X), F.quantize_fp8_gpu(Y)  # Y is B transposed: N x K
+    table = cp.asarray(F.from_e4m3(np.arange(256, dtype=np.uint8)).astype(np.float32))
+    ref = cp.matmul(table[A8] * sa, (table[B8] * sb).T)
+    A16, Bt16 = X.astype(cp.float16), cp.ascontiguousarray(Y.T.astype(cp.float16))
+    del X, Y
+    C16, C32 = cp.empty((n, n), cp.float16), cp.empty((n, n), cp.float32)
+    if torch is not None:
+        ta, tb = (torch.from_dlpack(x).view(torch.float8_e4m3fn) for x in (A8, B8))
+        tsa, tsb = torch.from_dlpack(sa).reshape(()), torch.from_dlpack(sb).reshape(())
+
+    def launcher(row):
+        if row["precision"] == "fp16":
+            if row["kind"] == "library":
+                return lambda: cp.matmul(A16, Bt16, out=C16)
+            return lambda: tc.gemm_wgmma(A16, Bt16, C32, config=row["config"])
+        if row["kind"] == "library":
+            fast = row["config"] == "fast"
+            return lambda: torch._scaled_mm(ta, tb.t(), scale_a=tsa, scale_b=tsb, out_dtype=torch.float16,
+                                            use_fast_accum=fast)
+        return lambda: F.gemm_fp8(A8, B8, sa, sb, C16, config=row["config"])
+
+    flops = 2.0 * n**3
+    for row in bench.progress(fp8_plan(torch_fp8=torch is not None), desc="fp8"):
+        launch = launcher(row)
+        if row["precision"] == "fp8":  # checked before it is timed
+            C16.fill(cp.nan)
+            err = tc.rel_error(cp.from_dlpack(launch()).astype(cp.float32), ref)
+            if not err <= 2.0**-9:
+                raise runtime.CourseError(f"{row['name']} gave a wrong result at n={n} (error {err:.2e}); not "
+                                          "timing it")
+            row = {**row, "check_error": err}
+        t = bench.time_gpu(launch, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
+        out["rows"].append({**row, **t.summary(), "tflops": t.tflops(flops)})
+    by = {r["name"]: r["tflops"] for r in out["rows"]}
+    lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
+    for r in out["rows"]:
+        r["of_cublas_fp16"] = r["tflops"] / by["cuBLAS FP16"]
+        if r["kind"] == "kernel" and r["precision"] == "fp8" and lib[F.fp8_config(r["config"])["accumulate"]] in by:
+            r["of_cublas_fp8"] = r["tflops"] / by[lib[F.fp8_config(r["config"])["accumulate"]]]
+    out.update(n=n, torch=getattr(torch, "__version__", None))
+    if torch is None:
+        out["note"] = "no cuBLAS FP8 rows: PyTorch with CUDA is not installed"
+    return out
+
+
+def format_fp8_table(table: dict) -> str:
+    """fp8_table's figures as lines of text: name, ms, TFLOP/s, ratios."""
+    if table.get("skipped"):
+        return f"FP8 GEMM: {table['skipped']}"
+    lines = [f"FP8 GEMM, {table['n']}^3, FP16 output" + (f" ({table['note']})" if table.get("note") else "")]
+    for r in table["rows"]:
+        ratio = f"  {r['of_cublas_fp8']:.2f}x cuBLAS FP8" if "of_cublas_fp8" in r else ""
+        lines.append(f"  {r['name']:<44} {r['median_ms']:8.3f} ms {r['tflops']:7.0f} TFLOP/s "
+                     f"{r['of_cublas_fp16']:5.2f}x cuBLAS FP16{ratio}")
+    return "\n".join(lines)
 
 
 def size_sweep(sizes=None, repeats: int = 10, config: str | None = None) -> dict:

@@ -99,6 +99,7 @@ STEPS = {s.key: s for s in (
          fallback="copies tiles to shared memory with ordinary loads, synchronously (no overlap)"),
     # Hopper's own path: sm_90a machine code runs on compute capability 9.0 only
     Step("04.wgmma", "lesson 4's Hopper GEMM (wgmma fed by the TMA)", needs=("wgmma",)),
+    Step("04.wgmma_fp8", "lesson 4's FP8 GEMM on Hopper (e4m3 wgmma fed by the TMA)", needs=("wgmma",)),
     Step("05.wgmma", "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)", needs=("wgmma",)),
     Step("06.wgmma", "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
          needs=("wgmma",)),

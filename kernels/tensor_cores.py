@@ -589,16 +589,17 @@ def _cached_map(x, key: tuple, encode) -> "object":
 
 
 def tensor_map(x, box: tuple) -> "object":
-    """The TMA descriptor (CUtensorMap, 128 bytes) of a C-contiguous FP16 CuPy array ``x`` of 2 to 5 dimensions
-    (a row-major matrix: box = (rows, columns)), read in boxes of ``box`` elements, written into shared memory in
-    the 128-byte swizzle, with reads outside the array filled with zeros. Made once per (address, shape, box) by
-    cuTensorMapEncodeTiled."""
-    import ctypes
+    """The TMA descriptor (CUtensorMap, 128 bytes) of a C-contiguous CuPy array ``x`` of 2 to 5 dimensions (a
+    row-major matrix: box = (rows, columns)) of FP16, or of bytes (FP8 codes, in boxes 128 wide), read in boxes of
+    ``box`` elements, written into shared memory in the 128-byte swizzle, with reads outside the array filled with
+    zeros. Made once per (address, shape, box) by cuTensorMapEncodeTiled."""
+    item = np.dtype(x.dtype).itemsize
 
     def encode(tmap):
-        encode_tiled(tmap, x.data.ptr, *tensor_map_args(tuple(x.shape), tuple(box), 2))
+        encode_tiled(tmap, x.data.ptr, *tensor_map_args(tuple(x.shape), tuple(box), item), itemsize=item,
+                     row=box[-1] * item)
 
-    return _cached_map(x, ("tiled", tuple(box)), encode)
+    return _cached_map(x, ("tiled", item, tuple(box)), encode)
 
 
 def _tma_type(itemsize: int, row: int | None = None) -> tuple:

@@ -23,8 +23,8 @@ import math
 
 import numpy as np
 
-from gpucourse import runtime
-from kernels.inference_engine.precision import e4m3_scale, from_e4m3, to_e4m3
+from gpucourse import gpus, runtime
+from kernels.inference_engine.precision import E4M3_MAX, e4m3_scale, from_e4m3, to_e4m3
 
 from .tensor_cores import gemm_emulated, gemm_spec, rel_error
 
@@ -167,6 +167,119 @@ def format_fp8_gemm_error(figs: dict) -> str:
     for (dist, k), row in figs.items():
         lines.append(f"| {dist} | {k} | " + " | ".join(f"{row[c][0]:.2g} / {row[c][1]:.2g}" for c in cols) + " |")
     return "\n".join(lines)
+
+
+# ============================================================ on Hopper: kernels/cuda/tensor_cores_fp8.cu (sm_90a)
+
+FP8_SOURCE = "tensor_cores_fp8"
+# Block tile BM x BN x 128 codes, shared-memory stages, and how the FP32 sums are kept: "fast", every wgmma adding
+# into the same registers (Hopper's FP8 wgmma keeps fewer bits than FP32 there), or "promoted", each stage's K = 128
+# summed from zero and then added in ordinary FP32 (two sets of accumulators: 128 columns at most).
+FP8_CONFIGS = (
+    "fp8_gemm_128x256x128_s4_fast",
+    "fp8_gemm_128x128x128_s6_promoted",
+    "fp8_gemm_128x128x128_s6_fast",
+)
+DEFAULT_FP8 = "fp8_gemm_128x256x128_s4_fast"
+FP8_OUTPUTS = {"float16": "f16", "bfloat16": "bf16"}  # C's type -> the kernel's suffix (bf16: BF16 bits in uint16)
+
+
+def fp8_config(name: str) -> dict:
+    """Tile, stages, accumulation, threads and shared memory of an FP8 GEMM configuration, from its name."""
+    import re
+
+    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)", name)
+    if not m or name not in FP8_CONFIGS:
+        raise runtime.CourseInputError(f"no FP8 GEMM kernel {name!r}; known: {', '.join(FP8_CONFIGS)}")
+    bm, bn, bk, stages = map(int, m.groups()[:4])
+    smem = 1024 + stages * (bm + bn) * bk + 2 * stages * 8  # 1 KiB for alignment, tiles (a byte a code), mbarriers
+    return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "accumulate": m.group(5),
+            "threads": 128 * (bm // 64 + 1), "smem_bytes": smem}
+
+
+def bf16_bits_to_float(bits) -> np.ndarray:
+    """BF16 values held as their 16 bits (uint16, as the GPU kernel writes them: NumPy and CuPy have no bfloat16)
+    as float32."""
+    b = np.ascontiguousarray(np.asarray(bits, np.uint16))
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: int = 8):
+    """C = (from_e4m3(A) scale_a) (from_e4m3(B) scale_b)^T on Hopper's FP8 wgmma fed by the TMA (GPU mode, compute
+    capability 9.0; CuPy arrays). Asynchronous.
+
+    A: M x K e4m3 codes (uint8); B: N x K e4m3 codes (B transposed: FP8 wgmma reads both operands K-major); scale_a,
+    scale_b: one float32 each, on the GPU (as ``quantize_fp8`` returns them); C: M x N, float16 for FP16 output or
+    uint16 for BF16 (its bits). Any M, N; K a multiple of 16 (the TMA reads rows of whole 16-byte units). ``config``:
+    one of FP8_CONFIGS."""
+    import ctypes
+    import math
+
+    from . import tensor_cores as tc
+
+    runtime.require_gpu("the FP8 GEMM")
+    c = fp8_config(config or DEFAULT_FP8)
+    for name, x in (("A", A), ("B", B), ("C", C), ("scale_a", scale_a), ("scale_b", scale_b)):
+        if not tc._is_cupy(x):
+            raise runtime.CourseInputError(f"the FP8 GEMM takes CuPy arrays; {name} is "
+                                           f"{type(x).__name__} (cupy.asarray(...) copies it to the GPU)")
+    runtime.check_device_array(A, "A", dtype=np.uint8, ndim=2)
+    runtime.check_device_array(B, "B", dtype=np.uint8, ndim=2)
+    M, K = A.shape
+    if B.shape[1] != K:
+        raise runtime.CourseInputError(f"B is taken transposed (N x K): A is {M} x {K}, so B needs {K} columns, "
+                                       f"not {B.shape[1]}")
+    N = B.shape[0]
+    out = {np.dtype(np.float16): "float16", np.dtype(np.uint16): "bfloat16"}.get(np.dtype(C.dtype))
+    if out is None:
+        raise runtime.CourseInputError(f"C must be float16 (FP16 output) or uint16 (BF16 output, its bits), not "
+                                       f"{C.dtype}")
+    runtime.check_device_array(C, "C", dtype=C.dtype, shape=(M, N))
+    for name, x in (("scale_a", scale_a), ("scale_b", scale_b)):
+        runtime.check_device_array(x, name, dtype=np.float32)
+        if x.size != 1:
+            raise runtime.CourseInputError(f"{name} holds one scale for the whole tensor, not {x.size} values")
+    for name, x in (("A", A), ("B", B), ("C", C)):
+        if not tc._c_contiguous(x):
+            raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major)")
+    if K % 16:
+        raise runtime.CourseInputError(f"the TMA reads rows that are whole 16-byte units: K must be a multiple of 16 "
+                                       f"(got M, N, K = {M}, {N}, {K}); pad A and B with zero codes")
+    if max(M, N, K) >= 2**31 // 2:
+        raise runtime.CourseInputError("dimensions must stay below 2**30")
+    if not 1 <= group_m <= 64:
+        raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
+    gpus.step("04.wgmma_fp8")  # compute capability 9.0 exactly, else one line saying so
+    name = f"{c['name']}_{FP8_OUTPUTS[out]}"
+    fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])
+    map_a, map_b = tc.tensor_map(A, (c["bm"], c["bk"])), tc.tensor_map(B, (c["bn"], c["bk"]))
+    blocks = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
+    args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), ctypes.c_uint64(scale_a.data.ptr),
+            ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K),
+            ctypes.c_int32(group_m)]
+    tc.launch_hopper(fn, (blocks,), c["threads"], c["smem_bytes"], args, name)
+    return C
+
+
+def quantize_fp8_gpu(x) -> tuple:
+    """``quantize_fp8`` on the GPU (GPU mode, compute capability 9.0: it lives beside the FP8 GEMM): (codes uint8 of
+    x's shape, scale: a float32 array of one element, on the GPU) for a float32 CuPy array x, code for code what
+    ``quantize_fp8`` gives for the same values, without a copy to the host."""
+    from . import tensor_cores as tc
+
+    runtime.require_gpu("the GPU's FP8 quantiser")
+    cp = runtime.cupy()
+    runtime.check_device_array(x, "x", dtype=np.float32)
+    if not tc._c_contiguous(x):
+        raise runtime.CourseInputError("x must be C-contiguous")
+    gpus.step("04.wgmma_fp8")
+    amax = cp.abs(x).max() if x.size else cp.zeros((), cp.float32)
+    scale = cp.where(amax > 0, amax / cp.float32(E4M3_MAX), cp.float32(1)).astype(cp.float32).reshape(1)
+    codes = cp.empty(x.shape, cp.uint8)
+    if x.size:
+        fn = tc.hopper_kernel(FP8_SOURCE, "fp8_quantize", 0)
+        fn((min(65535, -(-x.size // 256)),), (256,), (x, codes, scale, np.int64(x.size)))
+    return codes, scale
 
 
 if __name__ == "__main__":  # python -m kernels.tensor_cores_fp8: the table of docs/engineering/04_tensor_cores.md

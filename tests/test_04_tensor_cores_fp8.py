@@ -1,9 +1,11 @@
 """Lesson 4, the FP8 GEMM's numerics in NumPy (kernels/tensor_cores_fp8.py): e4m3 with one scale per tensor, the spec
 a GPU FP8 GEMM is checked against, BF16 rounding, and the error figures of docs/engineering/04_tensor_cores.md."""
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_compiler
 
 from gpucourse import runtime
 from kernels import tensor_cores as tc
@@ -162,3 +164,203 @@ def test_fp8_refuses_bad_input(rng):
         F.fp8_gemm_error(8, 8, 8, dist="uniform")
     with pytest.raises(runtime.CourseInputError, match="m must"):
         F.fp8_gemm_error(2, 8, 8, dist="outliers")
+
+
+# ------------------------------------------------------------------ the GPU kernel: kernels/cuda/tensor_cores_fp8.cu
+
+def test_fp8_configs_parse_and_fit_in_a_hopper_block():
+    for name in F.FP8_CONFIGS:
+        c = F.fp8_config(name)
+        assert c["bk"] == 128 and c["threads"] == 128 * (c["bm"] // 64 + 1)
+        assert c["smem_bytes"] <= 227 * 1024, name  # an H100's or H200's block, opted in
+        assert c["accumulate"] == ("promoted" if "promoted" in name else "fast")
+        assert c["accumulate"] == "fast" or c["bn"] <= 128, name  # two sets of accumulators fit 128 columns
+    with pytest.raises(runtime.CourseInputError, match="no FP8 GEMM kernel"):
+        F.fp8_config("fp8_gemm_128x256x128_s9_fast")
+
+
+def test_fp8_gemm_needs_a_gpu_or_says_so():
+    if runtime.is_gpu():
+        pytest.skip("a GPU runs it (test_fp8_gemm_on_gpu)")
+    with pytest.raises(runtime.CourseError, match="the FP8 GEMM"):
+        F.gemm_fp8(None, None, None, None, None)
+
+
+def test_bf16_bits_read_back_as_floats():
+    x = np.array([1.0, -2.5, 3.0e38, 2.0**-130], np.float32)
+    bits = (F.round_bf16(x).view(np.uint32) >> 16).astype(np.uint16)
+    assert F.bf16_bits_to_float(bits).tolist() == F.round_bf16(x).tolist()
+
+
+@needs_compiler
+def test_fp8_source_compiles_to_e4m3_wgmma_and_tma_for_sm90a_only():
+    from gpucourse import cuda_c
+
+    ptx = cuda_c.compile_ptx(F.FP8_SOURCE, arch="sm_90a")
+    for config in F.FP8_CONFIGS:
+        c = F.fp8_config(config)
+        for suffix in F.FP8_OUTPUTS.values():
+            name = f"{config}_{suffix}"
+            body = cuda_c.ptx_entry(ptx, name)
+            mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k32\.f32\.e4m3\.e4m3", body)
+            assert mmas == [str(c["bn"])] * 4, name  # K = 128 codes a stage, 32 an instruction
+            assert "cp.async.bulk.tensor.2d" in body and "mbarrier.try_wait.parity" in body, name
+            assert "%globaltimer" in body and "brkpt;" in body, name  # every wait ends: a time-out fails the launch
+            assert "setmaxnreg" in body, name
+            assert ("cvt.rn.bf16x2.f32" in body) is (suffix == "bf16"), name
+    plain = cuda_c.compile_ptx(F.FP8_SOURCE, arch="sm_90")  # without the a: stubs that trap
+    assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
+
+
+@needs_compiler
+def test_fp8_kernels_keep_their_accumulators_in_registers():
+    """ptxas's own account (no GPU needed): no spills, and no wgmma serialised for want of registers (C7512), in
+    either accumulation; the promoted one holds two sets of accumulators."""
+    from gpucourse import cuda_c
+
+    log = cuda_c.ptxas_log(F.FP8_SOURCE, "sm_90a").replace("\x00", "")
+    for config in F.FP8_CONFIGS:
+        name = f"{config}_f16"
+        part = log.split(f"Compiling entry function '{name}'")[1].split("Compiling entry function")[0]
+        assert "0 bytes spill stores, 0 bytes spill loads" in part, (name, part)
+    assert "C7512" not in log and "serialized" not in log, log
+
+
+def _gpu_operands(rng, M, N, K, *, outlier=False):
+    A, B = rng.standard_normal((M, K)), rng.standard_normal((N, K))
+    if outlier:
+        A[0] *= 100.0
+    (ca, sa), (cb, sb) = F.quantize_fp8(A), F.quantize_fp8(B)
+    return ca, sa, cb, sb
+
+
+def _on_hopper():
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        with pytest.raises(runtime.CourseError, match="needs wgmma"):
+            gpus.step("04.wgmma_fp8")
+        pytest.skip(gpus.missing("wgmma"))
+    return runtime.cupy()
+
+
+# Error of the kernel's result against the exact product of the quantised operands, as max |C - spec| / max |spec|:
+# the output's rounding (half an ulp: 2^-11 of FP16, 2^-8 of BF16, relative) and the sums' (FP8 wgmma's own
+# accumulator keeps fewer bits than FP32). Measured on an H200 in turns with cuBLAS's FP8 GEMM, which
+# test_fp8_gemm_matches_cublas compares against.
+FP8_KERNEL_REL = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out", list(F.FP8_OUTPUTS))
+@pytest.mark.parametrize("config", F.FP8_CONFIGS)
+def test_fp8_gemm_on_gpu(rng, config, out):
+    cp = _on_hopper()
+    c = F.fp8_config(config)
+    shapes = [(c["bm"], c["bn"], 128), (2 * c["bm"], 3 * c["bn"], 5 * 128)]
+    shapes += [(300, 264, 208), (1, 8, 16), (1000, 1030, 2064)]  # ragged: zero-filled reads, guarded stores
+    for M, N, K in shapes:
+        ca, sa, cb, sb = _gpu_operands(rng, M, N, K)
+        C = cp.full((M, N), 0x7E00 if out == "float16" else 0x7FC0, cp.uint16)  # NaN until written
+        F.gemm_fp8(cp.asarray(ca), cp.asarray(cb), cp.asarray([sa]), cp.asarray([sb]),
+                   C.view(cp.float16) if out == "float16" else C, config=config)
+        bits = C.get()
+        got = bits.view(np.float16).astype(np.float64) if out == "float16" else F.bf16_bits_to_float(bits)
+        want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
+        assert np.isfinite(got).all(), (config, out, M, N, K)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        assert err <= FP8_KERNEL_REL[out], (config, out, M, N, K, err)
+    # the scales are read from the GPU, not ignored: twice scale_a, twice the result
+    ca, sa, cb, sb = _gpu_operands(rng, 128, 256, 256)
+    A, B = cp.asarray(ca), cp.asarray(cb)
+    C1, C2 = cp.empty((128, 256), cp.float16), cp.empty((128, 256), cp.float16)
+    if out == "float16":
+        F.gemm_fp8(A, B, cp.asarray([sa]), cp.asarray([sb]), C1, config=config)
+        F.gemm_fp8(A, B, cp.asarray([2 * sa]), cp.asarray([sb]), C2, config=config)
+        assert cp.array_equal(2 * C1.astype(cp.float32), C2.astype(cp.float32))
+
+
+@pytest.mark.gpu
+def test_fp8_accumulation_fast_against_promoted(rng):
+    """Over a long K the fast accumulation (every wgmma into the same registers) drifts from the exact product
+    further than the promoted one (each stage's sum added in FP32): both stated, the promoted one within FP32's
+    bound of a K = 128 sum a stage."""
+    cp = _on_hopper()
+    M, N, K = 256, 256, 16384
+    ca, sa, cb, sb = _gpu_operands(rng, M, N, K)
+    want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
+    errs = {}
+    for config in ("fp8_gemm_128x128x128_s6_fast", "fp8_gemm_128x128x128_s6_promoted"):
+        C = cp.empty((M, N), cp.float16)
+        F.gemm_fp8(cp.asarray(ca), cp.asarray(cb), cp.asarray([sa]), cp.asarray([sb]), C, config=config)
+        errs[config] = np.abs(C.get().astype(np.float64) - want).max() / np.abs(want).max()
+    print(f"FP8 GEMM, K = {K}, max |C - exact| / max |exact|: {errs}")
+    assert errs["fp8_gemm_128x128x128_s6_promoted"] <= FP8_KERNEL_REL["float16"], errs
+    assert errs["fp8_gemm_128x128x128_s6_promoted"] <= errs["fp8_gemm_128x128x128_s6_fast"] * 1.01, errs
+
+
+@pytest.mark.gpu
+def test_fp8_gemm_matches_cublas(rng):
+    """The same codes and scales through cuBLAS's FP8 GEMM (torch._scaled_mm, where PyTorch is installed):
+    agreement within the FP16 output's rounding and the sums'."""
+    cp = _on_hopper()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not hasattr(torch, "float8_e4m3fn"):
+        pytest.skip("PyTorch without CUDA or FP8")
+    M, N, K = 512, 768, 1024
+    ca, sa, cb, sb = _gpu_operands(rng, M, N, K)
+    A, B = cp.asarray(ca), cp.asarray(cb)
+    C = cp.empty((M, N), cp.float16)
+    F.gemm_fp8(A, B, cp.asarray([sa]), cp.asarray([sb]), C, config="fp8_gemm_128x128x128_s6_promoted")
+    ta = torch.from_dlpack(A).view(torch.float8_e4m3fn)
+    tb = torch.from_dlpack(B).view(torch.float8_e4m3fn)
+    theirs = torch._scaled_mm(ta, tb.t(), scale_a=torch.tensor(sa, device="cuda"),
+                              scale_b=torch.tensor(sb, device="cuda"), out_dtype=torch.float16)
+    want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
+    ours, cublas = C.get().astype(np.float64), theirs.float().cpu().numpy().astype(np.float64)
+    scale = np.abs(want).max()
+    assert np.abs(ours - cublas).max() / scale <= 2 * FP8_KERNEL_REL["float16"]
+    assert np.abs(cublas - want).max() / scale <= FP8_KERNEL_REL["float16"]  # the reference itself holds
+
+
+@pytest.mark.gpu
+def test_fp8_gemm_refuses_what_it_cannot_run(rng):
+    cp = _on_hopper()
+    s = cp.ones(1, cp.float32)
+    with pytest.raises(runtime.CourseInputError, match="multiple of 16"):
+        F.gemm_fp8(cp.zeros((64, 40), cp.uint8), cp.zeros((64, 40), cp.uint8), s, s, cp.zeros((64, 64), cp.float16))
+    with pytest.raises(runtime.CourseInputError, match="transposed"):
+        F.gemm_fp8(cp.zeros((64, 64), cp.uint8), cp.zeros((64, 128), cp.uint8), s, s, cp.zeros((64, 64), cp.float16))
+    with pytest.raises(runtime.CourseInputError, match="float16 .* or uint16"):
+        F.gemm_fp8(cp.zeros((64, 64), cp.uint8), cp.zeros((64, 64), cp.uint8), s, s, cp.zeros((64, 64), cp.float32))
+    with pytest.raises(runtime.CourseInputError, match="one scale"):
+        F.gemm_fp8(cp.zeros((64, 64), cp.uint8), cp.zeros((64, 64), cp.uint8), cp.ones(2, cp.float32), s,
+                   cp.zeros((64, 64), cp.float16))
+    with pytest.raises(runtime.CourseInputError, match="uint8"):
+        F.gemm_fp8(cp.zeros((64, 64), cp.float16), cp.zeros((64, 64), cp.uint8), s, s, cp.zeros((64, 64), cp.float16))
+
+
+@pytest.mark.gpu
+def test_gpu_quantiser_gives_numpys_codes_and_scale(rng):
+    cp = _on_hopper()
+    x = (rng.standard_normal((300, 517)) * np.exp(3 * rng.standard_normal((300, 1)))).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, 1e-30]
+    codes, scale = F.quantize_fp8_gpu(cp.asarray(x))
+    want_codes, want_scale = F.quantize_fp8(x)
+    assert scale.shape == (1,) and float(scale.get()[0]) == float(want_scale)
+    assert (codes.get() == want_codes).all()
+    zc, zs = F.quantize_fp8_gpu(cp.zeros((4, 4), cp.float32))
+    assert float(zs.get()[0]) == 1.0 and not zc.get().any()
+
+
+def test_fp8_benchmark_plan_on_hopper_and_elsewhere():
+    from benchmarks import tensor_cores as B
+
+    plan = B.fp8_plan(cc=(9, 0))
+    assert [r["config"] for r in plan if r["kind"] == "kernel" and r["precision"] == "fp8"] == list(F.FP8_CONFIGS)
+    assert {r["config"] for r in plan if r["kind"] == "library" and r["precision"] == "fp8"} == {"fast", "promoted"}
+    assert plan[0]["name"] == "cuBLAS FP16"
+    assert not any(r["kind"] == "library" and r["precision"] == "fp8" for r in B.fp8_plan(cc=(9, 0), torch_fp8=False))
+    assert B.fp8_plan(cc=(8, 9)) == []
+    text = B.format_fp8_table({"skipped": "the FP8 GEMM needs wgmma"})
+    assert text == "FP8 GEMM: the FP8 GEMM needs wgmma"

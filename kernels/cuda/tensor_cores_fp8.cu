@@ -1,0 +1,186 @@
+// gpucourse-arch: sm_90a
+// Lesson 4, FP8 on Hopper: C = (A scale_a) (B scale_b)^T on wgmma's e4m3 path, fed by the TMA as the FP16 GEMM of
+// tensor_cores_wgmma.cu is, and rounded once to FP16 or BF16.
+//
+// A: M x K e4m3 codes, row-major (K-major). B: N x K e4m3 codes, row-major: B transposed, since FP8 wgmma takes
+// both operands K-major (it has no transpose bit for 8-bit types). scale_a, scale_b: one float32 each, in device
+// memory (what quantised the tensors, as torch._scaled_mm takes them), read by the epilogue. C: M x N, FP16 or BF16.
+//
+// A stage holds BK = 128 codes of each row: 128 bytes, one row of the 128-byte swizzle, so the shared-memory tiles,
+// the tensor maps' boxes and the descriptors are byte for byte those of the FP16 kernel's "nk" layout (64 FP16 are
+// 128 bytes too); wgmma's 8-bit shape takes K = 32 an instruction (32 bytes, as FP16's K = 16), 4 a stage.
+//
+// The accumulator. Hopper's FP8 wgmma adds its products into the FP32 registers it is given with fewer bits than
+// FP32 keeps, so over a long K the error grows faster than an FP32 sum's. Two ways, a template argument apart:
+//   * FAST: every wgmma of the K loop adds into the same registers (BN = 256: 128 accumulators a thread);
+//   * PROMOTED: each stage's 4 wgmmas (K = 128) start from zero in a second set of registers, which the consumer
+//     then adds into the first in ordinary FP32 (what cuBLAS does unless asked for "fast accumulation"). Two sets
+//     of BN / 2 registers fit only for BN = 128.
+// kernels/tensor_cores_fp8.py launches them (gemm_fp8) and measures what each costs and what each gets right.
+//
+// Everything below needs sm_90a; compiled for any other architecture the kernels are stubs that trap.
+
+#include "hopper.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+namespace hopper {
+
+template <typename T>
+__device__ __forceinline__ void store_pair(T* out, float a, float b);
+template <>
+__device__ __forceinline__ void store_pair<__half>(__half* out, float a, float b) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(a, b);
+}
+template <>
+__device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16* out, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
+}
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// BM x BN tile of C, STAGES deep ring of (A, B) slices of BK = 128 codes; OUT: __half or __nv_bfloat16.
+template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT>
+__device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const TensorMap* tmB, OUT* __restrict__ C,
+                                              const float* __restrict__ scale_a, const float* __restrict__ scale_b,
+                                              int M, int N, int K, int group_m) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int BK8 = 2 * BK;  // codes of K a stage: 128 bytes, as the FP16 kernel's 64 FP16
+  constexpr int CONSUMERS = BM / 64;
+  constexpr unsigned A_BYTES = BM * BK8, B_BYTES = BN * BK8;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1024-byte grid
+  unsigned char* sA = smem;                     // STAGES x [BM][128] e4m3
+  unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][128] e4m3
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_BYTES);
+  unsigned long long* empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int per_group = group_m * tiles_n;
+  const int first_m = (blockIdx.x / per_group) * group_m;
+  const int rows_here = min(tiles_m - first_m, group_m);
+  const int in_group = blockIdx.x % per_group;
+  const int m0 = (first_m + in_group % rows_here) * BM, n0 = (in_group / rows_here) * BN;
+  const int kblocks = (K + BK8 - 1) / BK8;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      for (int kb = 0; kb < kblocks; ++kb) {
+        const int s = kb % STAGES;
+        if (kb >= STAGES) mbar_wait(&empty[s], ((kb / STAGES) + 1) & 1);
+        mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
+        tma_load_2d(sA + s * A_BYTES, tmA, &full[s], kb * BK8, m0);
+        tma_load_2d(sB + s * B_BYTES, tmB, &full[s], kb * BK8, n0);
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1;
+    float d[BN / 16][8];
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
+    // region: fp8_accumulate
+    for (int kb = 0; kb < kblocks; ++kb) {
+      const int s = kb % STAGES;
+      mbar_wait(&full[s], (kb / STAGES) & 1);
+      const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);  // this warpgroup's 64 rows
+      const unsigned b0 = smem_addr(sB + s * B_BYTES);
+      if constexpr (PROMOTED) {
+        float t[BN / 16][8];  // this stage's K = 128, from zero (scale_d = 0 on the first wgmma)
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK8 / 32; ++kk)
+          wgmma_k32_e4m3<BN>(t, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (tid == 0) mbar_arrive(&empty[s]);
+#pragma unroll
+        for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d[i][j] += t[i][j];  // promoted: an ordinary FP32 add
+      } else {
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK8 / 32; ++kk)
+          wgmma_k32_e4m3<BN>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (tid == 0) mbar_arrive(&empty[s]);
+      }
+    }
+    // endregion
+    // The fragment, as the FP16 kernel's: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns
+    // 8i + 2 (l % 4) and the next one. Each value times scale_a scale_b, rounded once to OUT.
+    const float alpha = __ldg(scale_a) * __ldg(scale_b);
+    const int warp = tid / 32, lane = tid % 32;
+    const int row = m0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i) {
+      const int col = n0 + 8 * i + 2 * (lane % 4);
+      const float* v = &d[i / 2][(i % 2) * 4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row + 8 * h;
+        if (r < M) {
+          OUT* out = C + static_cast<size_t>(r) * N + col;
+          if (col + 1 < N && (N % 2) == 0) {
+            store_pair<OUT>(out, alpha * v[2 * h], alpha * v[2 * h + 1]);
+          } else {
+            if (col < N) out[0] = from_float<OUT>(alpha * v[2 * h]);
+            if (col + 1 < N) out[1] = from_float<OUT>(alpha * v[2 * h + 1]);
+          }
+        }
+      }
+    }
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+
+}  // namespace hopper
+
+// The kernels kernels/tensor_cores_fp8.py launches (FP8_CONFIGS): tile BM x BN x 128, stages, accumulation, output.
+#define FP8_GEMM(BM, BN, S, ACC, PROMOTED, OUTNAME, OUT)                                                           \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                           \
+      fp8_gemm_##BM##x##BN##x128_s##S##_##ACC##_##OUTNAME(                                                        \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB, OUT* C,                   \
+          const float* scale_a, const float* scale_b, int M, int N, int K, int group_m) {                         \
+    hopper::gemm_fp8_tile<BM, BN, S, PROMOTED, OUT>(&tmA, &tmB, C, scale_a, scale_b, M, N, K, group_m);          \
+  }
+
+FP8_GEMM(128, 256, 4, fast, false, f16, __half)
+FP8_GEMM(128, 256, 4, fast, false, bf16, __nv_bfloat16)
+FP8_GEMM(128, 128, 6, promoted, true, f16, __half)
+FP8_GEMM(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
+FP8_GEMM(128, 128, 6, fast, false, f16, __half)
+FP8_GEMM(128, 128, 6, fast, false, bf16, __nv_bfloat16)
+
+// e4m3 codes of x / scale (scale: one float32 on the GPU), rounded as the GPU rounds (to nearest, ties to even,
+// saturated to +-448): kernels/inference_engine/precision.py's to_e4m3 of the same float32 quotient, code for code.
+extern "C" __global__ void fp8_quantize(const float* __restrict__ x, unsigned char* __restrict__ codes,
+                                        const float* __restrict__ scale, long long n) {
+  const float s = __ldg(scale);
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3);
+}
