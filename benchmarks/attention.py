@@ -385,6 +385,80 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
     return out
 
 
+FP8_N = (4096, 16384)
+FP8_GOALS = {"fp8_of_fp16": 1.6, "fp8_tflops_16k": 950.0}  # issue: >= 1.6x the course's FP16 forward; >= 950 TFLOP/s
+
+
+def _head_reference(q, k, v, causal: bool):
+    """float64 attention of the first head of the first batch (CuPy), the reference the errors are taken against."""
+    cp = runtime.cupy()
+    q64, k64, v64 = (x[0, 0].astype(cp.float64) for x in (q, k, v))
+    s = q64 @ k64.T / math.sqrt(q64.shape[-1])
+    if causal:
+        s = cp.where(cp.tril(cp.ones(s.shape, bool)), s, -cp.inf)
+    p = cp.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v64
+
+
+def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
+    """The FP8 forward (flash_fp8, Hopper) against the course's FP16 forward (flash_wgmma's default) and cuDNN's FP16
+    SDPA, in turns on the same inputs (the field's: 32k tokens, 16 heads of 128), causal and not: TFLOP/s (counted
+    as FP16's: the same attention), the pre-pass that makes FP8's operands (quantising Q, K, V a tile at a time and
+    transposing V) timed apart, and each kernel's RMSE of O against float64 on the first head."""
+    cp = runtime.cupy()
+    from gpucourse import gpus
+
+    gpus.step("10.wgmma_fp8")
+    torch = _torch()
+    out = {"d": HEAD_DIM, "heads": HEADS, "tokens": TOKENS, "runs": [], "goals": FP8_GOALS,
+           "torch": getattr(torch, "__version__", None)}
+    for n in bench.progress(ns, desc="FP8 attention N"):
+        for causal in (False, True):
+            batch, (q, k, v, _) = _inputs(n)
+            flops = A.attention_flops(batch, HEADS, n, HEAD_DIM, causal=causal)
+            ops = A.fp8_operands(q, k, v)
+            works = {"FP8 (CUDA C)": lambda: A.flash_fp8(causal=causal, operands=ops),
+                     "FP16 (CUDA C)": lambda: A.flash_wgmma(q, k, v, causal=causal)}
+            if torch is not None:
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+                from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+                tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
+
+                def cudnn():
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return sdpa(tq, tk, tv, is_causal=causal)
+                works["cuDNN FP16"] = cudnn
+            ref = _head_reference(q, k, v, causal)
+            errors = {}
+            for name, work in works.items():
+                o = work()[0] if name != "cuDNN FP16" else work()
+                o = cp.from_dlpack(o)[0, 0].astype(cp.float64)
+                errors[name] = float(cp.sqrt(cp.mean((o - ref) ** 2)))
+            times = bench.time_in_turns(works, repeats=repeats, hold_ms=HOLD_MS)
+            prep = bench.time_gpu(lambda: A.fp8_operands(q, k, v), repeats=max(3, repeats // 3))
+            run = {"N": n, "batch": batch, "causal": causal, "rmse": errors,
+                   "tflops": {name: t.tflops(flops) for name, t in times.items()},
+                   "median_ms": {name: t.median_ms for name, t in times.items()}, "prepass_ms": prep.median_ms}
+            run["fp8_of_fp16"] = run["tflops"]["FP8 (CUDA C)"] / run["tflops"]["FP16 (CUDA C)"]
+            if "cuDNN FP16" in run["tflops"]:
+                run["fp8_of_cudnn_fp16"] = run["tflops"]["FP8 (CUDA C)"] / run["tflops"]["cuDNN FP16"]
+            out["runs"].append(run)
+            del q, k, v, ops, works
+            cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def text_fp8(t: dict) -> str:
+    """measure_fp8's figures as lines of text."""
+    lines = [f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']} tokens"]
+    for r in t["runs"]:
+        head = f"N = {r['N']}{' causal' if r['causal'] else ''}:"
+        body = ", ".join(f"{name} {tf:.0f} TFLOP/s (RMSE {r['rmse'][name]:.2e})" for name, tf in r["tflops"].items())
+        lines.append(f"  {head} {body}; FP8 / FP16 {r['fp8_of_fp16']:.2f}x; pre-pass {r['prepass_ms']:.3f} ms")
+    return "\n".join(lines)
+
+
 def ratios(t: dict) -> list:
     """Per run: each course kernel against the fastest SDPA backend (and Triton against FlashAttention-2); the best
     of the sm_80+ kernels (WMMA, mma.sync: GOALS' sm80_of_fastest) against it, and which that was; Triton's backward

@@ -108,6 +108,7 @@ STEPS = {s.key: s for s in (
     Step("10.mma", "lesson 10's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async)",
          needs=("mma-m16n8k16",)),
     Step("10.wgmma", "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
+    Step("10.wgmma_fp8", "lesson 10's FlashAttention in FP8 on Hopper (e4m3 wgmma)", needs=("wgmma",)),
 )}
 
 LESSONS = {

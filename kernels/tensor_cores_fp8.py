@@ -261,25 +261,33 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     return C
 
 
-def quantize_fp8_gpu(x) -> tuple:
+def quantize_fp8_gpu(x, *, block: int | None = None) -> tuple:
     """``quantize_fp8`` on the GPU (GPU mode, compute capability 9.0: it lives beside the FP8 GEMM): (codes uint8 of
-    x's shape, scale: a float32 array of one element, on the GPU) for a float32 CuPy array x, code for code what
-    ``quantize_fp8`` gives for the same values, without a copy to the host."""
+    x's shape, scales float32 on the GPU) for a C-contiguous float32 or float16 CuPy array x, code for code what
+    ``quantize_fp8`` gives for the same float32 values, without a copy to the host. ``block``: one scale for each
+    ``block`` consecutive elements (x.size must be a multiple); None, one for the whole tensor (scales of shape (1,))."""
     from . import tensor_cores as tc
 
     runtime.require_gpu("the GPU's FP8 quantiser")
     cp = runtime.cupy()
-    runtime.check_device_array(x, "x", dtype=np.float32)
+    if not tc._is_cupy(x) or np.dtype(x.dtype) not in (np.dtype(np.float32), np.dtype(np.float16)):
+        raise runtime.CourseInputError(f"x must be a float32 or float16 CuPy array, got "
+                                       f"{type(x).__name__} {getattr(x, 'dtype', '')}")
     if not tc._c_contiguous(x):
         raise runtime.CourseInputError("x must be C-contiguous")
+    block = x.size if block is None else block
+    if isinstance(block, bool) or int(block) != block or block < 1 or x.size % block:
+        raise runtime.CourseInputError(f"block must divide x's {x.size} elements, got {block!r}")
     gpus.step("04.wgmma_fp8")
-    amax = cp.abs(x).max() if x.size else cp.zeros((), cp.float32)
-    scale = cp.where(amax > 0, amax / cp.float32(E4M3_MAX), cp.float32(1)).astype(cp.float32).reshape(1)
+    x32 = x.astype(cp.float32, copy=False)
+    if x.size == 0:
+        return cp.empty(x.shape, cp.uint8), cp.ones(1, cp.float32)
+    amax = cp.abs(x32.reshape(-1, block)).max(axis=1)
+    scales = cp.where(amax > 0, amax / cp.float32(E4M3_MAX), cp.float32(1)).astype(cp.float32)
     codes = cp.empty(x.shape, cp.uint8)
-    if x.size:
-        fn = tc.hopper_kernel(FP8_SOURCE, "fp8_quantize", 0)
-        fn((min(65535, -(-x.size // 256)),), (256,), (x, codes, scale, np.int64(x.size)))
-    return codes, scale
+    fn = tc.hopper_kernel(FP8_SOURCE, "fp8_quantize", 0)
+    fn((min(65535, -(-x.size // 256)),), (256,), (x32, codes, scales, np.int64(x.size), np.int64(block)))
+    return codes, scales
 
 
 if __name__ == "__main__":  # python -m kernels.tensor_cores_fp8: the table of docs/engineering/04_tensor_cores.md

@@ -351,6 +351,15 @@ def test_gpu_quantiser_gives_numpys_codes_and_scale(rng):
     assert (codes.get() == want_codes).all()
     zc, zs = F.quantize_fp8_gpu(cp.zeros((4, 4), cp.float32))
     assert float(zs.get()[0]) == 1.0 and not zc.get().any()
+    # a scale for each block of rows (lesson 10's tiles), from float16 values as well
+    x16 = x[:256].astype(np.float16)
+    codes, scales = F.quantize_fp8_gpu(cp.asarray(x16), block=64 * 517)
+    for b in range(4):
+        want_codes, want_scale = F.quantize_fp8(x16[64 * b:64 * (b + 1)].astype(np.float32))
+        assert float(scales.get()[b]) == float(want_scale)
+        assert (codes.get()[64 * b:64 * (b + 1)] == want_codes).all()
+    with pytest.raises(runtime.CourseInputError, match="block must divide"):
+        F.quantize_fp8_gpu(cp.asarray(x), block=7)
 
 
 def test_fp8_benchmark_plan_on_hopper_and_elsewhere():

@@ -1,13 +1,16 @@
 """Lesson 10, the NumPy algorithms a CUDA C backward and an FP8 forward are checked against: FlashAttention's tiled
 backward (both ways of forming dQ) against the dense float64 backward, its counts against the tile grid; FP8's block
-quantisation, the random Hadamard rotation, and the FP8 forward's error against FP16's. CPU only, a few seconds."""
+quantisation, the random Hadamard rotation, and the FP8 forward's error against FP16's (CPU only, a few seconds); and the
+FP8 forward on Hopper (flash_fp8): the order its V is stored in, what it compiles to, and on a GPU its results."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import needs_compiler
 
 from gpucourse import runtime
 from kernels.attention import backward_tiles as BT
@@ -275,3 +278,121 @@ def test_fp8_refuses_bad_input(rng):
         F8.fp8_attention(*(rng.standard_normal((8, 12)) for _ in range(3)), hadamard=0)
     with pytest.raises(runtime.CourseInputError, match="kind"):
         F8.outlier_inputs(rng, (4, 8), kind="rows")
+
+
+# ------------------------------------------------------------------ the FP8 kernel on Hopper (flash_fp8)
+
+def test_fp8_key_order_pairs_each_p_with_its_v():
+    """The kernel packs a thread's accumulator values of S (after the softmax) into wgmma's 8-bit A operand as they
+    come (to_fp8_operand); V transposed stores each 32 keys in FP8_KEY_ORDER. Emulated here from the two register
+    layouts: the FP32 accumulator's (thread (g, q) holds rows g and g + 8, keys 16j + 8 (e / 4) + 2q + e % 2) and the
+    8-bit A operand's (register r holds row g + 8 (r % 2), codes 16 (r / 2) + 4q .. + 3). The A the MMA reads, times V
+    stored in that order, is P V."""
+    from kernels.attention.flash import FP8_KEY_ORDER, fp8_v_transposed
+
+    assert sorted(FP8_KEY_ORDER.tolist()) == list(range(32))
+    rng = np.random.default_rng(0)
+    bn, d = 128, 16
+    P = rng.random((16, bn))  # one warp's 16 rows
+    A_read = np.full((16, bn), np.nan)
+    for g in range(8):
+        for q in range(4):
+            s = np.empty((bn // 16, 8))  # the thread's accumulator registers
+            for j in range(bn // 16):
+                for e in range(8):
+                    s[j, e] = P[g + 8 * ((e >> 1) & 1), 16 * j + 8 * (e >> 2) + 2 * q + (e & 1)]
+            for b in range(bn // 32):
+                for half in range(2):
+                    for h in range(2):
+                        x = s[2 * b + half]
+                        reg = [x[2 * h], x[2 * h + 1], x[4 + 2 * h], x[5 + 2 * h]]  # to_fp8_operand's bytes
+                        r = 2 * half + h
+                        for byte in range(4):
+                            A_read[g + 8 * (r % 2), 32 * b + 16 * (r // 2) + 4 * q + byte] = reg[byte]
+    assert not np.isnan(A_read).any()
+    V = rng.standard_normal((1, bn, d))
+    Vt = fp8_v_transposed(V)[0]  # d x N, each 32 keys in FP8_KEY_ORDER
+    np.testing.assert_allclose(A_read @ Vt.T, P @ V[0], rtol=1e-12)
+    assert not np.allclose(P @ Vt.T, P @ V[0])  # without the order, P would meet the wrong keys
+    with pytest.raises(runtime.CourseInputError, match="multiple of 32"):
+        fp8_v_transposed(np.zeros((1, 40, 8)))
+
+
+@needs_compiler
+def test_fp8_attention_kernels_compile_to_e4m3_wgmma():
+    from gpucourse import cuda_c
+    from kernels.attention.flash import WGMMA_SOURCE
+
+    ptx = cuda_c.compile_ptx(WGMMA_SOURCE, arch="sm_90a")
+    for name in ("flash_fp8_d128", "flash_fp8_d128_causal"):
+        body = cuda_c.ptx_entry(ptx, name)
+        ss = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3\s+\{[^}]*\},\s*%rd", body)
+        rs = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3\s+\{[^}]*\},\s*\{", body)
+        # S = Q K^T: 4 wgmmas (128 codes of d, 32 each) from shared memory, in the first tile and the loop; P V: 4 with
+        # P from registers (128 keys), in the loop and after it
+        assert len(ss) == 8 and len(rs) == 8, (name, len(ss), len(rs))
+        assert "cvt.rn.satfinite.e4m3x2.f32" in body and "setmaxnreg" in body, name
+        assert "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" not in body, name
+    plain = cuda_c.compile_ptx(WGMMA_SOURCE, arch="sm_90")
+    assert "e4m3" not in plain
+
+
+def test_flash_fp8_needs_a_gpu_or_says_so():
+    if runtime.is_gpu():
+        pytest.skip("a GPU runs it (test_flash_fp8_on_gpu)")
+    import kernels.attention as A
+
+    with pytest.raises(runtime.CourseError, match="FP8"):
+        A.flash_fp8(np.zeros((1, 128, 128)), np.zeros((1, 128, 128)), np.zeros((1, 128, 128)))
+
+
+def _hopper():
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        with pytest.raises(runtime.CourseError, match="needs wgmma"):
+            gpus.step("10.wgmma_fp8")
+        pytest.skip(gpus.missing("wgmma"))
+    return runtime.cupy()
+
+
+@pytest.mark.gpu
+def test_fp8_operands_are_numpys_block_codes():
+    cp = _hopper()
+    import kernels.attention as A
+    from kernels.attention.fp8 import quantize_blocks
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 256, 128)).astype(np.float16) for _ in range(3))
+    ops = A.fp8_operands(*(cp.asarray(x) for x in (q, k, v)))
+    for name, x in (("q", q), ("k", k)):
+        codes, scales = quantize_blocks(x.reshape(2, 256, 128).astype(np.float32), 128)
+        assert (ops[name].get() == codes.reshape(512, 128)).all(), name
+        assert (ops["s" + name].get() == scales).all(), name
+    codes, scales = quantize_blocks(v.reshape(2, 256, 128).astype(np.float32), 128)
+    assert (ops["vt"].get() == A.fp8_v_transposed(codes).reshape(256, 256)).all()
+    assert (ops["sv"].get() == scales).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("n", [128, 384, 1024])
+def test_flash_fp8_on_gpu(causal, n):
+    """Against fp8_attention's numerics with the kernel's tiles (block 128): the same quantised operands, so the two
+    differ by the FP8 MMAs' sums, P's rounding where those move it, and the FP16 output; and against float64, about
+    as far as those numerics are."""
+    cp = _hopper()
+    import kernels.attention as A
+    from kernels.attention.fp8 import fp8_attention, rmse
+
+    rng = np.random.default_rng(n + causal)
+    q, k, v = (rng.standard_normal((2, 2, n, 128)) for _ in range(3))
+    o, lse = A.flash_fp8(*(cp.asarray(x.astype(np.float16)) for x in (q, k, v)), causal=causal)
+    q16, k16, v16 = (x.astype(np.float16).astype(np.float64) for x in (q, k, v))
+    want, want_lse = fp8_attention(q16, k16, v16, causal=causal, block_m=128, block_n=128)
+    ref = A.attention_spec(q16, k16, v16, causal=causal)[0]
+    got = o.get().astype(np.float64)
+    assert np.isfinite(got).all()
+    assert np.abs(got - want).max() <= 0.05, np.abs(got - want).max()
+    assert rmse(got, ref) <= 1.25 * rmse(want, ref) + 1e-3, (rmse(got, ref), rmse(want, ref))
+    np.testing.assert_allclose(lse.get(), want_lse, atol=2e-2)

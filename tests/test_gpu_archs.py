@@ -104,7 +104,7 @@ def test_every_step_names_known_features_and_lessons():
     # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere, and those
     # built on a newer GPU's feature with no fallback (lesson 10's mma.sync kernel, sm_80+), refused on older ones
     specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
-    assert specific == {"04.wgmma", "04.wgmma_fp8", "05.wgmma", "06.wgmma", "10.wgmma"}
+    assert specific == {"04.wgmma", "04.wgmma_fp8", "05.wgmma", "06.wgmma", "10.wgmma", "10.wgmma_fp8"}
     oldest = min(gpus.GPUS)
     newer = {k: max(gpus.feature(f).cc for f in s.needs) for k, s in gpus.STEPS.items()
              if k not in specific and any(gpus.feature(f).cc > oldest for f in s.needs)}

@@ -8,7 +8,7 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
 * ``naive``: S = Q K^T, softmax, P V with S and P whole in memory (cuBLAS through CuPy);
 * ``flash``: FlashAttention's forward pass, a readable numba kernel, the WMMA tensor-core kernel (sm_80+),
   FlashAttention-2's shape on mma.sync (sm_80+: S, P and O in registers) and Hopper's (wgmma fed by the TMA, a
-  producer warpgroup and two consumers, FlashAttention-3's structure);
+  producer warpgroup and two consumers, FlashAttention-3's structure), and the forward in FP8 on Hopper (flash_fp8);
 * ``triton_kernels``: the forward and the backward in Triton;
 * ``backward_tiles``: the backward pass tile by tile as a GPU kernel runs it (dQ by atomics or a second pass), in
   NumPy, with what it computes and recomputes;
@@ -21,5 +21,6 @@ from .specs import (attention_backward_spec, attention_bytes, attention_flops, a
                     merge_partials, online_softmax_spec, scores_spec, softmax_naive, softmax_spec)
 from .row_softmax import softmax, softmax_cuda_c, softmax_online_numba, softmax_three_pass_numba
 from .naive import check_fits, naive_attention, naive_bytes
-from .flash import (flash_forward_numba, flash_mma, flash_numba, flash_wgmma, flash_wmma, mma_smem_bytes, mma_variant,
-                    mma_variants, wgmma_smem_bytes, wmma_missing, wmma_smem_bytes)
+from .flash import (FP8_KEY_ORDER, flash_forward_numba, flash_fp8, flash_mma, flash_numba, flash_wgmma, flash_wmma,
+                    fp8_operands, fp8_v_transposed, mma_smem_bytes, mma_variant, mma_variants, wgmma_smem_bytes,
+                    wmma_missing, wmma_smem_bytes)

@@ -318,3 +318,106 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
     launch_hopper(fn, (min(items, sms), 1), 384, smem, args, name)
     return o, lse
 
+
+
+# ============================================================ FP8 on Hopper (flash_fp8_wgmma of attention_wgmma.cu)
+
+FP8_HEAD_DIM, FP8_BLOCK, FP8_STAGES = 128, 128, 4  # d, the rows a scale covers (a tile of Q, K or V), K/V stages
+
+
+def _fp8_key_order() -> np.ndarray:
+    """Where each of 32 keys sits in V transposed, for the FP8 kernel's P V. The S accumulator gives thread q (lane %
+    4) keys 2q, 2q + 1, 2q + 8, 2q + 9 of each 16 in its registers; the 8-bit A operand of wgmma reads a thread's
+    register as codes 4q .. 4q + 3 (and the next register as 16 + 4q ..). The kernel packs its four keys as they come
+    (to_fp8_operand), so slot 4q + i of each 16 holds key [2q, 2q + 1, 2q + 8, 2q + 9][i]: V's keys are stored in
+    that order (ORDER[slot] = key), and every p meets its v."""
+    order = []
+    for slot in range(32):
+        half, q, i = slot // 16, (slot % 16) // 4, slot % 4
+        order.append(16 * half + (2 * q, 2 * q + 1, 2 * q + 8, 2 * q + 9)[i])
+    return np.array(order)
+
+
+FP8_KEY_ORDER = _fp8_key_order()
+
+
+def fp8_v_transposed(v_codes):
+    """V's codes (BH, N, d) as the FP8 kernel reads them: transposed to (BH, d, N), each 32 keys in FP8_KEY_ORDER
+    (NumPy or CuPy, as given; N a multiple of 32)."""
+    bh, n, d = v_codes.shape
+    if n % 32:
+        raise runtime.CourseInputError(f"fp8_v_transposed: N = {n} is not a multiple of 32")
+    xp = runtime.cupy() if not isinstance(v_codes, np.ndarray) else np
+    order = xp.asarray(FP8_KEY_ORDER)
+    return xp.ascontiguousarray(v_codes.reshape(bh, n // 32, 32, d)[:, :, order, :].transpose(0, 3, 1, 2)
+                                ).reshape(bh, d, n)
+
+
+def fp8_smem_bytes(stages: int = FP8_STAGES) -> int:
+    """Shared memory of one block of the FP8 kernel: alignment, Q's tile, the stages of K and V transposed (a byte a
+    code), the mbarriers and the item's number (as wgmma_smem_bytes)."""
+    return 1024 + WGMMA_BLOCK_M * FP8_HEAD_DIM + 2 * stages * FP8_BLOCK * FP8_HEAD_DIM + 8 * (2 + 3 * stages) + 8
+
+
+def fp8_operands(q, k, v) -> dict:
+    """Q, K and V (CuPy float16 or float32, (batch, heads, N, 128), N a multiple of 128) as the FP8 kernel takes them,
+    quantised on the GPU with a scale per tile of 128 rows of a head (kernels.tensor_cores_fp8.quantize_fp8_gpu):
+    {"q", "k": codes (BH x N, 128); "vt": V's codes transposed (BH x 128, N) in FP8_KEY_ORDER; "sq", "sk", "sv":
+    scales (BH, N / 128); "shape": (B, H, N, d)}."""
+    from kernels.tensor_cores_fp8 import quantize_fp8_gpu
+
+    cp = runtime.cupy()
+    B, H, N, D = check_qkv(q, k, v, "flash_fp8")
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(a, cp.ndarray) or a.dtype not in (cp.float16, cp.float32) or not a.flags.c_contiguous:
+            raise runtime.CourseInputError(f"flash_fp8: {name} must be a contiguous CuPy float16 or float32 array")
+    if D != FP8_HEAD_DIM:
+        raise runtime.CourseInputError(f"flash_fp8: head dim {D}; the FP8 kernel is built for {FP8_HEAD_DIM} (a row "
+                                       "of 128 codes is one 128-byte row of the swizzle)")
+    if N % FP8_BLOCK:
+        raise runtime.CourseInputError(f"flash_fp8: N = {N} is not a multiple of the kernel's {FP8_BLOCK}-row tiles")
+    bh = B * H
+    out = {"shape": (B, H, N, D)}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        codes, scales = quantize_fp8_gpu(x.reshape(bh * N, D), block=FP8_BLOCK * D)
+        out[name], out["s" + name] = codes, scales.reshape(bh, N // FP8_BLOCK)
+    out["vt"] = fp8_v_transposed(out.pop("v").reshape(bh, N, D)).reshape(bh * D, N)
+    return out
+
+
+def flash_fp8(q=None, k=None, v=None, *, causal: bool = False, scale=None, operands: dict | None = None) -> tuple:
+    """FlashAttention forward in FP8 on Hopper (compute capability 9.0; d = 128): Q, K, V quantised to e4m3 with a
+    scale per 128 rows (``fp8_operands``; or pass ``operands`` it made, and no q, k, v), P rounded to e4m3 times 256,
+    FP32 softmax and sums, FP16 output. Returns (o float16 of q's shape (B, H, N, 128), lse float32). The numerics
+    are kernels/attention/fp8.py's fp8_attention(..., block_m=128, block_n=128)."""
+    import ctypes
+
+    runtime.require_gpu("the FP8 attention kernel")
+    cp = runtime.cupy()
+    from gpucourse import gpus
+    from kernels.tensor_cores import hopper_kernel, launch_hopper, tensor_map
+
+    gpus.step("10.wgmma_fp8")
+    if operands is None:
+        if q is None or k is None or v is None:
+            raise runtime.CourseInputError("flash_fp8: pass q, k and v, or the operands fp8_operands made")
+        operands = fp8_operands(q, k, v)
+    elif q is not None or k is not None or v is not None:
+        raise runtime.CourseInputError("flash_fp8: pass q, k and v, or operands, not both")
+    B, H, N, D = operands["shape"]
+    bh = B * H
+    name = "flash_fp8_d128" + ("_causal" if causal else "")
+    smem = fp8_smem_bytes()
+    fn = hopper_kernel(WGMMA_SOURCE, name, smem)
+    o = cp.empty((B, H, N, D), cp.float16)
+    lse = cp.empty((B, H, N), cp.float32)
+    maps = [tensor_map(operands["q"], (WGMMA_BLOCK_M, D)), tensor_map(operands["k"], (FP8_BLOCK, D)),
+            tensor_map(operands["vt"], (D, FP8_BLOCK))]
+    next_item = cp.zeros(1, dtype=cp.int32)
+    sms = runtime.get().device["sms"]
+    args = [*maps, *(ctypes.c_uint64(operands[s].data.ptr) for s in ("sq", "sk", "sv")), ctypes.c_uint64(o.data.ptr),
+            ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(next_item.data.ptr), ctypes.c_int32(N),
+            ctypes.c_int32(bh), ctypes.c_int32(wgmma_section(N, bh, sms)), ctypes.c_float(_scale(D, scale) * LOG2E)]
+    items = N // WGMMA_BLOCK_M * bh
+    launch_hopper(fn, (min(items, sms), 1), 384, smem, args, name)
+    return o, lse

@@ -24,6 +24,7 @@
 //
 // Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include "hopper.cuh"
 #include "fast_math.cuh"
 #include "mma_sync.cuh"
@@ -445,6 +446,271 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 }
 // endregion
 
+
+// ------------------------------------------------------------------------------------------ FP8 (e4m3)
+// The forward in FP8, d = 128: Q, K and V as e4m3 codes with one float32 scale per tile of 128 rows (sq per query
+// tile, sk and sv per key tile: kernels/attention/fp8.py's numerics), the ping-pong pipelined schedule above.
+//   * S = Q K^T on wgmma's e4m3 path: a row of 128 codes is 128 bytes, one row of the swizzle, so Q's and K's tiles
+//     are one box each, and k steps 32 codes (32 bytes) a wgmma, as FP16's k steps 16.
+//   * The softmax runs on S times sq sk (folded into its scale), P is rounded to e4m3 times 256 (FP8 has few
+//     values below 2^-6: see fp8.py), and the row sums are the float32 P's, so dividing O by them cancels the 256.
+//   * P V: FP8 wgmma reads B K-major only, so V comes transposed (d x N, the keys contiguous), made by a pre-pass
+//     (flash_fp8's prepare_v) that also orders each 32 keys as P's registers hold them: the accumulator gives a
+//     thread keys 2q, 2q + 1, 2q + 8, 2q + 9 (and 16 more) of each 32 (q = lane % 4), while the 8-bit A operand
+//     wants codes 4q .. 4q + 3 (and 16 more) in its registers. Packing the thread's own four as they come and
+//     storing V's keys in that same order pairs every p with its v: no thread exchanges anything.
+//   * V's scale changes from tile to tile, and O sums over tiles in the MMA's registers: O is kept in units of the
+//     latest tile's scale, so before P(t) V(t) is added the rows are scaled by alpha sv(t-1) / sv(t), and the end
+//     multiplies by sv(last).
+#ifdef GPUCOURSE_WGMMA
+// D (64 x 128, FP32) += A (64 x 32, e4m3, four 32-bit registers a thread) B (32 x 128, e4m3, K-major in shared memory).
+__device__ __forceinline__ void wgmma_rs_m64n128k32_e4m3(float (&d)[8][8], const unsigned (&a)[4],
+                                                          unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[4][4]), "+f"(d[4][5]), "+f"(d[4][6]), "+f"(d[4][7]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[5][4]), "+f"(d[5][5]), "+f"(d[5][6]), "+f"(d[5][7]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Four floats rounded to e4m3 (to nearest even, saturated to +-448) in one register, the first in the lowest byte.
+__device__ __forceinline__ unsigned e4m3x4_bits(float a, float b, float c, float d) {
+  const unsigned lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const unsigned hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+// P (64 x BN, FP32 accumulator places) times 256 as the A operand of BN / 32 e4m3 wgmmas: of keys 32b .. 32b + 31,
+// register h (h = 0, 1: rows r, r + 8) holds this thread's keys 2q, 2q + 1, 2q + 8, 2q + 9 of the first 16, register
+// 2 + h those of the next 16 (the order prepare_v stores V's keys in).
+template <int BN>
+__device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], unsigned (&p)[BN / 32][4]) {
+  constexpr float P_SCALE = 256.0f;
+#pragma unroll
+  for (int b = 0; b < BN / 32; ++b)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float* x = s[2 * b + half];
+        p[b][2 * half + h] = e4m3x4_bits(x[2 * h] * P_SCALE, x[2 * h + 1] * P_SCALE, x[4 + 2 * h] * P_SCALE,
+                                         x[5 + 2 * h] * P_SCALE);
+      }
+}
+
+// S = Q K^T (k = 32 codes a wgmma, both from shared memory) and O += P V^T (P from registers, V transposed).
+template <int BN>
+__device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], unsigned q_addr, unsigned k_addr) {
+#pragma unroll
+  for (int kk = 0; kk < 128 / 32; ++kk)
+    wgmma_k32_e4m3<BN>(s, make_desc(q_addr + kk * 32, 16, 1024), make_desc(k_addr + kk * 32, 16, 1024), kk > 0);
+}
+template <int BN>
+__device__ __forceinline__ void issue_pv_fp8(float (&o)[8][8], const unsigned (&p)[BN / 32][4], unsigned vt_addr) {
+#pragma unroll
+  for (int b = 0; b < BN / 32; ++b) wgmma_rs_m64n128k32_e4m3(o, p[b], make_desc(vt_addr + b * 32, 16, 1024));
+}
+#endif  // GPUCOURSE_WGMMA
+
+// Q, K: (heads x N) x 128 codes; VT: (heads x 128) x N codes (prepare_v's); SQ: heads x N/128 scales, SK and SV heads x
+// N/BN. The rest as flash_wgmma's (MODE 0, PIPELINED, PINGPONG).
+template <int BN, int STAGES, bool CAUSAL>
+__device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmVT,
+                                                const float* __restrict__ SQ, const float* __restrict__ SK,
+                                                const float* __restrict__ SV, half* __restrict__ O,
+                                                float* __restrict__ LSE, int* next_item, int N, int heads, int section,
+                                                float scale_log2) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int BM = 128, D = 128;
+  static_assert(BN == 128, "tiles of 128 keys: a row of V transposed is then 128 bytes, one row of the swizzle");
+  constexpr unsigned Q_BYTES = BM * D, KV_BYTES = BN * D;  // a byte a code
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* sQ = smem;                    // [BM][128]
+  unsigned char* sK = sQ + Q_BYTES;            // STAGES x [BN][128]
+  unsigned char* sV = sK + STAGES * KV_BYTES;  // STAGES x [128 (d)][BN]
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + STAGES * KV_BYTES);
+  unsigned long long *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = k_full + STAGES,
+                     *empty = v_full + STAGES;
+  volatile int* item_slot = reinterpret_cast<volatile int*>(empty + STAGES);
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int blocks_m = N / BM, items = blocks_m * heads, tiles_n = N / BN;
+  auto item_of = [&](int i) {
+    if (!CAUSAL) return make_int2(i / blocks_m, i % blocks_m * BM);
+    const int first = i / (section * blocks_m) * section, in_section = min(section, heads - first);
+    const int j = i - first * blocks_m;
+    return make_int2(first + j % in_section, (blocks_m - 1 - j / in_section) * BM);
+  };
+  auto tiles_of = [&](int m0) { return CAUSAL ? (m0 + BM) / BN : N / BN; };
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 2);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&k_full[s], 1);
+      mbar_init(&v_full[s], 1);
+      mbar_init(&empty[s], 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (tid == 0) {
+      int g = 0, i = blockIdx.x;
+      for (int k = 0;; ++k) {
+        if (k > 0) mbar_wait(q_empty, (k - 1) & 1);
+        *item_slot = i < items ? i : -1;
+        if (i >= items) {
+          mbar_arrive(q_full);
+          break;
+        }
+        const int2 item = item_of(i);
+        const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
+        mbar_expect_tx(q_full, Q_BYTES);
+        tma_load_2d(sQ, tmQ, q_full, 0, head_row + m0);
+        const int next = atomicAdd(next_item, 1) + gridDim.x;
+        for (int t = 0; t < tiles; ++t, ++g) {
+          const int s = g % STAGES;
+          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
+          mbar_expect_tx(&k_full[s], KV_BYTES);
+          tma_load_2d(sK + s * KV_BYTES, tmK, &k_full[s], 0, head_row + t * BN);
+          mbar_expect_tx(&v_full[s], KV_BYTES);
+          tma_load_2d(sV + s * KV_BYTES, tmVT, &v_full[s], t * BN, item.x * D);  // d rows of the head, BN keys
+        }
+        i = next;
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    const unsigned q_addr = smem_addr(sQ) + c * 64 * 128;
+    const int mine = 1 + c, other = 2 - c;
+    int g = 0;
+    for (int k = 0;; ++k) {
+      mbar_wait(q_full, k & 1);
+      const int i = *item_slot;
+      if (i < 0) break;
+      const int2 item = item_of(i);
+      const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
+      const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
+      const float* sk = SK + static_cast<size_t>(item.x) * tiles_n;
+      const float* sv = SV + static_cast<size_t>(item.x) * tiles_n;
+      const float qk_scale = scale_log2 * __ldg(&SQ[static_cast<size_t>(item.x) * blocks_m + m0 / BM]);
+      auto stage = [&](int t) { return (g + t) % STAGES; };
+      auto phase = [&](int t) { return static_cast<unsigned>(((g + t) / STAGES) & 1); };
+      auto q_done = [&]() { if (tid == 0) mbar_arrive(q_empty); };
+      float o[D / 16][8];
+#pragma unroll
+      for (int j = 0; j < D / 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
+      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
+      float s[BN / 16][8], alpha[2];
+      unsigned p[BN / 32][4];
+
+      mbar_wait(&k_full[stage(0)], phase(0));
+      if (c == 1) named_sync(mine, 256);
+      wgmma_fence();
+      issue_scores_fp8<BN>(s, q_addr, smem_addr(sK + stage(0) * KV_BYTES));
+      wgmma_commit();
+      named_arrive(other, 256);
+      wgmma_wait<0>();
+      pin(s);
+      if (tiles == 1) q_done();
+      float sv_prev = __ldg(&sv[0]);
+      online_softmax<BN>(s, st, alpha, qk_scale * __ldg(&sk[0]), CAUSAL && BN > m0, row0, 0);
+      to_fp8_operand<BN>(s, p);
+      for (int t = 1; t < tiles; ++t) {
+        const int sc = stage(t), sp = stage(t - 1);
+        const float sk_t = __ldg(&sk[t]), sv_t = __ldg(&sv[t]);
+        mbar_wait(&k_full[sc], phase(t));
+        mbar_wait(&v_full[sp], phase(t - 1));
+        named_sync(mine, 256);
+        wgmma_fence();
+        issue_scores_fp8<BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
+        wgmma_commit();
+        issue_pv_fp8<BN>(o, p, smem_addr(sV + sp * KV_BYTES));
+        wgmma_commit();
+        named_arrive(other, 256);
+        wgmma_wait<1>();
+        pin(s);
+        if (t == tiles - 1) q_done();
+        online_softmax<BN>(s, st, alpha, qk_scale * sk_t, CAUSAL && t * BN + BN > m0, row0, t * BN);
+        wgmma_wait<0>();
+        pin(o);
+        pin(p);
+        if (tid == 0) mbar_arrive(&empty[sp]);
+        const float unit = sv_prev / sv_t;  // O from units of V(t-1)'s scale to V(t)'s
+        alpha[0] *= unit;
+        alpha[1] *= unit;
+        scale_rows<D, BN>(o, alpha);
+        sv_prev = sv_t;
+        to_fp8_operand<BN>(s, p);
+      }
+      if (c == 0) named_sync(mine, 256);
+      const int sl = stage(tiles - 1);
+      mbar_wait(&v_full[sl], phase(tiles - 1));
+      wgmma_fence();
+      issue_pv_fp8<BN>(o, p, smem_addr(sV + sl * KV_BYTES));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(o);
+      pin(p);
+      if (tid == 0) mbar_arrive(&empty[sl]);
+      g += tiles;
+
+      // as flash_wgmma's end: O times V's last scale, over 256 l (P was rounded times 256); the log-sum-exp
+      float inv[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
+        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
+        inv[h] = st.l[h] > 0.0f ? sv_prev / (256.0f * st.l[h]) : 0.0f;
+      }
+      half* out = O + static_cast<size_t>(head_row) * D;
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int a = 0; a < D / 32; ++a) {
+          unsigned w[4];
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            const int j = 2 * a + x / 2, e = 4 * (x % 2) + 2 * h;
+            w[x] = half2_bits(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
+          }
+          quad_transpose(w, lane % 4);
+          *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + 8 * h) * D + 32 * a + 8 * (lane % 4)) =
+              make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      if (lane % 4 == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          LSE[head_row + row0 + 8 * h] =
+              st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h])) * 0.6931471805599453f : __int_as_float(0xff800000);
+      }
+    }  // items
+  }
+#else
+  __trap();
+#endif
+}
+
 }  // namespace hopper
 
 // The kernels the course launches (kernels/attention/flash.py, WGMMA_VARIANTS): head dim, stages, causal, variant.
@@ -480,3 +746,16 @@ FLASH_WGMMA(flash_wgmma_d128_serial, 128, 128, 3, false, false, false, false, fa
 FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 3, true, false, false, false, false, 0)
 FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, false, false, 1)
 FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, false, false, 2)
+
+// The FP8 forward (kernels/attention/flash.py, flash_fp8): d = 128, tiles of 128 keys, causal or not.
+#define FLASH_FP8(NAME, S, C)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+      NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
+           const __grid_constant__ TensorMap tmVT, const float* SQ, const float* SK, const float* SV, half* O,  \
+           float* LSE, int* next_item, int N, int heads, int section, float scale_log2) {                      \
+    hopper::flash_fp8_wgmma<128, S, C>(&tmQ, &tmK, &tmVT, SQ, SK, SV, O, LSE, next_item, N, heads, section,    \
+                                       scale_log2);                                                             \
+  }
+
+FLASH_FP8(flash_fp8_d128, 4, false)
+FLASH_FP8(flash_fp8_d128_causal, 4, true)

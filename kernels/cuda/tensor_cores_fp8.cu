@@ -175,12 +175,12 @@ FP8_GEMM(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
 FP8_GEMM(128, 128, 6, fast, false, f16, __half)
 FP8_GEMM(128, 128, 6, fast, false, bf16, __nv_bfloat16)
 
-// e4m3 codes of x / scale (scale: one float32 on the GPU), rounded as the GPU rounds (to nearest, ties to even,
-// saturated to +-448): kernels/inference_engine/precision.py's to_e4m3 of the same float32 quotient, code for code.
+// e4m3 codes of x / scale, a scale for each ``block`` consecutive elements (n for one scale per tensor; rows x d for
+// lesson 10's blocks of rows), rounded as the GPU rounds (to nearest, ties to even, saturated to +-448): what
+// kernels/inference_engine/precision.py's to_e4m3 gives for the same float32 quotient, code for code.
 extern "C" __global__ void fp8_quantize(const float* __restrict__ x, unsigned char* __restrict__ codes,
-                                        const float* __restrict__ scale, long long n) {
-  const float s = __ldg(scale);
+                                        const float* __restrict__ scales, long long n, long long block) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
-    codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(x[i], s), __NV_SATFINITE, __NV_E4M3);
+    codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(x[i], __ldg(&scales[i / block])), __NV_SATFINITE, __NV_E4M3);
 }
