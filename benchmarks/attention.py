@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from gpucourse import bench, claims, plots, runtime
+from gpucourse import bench, claims, gpus, plots, runtime
 from gpucourse.records import Figure
 from kernels import attention as A
 from kernels.attention import triton_kernels as T
@@ -37,6 +37,7 @@ GOALS = {"softmax_of_copy": 0.9, "triton_fwd_of_fa2": 0.8, "bwd_of_fastest": 0.7
          "wmma_of_fastest": 0.5, "sm80_of_fastest": 0.5, "flash_memory": 1.10}
 WMMA_NAME = "WMMA (CUDA C)"
 MMA_NAME = "CUDA C, mma.sync (FlashAttention-2's shape)"
+CUDA_BWD_NAME = "CUDA C (wgmma)"  # the Hopper backward (kernels/cuda/attention_bwd_wgmma.cu), with its forward in fwd_bwd
 SM80_KERNELS = (WMMA_NAME, MMA_NAME)  # the course's forward kernels for sm_80+ (not Hopper's own)
 
 
@@ -373,6 +374,20 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                                                        for a, b in ((dq, gq), (dk, gk), (dv, gv)))
                 bwd["Triton"] = lambda: T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 both["Triton"] = tri_both
+            if d == A.backward_cuda.BWD_HEAD_DIM and gpus.status("10.wgmma_bwd").runs:  # Hopper: the CUDA C backward
+                o16, lse16 = A.flash_wgmma(q, k, v, causal=causal)
+                gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
+                with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+                    sdpa(gq, gk, gv, is_causal=causal).backward(tdo)
+                grads = A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal)
+                run["errors"][CUDA_BWD_NAME + " backward"] = max(
+                    float((torch.from_dlpack(a).float() - b.grad.float()).abs().max()) for a, b in zip(grads, (gq, gk, gv)))
+                bwd[CUDA_BWD_NAME] = lambda: A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal)
+
+                def cuda_both():
+                    o2, l2 = A.flash_wgmma(q, k, v, causal=causal)
+                    A.flash_backward_wgmma(q, k, v, o2, l2, do, causal=causal)
+                both[CUDA_BWD_NAME] = cuda_both
             for part, works, flops in (("fwd", fwd, fwd_flops), ("bwd", bwd, 2.5 * fwd_flops),
                                        ("fwd_bwd", both, 3.5 * fwd_flops)):
                 if works:
@@ -406,8 +421,6 @@ def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
     as FP16's: the same attention), the pre-pass that makes FP8's operands (quantising Q, K, V a tile at a time and
     transposing V) timed apart, and each kernel's RMSE of O against float64 on the first head."""
     cp = runtime.cupy()
-    from gpucourse import gpus
-
     gpus.step("10.wgmma_fp8")
     torch = _torch()
     out = {"d": HEAD_DIM, "heads": HEADS, "tokens": TOKENS, "runs": [], "goals": FP8_GOALS,
@@ -487,6 +500,10 @@ def ratios(t: dict) -> list:
             row["Triton bwd / fastest"] = r["bwd"]["Triton"] / b_best
         if "Triton" in r["fwd_bwd"] and fb_name:
             row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / fb_best
+        if CUDA_BWD_NAME in r["bwd"] and b_name:
+            row["CUDA C bwd / fastest"] = r["bwd"][CUDA_BWD_NAME] / b_best
+        if CUDA_BWD_NAME in r["fwd_bwd"] and fb_name:
+            row["CUDA C fwd+bwd / fastest"] = r["fwd_bwd"][CUDA_BWD_NAME] / fb_best
         rows.append(row)
     return rows
 

@@ -109,6 +109,7 @@ STEPS = {s.key: s for s in (
          needs=("mma-m16n8k16",)),
     Step("10.wgmma", "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)", needs=("wgmma",)),
     Step("10.wgmma_fp8", "lesson 10's FlashAttention in FP8 on Hopper (e4m3 wgmma)", needs=("wgmma",)),
+    Step("10.wgmma_bwd", "lesson 10's backward pass on Hopper (wgmma fed by the TMA)", needs=("wgmma",)),
 )}
 
 LESSONS = {

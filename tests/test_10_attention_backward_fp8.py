@@ -396,3 +396,101 @@ def test_flash_fp8_on_gpu(causal, n):
     assert np.abs(got - want).max() <= 0.05, np.abs(got - want).max()
     assert rmse(got, ref) <= 1.25 * rmse(want, ref) + 1e-3, (rmse(got, ref), rmse(want, ref))
     np.testing.assert_allclose(lse.get(), want_lse, atol=2e-2)
+
+
+# ------------------------------------------------------------------ the backward in CUDA C on Hopper (flash_backward_wgmma)
+
+@needs_compiler
+def test_cuda_backward_compiles_to_its_five_products():
+    """Per (query tile, key tile): S^T and dP^T, 8 wgmmas each (d = 128, 16 a step, both operands from shared
+    memory); dV and dK, 4 each from registers (64 queries); dQ, 8 with both operands read transposed (128 keys); and
+    the TMA's bulk atomic add of the dQ tile."""
+    from gpucourse import cuda_c
+    from kernels.attention.backward_cuda import BWD_SOURCE
+
+    ptx = cuda_c.compile_ptx(BWD_SOURCE, arch="sm_90a")
+    for name in ("flash_bwd_wgmma_d128", "flash_bwd_wgmma_d128_causal"):
+        body = cuda_c.ptx_entry(ptx, name)
+        mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.f16\.f16\s+\{[^}]*\},\s*(\{|%rd)"
+                          r"[^;]*?,\s*p,\s*([\d, ]+);", body)
+        # (shape, A from registers or shared memory, the immediates after scale-d: scale-a, scale-b, [transpose A,]
+        # transpose B)
+        kinds = [(shape, "regs" if a == "{" else "smem", tuple(int(x) for x in flags.split(","))) for shape, a, flags
+                 in mmas]
+        assert kinds.count(("m64n64k16", "smem", (1, 1, 0, 0))) == 16, (name, kinds)  # S^T, dP^T: K-major
+        assert kinds.count(("m64n128k16", "regs", (1, 1, 1))) == 8, (name, kinds)  # dV, dK: dO and Q MN-major
+        assert kinds.count(("m64n64k16", "smem", (1, 1, 1, 1))) == 8, (name, kinds)  # dQ = dS K, both transposed
+        assert len(kinds) == 32, (name, kinds)
+        assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in body, name
+        assert "setmaxnreg" in body and "%globaltimer" in body, name
+    log = cuda_c.ptxas_log(BWD_SOURCE, "sm_90a").replace("\x00", "")
+    assert log.count("0 bytes spill stores, 0 bytes spill loads") == log.count("Compiling entry function"), log
+    assert "C7512" not in log, log
+    plain = cuda_c.compile_ptx(BWD_SOURCE, arch="sm_90")
+    assert "wgmma.mma_async" not in plain and "cp.reduce.async.bulk" not in plain
+
+
+def test_cuda_backward_needs_a_gpu_or_says_so():
+    if runtime.is_gpu():
+        pytest.skip("a GPU runs it (test_cuda_backward_on_gpu)")
+    import kernels.attention as A
+
+    z = np.zeros((1, 128, 128))
+    with pytest.raises(runtime.CourseError, match="CUDA C backward"):
+        A.flash_backward_wgmma(z, z, z, z, z[..., 0], z)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 128), (1, 2, 256), (2, 1, 640)])
+def test_cuda_backward_on_gpu(shape, causal):
+    """dQ, dK, dV against the tiled algorithm's FP16 numerics (the same tiles, P and dS rounded to FP16 where they
+    feed a product), against float64, and against PyTorch's autograd where it is installed, within FP16 tolerances;
+    the forward's o and lse from the course's Hopper forward."""
+    cp = _hopper()
+    import kernels.attention as A
+
+    B, H, N = shape
+    rng = np.random.default_rng(N + causal)
+    q, k, v, do = (rng.standard_normal((B, H, N, 128)).astype(np.float16) for _ in range(4))
+    g = [cp.asarray(x) for x in (q, k, v, do)]
+    o, lse = A.flash_wgmma(*g[:3], causal=causal)
+    grads = [x.get().astype(np.float64) for x in A.flash_backward_wgmma(*g[:3], o, lse, g[3], causal=causal)]
+    tiles = BT.flash_backward_tiles(q, k, v, o.get(), lse.get(), do, causal=causal, block_m=64, block_n=128,
+                                    dq="atomic", precision="fp16")
+    exact = S.attention_backward_spec(q, k, v, do, causal=causal)
+    for name, got, t, r in zip(("dq", "dk", "dv"), grads, tiles, exact):
+        assert np.isfinite(got).all(), name
+        assert np.abs(got - t).max() <= 1e-2 * np.abs(t).max(), (name, np.abs(got - t).max() / np.abs(t).max())
+        assert np.abs(got - r).max() <= 2e-2 * np.abs(r).max(), (name, np.abs(got - r).max() / np.abs(r).max())
+    try:
+        import torch
+    except ImportError:
+        return
+    if not torch.cuda.is_available():
+        return
+    ts = [torch.from_numpy(x).cuda().float().requires_grad_() for x in (q, k, v)]
+    torch.nn.functional.scaled_dot_product_attention(*ts, is_causal=causal).backward(
+        torch.from_numpy(do).cuda().float())
+    for name, got, t in zip(("dq", "dk", "dv"), grads, ts):
+        ref = t.grad.cpu().numpy().astype(np.float64)
+        assert np.abs(got - ref).max() <= 2e-2 * np.abs(ref).max(), name
+
+
+@pytest.mark.gpu
+def test_cuda_backward_refuses_what_it_cannot_run():
+    cp = _hopper()
+    import kernels.attention as A
+
+    z = cp.zeros((1, 1, 128, 128), cp.float16)
+    lse = cp.zeros((1, 1, 128), cp.float32)
+    with pytest.raises(runtime.CourseInputError, match="multiple of the kernel's 128"):
+        y = cp.zeros((1, 1, 192, 128), cp.float16)
+        A.flash_backward_wgmma(y, y, y, y, cp.zeros((1, 1, 192), cp.float32), y)
+    with pytest.raises(runtime.CourseInputError, match="head dim 64"):
+        y = cp.zeros((1, 1, 128, 64), cp.float16)
+        A.flash_backward_wgmma(y, y, y, y, lse, y)
+    with pytest.raises(runtime.CourseInputError, match="lse must be"):
+        A.flash_backward_wgmma(z, z, z, z, lse.astype(cp.float16), z)
+    with pytest.raises(runtime.CourseInputError, match="do must be"):
+        A.flash_backward_wgmma(z, z, z, z, lse, z[..., :64])

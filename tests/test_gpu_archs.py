@@ -104,7 +104,7 @@ def test_every_step_names_known_features_and_lessons():
     # architecture's own features (sm_90a: Hopper's wgmma), which run there and are refused elsewhere, and those
     # built on a newer GPU's feature with no fallback (lesson 10's mma.sync kernel, sm_80+), refused on older ones
     specific = {k for k, s in gpus.STEPS.items() if any(gpus.feature(f).arch_specific for f in s.needs)}
-    assert specific == {"04.wgmma", "04.wgmma_fp8", "05.wgmma", "06.wgmma", "10.wgmma", "10.wgmma_fp8"}
+    assert specific == {"04.wgmma", "04.wgmma_fp8", "05.wgmma", "06.wgmma", "10.wgmma", "10.wgmma_fp8", "10.wgmma_bwd"}
     oldest = min(gpus.GPUS)
     newer = {k: max(gpus.feature(f).cc for f in s.needs) for k, s in gpus.STEPS.items()
              if k not in specific and any(gpus.feature(f).cc > oldest for f in s.needs)}
@@ -144,15 +144,19 @@ def test_probe_says_what_each_gpu_runs(fake_cc, capsys, cc):
         assert line.split(": ", 1)[1].startswith("all steps")
         synchronous = "synchronously (no overlap) (cp.async needs sm_80+)" in line
         assert synchronous is (cc == "7.5" and n in (4, 5, 6, 10)), line
-        hopper = {4: "lesson 4's Hopper GEMM (wgmma fed by the TMA)",
-                  5: "lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)",
-                  6: "lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)",
-                  10: "lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)"}
+        hopper = {4: ["lesson 4's Hopper GEMM (wgmma fed by the TMA)",
+                      "lesson 4's FP8 GEMM on Hopper (e4m3 wgmma fed by the TMA)"],
+                  5: ["lesson 5's Hopper convolution (wgmma, image tiles gathered by the TMA)"],
+                  6: ["lesson 6's engine's Hopper convolutions (lesson 5's wgmma kernel with the engine's epilogue)"],
+                  10: ["lesson 10's FlashAttention on Hopper (wgmma fed by the TMA, warp-specialised)",
+                       "lesson 10's FlashAttention in FP8 on Hopper (e4m3 wgmma)",
+                       "lesson 10's backward pass on Hopper (wgmma fed by the TMA)"]}
         no_mma = "; lesson 10's FlashAttention-2 on the tensor cores (mma.sync from registers, ldmatrix, cp.async) " \
                  "needs mma-m16n8k16 (" in line  # sm_80+: refused on a T4
         assert no_mma is (cc == "7.5" and n == 10), line
-        refused = 1 + no_mma
-        no_wgmma = n in hopper and (f"all steps but {refused};" in line and f"; {hopper[n]} needs wgmma (" in line
+        refused = len(hopper.get(n, ())) + no_mma
+        no_wgmma = n in hopper and (f"all steps but {refused};" in line
+                                    and all(f"; {what} needs wgmma (" in line for what in hopper[n])
                                     and line.endswith("does not have it"))
         assert no_wgmma is (cc != "9.0" and n in hopper), line
     if cc == "9.0":

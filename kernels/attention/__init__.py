@@ -12,6 +12,7 @@ backward passes (numba, CUDA C on the tensor cores, Triton), one module per part
 * ``triton_kernels``: the forward and the backward in Triton;
 * ``backward_tiles``: the backward pass tile by tile as a GPU kernel runs it (dQ by atomics or a second pass), in
   NumPy, with what it computes and recomputes;
+* ``backward_cuda``: that backward in CUDA C on Hopper (wgmma fed by the TMA; dQ by the TMA's atomic adds);
 * ``fp8``: the FP8 (e4m3) forward's numerics in NumPy (block scales, P scaled for e4m3, the random Hadamard rotation of
   Q and K) beside the same tiles in FP16;
 
@@ -24,3 +25,4 @@ from .naive import check_fits, naive_attention, naive_bytes
 from .flash import (FP8_KEY_ORDER, flash_forward_numba, flash_fp8, flash_mma, flash_numba, flash_wgmma, flash_wmma,
                     fp8_operands, fp8_v_transposed, mma_smem_bytes, mma_variant, mma_variants, wgmma_smem_bytes,
                     wmma_missing, wmma_smem_bytes)
+from .backward_cuda import flash_backward_wgmma

@@ -26,20 +26,13 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include "hopper.cuh"
+#include "flash_hopper.cuh"
 #include "fast_math.cuh"
 #include "mma_sync.cuh"
 
 namespace hopper {
 
 #ifdef GPUCOURSE_WGMMA
-// Named barriers 1 and 2 (0 is __syncthreads): consumer c waits on its own, the other consumer arrives on it.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // What the two consumers' threads know of their rows: the running max m (log2 units, scaled), and the running
 // sum l of this thread's own columns (the four threads of a row add theirs together only at the end).
 struct RowState {
@@ -99,25 +92,6 @@ __device__ __forceinline__ void to_operand(const float (&s)[BN / 16][8], unsigne
     for (int i = 0; i < 4; ++i) p[j][i] = half2_bits(s[j][2 * i], s[j][2 * i + 1]);
 }
 // endregion
-
-// The output leaves in 16-byte stores. Of each 32 columns of a row, the row's four threads (q = lane % 4) hold the
-// 16 words (two halves each) 4x + q at their places x = 0..3; transposed within the four, thread q holds words
-// 4q .. 4q + 3, eight columns side by side. Two exchanges: the places whose bit 1, then bit 0, differs from q's go
-// to the thread q ^ 2, then q ^ 1, into the place of the same bit flipped. (32 stores of 4 bytes a thread cost up to
-// 7% of a causal run at N = 4k, when both consumers write an item's output at once and the tensor cores wait.)
-__device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
-#pragma unroll
-  for (int b = 2; b >= 1; b >>= 1) {
-    const bool set = q & b;
-#pragma unroll
-    for (int x = 0; x < 4; ++x) {
-      if (x & b) continue;  // the pair (x, x | b): a thread sends the one whose bit b is not its own
-      const unsigned got = __shfl_xor_sync(0xffffffff, set ? w[x] : w[x | b], b);
-      if (set) w[x] = got;
-      else w[x | b] = got;
-    }
-  }
-}
 
 template <int D, int BN>
 __device__ __forceinline__ void scale_rows(float (&o)[D / 16][8], const float (&alpha)[2]) {
@@ -683,21 +657,7 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
         st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
         inv[h] = st.l[h] > 0.0f ? sv_prev / (256.0f * st.l[h]) : 0.0f;
       }
-      half* out = O + static_cast<size_t>(head_row) * D;
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int a = 0; a < D / 32; ++a) {
-          unsigned w[4];
-#pragma unroll
-          for (int x = 0; x < 4; ++x) {
-            const int j = 2 * a + x / 2, e = 4 * (x % 2) + 2 * h;
-            w[x] = half2_bits(o[j][e] * inv[h], o[j][e + 1] * inv[h]);
-          }
-          quad_transpose(w, lane % 4);
-          *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + 8 * h) * D + 32 * a + 8 * (lane % 4)) =
-              make_uint4(w[0], w[1], w[2], w[3]);
-        }
+      store_rows_fp16<D>(O + static_cast<size_t>(head_row) * D, o, inv, row0, lane);
       if (lane % 4 == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)

@@ -98,7 +98,6 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
     for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
       for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
-    // region: fp8_accumulate
     for (int kb = 0; kb < kblocks; ++kb) {
       const int s = kb % STAGES;
       mbar_wait(&full[s], (kb / STAGES) & 1);
@@ -127,7 +126,6 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
         if (tid == 0) mbar_arrive(&empty[s]);
       }
     }
-    // endregion
     // The fragment, as the FP16 kernel's: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns
     // 8i + 2 (l % 4) and the next one. Each value times scale_a scale_b, rounded once to OUT.
     const float alpha = __ldg(scale_a) * __ldg(scale_b);

@@ -1,0 +1,282 @@
+// gpucourse-arch: sm_90a
+// Lesson 10, the backward pass on Hopper: FlashAttention-3's shape, wgmma fed by the TMA. Launched by
+// kernels/attention/backward_cuda.py (flash_backward_wgmma); the algorithm is kernels/attention/backward_tiles.py's,
+// with dQ by atomics (there: dq="atomic").
+//
+// Q, K, V, dO: (batch x heads) x N x 128, FP16, row-major; LSE (natural log) and D = rowsum(dO o O) (the pre-pass,
+// attention_bwd_prepass below): (batch x heads) x N, FP32. dK, dV: FP16 like K and V; dQ is summed in an FP32 buffer
+// (zero at launch) that the launcher rounds to FP16 afterwards. N a multiple of 128.
+//
+// A block owns BN = 128 keys of one head and keeps their dK and dV in registers (FP32) while it walks the query
+// tiles of BM = 64 rows that see them (causal: from the diagonal on). Warpgroup 0 is the PRODUCER: one thread
+// asks the TMA for the block's K and V tiles once, then for each query tile's Q and dO into a ring of STAGES
+// stages. Warpgroups 1 and 2 are CONSUMERS, 64 of the block's keys each; for each query tile:
+//   1. S^T = K Q^T and dP^T = dO V^T transposed (= V dO^T), both 64 keys x 64 queries, both operands from shared
+//      memory: the keys are the MMA's rows, so each consumer's rows are its own keys;
+//   2. P^T = exp(S^T scale - lse) from the forward's log-sum-exp (recomputed, never stored), dS^T = P^T (dP^T - D);
+//   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as the A operand straight from registers (the accumulator's
+//      places are the A operand's, as in the forward's P V), dO and Q MN-major from shared memory;
+//   4. dQ: every key of the block contributes to every query row, so dS^T goes to shared memory (FP16, 128 keys x
+//      64 queries), the consumers meet at a barrier, and dQ_tile = dS K (64 queries x 128, consumer c taking
+//      columns 64c ..) runs with A = dS read transposed from shared memory; the tile, times the softmax scale, goes
+//      to shared memory in FP32 and one thread adds it into the FP32 buffer of dQ with a single bulk reduction
+//      (cp.reduce.async.bulk ... add.f32: the TMA's atomic add of 32 KiB), double-buffered so that the next tile's
+//      work need not wait for it.
+// At the end dK (times the scale) and dV leave as FP16.
+//
+// Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
+#include <cuda_fp16.h>
+#include "hopper.cuh"
+#include "flash_hopper.cuh"
+#include "fast_math.cuh"
+
+namespace hopper {
+
+#ifdef GPUCOURSE_WGMMA
+// D (64 x 64, FP32) += A (64 x 16) B (16 x 64), FP16, both from shared memory and both MN-major (transposed): A's
+// 64 rows contiguous for each k, B's 64 columns contiguous for each k. scale_d = 0: D = A B.
+__device__ __forceinline__ void wgmma_m64n64k16_tt(float (&d)[4][8], unsigned long long da, unsigned long long db,
+                                                   int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// The shared memory's contents are added into global memory by the TMA (FP32, ``bytes`` a multiple of 16, both
+// addresses 16-byte aligned), asynchronously, in the issuing thread's bulk group (bulk_commit, bulk_wait_read).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(smem_addr(src)), "r"(bytes)
+               : "memory");
+}
+
+// A tile of ROWS rows x 128 FP16 columns as the TMA writes it (two boxes of 64 columns, 128-byte swizzle): the
+// descriptor of k step kk (16 columns) for a K-major operand.
+template <int ROWS>
+__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int kk) {
+  return make_desc(tile + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
+}
+#endif  // GPUCOURSE_WGMMA
+
+template <int STAGES, bool CAUSAL>
+__device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
+                                                const TensorMap* tmdO, const float* __restrict__ LSE,
+                                                const float* __restrict__ Dsum, float* __restrict__ dQacc,
+                                                half* __restrict__ dK, half* __restrict__ dV, int N, float scale,
+                                                float scale_log2) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int D = 128, BM = 64, BN = 128;
+  constexpr unsigned KV_BYTES = BN * D * 2, QO_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2, DQ_BYTES = BM * D * 4;
+  constexpr float LOG2E = 1.4426950408889634f;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* sK = smem;                         // 2 boxes of [128 keys][64]
+  unsigned char* sV = sK + KV_BYTES;                // the same for V
+  unsigned char* sQ = sV + KV_BYTES;                // STAGES x 2 boxes of [64 queries][64]
+  unsigned char* sdO = sQ + STAGES * QO_BYTES;      // the same for dO
+  unsigned char* sdS = sdO + STAGES * QO_BYTES;     // [128 keys][64 queries] FP16, 128-byte swizzle
+  float* sdQ = reinterpret_cast<float*>(sdS + DS_BYTES);  // 2 x [64 queries][128] FP32, plain rows
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(sdQ) + 2 * DQ_BYTES);
+  unsigned long long *kv_full = bars, *full = bars + 1, *empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int j = blockIdx.x, head = blockIdx.y;  // the block's key tile and head
+  const int head_row = head * N, tiles_m = N / BM;
+  const int first = CAUSAL ? (j * BN) / BM : 0;  // causal: query tiles from the one holding the block's first key
+  if (threadIdx.x == 0) {
+    mbar_init(kv_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);  // one arrival per consumer warpgroup
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (tid == 0) {
+      mbar_expect_tx(kv_full, 2 * KV_BYTES);
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load_2d(sK + c * BN * 128, tmK, kv_full, 64 * c, head_row + j * BN);
+        tma_load_2d(sV + c * BN * 128, tmV, kv_full, 64 * c, head_row + j * BN);
+      }
+      for (int i = first, it = 0; i < tiles_m; ++i, ++it) {
+        const int s = it % STAGES;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
+        mbar_expect_tx(&full[s], 2 * QO_BYTES);
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load_2d(sQ + s * QO_BYTES + c * BM * 128, tmQ, &full[s], 64 * c, head_row + i * BM);
+          tma_load_2d(sdO + s * QO_BYTES + c * BM * 128, tmdO, &full[s], 64 * c, head_row + i * BM);
+        }
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+    const int key0 = j * BN + 64 * c + 16 * warp + g;  // this thread's keys: key0 and key0 + 8 (in the head)
+    const unsigned k_rows = smem_addr(sK) + c * 64 * 128, v_rows = smem_addr(sV) + c * 64 * 128;
+    float dk[D / 16][8], dv[D / 16][8];
+#pragma unroll
+    for (int a = 0; a < D / 16; ++a)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dk[a][e] = dv[a][e] = 0.0f;
+    mbar_wait(kv_full, 0);
+
+    for (int i = first, it = 0; i < tiles_m; ++i, ++it) {
+      const int s = it % STAGES;
+      const unsigned q_tile = smem_addr(sQ + s * QO_BYTES), do_tile = smem_addr(sdO + s * QO_BYTES);
+      mbar_wait(&full[s], (it / STAGES) & 1);
+      // 1. S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k = d
+      float st[BM / 16][8], dpt[BM / 16][8];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_k16<BM, 0>(st, kmajor_desc<BN>(k_rows, kk), kmajor_desc<BM>(q_tile, kk), kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_k16<BM, 0>(dpt, kmajor_desc<BN>(v_rows, kk), kmajor_desc<BM>(do_tile, kk), kk > 0);
+      wgmma_commit();
+      // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
+      float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int row = head_row + i * BM + 16 * a + 8 * b + 2 * q + e;
+            lse2[a][b][e] = __ldg(&LSE[row]) * LOG2E;
+            dsum[a][b][e] = __ldg(&Dsum[row]);
+          }
+      wgmma_wait<0>();
+      pin(st);
+      pin(dpt);
+      // 2. P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - D); element e of block a: key key0 + 8 ((e / 2) % 2),
+      // query i BM + 16a + 8 (e / 4) + 2q + e % 2. Causal: a key past the query gives P = 0.
+      unsigned pa[BM / 16][4], dsa[BM / 16][4];
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a) {
+        float p[8], ds[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int key = key0 + 8 * ((e >> 1) & 1), query = i * BM + 16 * a + 8 * (e >> 2) + 2 * q + (e & 1);
+          const float x = ex2(fmaf(st[a][e], scale_log2, -lse2[a][e >> 2][e & 1]));
+          p[e] = (CAUSAL && key > query) ? 0.0f : x;
+          ds[e] = p[e] * (dpt[a][e] - dsum[a][e >> 2][e & 1]);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {  // the A operand's register r: elements 2r, 2r + 1 (to_operand's order)
+          pa[a][r] = half2_bits(p[2 * r], p[2 * r + 1]);
+          dsa[a][r] = half2_bits(ds[2 * r], ds[2 * r + 1]);
+        }
+      }
+      // 3. dV += P^T dO, dK += dS^T Q: k = the 64 queries (16 a step), B MN-major: the next 64 columns a box on
+      wgmma_fence();
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a) wgmma_rs<D, 1>(dv, pa[a], make_desc(do_tile + a * 16 * 128, BM * 128, 1024));
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a) wgmma_rs<D, 1>(dk, dsa[a], make_desc(q_tile + a * 16 * 128, BM * 128, 1024));
+      wgmma_commit();
+      // 4. dS^T into shared memory for dQ = dS K: row = key (128 of them), 64 queries = 128 bytes, swizzled: the
+      // 16-byte chunk x of row r sits at chunk x ^ (r % 8). Thread's half2 (key, queries 16a + 8b + 2q ..): chunk 2a + b.
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const int r = 64 * c + 16 * warp + g + 8 * h, chunk = (2 * a + b) ^ (r % 8);
+            *reinterpret_cast<unsigned*>(sdS + r * 128 + chunk * 16 + 4 * q) = dsa[a][2 * b + h];
+          }
+      fence_async_shared();  // the wgmmas read shared memory through the async proxy
+      named_sync(1, 256);    // both consumers' keys are in place
+      // dQ tile columns 64c .. 64c + 63: A = dS (64 queries x 128 keys, stored key by key: MN-major), B = K
+      // (128 keys x 64 columns: box c of K's tile, MN-major), k = 16 keys a step
+      float dq[4][8];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        wgmma_m64n64k16_tt(dq, make_desc(smem_addr(sdS) + kk * 16 * 128, BN * 128, 1024),
+                           make_desc(smem_addr(sK) + c * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();  // dV, dK and dQ's products are done: Q, dO, dS may be overwritten
+      pin(dk);
+      pin(dv);
+      pin(dq);
+      if (tid == 0) mbar_arrive(&empty[s]);
+      // the dQ tile, times the scale, into this round's buffer (the reduction two rounds ago has read it: thread 0
+      // of consumer 0 waits for that before the barrier above lets anyone here)
+      float* buf = sdQ + (it % 2) * (BM * D);
+#pragma unroll
+      for (int a = 0; a < 4; ++a)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = 16 * warp + g + 8 * h;
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const int col = 64 * c + 16 * a + 8 * b + 2 * q;
+            *reinterpret_cast<float2*>(buf + row * D + col) =
+                make_float2(dq[a][4 * b + 2 * h] * scale, dq[a][4 * b + 2 * h + 1] * scale);
+          }
+        }
+      fence_async_shared();
+      named_sync(2, 256);  // the whole tile is in place; and every consumer is done reading dS
+      if (c == 0 && tid == 0) {
+        bulk_reduce_add_f32(dQacc + static_cast<size_t>(head_row + i * BM) * D, buf, DQ_BYTES);
+        bulk_commit();
+        bulk_wait_read<1>();  // the other buffer is free again before the next round's barrier 1
+      }
+    }
+    if (c == 0 && tid == 0) bulk_wait<0>();  // the last reductions have landed before the kernel ends
+    // dK (times the scale) and dV of this thread's keys, rows key0 and key0 + 8 of the head
+    const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
+    const int row0 = j * BN + 64 * c + 16 * warp + g;
+    store_rows_fp16<D>(dK + static_cast<size_t>(head_row) * D, dk, sc, row0, lane);
+    store_rows_fp16<D>(dV + static_cast<size_t>(head_row) * D, dv, one, row0, lane);
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+
+}  // namespace hopper
+
+// D = rowsum(dO o O) of every query row, FP32 (the backward's pre-pass): a warp a row of 128, eight columns a lane.
+extern "C" __global__ void attention_bwd_prepass(const half* __restrict__ O, const half* __restrict__ dO,
+                                                 float* __restrict__ Dsum, int rows) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const uint2 o = *reinterpret_cast<const uint2*>(O + static_cast<size_t>(row) * 128 + 4 * lane);
+  const uint2 d = *reinterpret_cast<const uint2*>(dO + static_cast<size_t>(row) * 128 + 4 * lane);
+  const float2 o0 = __half22float2(*reinterpret_cast<const __half2*>(&o.x)),
+               o1 = __half22float2(*reinterpret_cast<const __half2*>(&o.y));
+  const float2 d0 = __half22float2(*reinterpret_cast<const __half2*>(&d.x)),
+               d1 = __half22float2(*reinterpret_cast<const __half2*>(&d.y));
+  float sum = o0.x * d0.x + o0.y * d0.y + o1.x * d1.x + o1.y * d1.y;
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, m);
+  if (lane == 0) Dsum[row] = sum;
+}
+
+#define FLASH_BWD(NAME, S, C)                                                                                     \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+      NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
+           const __grid_constant__ TensorMap tmV, const __grid_constant__ TensorMap tmdO, const float* LSE,      \
+           const float* Dsum, float* dQacc, half* dK, half* dV, int N, float scale, float scale_log2) {           \
+    hopper::flash_bwd_wgmma<S, C>(&tmQ, &tmK, &tmV, &tmdO, LSE, Dsum, dQacc, dK, dV, N, scale, scale_log2);     \
+  }
+
+FLASH_BWD(flash_bwd_wgmma_d128, 2, false)
+FLASH_BWD(flash_bwd_wgmma_d128_causal, 2, true)
