@@ -25,9 +25,19 @@ WGMMA_STEPS = {
     "wgmma_128x128x64_s4_kn": "4 stages, 128 x 128 tile",
     "wgmma_128x128x64_s6_kn": "6 stages, 128 x 128 tile",
     "wgmma_128x256x64_s4_nk": "4 stages, B stored transposed (N x K)",
+    "wgmma_128x256x64_s4_kn_persistent": "4 stages, persistent (a block per SM)",
+    "wgmma_128x256x64_s4_kn_persistent_f16": "persistent, FP16 C (as cuBLAS writes it)",
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore": "persistent, FP16 C by a TMA store",
 }
 WGMMA_HOLD_MS = 2.0  # queue each launch behind a hold kernel: the events time the GEMM, not the ctypes launch
 CHECK = 1e-3  # a timed kernel's result against cuBLAS's, |diff|max / |ref|max: catches bugs, not rounding
+CHECK_F16 = 2e-3  # the same for a kernel that writes FP16 C: its rounding alone is up to 2^-11 of |C|
+
+
+def wgmma_check(config: str | None) -> float:
+    """The largest error (|diff|max / |ref|max against the FP32 product) a wgmma kernel's result may have before it is
+    timed: CHECK, or CHECK_F16 for a kernel that writes FP16 C."""
+    return CHECK_F16 if config and tc.wgmma_config(config)["out"] == "float16" else CHECK
 
 
 def _operands(n: int, dtype, *, seed: int = 0):
@@ -183,6 +193,7 @@ def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
     Bt = cp.ascontiguousarray(B.T) if gpus.supports("wgmma") else None
     C = cp.empty((n, n), cp.float32)
     L = cp.empty((n, n), cp.float16)
+    C16 = cp.empty((n, n), cp.float16) if gpus.supports("wgmma") else None  # the FP16-output kernels' C
     flops = 2.0 * n**3
 
     def launcher(row):
@@ -191,8 +202,10 @@ def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
         if row["config"] is None:
             wmma = row["name"].removeprefix("WMMA, tiled (").removesuffix(")")
             return lambda: tc.gemm(A, B, C, kernel="tiled", config=wmma), C
-        Bop = B if tc.wgmma_config(row["config"])["b_layout"] == "kn" else Bt
-        return lambda: tc.gemm_wgmma(A, Bop, C, config=row["config"], group_m=row["group_m"]), C
+        c = tc.wgmma_config(row["config"])
+        Bop = B if c["b_layout"] == "kn" else Bt
+        out = C16 if c["out"] == "float16" else C
+        return lambda: tc.gemm_wgmma(A, Bop, out, config=row["config"], group_m=row["group_m"]), out
 
     rows = []
     for row in bench.progress(wgmma_plan(), desc="wgmma"):
@@ -200,7 +213,7 @@ def wgmma_table(n: int | None = None, repeats: int = 10) -> dict:
         out.fill(cp.nan)
         launch()
         err = tc.rel_error(out, ref)
-        if not err <= (5e-3 if row["kind"] == "library" else CHECK):
+        if not err <= (5e-3 if row["kind"] == "library" else wgmma_check(row["config"])):
             raise runtime.CourseError(f"{row['name']} gave a wrong result at n={n} (error {err:.2e}); not timing it")
         t = bench.time_gpu(launch, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
         rows.append({**row, **t.summary(), "tflops": t.tflops(flops), "check_error": err})
@@ -316,6 +329,112 @@ def format_fp8_table(table: dict) -> str:
         ratio = f"  {r['of_cublas_fp8']:.2f}x cuBLAS FP8" if "of_cublas_fp8" in r else ""
         lines.append(f"  {r['name']:<44} {r['median_ms']:8.3f} ms {r['tflops']:7.0f} TFLOP/s "
                      f"{r['of_cublas_fp16']:5.2f}x cuBLAS FP16{ratio}")
+    return "\n".join(lines)
+
+
+# The GEMMs of a transformer layer's linear parts, as (name, K, N) in units of the model width d, for M = tokens: the
+# Q, K and V projections side by side (d -> 3d), the MLP's up projection (d -> 4d) and its down projection (4d -> d).
+TRANSFORMER_GEMMS = (("QKV projection", 1, 3), ("MLP up", 1, 4), ("MLP down", 4, 1))
+
+
+def transformer_shapes(tokens: int = 8192, ds=(768, 4096)) -> list:
+    """The GEMMs transformer_table measures, as dicts of d, name, M, K, N: (tokens x K) @ (K x N) for each model width
+    d in ``ds`` and each of TRANSFORMER_GEMMS."""
+    if tokens < 1 or not ds or any(d < 1 or d % 8 for d in ds):
+        raise runtime.CourseInputError(f"tokens must be positive and every width d a positive multiple of 8 (the TMA "
+                                       f"reads whole 16-byte rows); got tokens = {tokens}, ds = {tuple(ds)}")
+    return [{"d": d, "name": name, "M": tokens, "K": k * d, "N": n * d} for d in ds for name, k, n in TRANSFORMER_GEMMS]
+
+
+def transformer_plan(torch_ok: bool, configs=None, cc=None) -> list:
+    """The rows transformer_table measures for each GEMM, as dicts of name, kind ("library" or "kernel") and config:
+    cuBLAS FP16 (cupy.matmul), PyTorch's torch.matmul where ``torch_ok``, and each FP16-output wgmma configuration of
+    ``configs`` (default: every one in WGMMA_CONFIGS) where the GPU (``cc``) has wgmma. All write FP16 C."""
+    configs = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16"] if configs is None else configs
+    for c in configs:
+        if tc.wgmma_config(c)["out"] != "float16":
+            raise runtime.CourseInputError(f"{c} writes FP32 C; the transformer table compares FP16-output GEMMs")
+    plan = [{"name": "cuBLAS FP16 (cupy.matmul)", "kind": "library", "config": None}]
+    if torch_ok:
+        plan.append({"name": "PyTorch (torch.matmul)", "kind": "library", "config": None})
+    if gpus.supports("wgmma", cc):
+        plan += [{"name": f"wgmma: {WGMMA_STEPS.get(c, c)}", "kind": "kernel", "config": c} for c in configs]
+    return plan
+
+
+def _torch_cuda():
+    """PyTorch with CUDA, or None: the transformer table's PyTorch rows are skipped without it."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def transformer_table(tokens: int = 8192, ds=(768, 4096), *, configs=None, repeats: int = 12) -> dict:
+    """The GEMMs of a transformer layer (transformer_shapes: the QKV projection, the MLP's up and down projections of
+    ``tokens`` tokens for each model width d in ``ds``), FP16 in and FP16 out, through cuBLAS (cupy.matmul),
+    PyTorch's torch.matmul (where PyTorch with CUDA is installed) and the course's FP16-output wgmma kernels
+    (``configs``, default every one; compute capability 9.0). Each result is checked against the FP32 product first,
+    then all of a shape's rows are timed in turns; TFLOP/s and each row's ratio to cuBLAS."""
+    cp = runtime.cupy()
+    torch = _torch_cuda()
+    shapes = transformer_shapes(tokens, ds)
+    plan = transformer_plan(torch is not None, configs)
+    out = {"tokens": tokens, "ds": list(ds), "torch": getattr(torch, "__version__", None), "shapes": []}
+    if torch is None:
+        out["note"] = "no PyTorch rows: PyTorch with CUDA is not installed"
+    if wgmma_skipped():
+        out["skipped"] = wgmma_skipped()
+    rs = cp.random.RandomState(0)
+    for shape in bench.progress(shapes, desc="transformer GEMMs"):
+        M, K, N = shape["M"], shape["K"], shape["N"]
+        # A, B in FP16 and FP32, C in FP16 for each row, the FP32 reference, and the float64 copies of the check
+        runtime.check_fits((M * K + K * N) * 6 + M * N * (2 * len(plan) + 4 + 3 * 8), f"the GEMM {M} x {K} x {N}")
+        A = (rs.random_sample((M, K), dtype=cp.float32) * 2 - 1).astype(cp.float16)
+        B = (rs.random_sample((K, N), dtype=cp.float32) * 2 - 1).astype(cp.float16)
+        ref = cp.matmul(A.astype(cp.float32), B.astype(cp.float32))
+        works, checks = {}, {}
+        for row in plan:
+            C = cp.empty((M, N), cp.float16)
+            if row["config"] is not None:
+                work = (lambda C, cfg: lambda: tc.gemm_wgmma(A, B, C, config=cfg))(C, row["config"])
+            elif row["name"].startswith("PyTorch"):
+                ta, tb, tcc = torch.from_dlpack(A), torch.from_dlpack(B), torch.from_dlpack(C)
+                work = (lambda ta, tb, tcc: lambda: torch.matmul(ta, tb, out=tcc))(ta, tb, tcc)
+            else:
+                work = (lambda C: lambda: cp.matmul(A, B, out=C))(C)
+            C.fill(cp.nan)
+            work()
+            err = tc.rel_error(C, ref)
+            limit = 5e-3 if row["kind"] == "library" else wgmma_check(row["config"])
+            if not err <= limit:
+                raise runtime.CourseError(f"{row['name']} gave a wrong result on {M} x {K} x {N} (error {err:.2e}); "
+                                          "not timing it")
+            works[row["name"]], checks[row["name"]] = work, err
+        del ref
+        times = bench.time_in_turns(works, rounds=3, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
+        flops = 2.0 * M * N * K
+        rows = [{**row, **times[row["name"]].summary(), "tflops": times[row["name"]].tflops(flops),
+                 "check_error": checks[row["name"]]} for row in plan]
+        for r in rows:
+            r["of_cublas"] = r["tflops"] / rows[0]["tflops"]
+        out["shapes"].append({**shape, "rows": rows})
+        del A, B, works
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def format_transformer_table(table: dict) -> str:
+    """transformer_table's figures as lines of text: each GEMM, then each row's ms, TFLOP/s and ratio to cuBLAS."""
+    head = f"A transformer layer's GEMMs, {table['tokens']} tokens, FP16 in and out"
+    notes = [x for x in (table.get("note"), table.get("skipped")) if x]
+    lines = [head + (f" ({'; '.join(notes)})" if notes else "")]
+    for sh in table["shapes"]:
+        lines.append(f"d = {sh['d']}, {sh['name']}: ({sh['M']} x {sh['K']}) @ ({sh['K']} x {sh['N']})")
+        for r in sh["rows"]:
+            lines.append(f"  {r['name']:<58} {r['median_ms']:8.3f} ms {r['tflops']:7.0f} TFLOP/s "
+                         f"{r['of_cublas']:5.2f}x cuBLAS")
     return "\n".join(lines)
 
 

@@ -434,7 +434,7 @@ def gemm(A, B, C, *, kernel: str = "tiled", config: str | None = None):
     Shapes: naive needs multiples of 16; tiled and simt_128x128 multiples of their tiles (the error says
     which); simt_tiled16 takes any.
     kernel "wgmma": Hopper's warpgroup MMA fed by the TMA (compute capability 9.0; ``config`` names one of
-    WGMMA_CONFIGS): A, B float16, C float32; see gemm_wgmma."""
+    WGMMA_CONFIGS): A, B float16, C float32 (float16 for the "_f16" configurations); see gemm_wgmma."""
     runtime.require_gpu("a CUDA C kernel")
     for name, x in (("A", A), ("B", B), ("C", C)):
         if runtime.is_device_array(x) and not _is_cupy(x):
@@ -516,21 +516,32 @@ WGMMA_CONFIGS = (
     "wgmma_64x256x64_s4_kn",
     "wgmma_128x128x64_s4_kn",
     "wgmma_128x128x64_s6_kn",
+    # persistent: a block per SM walks the tiles, loading the next tile while it stores this one; C in FP32, in
+    # FP16 (as cuBLAS writes it for FP16 inputs), or in FP16 through shared memory and a TMA store
+    "wgmma_128x256x64_s4_kn_persistent",
+    "wgmma_128x256x64_s4_kn_persistent_f16",
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore",
 )
 DEFAULT_WGMMA = "wgmma_128x256x64_s4_kn"
 WGMMA_GROUP_M = 8  # tile-rows per group in the block order (L2 reuse); see gemm_wgmma
+WGMMA_STORE_PIECE = 64  # tmastore: C leaves in pieces of 64 x 64 FP16, two buffers a consumer warpgroup
 
 
 def wgmma_config(name: str) -> dict:
-    """Block tile, stages, warpgroups, shared memory and B layout of a wgmma kernel, from its name."""
-    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)", name)
+    """Block tile, stages, warpgroups, shared memory, B layout, persistence and C's type of a wgmma kernel, from its
+    name: wgmma_<BM>x<BN>x<BK>_s<stages>_<kn|nk>[_persistent[_f16[_tmastore]]]."""
+    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)(_persistent(_f16(_tmastore)?)?)?", name)
     if not m or name not in WGMMA_CONFIGS:
         raise runtime.CourseInputError(f"no wgmma kernel {name!r}; known: {', '.join(WGMMA_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
     consumers = bm // 64
-    smem = 1024 + stages * (bm + bn) * bk * 2 + 2 * stages * 8  # 1 KiB for alignment, tiles, mbarriers
+    tma_store = m.group(8) is not None
+    staging = consumers * 2 * WGMMA_STORE_PIECE * WGMMA_STORE_PIECE * 2 if tma_store else 0
+    smem = 1024 + stages * (bm + bn) * bk * 2 + staging + 2 * stages * 8  # alignment, tiles, C's pieces, mbarriers
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "b_layout": m.group(5),
-            "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "acc": "float32"}
+            "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "acc": "float32",
+            "persistent": m.group(6) is not None, "out": "float16" if m.group(7) else "float32",
+            "epilogue": "tma" if tma_store else "registers"}
 
 
 # cuTensorMapEncodeTiled's enums (cuda.h)
@@ -702,24 +713,31 @@ def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, wh
         params, None), f"launching {what}")
 
 
-def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP_M):
+def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP_M, blocks: int | None = None):
     """C = A B on Hopper's warpgroup MMA fed by the TMA (GPU mode, compute capability 9.0; CuPy arrays).
     Asynchronous.
 
     A: M x K FP16; B: K x N FP16 for the "kn" configurations, or B transposed (N x K) for "nk"; C: M x N
-    float32. Any M, N, K (the TMA fills with zeros past the edges and the stores are guarded), as long as
-    rows are whole 16-byte units: K a multiple of 8, and N too for "kn". ``group_m``: how many tile-rows
-    the block order walks before moving right (L2 reuse)."""
+    float32, or float16 for the "_f16" configurations (FP32 sums rounded once). Any M, N, K (the TMA fills with
+    zeros past the edges and the stores are guarded), as long as rows are whole 16-byte units: K a multiple of 8,
+    and N too for "kn". ``group_m``: how many tile-rows the block order walks before moving right (L2 reuse). The
+    "_persistent" configurations launch one block per SM (or one per tile, if fewer), each walking its tiles;
+    ``blocks`` launches that many instead (fewer blocks, more tiles each: what the tests use to walk many)."""
     import ctypes
 
     runtime.require_gpu("the wgmma GEMM")
     c = wgmma_config(config or DEFAULT_WGMMA)
+    out = np.dtype(c["out"])
     for name, x in (("A", A), ("B", B), ("C", C)):
         if runtime.is_device_array(x) and not _is_cupy(x):
             raise runtime.CourseInputError(f"the CUDA C kernels take CuPy arrays; {name} is not one "
                                            "(cupy.asarray(...) wraps a numba device array without a copy)")
+    if runtime.is_device_array(C) and np.dtype(C.dtype) != out:
+        raise runtime.CourseInputError(f"{c['name']} writes C in {out}: C must be a {out} array, got "
+                                       f"{np.dtype(C.dtype)}" + ("" if c["out"] == "float16" else
+                                                                 " (the '_f16' configurations write float16)"))
     if c["b_layout"] == "kn":
-        M, N, K = _check_operands(A, B, C, np.float16, np.float32)
+        M, N, K = _check_operands(A, B, C, np.float16, out)
     else:
         runtime.check_device_array(A, "A", dtype=np.float16, ndim=2)
         runtime.check_device_array(B, "B", dtype=np.float16, ndim=2)
@@ -728,7 +746,7 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
             raise runtime.CourseInputError(f"{c['name']} takes B transposed (N x K): A is {M} x {K}, so B "
                                            f"needs {K} columns, not {B.shape[1]}")
         N = B.shape[0]
-        runtime.check_device_array(C, "C", dtype=np.float32, shape=(M, N))
+        runtime.check_device_array(C, "C", dtype=out, shape=(M, N))
         for name, x in (("A", A), ("B", B), ("C", C)):
             if not _c_contiguous(x):
                 raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major)")
@@ -740,15 +758,33 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
         raise runtime.CourseInputError("dimensions must stay below 2**30")
     if not 1 <= group_m <= 64:
         raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
+    if blocks is not None and (not c["persistent"] or blocks < 1):
+        raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
+                                       f"{c['name']}, which launches " +
+                                       ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
     gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = hopper_kernel(WGMMA_SOURCE, c["name"], c["smem_bytes"])
     map_a = tensor_map(A, (c["bm"], c["bk"]))
     map_b = tensor_map(B, (c["bk"], 64) if c["b_layout"] == "kn" else (c["bn"], c["bk"]))
-    blocks = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
-    args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K),
-            ctypes.c_int32(group_m)]
+    blocks = wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
+    dims = [ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K), ctypes.c_int32(group_m)]
+    if c["epilogue"] == "tma":  # C written by the TMA in boxes of 64 x 64 (N a multiple of 8: checked above)
+        args = [map_a, map_b, tensor_map(C, (WGMMA_STORE_PIECE, WGMMA_STORE_PIECE)), *dims]
+    else:
+        args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), *dims]
     launch_hopper(fn, (blocks,), c["threads"], c["smem_bytes"], args, c["name"])
     return C
+
+
+def wgmma_blocks(c: dict, M: int, N: int, sms: int | None = None) -> int:
+    """How many blocks a wgmma configuration ``c`` (wgmma_config) launches for an M x N C: one per tile, or, persistent,
+    one per SM (``sms``) unless there are fewer tiles."""
+    tiles = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
+    if not c["persistent"]:
+        return tiles
+    if not sms or sms < 1:
+        raise runtime.CourseInputError(f"{c['name']} launches a block per SM: give the number of SMs, not {sms!r}")
+    return min(tiles, sms)
 
 
 def gemm_library(A, B, C=None, *, tf32: bool = False):

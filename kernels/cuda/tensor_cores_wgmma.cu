@@ -21,8 +21,17 @@
 // outside the matrices, and stores are guarded, so M, N and K need not be multiples of the tile (the TMA
 // needs row strides that are multiples of 16 bytes: K, and N for "kn", multiples of 8).
 //
+// The PERSISTENT variants (gemm_persistent) launch one block per SM, and each block walks the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... in the same grouped order. The producer's ring runs on from one tile into the next, so
+// the next tile's first slices are loaded while the consumers store this tile's C. They write C in FP32 or, as
+// cuBLAS does for FP16 inputs, in FP16 (rounded once), either straight from the registers or, "tmastore", through
+// shared memory: each 64-column piece of a consumer's rows goes there by stmatrix (16-byte rows, in the TMA's
+// 128-byte swizzle), and one thread hands it to the TMA, which writes it to C while the consumers go on.
+//
 // Everything below needs sm_90a (compute capability 9.0 exactly); compiled for any other architecture the
 // kernels are empty stubs that trap (tests/test_gpu_archs.py compiles every source for every GPU).
+
+#include <cuda_fp16.h>
 
 #include "hopper.cuh"
 
@@ -139,6 +148,186 @@ __device__ __forceinline__ void gemm_tile(const TensorMap* tmA, const TensorMap*
 #endif
 }
 
+#ifdef GPUCOURSE_WGMMA
+// Two neighbouring columns of a row of C (8- or 4-byte aligned), and one, in C's type: FP16 rounded once.
+__device__ __forceinline__ void store_c2(float* out, float a, float b) { *reinterpret_cast<float2*>(out) = make_float2(a, b); }
+__device__ __forceinline__ void store_c2(__half* out, float a, float b) {
+  *reinterpret_cast<__half2*>(out) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void store_c1(float* out, float a) { *out = a; }
+__device__ __forceinline__ void store_c1(__half* out, float a) { *out = __float2half_rn(a); }
+
+// Two floats rounded to FP16 in one 32-bit register, the first in the low half (the lower column).
+__device__ __forceinline__ unsigned half2_bits(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// stmatrix: four 8 x 8 FP16 matrices from the registers of a warp to shared memory. Register q of lane l holds
+// row l / 4, columns 2 (l % 4) and the next of matrix q (an accumulator's layout); lane l gives the address of
+// row l % 8 of matrix l / 8, 16 bytes.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// A barrier for the 128 threads of one warpgroup (ids 1, 2, ...: 0 is __syncthreads').
+__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
+#endif
+
+// gemm_tile's work, persistent: block b computes tiles b, b + gridDim.x, ... (the host launches min(tiles, SMs)
+// blocks). OUT: float or __half. TMA_STORE (OUT = __half only): C leaves through shared memory and the TMA (tmC, a
+// map of C in boxes of 64 x 64, 128-byte swizzle); otherwise each thread stores its fragment to C.
+template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE>
+__device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
+                                                OUT* __restrict__ C, int M, int N, int K, int group_m) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int CONSUMERS = BM / 64;
+  constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  constexpr unsigned PIECE = 64 * 64 * 2;  // TMA_STORE: 64 rows x 64 FP16 columns of C, one box of the store
+  constexpr unsigned C_BYTES = TMA_STORE ? CONSUMERS * 2 * PIECE : 0;  // two pieces a consumer, used in turn
+  static_assert(!TMA_STORE || (sizeof(OUT) == 2 && BN % 64 == 0), "the TMA store: FP16 C, 64-column pieces");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* sA = smem;                     // STAGES x [BM][64] FP16
+  unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] (nk) or [BN/64][64][64] (kn) FP16
+  unsigned char* sC = sB + STAGES * B_BYTES;    // TMA_STORE: CONSUMERS x 2 x [64][64] FP16, swizzled
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
+  unsigned long long* empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
+  const int per_group = group_m * tiles_n;
+  const int kblocks = (K + BK - 1) / BK;
+  // Tile t's first row and column, in gemm_tile's grouped order (t in place of blockIdx.x).
+  auto origin = [&](int t, int& m0, int& n0) {
+    const int first_m = (t / per_group) * group_m;
+    const int rows_here = min(tiles_m - first_m, group_m);
+    const int in_group = t % per_group;
+    m0 = (first_m + in_group % rows_here) * BM;
+    n0 = (in_group / rows_here) * BN;
+  };
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0) {
+      int g = 0;  // slices loaded so far over all of this block's tiles: the ring's position and phase
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int m0, n0;
+        origin(t, m0, n0);
+        for (int kb = 0; kb < kblocks; ++kb, ++g) {
+          const int s = g % STAGES;
+          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);  // consumers are done with it
+          mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
+          tma_load_2d(sA + s * A_BYTES, tmA, &full[s], kb * BK, m0);
+          if constexpr (B_KN) {
+            for (int j = 0; j < BN / 64; ++j)
+              tma_load_2d(sB + s * B_BYTES + j * (BK * 128), tmB, &full[s], n0 + 64 * j, kb * BK);
+          } else {
+            tma_load_2d(sB + s * B_BYTES, tmB, &full[s], kb * BK, n0);
+          }
+        }
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+    int g = 0;       // slices used so far, as the producer counts them
+    int stored = 0;  // TMA_STORE: pieces of C this consumer has handed to the TMA (the buffer: stored % 2)
+    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+      int m0, n0;
+      origin(t, m0, n0);
+      float d[BN / 16][8];
+#pragma unroll
+      for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
+      for (int kb = 0; kb < kblocks; ++kb, ++g) {
+        const int s = g % STAGES;
+        mbar_wait(&full[s], (g / STAGES) & 1);
+        const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);
+        const unsigned b0 = smem_addr(sB + s * B_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          const unsigned long long da = make_desc(a0 + kk * 32, 16, 1024);
+          unsigned long long db;
+          if constexpr (B_KN)
+            db = make_desc(b0 + kk * 16 * 128, BK * 128, 1024);
+          else
+            db = make_desc(b0 + kk * 32, 16, 1024);
+          wgmma_k16<BN, B_KN ? 1 : 0>(d, da, db, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (tid == 0) mbar_arrive(&empty[s]);
+      }
+      // The epilogue. Meanwhile the producer fills the stages just freed with the next tile's first slices.
+      if constexpr (TMA_STORE) {
+        // Piece p: columns 64p .. 64p + 63 of the tile, held in d[4p .. 4p + 3]. d[j] covers 16 rows x 16 columns
+        // of the warp as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix. The piece's row r
+        // is 128 bytes; its 16-byte chunk k lies at chunk k ^ (r % 8), the swizzle the TMA undoes.
+#pragma unroll
+        for (int p = 0; p < BN / 64; ++p, ++stored) {
+          unsigned char* buf = sC + (c * 2 + stored % 2) * PIECE;
+          if (tid == 0) bulk_wait_read<1>();  // the store from this buffer, two pieces ago, has read it
+          warpgroup_sync(1 + c);
+          const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            const int j = 4 * p + jj, chunk = 2 * jj + q / 2;
+            stmatrix_x4(smem_addr(buf + row * 128 + ((chunk ^ (row % 8)) * 16)), half2_bits(d[j][0], d[j][1]),
+                        half2_bits(d[j][2], d[j][3]), half2_bits(d[j][4], d[j][5]), half2_bits(d[j][6], d[j][7]));
+          }
+          fence_async_shared();  // the piece, seen by the TMA
+          warpgroup_sync(1 + c);
+          if (tid == 0) {
+            if (m0 + c * 64 < M && n0 + 64 * p < N) tma_store_2d(tmC, buf, n0 + 64 * p, m0 + c * 64);  // clipped
+            bulk_commit();
+          }
+        }
+      } else {
+        // As gemm_tile: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns 8i + 2 (l % 4)
+        // and the next one.
+        const int row = m0 + c * 64 + warp * 16 + lane / 4;
+#pragma unroll
+        for (int i = 0; i < BN / 8; ++i) {
+          const int col = n0 + 8 * i + 2 * (lane % 4);
+          const float* v = &d[i / 2][(i % 2) * 4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = row + 8 * h;
+            if (r < M) {
+              OUT* out = C + static_cast<size_t>(r) * N + col;
+              if (col + 1 < N && (N % 2) == 0) {
+                store_c2(out, v[2 * h], v[2 * h + 1]);
+              } else {
+                if (col < N) store_c1(out, v[2 * h]);
+                if (col + 1 < N) store_c1(out + 1, v[2 * h + 1]);
+              }
+            }
+          }
+        }
+      }
+    }
+    if constexpr (TMA_STORE)
+      if (tid == 0) bulk_wait<0>();  // the last stores are done before the block's shared memory goes
+  }
+#else
+  __trap();
+#endif
+}
+
 }  // namespace hopper
 
 // The kernels the course launches (kernels/tensor_cores.py, WGMMA_CONFIGS): tile BM x BN x 64, stages, B layout.
@@ -158,3 +347,24 @@ WGMMA_GEMM(128, 256, 1, kn, true)
 WGMMA_GEMM(64, 256, 4, kn, true)
 WGMMA_GEMM(128, 128, 4, kn, true)
 WGMMA_GEMM(128, 128, 6, kn, true)
+
+// The persistent kernels (gemm_persistent): C in OUT (float or __half), straight from the registers ...
+#define WGMMA_PERSISTENT(BM, BN, S, LAYOUT, KN, SUFFIX, OUT)                                                    \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      wgmma_##BM##x##BN##x64_s##S##_##LAYOUT##_persistent##SUFFIX(const __grid_constant__ TensorMap tmA,         \
+                                                                  const __grid_constant__ TensorMap tmB,         \
+                                                                  OUT* C, int M, int N, int K, int group_m) {    \
+    hopper::gemm_persistent<BM, BN, S, KN, OUT, false>(&tmA, &tmB, nullptr, C, M, N, K, group_m);             \
+  }
+// ... or FP16 through shared memory and the TMA (tmC: C in boxes of 64 x 64)
+#define WGMMA_PERSISTENT_TMA_STORE(BM, BN, S, LAYOUT, KN)                                                       \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      wgmma_##BM##x##BN##x64_s##S##_##LAYOUT##_persistent_f16_tmastore(                                        \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                         \
+          const __grid_constant__ TensorMap tmC, int M, int N, int K, int group_m) {                           \
+    hopper::gemm_persistent<BM, BN, S, KN, __half, true>(&tmA, &tmB, &tmC, nullptr, M, N, K, group_m);        \
+  }
+
+WGMMA_PERSISTENT(128, 256, 4, kn, true, , float)
+WGMMA_PERSISTENT(128, 256, 4, kn, true, _f16, __half)
+WGMMA_PERSISTENT_TMA_STORE(128, 256, 4, kn, true)
