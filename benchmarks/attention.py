@@ -462,6 +462,31 @@ def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
     return out
 
 
+def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
+    """RMSE of O against float64 (one head's, ``_head_reference`` over every head) of the FP16 kernel, the FP8 kernel
+    and the FP8 kernel with the random Hadamard rotation of Q and K, on Gaussian inputs and on fp8.outlier_inputs'
+    two kinds (FlashAttention-3's outlier entries; a few channels of Q and K 5 times larger), d = 128: the GPU's
+    version of fp8.error_figures."""
+    cp = runtime.cupy()
+    from kernels.attention import fp8 as F8
+
+    gpus.step("10.wgmma_fp8")
+    rng = np.random.default_rng(seed)
+    shape = (1, heads, n, HEAD_DIM)
+    inputs = {"gaussian": tuple(rng.standard_normal(shape) for _ in range(3)),
+              "outlier entries": F8.outlier_inputs(rng, shape, kind="entries"),
+              "outlier channels": F8.outlier_inputs(rng, shape, kind="channels", fraction=2 / HEAD_DIM, std=5.0)}
+    out = {"n": n, "heads": heads, "d": HEAD_DIM, "rmse": {}}
+    for name, (q, k, v) in inputs.items():
+        q, k, v = (cp.asarray(x.astype(np.float16)) for x in (q, k, v))
+        ref = cp.stack([_head_reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], False) for h in range(heads)])
+        runs = {"FP16 (CUDA C)": A.flash_wgmma(q, k, v)[0],
+                "FP8 (CUDA C)": A.flash_fp8(q, k, v)[0],
+                "FP8 + Hadamard (CUDA C)": A.flash_fp8(operands=A.fp8_operands(q, k, v, hadamard=seed))[0]}
+        out["rmse"][name] = {k2: float(cp.sqrt(cp.mean((o[0].astype(cp.float64) - ref) ** 2))) for k2, o in runs.items()}
+    return out
+
+
 def text_fp8(t: dict) -> str:
     """measure_fp8's figures as lines of text."""
     lines = [f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']} tokens"]

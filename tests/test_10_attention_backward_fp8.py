@@ -494,3 +494,18 @@ def test_cuda_backward_refuses_what_it_cannot_run():
         A.flash_backward_wgmma(z, z, z, z, lse.astype(cp.float16), z)
     with pytest.raises(runtime.CourseInputError, match="do must be"):
         A.flash_backward_wgmma(z, z, z, z, lse, z[..., :64])
+
+
+@pytest.mark.gpu
+def test_fp8_kernel_errors_follow_numpys():
+    """On the GPU as in fp8.error_figures: FP8's error is far above FP16's, and the Hadamard rotation cuts it where
+    a few channels of Q and K carry outliers."""
+    _hopper()
+    from benchmarks import attention as BA
+
+    r = BA.fp8_errors(n=512, heads=2)["rmse"]
+    print(r)
+    for name, row in r.items():
+        assert row["FP8 (CUDA C)"] > 10 * row["FP16 (CUDA C)"], (name, row)
+    ch = r["outlier channels"]
+    assert ch["FP8 + Hadamard (CUDA C)"] < 0.8 * ch["FP8 (CUDA C)"], ch

@@ -359,11 +359,13 @@ def fp8_smem_bytes(stages: int = FP8_STAGES) -> int:
     return 1024 + WGMMA_BLOCK_M * FP8_HEAD_DIM + 2 * stages * FP8_BLOCK * FP8_HEAD_DIM + 8 * (2 + 3 * stages) + 8
 
 
-def fp8_operands(q, k, v) -> dict:
+def fp8_operands(q, k, v, *, hadamard=None) -> dict:
     """Q, K and V (CuPy float16 or float32, (batch, heads, N, 128), N a multiple of 128) as the FP8 kernel takes them,
     quantised on the GPU with a scale per tile of 128 rows of a head (kernels.tensor_cores_fp8.quantize_fp8_gpu):
     {"q", "k": codes (BH x N, 128); "vt": V's codes transposed (BH x 128, N) in FP8_KEY_ORDER; "sq", "sk", "sv":
-    scales (BH, N / 128); "shape": (B, H, N, d)}."""
+    scales (BH, N / 128); "shape": (B, H, N, d)}. ``hadamard``: None, or the seed of fp8.random_hadamard, whose
+    rotation H is applied to Q and K first (in FP32, by cuBLAS): (Q H)(K H)^T = Q K^T, and an outlier channel is
+    spread over all 128 before e4m3 rounds it (FlashAttention-3's incoherent processing)."""
     from kernels.tensor_cores_fp8 import quantize_fp8_gpu
 
     cp = runtime.cupy()
@@ -378,6 +380,11 @@ def fp8_operands(q, k, v) -> dict:
         raise runtime.CourseInputError(f"flash_fp8: N = {N} is not a multiple of the kernel's {FP8_BLOCK}-row tiles")
     bh = B * H
     out = {"shape": (B, H, N, D)}
+    if hadamard is not None:
+        from .fp8 import random_hadamard
+
+        rot = cp.asarray(random_hadamard(D, hadamard), dtype=cp.float32)
+        q, k = ((x.reshape(-1, D).astype(cp.float32) @ rot).reshape(x.shape) for x in (q, k))
     for name, x in (("q", q), ("k", k), ("v", v)):
         codes, scales = quantize_fp8_gpu(x.reshape(bh * N, D), block=FP8_BLOCK * D)
         out[name], out["s" + name] = codes, scales.reshape(bh, N // FP8_BLOCK)
