@@ -383,6 +383,8 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                 run["errors"][CUDA_BWD_NAME + " backward"] = max(
                     float((torch.from_dlpack(a).float() - b.grad.float()).abs().max()) for a, b in zip(grads, (gq, gk, gv)))
                 bwd[CUDA_BWD_NAME] = lambda: A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal)
+                bwd[CUDA_BWD_NAME + ", dQ by a second pass"] = lambda: A.flash_backward_wgmma(
+                    q, k, v, o16, lse16, do, causal=causal, dq="second-pass")
 
                 def cuda_both():
                     o2, l2 = A.flash_wgmma(q, k, v, causal=causal)

@@ -423,6 +423,19 @@ def test_cuda_backward_compiles_to_its_five_products():
         assert len(kinds) == 32, (name, kinds)
         assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in body, name
         assert "setmaxnreg" in body and "%globaltimer" in body, name
+    for name in ("flash_bwd_wgmma_d128_dkdv", "flash_bwd_wgmma_d128_dkdv_causal"):  # dQ left to the second pass
+        body = cuda_c.ptx_entry(ptx, name)
+        assert len(re.findall(r"wgmma\.mma_async", body)) == 24, name
+        assert "cp.reduce.async.bulk" not in body, name
+    for name in ("flash_bwd_dq_wgmma_d128", "flash_bwd_dq_wgmma_d128_causal"):  # S, dP (8 each), dQ += dS K (8)
+        body = cuda_c.ptx_entry(ptx, name)
+        mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.f16\.f16\s+\{[^}]*\},\s*(\{|%rd)"
+                          r"[^;]*?,\s*p,\s*([\d, ]+);", body)
+        kinds = [(shape, "regs" if a == "{" else "smem", tuple(int(x) for x in flags.split(","))) for shape, a, flags
+                 in mmas]
+        assert kinds.count(("m64n128k16", "smem", (1, 1, 0, 0))) == 16, (name, kinds)
+        assert kinds.count(("m64n128k16", "regs", (1, 1, 1))) == 8, (name, kinds)
+        assert len(kinds) == 24 and "cp.reduce.async.bulk" not in body, (name, kinds)
     log = cuda_c.ptxas_log(BWD_SOURCE, "sm_90a").replace("\x00", "")
     assert log.count("0 bytes spill stores, 0 bytes spill loads") == log.count("Compiling entry function"), log
     assert "C7512" not in log, log
@@ -441,9 +454,10 @@ def test_cuda_backward_needs_a_gpu_or_says_so():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dq", ["atomic", "second-pass"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 128), (1, 2, 256), (2, 1, 640)])
-def test_cuda_backward_on_gpu(shape, causal):
+def test_cuda_backward_on_gpu(shape, causal, dq):
     """dQ, dK, dV against the tiled algorithm's FP16 numerics (the same tiles, P and dS rounded to FP16 where they
     feed a product), against float64, and against PyTorch's autograd where it is installed, within FP16 tolerances;
     the forward's o and lse from the course's Hopper forward."""
@@ -455,9 +469,9 @@ def test_cuda_backward_on_gpu(shape, causal):
     q, k, v, do = (rng.standard_normal((B, H, N, 128)).astype(np.float16) for _ in range(4))
     g = [cp.asarray(x) for x in (q, k, v, do)]
     o, lse = A.flash_wgmma(*g[:3], causal=causal)
-    grads = [x.get().astype(np.float64) for x in A.flash_backward_wgmma(*g[:3], o, lse, g[3], causal=causal)]
+    grads = [x.get().astype(np.float64) for x in A.flash_backward_wgmma(*g[:3], o, lse, g[3], causal=causal, dq=dq)]
     tiles = BT.flash_backward_tiles(q, k, v, o.get(), lse.get(), do, causal=causal, block_m=64, block_n=128,
-                                    dq="atomic", precision="fp16")
+                                    dq=dq, precision="fp16")
     exact = S.attention_backward_spec(q, k, v, do, causal=causal)
     for name, got, t, r in zip(("dq", "dk", "dv"), grads, tiles, exact):
         assert np.isfinite(got).all(), name
@@ -494,6 +508,8 @@ def test_cuda_backward_refuses_what_it_cannot_run():
         A.flash_backward_wgmma(z, z, z, z, lse.astype(cp.float16), z)
     with pytest.raises(runtime.CourseInputError, match="do must be"):
         A.flash_backward_wgmma(z, z, z, z, lse, z[..., :64])
+    with pytest.raises(runtime.CourseInputError, match="dq must be one of"):
+        A.flash_backward_wgmma(z, z, z, z, lse, z, dq="twice")
 
 
 @pytest.mark.gpu

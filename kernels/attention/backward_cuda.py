@@ -1,8 +1,8 @@
 """Lesson 10, attention's backward pass in CUDA C on Hopper (kernels/cuda/attention_bwd_wgmma.cu): FlashAttention-3's
 shape, wgmma fed by the TMA, a producer warpgroup and two consumers, dK and dV kept in registers by a block per tile
 of 128 keys, dQ summed in FP32 by the TMA's bulk atomic adds. The algorithm is backward_tiles.py's with
-dq="atomic", block_m = 64, block_n = 128; the launcher runs its three steps: the pre-pass D = rowsum(dO o O), the
-kernel, and dQ's FP32 sums rounded to FP16."""
+block_m = 64, block_n = 128, and either way of forming dQ; the launcher runs its three steps: the pre-pass
+D = rowsum(dO o O), the kernel, and dQ's FP32 sums rounded to FP16 (or the second pass, which writes dQ itself)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +13,8 @@ from .flash import LOG2E, _fp16_inputs, _scale
 
 BWD_SOURCE = "attention_bwd_wgmma"
 BWD_HEAD_DIM, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES = 128, 64, 128, 2  # d; queries a step, keys a block; Q/dO stages
+DQ_BLOCK_M = 128  # the second pass: query rows a block (two consumers of 64), against tiles of BWD_BLOCK_N keys
+DQ_MODES = ("atomic", "second-pass")  # as backward_tiles.DQ_MODES
 PREPASS_ROWS = 8  # rows of the pre-pass a block of 256 threads (a warp a row)
 
 
@@ -23,10 +25,18 @@ def bwd_smem_bytes(stages: int = BWD_STAGES) -> int:
     return 1024 + 2 * bn * d * 2 + 2 * stages * bm * d * 2 + bn * bm * 2 + 2 * bm * d * 4 + 8 * (1 + 2 * stages)
 
 
-def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> tuple:
+def dq_smem_bytes(stages: int = BWD_STAGES) -> int:
+    """Shared memory of one block of the second pass: alignment, Q's and dO's tiles, the stages of K and V, the
+    mbarriers."""
+    tile = 128 * BWD_HEAD_DIM * 2
+    return 1024 + 2 * tile + 2 * stages * tile + 8 * (1 + 2 * stages)
+
+
+def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq: str = "atomic") -> tuple:
     """(dq, dk, dv) of attention for CuPy float16 arrays q, k, v, o, do of shape (batch, heads, N, 128) (or (heads, N,
     128), (N, 128)), lse float32 of the same shape without d (the forward's, natural log), N a multiple of 128, on
-    Hopper (compute capability 9.0). Returns float16 arrays of q's shape."""
+    Hopper (compute capability 9.0). ``dq``: "atomic" (each key block adds its dQ tile into an FP32 buffer) or
+    "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ). Returns float16 arrays of q's shape."""
     import ctypes
 
     runtime.require_gpu("the CUDA C backward")
@@ -43,6 +53,8 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
             or not lse.flags.c_contiguous:
         raise runtime.CourseInputError(f"flash_backward_wgmma: lse must be a contiguous CuPy float32 array of shape "
                                        f"{tuple(q.shape[:-1])} (the forward's)")
+    if dq not in DQ_MODES:
+        raise runtime.CourseInputError(f"flash_backward_wgmma: dq must be one of {DQ_MODES}, got {dq!r}")
     if N % BWD_BLOCK_N:
         raise runtime.CourseInputError(f"flash_backward_wgmma: N = {N} is not a multiple of the kernel's "
                                        f"{BWD_BLOCK_N}-key tiles; pad the sequence (and mask the padding)")
@@ -51,16 +63,28 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
     dsum = cp.empty(rows, cp.float32)  # 1. the pre-pass: D = rowsum(dO o O)
     prepass = hopper_kernel(BWD_SOURCE, "attention_bwd_prepass", 0)
     prepass((-(-rows // PREPASS_ROWS),), (32 * PREPASS_ROWS,), (o, do, dsum, np.int32(rows)))
-    dq_acc = cp.zeros((rows, D), cp.float32)  # 2. the kernel: dK, dV, and dQ's sums
+    atomic = dq == "atomic"
+    dq_acc = cp.zeros((rows, D), cp.float32) if atomic else cp.empty((0,), cp.float32)  # 2. dK, dV (and dQ's sums)
     dk, dv = cp.empty_like(k), cp.empty_like(v)
-    name = "flash_bwd_wgmma_d128" + ("_causal" if causal else "")
+    tail = "" if atomic else "_dkdv"
+    name = f"flash_bwd_wgmma_d128{tail}" + ("_causal" if causal else "")
     smem = bwd_smem_bytes()
     fn = hopper_kernel(BWD_SOURCE, name, smem)
     maps = [tensor_map(x.reshape(rows, D), (box, 64)) for x, box in
             ((q, BWD_BLOCK_M), (k, BWD_BLOCK_N), (v, BWD_BLOCK_N), (do, BWD_BLOCK_M))]
     sc = _scale(D, scale)
+    scales = [ctypes.c_int32(N), ctypes.c_float(sc), ctypes.c_float(sc * LOG2E)]
     args = [*maps, ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(dsum.data.ptr), ctypes.c_uint64(dq_acc.data.ptr),
-            ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), ctypes.c_int32(N), ctypes.c_float(sc),
-            ctypes.c_float(sc * LOG2E)]
+            ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), *scales]
     launch_hopper(fn, (N // BWD_BLOCK_N, B * H), 384, smem, args, name)
-    return dq_acc.astype(cp.float16).reshape(q.shape), dk, dv  # 3. dQ rounded to FP16
+    if atomic:
+        return dq_acc.astype(cp.float16).reshape(q.shape), dk, dv  # 3. dQ rounded to FP16
+    dq_out = cp.empty_like(q)  # 3. the second pass: dQ, a block per 128 query rows
+    name = "flash_bwd_dq_wgmma_d128" + ("_causal" if causal else "")
+    smem = dq_smem_bytes()
+    fn = hopper_kernel(BWD_SOURCE, name, smem)
+    maps = [tensor_map(x.reshape(rows, D), (128, 64)) for x in (q, k, v, do)]
+    args = [*maps, ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(dsum.data.ptr), ctypes.c_uint64(dq_out.data.ptr),
+            *scales]
+    launch_hopper(fn, (N // DQ_BLOCK_M, B * H), 384, smem, args, name)
+    return dq_out, dk, dv

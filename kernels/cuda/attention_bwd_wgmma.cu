@@ -68,7 +68,7 @@ __device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int kk)
 }
 #endif  // GPUCOURSE_WGMMA
 
-template <int STAGES, bool CAUSAL>
+template <int STAGES, bool CAUSAL, bool DQ_ATOMIC>
 __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
                                                 const TensorMap* tmdO, const float* __restrict__ LSE,
                                                 const float* __restrict__ Dsum, float* __restrict__ dQacc,
@@ -189,6 +189,13 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
 #pragma unroll
       for (int a = 0; a < BM / 16; ++a) wgmma_rs<D, 1>(dk, dsa[a], make_desc(q_tile + a * 16 * 128, BM * 128, 1024));
       wgmma_commit();
+      if constexpr (!DQ_ATOMIC) {  // dQ comes from the second pass (flash_bwd_dq_wgmma)
+        wgmma_wait<0>();
+        pin(dk);
+        pin(dv);
+        if (tid == 0) mbar_arrive(&empty[s]);
+        continue;
+      }
       // 4. dS^T into shared memory for dQ = dS K: row = key (128 of them), 64 queries = 128 bytes, swizzled: the
       // 16-byte chunk x of row r sits at chunk x ^ (r % 8). Thread's half2 (key, queries 16a + 8b + 2q ..): chunk 2a + b.
 #pragma unroll
@@ -239,7 +246,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
         bulk_wait_read<1>();  // the other buffer is free again before the next round's barrier 1
       }
     }
-    if (c == 0 && tid == 0) bulk_wait<0>();  // the last reductions have landed before the kernel ends
+    if (DQ_ATOMIC && c == 0 && tid == 0) bulk_wait<0>();  // the last reductions have landed before the kernel ends
     // dK (times the scale) and dV of this thread's keys, rows key0 and key0 + 8 of the head
     const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
     const int row0 = j * BN + 64 * c + 16 * warp + g;
@@ -248,6 +255,127 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+
+
+// dQ by a second pass (backward_tiles' dq="second-pass"): a block per 128 query rows of a head, the forward's shape.
+// The producer loads the rows' Q and dO once, then K's and V's tiles of 128 keys into a ring of STAGES; each consumer
+// (64 rows) recomputes S = Q K^T and dP = dO V^T (both from shared memory), P = exp(S scale - lse) and
+// dS = P (dP - D), then dQ += dS K with dS from registers (K read MN-major). dQ (times the scale) leaves as FP16:
+// no atomics, at the price of S, P and dP computed a second time.
+template <int STAGES, bool CAUSAL>
+__device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmV,
+                                                   const TensorMap* tmdO, const float* __restrict__ LSE,
+                                                   const float* __restrict__ Dsum, half* __restrict__ dQ, int N,
+                                                   float scale, float scale_log2) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int D = 128, BM = 128, BN = 128;
+  constexpr unsigned TILE_BYTES = 128 * D * 2;  // Q, dO (128 rows) and K, V (128 keys): 2 boxes of [128][64]
+  constexpr float LOG2E = 1.4426950408889634f;
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* sQ = smem;
+  unsigned char* sdO = sQ + TILE_BYTES;
+  unsigned char* sK = sdO + TILE_BYTES;              // STAGES x K's tile
+  unsigned char* sV = sK + STAGES * TILE_BYTES;      // STAGES x V's tile
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + STAGES * TILE_BYTES);
+  unsigned long long *q_full = bars, *full = bars + 1, *empty = full + STAGES;
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int m0 = blockIdx.x * BM, head_row = blockIdx.y * N;
+  const int tiles = CAUSAL ? (m0 + BM) / BN : N / BN;  // causal: no key past the block's last row
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;");
+    if (tid == 0) {
+      mbar_expect_tx(q_full, 2 * TILE_BYTES);
+      for (int c = 0; c < D / 64; ++c) {
+        tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
+        tma_load_2d(sdO + c * BM * 128, tmdO, q_full, 64 * c, head_row + m0);
+      }
+      for (int t = 0; t < tiles; ++t) {
+        const int s = t % STAGES;
+        if (t >= STAGES) mbar_wait(&empty[s], ((t / STAGES) + 1) & 1);
+        mbar_expect_tx(&full[s], 2 * TILE_BYTES);
+        for (int c = 0; c < D / 64; ++c) {
+          tma_load_2d(sK + s * TILE_BYTES + c * BN * 128, tmK, &full[s], 64 * c, head_row + t * BN);
+          tma_load_2d(sV + s * TILE_BYTES + c * BN * 128, tmV, &full[s], 64 * c, head_row + t * BN);
+        }
+      }
+    }
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    const int c = wg - 1, warp = tid / 32, lane = tid % 32, q = lane % 4;
+    const int row0 = m0 + 64 * c + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8 (in the head)
+    const unsigned q_rows = smem_addr(sQ) + c * 64 * 128, do_rows = smem_addr(sdO) + c * 64 * 128;
+    float lse2[2], dsum[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lse2[h] = __ldg(&LSE[head_row + row0 + 8 * h]) * LOG2E;
+      dsum[h] = __ldg(&Dsum[head_row + row0 + 8 * h]);
+    }
+    float dq[D / 16][8];
+#pragma unroll
+    for (int a = 0; a < D / 16; ++a)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dq[a][e] = 0.0f;
+    mbar_wait(q_full, 0);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % STAGES;
+      const unsigned k_tile = smem_addr(sK + s * TILE_BYTES), v_tile = smem_addr(sV + s * TILE_BYTES);
+      mbar_wait(&full[s], (t / STAGES) & 1);
+      float sc[BN / 16][8], dp[BN / 16][8];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_k16<BN, 0>(sc, kmajor_desc<BM>(q_rows, kk), kmajor_desc<BN>(k_tile, kk), kk > 0);
+      wgmma_commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma_k16<BN, 0>(dp, kmajor_desc<BM>(do_rows, kk), kmajor_desc<BN>(v_tile, kk), kk > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(sc);
+      pin(dp);
+      // element e of block a: row row0 + 8 ((e / 2) % 2), key t BN + 16a + 8 (e / 4) + 2q + e % 2
+      unsigned dsa[BN / 16][4];
+#pragma unroll
+      for (int a = 0; a < BN / 16; ++a) {
+        float ds[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int h = (e >> 1) & 1, key = t * BN + 16 * a + 8 * (e >> 2) + 2 * q + (e & 1);
+          const float p = (CAUSAL && key > row0 + 8 * h) ? 0.0f : ex2(fmaf(sc[a][e], scale_log2, -lse2[h]));
+          ds[e] = p * (dp[a][e] - dsum[h]);
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dsa[a][r] = half2_bits(ds[2 * r], ds[2 * r + 1]);
+      }
+      // dQ += dS K: k = 16 keys a step, K's tile MN-major (a key's 128 values: two boxes of 64, BN * 128 bytes apart)
+      wgmma_fence();
+#pragma unroll
+      for (int a = 0; a < BN / 16; ++a) wgmma_rs<D, 1>(dq, dsa[a], make_desc(k_tile + a * 16 * 128, BN * 128, 1024));
+      wgmma_commit();
+      wgmma_wait<0>();
+      pin(dq);
+      pin(dsa);
+      if (tid == 0) mbar_arrive(&empty[s]);
+    }
+    const float sc2[2] = {scale, scale};
+    store_rows_fp16<D>(dQ + static_cast<size_t>(head_row) * D, dq, sc2, row0, lane);
+  }
+#else
+  __trap();
 #endif
 }
 
@@ -270,13 +398,26 @@ extern "C" __global__ void attention_bwd_prepass(const half* __restrict__ O, con
   if (lane == 0) Dsum[row] = sum;
 }
 
-#define FLASH_BWD(NAME, S, C)                                                                                     \
+#define FLASH_BWD(NAME, S, C, DQ)                                                                                 \
   extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
       NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
            const __grid_constant__ TensorMap tmV, const __grid_constant__ TensorMap tmdO, const float* LSE,      \
            const float* Dsum, float* dQacc, half* dK, half* dV, int N, float scale, float scale_log2) {           \
-    hopper::flash_bwd_wgmma<S, C>(&tmQ, &tmK, &tmV, &tmdO, LSE, Dsum, dQacc, dK, dV, N, scale, scale_log2);     \
+    hopper::flash_bwd_wgmma<S, C, DQ>(&tmQ, &tmK, &tmV, &tmdO, LSE, Dsum, dQacc, dK, dV, N, scale, scale_log2); \
+  }
+#define FLASH_BWD_DQ(NAME, S, C)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+      NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
+           const __grid_constant__ TensorMap tmV, const __grid_constant__ TensorMap tmdO, const float* LSE,      \
+           const float* Dsum, half* dQ, int N, float scale, float scale_log2) {                                  \
+    hopper::flash_bwd_dq_wgmma<S, C>(&tmQ, &tmK, &tmV, &tmdO, LSE, Dsum, dQ, N, scale, scale_log2);              \
   }
 
-FLASH_BWD(flash_bwd_wgmma_d128, 2, false)
-FLASH_BWD(flash_bwd_wgmma_d128_causal, 2, true)
+// dQ by atomics (the block's dQ tile added into an FP32 buffer) ...
+FLASH_BWD(flash_bwd_wgmma_d128, 2, false, true)
+FLASH_BWD(flash_bwd_wgmma_d128_causal, 2, true, true)
+// ... or by a second pass: dK and dV alone, then a kernel per query rows for dQ
+FLASH_BWD(flash_bwd_wgmma_d128_dkdv, 2, false, false)
+FLASH_BWD(flash_bwd_wgmma_d128_dkdv_causal, 2, true, false)
+FLASH_BWD_DQ(flash_bwd_dq_wgmma_d128, 2, false)
+FLASH_BWD_DQ(flash_bwd_dq_wgmma_d128_causal, 2, true)
