@@ -846,8 +846,9 @@ def as_measured_on(cc: str, gemms: dict, layers: list) -> tuple:
     from gpucourse import gpus
 
     recorded = {(r["config"], r["group_m"]) if r["config"] else r["kind"]: r for r in gemms["rows"]}
-    rows = [{**recorded[(p["config"], p["group_m"]) if p["config"] else p["kind"]], **p}
-            for p in lesson3.wgmma_plan(cc)]
+    key = (lambda p: (p["config"], p["group_m"]) if p["config"] else p["kind"])
+    # the plan's rows the record has (a record made before a configuration was added lacks its row)
+    rows = [{**recorded[key(p)], **p} for p in lesson3.wgmma_plan(cc) if key(p) in recorded]
     table = {k: v for k, v in gemms.items() if k != "skipped"} | {"rows": rows}
     if lesson3.wgmma_skipped(cc):
         table["skipped"] = lesson3.wgmma_skipped(cc)
