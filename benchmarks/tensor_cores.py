@@ -299,10 +299,12 @@ def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
     flops = 2.0 * n**3
     for row in bench.progress(fp8_plan(torch_fp8=torch is not None), desc="fp8"):
         launch = launcher(row)
-        if row["precision"] == "fp8":  # checked before it is timed
-            C16.fill(cp.nan)
+        if row["precision"] == "fp8":  # checked before it is timed: a wrong layout or scale errs by order 1; "fast"
+            C16.fill(cp.nan)           # accumulation keeps fewer bits than FP32 over the whole K (up to 2% seen)
             err = tc.rel_error(cp.from_dlpack(launch()).astype(cp.float32), ref)
-            if not err <= 2.0**-9:
+            fast = row["config"] == "fast" or (row["kind"] == "kernel" and F.fp8_config(row["config"])["accumulate"]
+                                               == "fast")
+            if not err <= (5e-2 if fast else 2.0**-9):
                 raise runtime.CourseError(f"{row['name']} gave a wrong result at n={n} (error {err:.2e}); not "
                                           "timing it")
             row = {**row, "check_error": err}

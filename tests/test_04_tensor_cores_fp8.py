@@ -249,6 +249,10 @@ def _on_hopper():
 # accumulator keeps fewer bits than FP32). Measured on an H200 in turns with cuBLAS's FP8 GEMM, which
 # test_fp8_gemm_matches_cublas compares against.
 FP8_KERNEL_REL = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
+# "fast" accumulation keeps the FP8 wgmma's own sums over the whole K, with fewer bits than FP32 (DeepSeek-V3's report:
+# up to 2% relative error at K = 4096 on its data): a bound that catches a wrong layout or scale (errors of order 1),
+# not the rounding; test_fp8_accumulation_fast_against_promoted states how far each gets.
+FP8_FAST_REL = 2e-2
 
 
 @pytest.mark.gpu
@@ -269,7 +273,8 @@ def test_fp8_gemm_on_gpu(rng, config, out):
         want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
         assert np.isfinite(got).all(), (config, out, M, N, K)
         err = np.abs(got - want).max() / np.abs(want).max()
-        assert err <= FP8_KERNEL_REL[out], (config, out, M, N, K, err)
+        bound = FP8_KERNEL_REL[out] if c["accumulate"] == "promoted" else max(FP8_KERNEL_REL[out], FP8_FAST_REL)
+        assert err <= bound, (config, out, M, N, K, err)
     # the scales are read from the GPU, not ignored: twice scale_a, twice the result
     ca, sa, cb, sb = _gpu_operands(rng, 128, 256, 256)
     A, B = cp.asarray(ca), cp.asarray(cb)
