@@ -228,8 +228,6 @@ def wgmma_variants(d: int = HEAD_DIM) -> list:
 def _flash_kernels(torch, causal: bool, q_dim: int = HEAD_DIM):
     """name -> forward on CuPy (q, k, v), for the course's kernels this GPU runs."""
     out = {}
-    from gpucourse import gpus
-
     if gpus.status("10.wgmma").runs:  # Hopper: each step of FlashAttention-3's structure, so the figure shows what it buys
         for variant in wgmma_variants(q_dim):
             out[f"wgmma {variant} (CUDA C)"] = (lambda variant: lambda q, k, v: A.flash_wgmma(

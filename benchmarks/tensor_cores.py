@@ -251,15 +251,6 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
     return plan
 
 
-def _torch_fp8():
-    """PyTorch with CUDA and FP8 (``torch._scaled_mm``), or None: the comparison is skipped without it."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() and hasattr(torch, "float8_e4m3fn") else None
-
-
 def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
     """FP8 against FP16 on n x n x n (compute capability 9.0): cuBLAS FP16, the lesson's FP16 wgmma GEMM, cuBLAS's
     FP8 GEMM (``torch._scaled_mm``, where PyTorch is installed) and the FP8 wgmma GEMM of each configuration, on the
@@ -270,7 +261,8 @@ def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
     if wgmma_skipped():
         return {**out, "skipped": gpus.missing("wgmma", what="the FP8 GEMM")}
     cp = runtime.cupy()
-    torch = _torch_fp8()
+    torch = _torch_cuda()
+    torch = torch if torch is not None and hasattr(torch, "float8_e4m3fn") else None  # cuBLAS's FP8 GEMM needs it
     n = n or runtime.size("tensor_cores.n")
     runtime.check_fits(n * n * (4 * 3 + 2 * 4 + 1 * 2), f"a {n}^3 FP8 GEMM")
     rs = cp.random.RandomState(3)
@@ -318,7 +310,7 @@ def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
             r["of_cublas_fp8"] = r["tflops"] / by[lib[F.fp8_config(r["config"])["accumulate"]]]
     out.update(n=n, torch=getattr(torch, "__version__", None))
     if torch is None:
-        out["note"] = "no cuBLAS FP8 rows: PyTorch with CUDA is not installed"
+        out["note"] = "no cuBLAS FP8 rows: PyTorch with CUDA and FP8 is not installed"
     return out
 
 

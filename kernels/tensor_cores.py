@@ -375,14 +375,22 @@ def _is_cupy(x) -> bool:
     return type(x).__module__.startswith("cupy")
 
 
-def _check_operands(A, B, C, in_dtype, out_dtype) -> tuple:
+def _check_operands(A, B, C, in_dtype, out_dtype, *, b_transposed: str | None = None) -> tuple:
+    """(M, N, K) of C = A B for device arrays of these types, C-contiguous; ``b_transposed``: B is given as N x K
+    (the kernel named so reads it K-major), not K x N."""
     runtime.check_device_array(A, "A", dtype=in_dtype, ndim=2)
     runtime.check_device_array(B, "B", dtype=in_dtype, ndim=2)
     M, K = A.shape
-    if B.shape[0] != K:
-        raise runtime.CourseInputError(f"A is {M} x {K} but B is {B.shape[0]} x {B.shape[1]}: A's columns "
-                                       "must match B's rows")
-    N = B.shape[1]
+    if b_transposed:
+        if B.shape[1] != K:
+            raise runtime.CourseInputError(f"{b_transposed} takes B transposed (N x K): A is {M} x {K}, so B "
+                                           f"needs {K} columns, not {B.shape[1]}")
+        N = B.shape[0]
+    else:
+        if B.shape[0] != K:
+            raise runtime.CourseInputError(f"A is {M} x {K} but B is {B.shape[0]} x {B.shape[1]}: A's columns "
+                                           "must match B's rows")
+        N = B.shape[1]
     runtime.check_device_array(C, "C", dtype=out_dtype, shape=(M, N))
     for name, x in (("A", A), ("B", B), ("C", C)):
         if not _c_contiguous(x):
@@ -736,20 +744,8 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
         raise runtime.CourseInputError(f"{c['name']} writes C in {out}: C must be a {out} array, got "
                                        f"{np.dtype(C.dtype)}" + ("" if c["out"] == "float16" else
                                                                  " (the '_f16' configurations write float16)"))
-    if c["b_layout"] == "kn":
-        M, N, K = _check_operands(A, B, C, np.float16, out)
-    else:
-        runtime.check_device_array(A, "A", dtype=np.float16, ndim=2)
-        runtime.check_device_array(B, "B", dtype=np.float16, ndim=2)
-        M, K = A.shape
-        if B.shape[1] != K:
-            raise runtime.CourseInputError(f"{c['name']} takes B transposed (N x K): A is {M} x {K}, so B "
-                                           f"needs {K} columns, not {B.shape[1]}")
-        N = B.shape[0]
-        runtime.check_device_array(C, "C", dtype=out, shape=(M, N))
-        for name, x in (("A", A), ("B", B), ("C", C)):
-            if not _c_contiguous(x):
-                raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major)")
+    M, N, K = _check_operands(A, B, C, np.float16, out,
+                              b_transposed=c["name"] if c["b_layout"] == "nk" else None)
     if K % 8 or (c["b_layout"] == "kn" and N % 8):
         raise runtime.CourseInputError(
             f"the TMA reads rows that are whole 16-byte units: K{' and N' if c['b_layout'] == 'kn' else ''} "

@@ -223,25 +223,15 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
         if not tc._is_cupy(x):
             raise runtime.CourseInputError(f"the FP8 GEMM takes CuPy arrays; {name} is "
                                            f"{type(x).__name__} (cupy.asarray(...) copies it to the GPU)")
-    runtime.check_device_array(A, "A", dtype=np.uint8, ndim=2)
-    runtime.check_device_array(B, "B", dtype=np.uint8, ndim=2)
-    M, K = A.shape
-    if B.shape[1] != K:
-        raise runtime.CourseInputError(f"B is taken transposed (N x K): A is {M} x {K}, so B needs {K} columns, "
-                                       f"not {B.shape[1]}")
-    N = B.shape[0]
     out = {np.dtype(np.float16): "float16", np.dtype(np.uint16): "bfloat16"}.get(np.dtype(C.dtype))
     if out is None:
         raise runtime.CourseInputError(f"C must be float16 (FP16 output) or uint16 (BF16 output, its bits), not "
                                        f"{C.dtype}")
-    runtime.check_device_array(C, "C", dtype=C.dtype, shape=(M, N))
+    M, N, K = tc._check_operands(A, B, C, np.uint8, C.dtype, b_transposed="the FP8 GEMM")
     for name, x in (("scale_a", scale_a), ("scale_b", scale_b)):
         runtime.check_device_array(x, name, dtype=np.float32)
         if x.size != 1:
             raise runtime.CourseInputError(f"{name} holds one scale for the whole tensor, not {x.size} values")
-    for name, x in (("A", A), ("B", B), ("C", C)):
-        if not tc._c_contiguous(x):
-            raise runtime.CourseInputError(f"{name} must be C-contiguous (row-major)")
     if K % 16:
         raise runtime.CourseInputError(f"the TMA reads rows that are whole 16-byte units: K must be a multiple of 16 "
                                        f"(got M, N, K = {M}, {N}, {K}); pad A and B with zero codes")

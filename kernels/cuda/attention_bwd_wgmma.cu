@@ -33,25 +33,6 @@
 namespace hopper {
 
 #ifdef GPUCOURSE_WGMMA
-// D (64 x 64, FP32) += A (64 x 16) B (16 x 64), FP16, both from shared memory and both MN-major (transposed): A's
-// 64 rows contiguous for each k, B's 64 columns contiguous for each k. scale_d = 0: D = A B.
-__device__ __forceinline__ void wgmma_m64n64k16_tt(float (&d)[4][8], unsigned long long da, unsigned long long db,
-                                                   int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
-        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
-        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
-        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // The shared memory's contents are added into global memory by the TMA (FP32, ``bytes`` a multiple of 16, both
 // addresses 16-byte aligned), asynchronously, in the issuing thread's bulk group (bulk_commit, bulk_wait_read).
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes) {
@@ -60,12 +41,6 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const void* src,
                : "memory");
 }
 
-// A tile of ROWS rows x 128 FP16 columns as the TMA writes it (two boxes of 64 columns, 128-byte swizzle): the
-// descriptor of k step kk (16 columns) for a K-major operand.
-template <int ROWS>
-__device__ __forceinline__ unsigned long long kmajor_desc(unsigned tile, int kk) {
-  return make_desc(tile + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
-}
 #endif  // GPUCOURSE_WGMMA
 
 template <int STAGES, bool CAUSAL, bool DQ_ATOMIC>
@@ -142,11 +117,11 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BM, 0>(st, kmajor_desc<BN>(k_rows, kk), kmajor_desc<BM>(q_tile, kk), kk > 0);
+        wgmma_k16<BM, 0>(st, k_step_desc<BN>(k_rows, kk), k_step_desc<BM>(q_tile, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BM, 0>(dpt, kmajor_desc<BN>(v_rows, kk), kmajor_desc<BM>(do_tile, kk), kk > 0);
+        wgmma_k16<BM, 0>(dpt, k_step_desc<BN>(v_rows, kk), k_step_desc<BM>(do_tile, kk), kk > 0);
       wgmma_commit();
       // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
       float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
@@ -189,40 +164,37 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
 #pragma unroll
       for (int a = 0; a < BM / 16; ++a) wgmma_rs<D, 1>(dk, dsa[a], make_desc(q_tile + a * 16 * 128, BM * 128, 1024));
       wgmma_commit();
-      if constexpr (!DQ_ATOMIC) {  // dQ comes from the second pass (flash_bwd_dq_wgmma)
-        wgmma_wait<0>();
-        pin(dk);
-        pin(dv);
-        if (tid == 0) mbar_arrive(&empty[s]);
-        continue;
-      }
-      // 4. dS^T into shared memory for dQ = dS K: row = key (128 of them), 64 queries = 128 bytes, swizzled: the
-      // 16-byte chunk x of row r sits at chunk x ^ (r % 8). Thread's half2 (key, queries 16a + 8b + 2q ..): chunk 2a + b.
-#pragma unroll
-      for (int a = 0; a < BM / 16; ++a)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            const int r = 64 * c + 16 * warp + g + 8 * h, chunk = (2 * a + b) ^ (r % 8);
-            *reinterpret_cast<unsigned*>(sdS + r * 128 + chunk * 16 + 4 * q) = dsa[a][2 * b + h];
-          }
-      fence_async_shared();  // the wgmmas read shared memory through the async proxy
-      named_sync(1, 256);    // both consumers' keys are in place
-      // dQ tile columns 64c .. 64c + 63: A = dS (64 queries x 128 keys, stored key by key: MN-major), B = K
-      // (128 keys x 64 columns: box c of K's tile, MN-major), k = 16 keys a step
+      // 4. dQ (DQ_ATOMIC; else the second pass, flash_bwd_dq_wgmma, makes it). dS^T into shared memory for
+      // dQ = dS K: row = key (128 of them), 64 queries = 128 bytes, swizzled: the 16-byte chunk x of row r sits at
+      // chunk x ^ (r % 8). Thread's half2 (key, queries 16a + 8b + 2q ..): chunk 2a + b.
       float dq[4][8];
-      wgmma_fence();
+      if constexpr (DQ_ATOMIC) {
 #pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        wgmma_m64n64k16_tt(dq, make_desc(smem_addr(sdS) + kk * 16 * 128, BN * 128, 1024),
-                           make_desc(smem_addr(sK) + c * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();  // dV, dK and dQ's products are done: Q, dO, dS may be overwritten
+        for (int a = 0; a < BM / 16; ++a)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int b = 0; b < 2; ++b) {
+              const int r = 64 * c + 16 * warp + g + 8 * h, chunk = (2 * a + b) ^ (r % 8);
+              *reinterpret_cast<unsigned*>(sdS + r * 128 + chunk * 16 + 4 * q) = dsa[a][2 * b + h];
+            }
+        fence_async_shared();  // the wgmmas read shared memory through the async proxy
+        named_sync(1, 256);    // both consumers' keys are in place
+        // dQ tile columns 64c .. 64c + 63: A = dS (64 queries x 128 keys, stored key by key: MN-major), B = K
+        // (128 keys x 64 columns: box c of K's tile, MN-major), k = 16 keys a step
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+          wgmma_m64n64k16<1, 1>(dq, make_desc(smem_addr(sdS) + kk * 16 * 128, BN * 128, 1024),
+                                make_desc(smem_addr(sK) + c * BN * 128 + kk * 16 * 128, BN * 128, 1024), kk > 0);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();  // dV, dK (and dQ's) products are done: Q, dO (and dS) may be overwritten
       pin(dk);
       pin(dv);
-      pin(dq);
       if (tid == 0) mbar_arrive(&empty[s]);
+      if constexpr (!DQ_ATOMIC) continue;
+      pin(dq);
       // the dQ tile, times the scale, into this round's buffer (the reduction two rounds ago has read it: thread 0
       // of consumer 0 waits for that before the barrier above lets anyone here)
       float* buf = sdQ + (it % 2) * (BM * D);
@@ -338,11 +310,11 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BN, 0>(sc, kmajor_desc<BM>(q_rows, kk), kmajor_desc<BN>(k_tile, kk), kk > 0);
+        wgmma_k16<BN, 0>(sc, k_step_desc<BM>(q_rows, kk), k_step_desc<BN>(k_tile, kk), kk > 0);
       wgmma_commit();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BN, 0>(dp, kmajor_desc<BM>(do_rows, kk), kmajor_desc<BN>(v_tile, kk), kk > 0);
+        wgmma_k16<BN, 0>(dp, k_step_desc<BM>(do_rows, kk), k_step_desc<BN>(v_tile, kk), kk > 0);
       wgmma_commit();
       wgmma_wait<0>();
       pin(sc);

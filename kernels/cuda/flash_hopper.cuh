@@ -1,5 +1,6 @@
 // What lesson 10's Hopper kernels share beyond hopper.cuh (gpucourse/cuda_c.py copies this file into each source that
-// includes it): named barriers between warpgroups, and the 16-byte stores of an FP16 tile held as wgmma accumulators.
+// includes it): named barriers between warpgroups, the descriptors of a tile of 128-column rows as the TMA writes it,
+// and the 16-byte stores of an FP16 tile held as wgmma accumulators.
 #pragma once
 #include <cuda_fp16.h>
 #include "hopper.cuh"
@@ -15,6 +16,13 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The descriptor of k step kk (16 columns) of a tile of ROWS rows stored as the TMA writes Q's and K's: D / 64 boxes
+// of 64 columns (128 bytes: one row of the swizzle) each; k steps 32 bytes within a box, then to the next box.
+template <int ROWS>
+__device__ __forceinline__ unsigned long long k_step_desc(unsigned tile, int kk) {
+  return make_desc(tile + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
 }
 
 // The output leaves in 16-byte stores. Of each 32 columns of a row, the row's four threads (q = lane % 4) hold the

@@ -7,7 +7,8 @@
 //     stores of a 2-D box from shared memory (bulk groups: commit, wait until read), and the proxy fence before one;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
 //     m64nNk16 FP16 MMAs with FP32 accumulators for N = 64, 128, 256 (A from shared memory), N = 64, 128 (A from
-//     registers, lesson 10's P), the m64nNk32 8-bit MMAs (INT8 into INT32, FP8 e4m3 into FP32; lesson 6's engine),
+//     registers, lesson 10's P), the m64nNk32 8-bit MMAs (INT8 into INT32, FP8 e4m3 into FP32; lesson 6's engine;
+//     e4m3 with A from registers: lesson 10's FP8 P V),
 //     and ``pin``, which keeps an asynchronous MMA's registers in place until its wait.
 // GPUCOURSE_WGMMA is defined only when compiling for sm_90a; elsewhere none of the helpers exist and the kernels
 // built on them are stubs that trap.
@@ -166,8 +167,9 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // D (64 x 64, FP32, in registers) += A (64 x 16) B (16 x 64), both FP16 in shared memory, named by
-// their descriptors. TB: 0 if B is stored K-major (N x K), 1 if MN-major (K x N).
-template <int TB>
+// their descriptors. TB: 0 if B is stored K-major (N x K), 1 if MN-major (K x N). TA: the same for A (0: M x K,
+// K-major; 1: K x M, MN-major, as lesson 10's backward reads dS).
+template <int TB, int TA = 0>
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[4][8], unsigned long long da, unsigned long long db, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
@@ -175,13 +177,13 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[4][8], unsigned long 
       "{"
       "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-      "}, %32, %33, p, 1, 1, 0, %35;\n"
+      "}, %32, %33, p, 1, 1, %36, %35;\n"
       "}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
         "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
         "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
         "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7])
-      : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+      : "l"(da), "l"(db), "r"(scale_d), "n"(TB), "n"(TA));
 }
 
 // D (64 x 128, FP32, in registers) += A (64 x 16) B (16 x 128), both FP16 in shared memory, named by
@@ -484,6 +486,30 @@ __device__ __forceinline__ void wgmma_rs_m64n128k16(float (&d)[8][8], const unsi
         "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
         "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(scale_d));
+}
+
+// D (64 x 128, FP32) += A (64 x 32, e4m3, four 32-bit registers a thread) B (32 x 128, e4m3, K-major in shared memory).
+__device__ __forceinline__ void wgmma_rs_m64n128k32_e4m3(float (&d)[8][8], const unsigned (&a)[4],
+                                                          unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[0][4]), "+f"(d[0][5]), "+f"(d[0][6]), "+f"(d[0][7]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[1][4]), "+f"(d[1][5]), "+f"(d[1][6]), "+f"(d[1][7]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[2][4]), "+f"(d[2][5]), "+f"(d[2][6]), "+f"(d[2][7]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[3][4]), "+f"(d[3][5]), "+f"(d[3][6]), "+f"(d[3][7]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[4][4]), "+f"(d[4][5]), "+f"(d[4][6]), "+f"(d[4][7]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[5][4]), "+f"(d[5][5]), "+f"(d[5][6]), "+f"(d[5][7]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[6][4]), "+f"(d[6][5]), "+f"(d[6][6]), "+f"(d[6][7]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[7][4]), "+f"(d[7][5]), "+f"(d[7][6]), "+f"(d[7][7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 // scale_d = 0: D = A B (the accumulator's old values are not read)
