@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from gpucourse import gpus, runtime
-from kernels.inference_engine.precision import E4M3_MAX, e4m3_scale, from_e4m3, to_e4m3
+from kernels.inference_engine.precision import e4m3_scale, from_e4m3, to_e4m3
 
 from .tensor_cores import gemm_emulated, gemm_spec, rel_error
 
@@ -273,7 +273,7 @@ def quantize_fp8_gpu(x, *, block: int | None = None) -> tuple:
     if x.size == 0:
         return cp.empty(x.shape, cp.uint8), cp.ones(1, cp.float32)
     amax = cp.abs(x32.reshape(-1, block)).max(axis=1)
-    scales = cp.where(amax > 0, amax / cp.float32(E4M3_MAX), cp.float32(1)).astype(cp.float32)
+    scales = e4m3_scale(amax)
     codes = cp.empty(x.shape, cp.uint8)
     fn = tc.hopper_kernel(FP8_SOURCE, "fp8_quantize", 0)
     fn((min(65535, -(-x.size // 256)),), (256,), (x32, codes, scales, np.int64(x.size), np.int64(block)))

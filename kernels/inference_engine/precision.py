@@ -42,11 +42,13 @@ def from_e4m3(codes) -> np.ndarray:
     return E4M3[np.asarray(codes, np.uint8)]
 
 
-def e4m3_scale(amax) -> np.ndarray:
+def e4m3_scale(amax):
     """float32 scales that map each largest magnitude ``amax`` (a number or an array: per tensor, channel or block) to
-    e4m3's largest value, x ~ scale e4m3(x / scale); 1 where amax is 0 (any scale represents zeros)."""
-    amax = np.asarray(amax, np.float32)
-    return np.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
+    e4m3's largest value, x ~ scale e4m3(x / scale); 1 where amax is 0 (any scale represents zeros). A CuPy array
+    gives a CuPy array (the GPU quantiser's scales stay on the GPU)."""
+    xp = __import__("cupy") if type(amax).__module__.startswith("cupy") else np
+    amax = xp.asarray(amax, np.float32)
+    return xp.where(amax > 0, amax / np.float32(E4M3_MAX), np.float32(1)).astype(np.float32)
 
 
 def to_e4m3(x) -> np.ndarray:
