@@ -380,13 +380,13 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                 grads = A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal)
                 run["errors"][CUDA_BWD_NAME + " backward"] = max(
                     float((torch.from_dlpack(a).float() - b.grad.float()).abs().max()) for a, b in zip(grads, (gq, gk, gv)))
-                bwd[CUDA_BWD_NAME] = lambda: A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal)
+                bwd[CUDA_BWD_NAME] = lambda: A.flash_backward_wgmma(q, k, v, o16, lse16, do, causal=causal, dq="atomic")
                 bwd[CUDA_BWD_NAME + ", dQ by a second pass"] = lambda: A.flash_backward_wgmma(
                     q, k, v, o16, lse16, do, causal=causal, dq="second-pass")
 
                 def cuda_both():
                     o2, l2 = A.flash_wgmma(q, k, v, causal=causal)
-                    A.flash_backward_wgmma(q, k, v, o2, l2, do, causal=causal)
+                    A.flash_backward_wgmma(q, k, v, o2, l2, do, causal=causal)  # dq="auto"
                 both[CUDA_BWD_NAME] = cuda_both
             for part, works, flops in (("fwd", fwd, fwd_flops), ("bwd", bwd, 2.5 * fwd_flops),
                                        ("fwd_bwd", both, 3.5 * fwd_flops)):
@@ -525,8 +525,9 @@ def ratios(t: dict) -> list:
             row["Triton bwd / fastest"] = r["bwd"]["Triton"] / b_best
         if "Triton" in r["fwd_bwd"] and fb_name:
             row["Triton fwd+bwd / fastest"] = r["fwd_bwd"]["Triton"] / fb_best
-        if CUDA_BWD_NAME in r["bwd"] and b_name:
-            row["CUDA C bwd / fastest"] = r["bwd"][CUDA_BWD_NAME] / b_best
+        cuda_bwd = [v for k, v in r["bwd"].items() if k.startswith(CUDA_BWD_NAME)]  # the faster dQ of the two
+        if cuda_bwd and b_name:
+            row["CUDA C bwd / fastest"] = max(cuda_bwd) / b_best
         if CUDA_BWD_NAME in r["fwd_bwd"] and fb_name:
             row["CUDA C fwd+bwd / fastest"] = r["fwd_bwd"][CUDA_BWD_NAME] / fb_best
         rows.append(row)
@@ -592,8 +593,8 @@ def orders_reading(t: dict) -> list:
         ("pipelined: faster than serial in every column", every(lambda q: q[key["pipelined"]] > q[key["serial"]])),
         ("ahead: never more than a hundredth faster than serial",
          every(lambda q: q[key["ahead"]] <= q[key["serial"]] + 0.01)),
-        ("Q in registers: the fastest order in every column",
-         every(lambda q: max(order(q), key=order(q).get) == "qregs")),
+        ("Q in registers: the fastest order in most columns",
+         claims.holds(lambda: 2 * sum(max(order(q), key=order(q).get) == "qregs" for q in qs) > len(qs) if qs else None)),
         ("Q in registers: at or above the fastest backend's forward in every column",
          every(lambda q: q[key["qregs"]] >= 1.0)),
         ("every other order: under the fastest backend's forward in some column",
@@ -814,6 +815,8 @@ FIGURES = {
     "memory": Figure(measure_memory, None, text_memory),
     "field": Figure(measure_field, plot_field, text_field),
     "profile": Figure(measure_profile, None, text_profile, optional=True),
+    "fp8": Figure(measure_fp8, None, text_fp8, optional=True),
+    "fp8_errors": Figure(fp8_errors, optional=True),
 }
 
 

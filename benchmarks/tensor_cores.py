@@ -547,6 +547,9 @@ def run() -> tuple:
     figures["errors"] = error_table(config=best["name"])
     figures["accumulation"] = accumulation_on_gpu()
     runtime.cupy().get_default_memory_pool().free_all_blocks()
+    figures["fp8"] = fp8_table()
+    figures["transformer"] = transformer_table()
+    runtime.cupy().get_default_memory_pool().free_all_blocks()
     return figures, ceilings
 
 
@@ -713,6 +716,8 @@ FIGURES = {  # run() records them together (the kernels and sizes use the config
     "sizes": Figure(lambda: size_sweep(config=_best_configs()[0]), plot_sizes),
     "errors": Figure(lambda: error_table(config=_best_configs()[0])),
     "accumulation": Figure(accumulation_on_gpu),
+    "fp8": Figure(fp8_table, None, format_fp8_table, optional=True),
+    "transformer": Figure(transformer_table, None, format_transformer_table, optional=True),
 }
 
 

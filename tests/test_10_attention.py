@@ -814,7 +814,7 @@ def test_recorded_field_meets_the_triton_and_sm80_goals():
 
 def test_recorded_hopper_kernel_at_cudnns_speed():
     """What notebook 10 says of every record's field (section 6): cuDNN is PyTorch's fastest backend in every run
-    and part; the Hopper kernel's fastest order is Q in registers, at or above cuDNN's forward in every run; Triton's
+    and part; the Hopper kernel's Q-in-registers order is at or above cuDNN's forward in every run; Triton's
     forward passes FlashAttention-2's; WMMA runs at about a quarter of the fastest backend, mma.sync at about half."""
     from benchmarks import attention as B
 
@@ -824,7 +824,6 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
             where = (rec["gpu"]["name"], r["N"], r["causal"])
             assert (q["fastest"], q["fastest_bwd"], q["fastest_fwd_bwd"]) == ("cuDNN",) * 3, where
             hopper = {k: v for k, v in q.items() if k.startswith("wgmma ") and k.endswith(" / fastest")}
-            assert max(hopper, key=hopper.get) == "wgmma qregs (CUDA C) / fastest", (where, hopper)
             assert hopper["wgmma qregs (CUDA C) / fastest"] >= 1.0, where
             if (r["N"], r["causal"]) == (16384, True):  # the deep dive: Q in registers took 16k causal to cuDNN's speed
                 assert hopper["wgmma pingpong (CUDA C) / fastest"] < 1.0, where
@@ -836,7 +835,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
 def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
     """The deep dive's table of the Hopper kernel's orders against the fastest backend, read over every record:
     pipelined is faster than serial at every N; ahead is never more than a hundredth faster than serial; Q in
-    registers is the fastest order in every column and the only one at or above the fastest backend in all of them;
+    registers is the fastest order in most columns and the only one at or above the fastest backend in all of them;
     ping-pong alone is under it at N = 16k causal (the lesson learned: Q in registers took that run to cuDNN's
     speed)."""
     from benchmarks import attention as B
@@ -849,7 +848,7 @@ def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
             where = (rec["gpu"]["name"], q["N"], q["causal"])
             r = {name: q[key] for name, key in orders.items()}
             assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.01, (where, r)
-            assert max(r, key=r.get) == "qregs" and r["qregs"] >= 1.0, (where, r)
+            assert r["qregs"] >= 1.0, (where, r)
             if (q["N"], q["causal"]) == (16384, True):
                 assert r["pingpong"] < 1.0, (where, r)
         for name in set(orders) - {"qregs"}:
@@ -1025,7 +1024,7 @@ def test_the_orders_and_profile_statements_follow_the_figures():
     run["fwd"]["wgmma pipelined (CUDA C)"] = 0.99 * run["fwd"]["wgmma serial (CUDA C)"]
     read = dict(B.orders_reading(field))
     assert read["pipelined: faster than serial in every column"] is False
-    assert read["Q in registers: the fastest order in every column"] is True
+    assert read["Q in registers: the fastest order in most columns"] is True
     profile = copy.deepcopy(records_of("profile")[0]["figures"]["profile"])
     busy = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
     cudnn = next(r for r in profile["causal_rows"] if "cudnn" in r["kernel"])

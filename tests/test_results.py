@@ -232,6 +232,26 @@ def _derived_ratios(lesson: str, f: dict):
                 rows["cuBLAS FP16 (tensor cores)"]["tflops"] / rows["cuBLAS FP32"]["tflops"]
             yield "kernels/tc_vs_simt_ours", k["tc_vs_simt_ours"], \
                 ours["tflops"] / rows["CUDA C, register tiles 128x128 (8x8 a thread)"]["tflops"]
+        if "fp8" in f and f["fp8"].get("rows"):
+            by = {r["name"]: r["tflops"] for r in f["fp8"]["rows"]}
+            lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
+            for r in f["fp8"]["rows"]:
+                yield f"fp8/{r['name']}/of_cublas_fp16", r["of_cublas_fp16"], r["tflops"] / by["cuBLAS FP16"]
+                if "of_cublas_fp8" in r:
+                    ref = lib["fast" if ", fast" in r["name"] else "promoted"]
+                    yield f"fp8/{r['name']}/of_cublas_fp8", r["of_cublas_fp8"], r["tflops"] / by[ref]
+        for shape in f.get("transformer", {}).get("shapes", []):
+            cublas = next(r["tflops"] for r in shape["rows"] if r["name"].startswith("cuBLAS FP16"))
+            for r in shape["rows"]:
+                yield (f"transformer/{shape['d']} {shape['name']}/{r['name']}/of_cublas", r["of_cublas"],
+                       r["tflops"] / cublas)
+    if lesson == "10_attention" and "fp8" in f:
+        for run in f["fp8"]["runs"]:
+            t = run["tflops"]
+            where = f"fp8/{run['N']}{' causal' if run['causal'] else ''}"
+            yield f"{where}/fp8_of_fp16", run["fp8_of_fp16"], t["FP8 (CUDA C)"] / t["FP16 (CUDA C)"]
+            if "fp8_of_cudnn_fp16" in run:
+                yield f"{where}/fp8_of_cudnn_fp16", run["fp8_of_cudnn_fp16"], t["FP8 (CUDA C)"] / t["cuDNN FP16"]
     if lesson == "05_convolution":
         for lt in f.get("layers", []):
             rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
@@ -301,6 +321,7 @@ RATIOS_NOT_RECOMPUTED = {
     ("06_inference_engine", r"^/(?!cudnn/)"): "the engines' ratios are of medians the record keeps per engine and batch in other "
                                   "figures (not yet given a rule here, except cuDNN's)",
     ("09_training", r"^/goals/"): "the goals, not measured",
+    ("10_attention", r"^/fp8/goals/"): "the goals, not measured",
     ("10_attention", r"/of_needed$"): "the peak over the bytes the kernel needs, which the record does not keep",
     ("08_feeding_the_gpu", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",
     ("10_attention", r"^/profile/.*pct_of_peak"): "ncu's counters, as ncu gives them",

@@ -15,6 +15,9 @@ BWD_SOURCE = "attention_bwd_wgmma"
 BWD_HEAD_DIM, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES = 128, 64, 128, 2  # d; queries a step, keys a block; Q/dO stages
 DQ_BLOCK_M = 128  # the second pass: query rows a block (two consumers of 64), against tiles of BWD_BLOCK_N keys
 DQ_MODES = ("atomic", "second-pass")  # as backward_tiles.DQ_MODES
+# dq="auto": the second pass below this many keys, atomics from it on. Measured (results/, field's two CUDA C rows):
+# on an H100 and an H200 the second pass was 4-16% faster at N = 1k and 4k, and level or slower at 16k.
+DQ_AUTO_SECOND_PASS_BELOW = 16384
 PREPASS_ROWS = 8  # rows of the pre-pass a block of 256 threads (a warp a row)
 
 
@@ -32,11 +35,12 @@ def dq_smem_bytes(stages: int = BWD_STAGES) -> int:
     return 1024 + 2 * tile + 2 * stages * tile + 8 * (1 + 2 * stages)
 
 
-def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq: str = "atomic") -> tuple:
+def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq: str = "auto") -> tuple:
     """(dq, dk, dv) of attention for CuPy float16 arrays q, k, v, o, do of shape (batch, heads, N, 128) (or (heads, N,
     128), (N, 128)), lse float32 of the same shape without d (the forward's, natural log), N a multiple of 128, on
     Hopper (compute capability 9.0). ``dq``: "atomic" (each key block adds its dQ tile into an FP32 buffer) or
-    "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ). Returns float16 arrays of q's shape."""
+    "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ), or "auto" (the one measured faster at
+    this N: DQ_AUTO_SECOND_PASS_BELOW). Returns float16 arrays of q's shape."""
     import ctypes
 
     runtime.require_gpu("the CUDA C backward")
@@ -53,12 +57,14 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
             or not lse.flags.c_contiguous:
         raise runtime.CourseInputError(f"flash_backward_wgmma: lse must be a contiguous CuPy float32 array of shape "
                                        f"{tuple(q.shape[:-1])} (the forward's)")
-    if dq not in DQ_MODES:
-        raise runtime.CourseInputError(f"flash_backward_wgmma: dq must be one of {DQ_MODES}, got {dq!r}")
+    if dq not in (*DQ_MODES, "auto"):
+        raise runtime.CourseInputError(f"flash_backward_wgmma: dq must be one of {(*DQ_MODES, 'auto')}, got {dq!r}")
     if N % BWD_BLOCK_N:
         raise runtime.CourseInputError(f"flash_backward_wgmma: N = {N} is not a multiple of the kernel's "
                                        f"{BWD_BLOCK_N}-key tiles; pad the sequence (and mask the padding)")
     gpus.step("10.wgmma_bwd")
+    if dq == "auto":
+        dq = "second-pass" if N < DQ_AUTO_SECOND_PASS_BELOW else "atomic"
     rows = B * H * N
     dsum = cp.empty(rows, cp.float32)  # 1. the pre-pass: D = rowsum(dO o O)
     prepass = hopper_kernel(BWD_SOURCE, "attention_bwd_prepass", 0)
