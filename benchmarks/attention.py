@@ -401,7 +401,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
 
 
 FP8_N = (4096, 16384)
-FP8_GOALS = {"fp8_of_fp16": 1.6, "fp8_tflops_16k": 950.0}  # issue: >= 1.6x the course's FP16 forward; >= 950 TFLOP/s
+FP8_GOALS = {"fp8_of_fp16": 1.6, "fp8_tflops_16k": 950.0}  # goals: >= 1.6x the course's FP16 forward; >= 950 TFLOP/s
 
 
 def _head_reference(q, k, v, causal: bool):
@@ -488,13 +488,15 @@ def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
 
 
 def text_fp8(t: dict) -> str:
-    """measure_fp8's figures as lines of text."""
-    lines = [f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']} tokens"]
-    for r in t["runs"]:
-        head = f"N = {r['N']}{' causal' if r['causal'] else ''}:"
-        body = ", ".join(f"{name} {tf:.0f} TFLOP/s (RMSE {r['rmse'][name]:.2e})" for name, tf in r["tflops"].items())
-        lines.append(f"  {head} {body}; FP8 / FP16 {r['fp8_of_fp16']:.2f}x; pre-pass {r['prepass_ms']:.3f} ms")
-    return "\n".join(lines)
+    """measure_fp8's figures as a table: TFLOP/s of each kernel, FP8 over FP16, the pre-pass, RMSE of O."""
+    names = list(dict.fromkeys(k for r in t["runs"] for k in r["tflops"]))
+    short = {"FP8 (CUDA C)": "FP8", "FP16 (CUDA C)": "FP16", "cuDNN FP16": "cuDNN"}
+    body = [[_run_head(r), *(r["tflops"].get(n) for n in names), f"{r['fp8_of_fp16']:.2f}", r["prepass_ms"],
+             *(f"{r['rmse'][n]:.1e}" if n in r["rmse"] else None for n in names)] for r in t["runs"]]
+    head = ["run", *(short.get(n, n) for n in names), "FP8/FP16", "pre-pass ms", *(f"RMSE {short.get(n, n)}" for n in names)]
+    return str(plots.table(head, body, align="l" + "r" * (len(head) - 1),
+                           title=f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']:,} tokens: "
+                                 "TFLOP/s, and the RMSE of O against float64"))
 
 
 def ratios(t: dict) -> list:
@@ -605,6 +607,52 @@ def orders_reading(t: dict) -> list:
     ]
 
 
+def backward_reading(t: dict) -> list:
+    """What the deep dive of lesson 10 says of the CUDA C backward (section 5), each statement with whether it holds
+    in ``t`` (a run's or a record's figure "field"): [(statement, True, False or None)], None where the field has no
+    CUDA C backward (not Hopper, or recorded before it existed). A records test asserts every statement on every
+    record that has it."""
+    second = CUDA_BWD_NAME + ", dQ by a second pass"
+    runs = [r for r in t["runs"] if CUDA_BWD_NAME in r.get("bwd", {}) and second in r["bwd"]]
+    qs = {(q["N"], q["causal"]): q for q in ratios(t)}
+
+    def every(test, rows=runs):
+        return claims.holds(lambda: all(test(r) for r in rows) if rows else None)
+
+    def best(r):
+        return max(r["bwd"][CUDA_BWD_NAME], r["bwd"][second])
+
+    small = [r for r in runs if r["N"] <= 4096]
+    return [
+        ("the CUDA C backward (the faster dQ): under cuDNN's backward in every column",
+         every(lambda r: qs[r["N"], r["causal"]]["fastest_bwd"] == "cuDNN" and best(r) < r["bwd"]["cuDNN"])),
+        ("the CUDA C backward (the faster dQ): faster than Triton's in every column",
+         every(lambda r: best(r) > r["bwd"]["Triton"])),
+        ("dQ by a second pass: faster than by atomics in every column up to N = 4k",
+         every(lambda r: r["bwd"][second] > r["bwd"][CUDA_BWD_NAME], small)),
+    ]
+
+
+def fp8_reading(t: dict) -> list:
+    """What the deep dive of lesson 10 says of the FP8 forward (section 5), each statement with whether it holds in
+    ``t`` (a run's or a record's figure "fp8"). A records test asserts every statement on every record."""
+    runs = t.get("runs", [])
+
+    def every(test):
+        return claims.holds(lambda: all(test(r) for r in runs) if runs else None)
+
+    return [
+        ("FP8: faster than the course's FP16 kernel in every column",
+         every(lambda r: r["tflops"]["FP8 (CUDA C)"] > r["tflops"]["FP16 (CUDA C)"])),
+        ("FP8: short of its goal of 1.6x the FP16 kernel in every column",
+         every(lambda r: r["fp8_of_fp16"] < t["goals"]["fp8_of_fp16"])),
+        ("FP8: its RMSE at least 10x the FP16 kernel's in every column",
+         every(lambda r: r["rmse"]["FP8 (CUDA C)"] >= 10 * r["rmse"]["FP16 (CUDA C)"])),
+        ("the pre-pass (quantise, transpose V): more than half the FP8 forward's time in every column",
+         every(lambda r: r["prepass_ms"] > 0.5 * r["median_ms"]["FP8 (CUDA C)"])),
+    ]
+
+
 def _run_head(r: dict) -> str:
     return _k(r["N"]) + (" causal" if r["causal"] else "")
 
@@ -623,7 +671,9 @@ def field_table(t: dict, source: str = "", part: str = "fwd") -> plots.Table:
 
 RATIO_ROWS = {"Triton / FlashAttention-2": "Triton forward / FlashAttention-2's",
               "Triton bwd / fastest": "Triton backward / fastest backward",
-              "Triton fwd+bwd / fastest": "Triton fwd + bwd / fastest fwd + bwd"}
+              "Triton fwd+bwd / fastest": "Triton fwd + bwd / fastest fwd + bwd",
+              "CUDA C bwd / fastest": "CUDA C backward / fastest backward",  # Hopper; the faster of its dQs
+              "CUDA C fwd+bwd / fastest": "CUDA C fwd + bwd / fastest fwd + bwd"}
 
 
 def field_ratio_table(t: dict, source: str = "") -> plots.Table:

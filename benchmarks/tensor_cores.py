@@ -315,15 +315,43 @@ def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
 
 
 def format_fp8_table(table: dict) -> str:
-    """fp8_table's figures as lines of text: name, ms, TFLOP/s, ratios."""
+    """fp8_table's figures as a table: each row's ms, TFLOP/s and ratios to cuBLAS FP16 and to cuBLAS's FP8 GEMM
+    with the same accumulation."""
     if table.get("skipped"):
         return f"FP8 GEMM: {table['skipped']}"
-    lines = [f"FP8 GEMM, {table['n']}^3, FP16 output" + (f" ({table['note']})" if table.get("note") else "")]
-    for r in table["rows"]:
-        ratio = f"  {r['of_cublas_fp8']:.2f}x cuBLAS FP8" if "of_cublas_fp8" in r else ""
-        lines.append(f"  {r['name']:<44} {r['median_ms']:8.3f} ms {r['tflops']:7.0f} TFLOP/s "
-                     f"{r['of_cublas_fp16']:5.2f}x cuBLAS FP16{ratio}")
-    return "\n".join(lines)
+    body = [[r["name"], r["median_ms"], r["tflops"], f"{r['of_cublas_fp16']:.2f}",
+             f"{r['of_cublas_fp8']:.2f}" if "of_cublas_fp8" in r else None] for r in table["rows"]]
+    return str(plots.table(["GEMM", "ms", "TFLOP/s", "x cuBLAS FP16", "x cuBLAS FP8"], body, align="lrrrr",
+                           title=f"FP8 GEMM, {table['n']}^3, FP16 output"
+                                 + (f" ({table['note']})" if table.get("note") else "")))
+
+
+def fp8_reading(table: dict) -> list:
+    """What the deep dive of lesson 4 says of the FP8 GEMM (section 5), each statement with whether it holds in
+    ``table`` (a run's or a record's figure "fp8"): [(statement, True, False or None)]. A records test asserts every
+    statement on every record."""
+    rows = table.get("rows", [])
+    by = {r["name"]: r for r in rows}
+    ours = [r for r in rows if r["kind"] == "kernel" and r["precision"] == "fp8"]
+    lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
+
+    def cfg(accumulate, bn):
+        return next(r["tflops"] for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
+                    and F.fp8_config(r["config"])["bn"] == bn)
+
+    return [
+        ("the fastest FP8 kernel: faster than cuBLAS FP16 and than the lesson's FP16 kernel",
+         claims.holds(lambda: max(r["tflops"] for r in ours) > max(by["cuBLAS FP16"]["tflops"],
+                                                                  by["wgmma FP16 (the lesson's Hopper GEMM)"]["tflops"])
+                      if ours else None)),
+        ("every FP8 kernel: short of cuBLAS's FP8 GEMM with the same accumulation",
+         claims.holds(lambda: all(r["of_cublas_fp8"] < 1.0 for r in ours) if ours else None)),
+        ("on the 128 x 128 tile, fast accumulation: faster than promoted",
+         claims.holds(lambda: cfg("fast", 128) > cfg("promoted", 128) if ours else None)),
+        ("every FP8 kernel's error: at most 1.1x cuBLAS's FP8 GEMM's with the same accumulation",
+         claims.holds(lambda: all(r["check_error"] <= 1.1 * by[lib[F.fp8_config(r["config"])["accumulate"]]]["check_error"]
+                                  for r in ours) if ours else None)),
+    ]
 
 
 # The GEMMs of a transformer layer's linear parts, as (name, K, N) in units of the model width d, for M = tokens: the
@@ -419,17 +447,54 @@ def transformer_table(tokens: int = 8192, ds=(768, 4096), *, configs=None, repea
     return out
 
 
+TRANSFORMER_SHORT = {"cuBLAS FP16 (cupy.matmul)": "cuBLAS TFLOP/s", "PyTorch (torch.matmul)": "PyTorch"}
+
+
+def _transformer_short(name: str) -> str:
+    if name in TRANSFORMER_SHORT:
+        return TRANSFORMER_SHORT[name]
+    return "wgmma, C by the TMA" if "TMA store" in name else "wgmma, C by threads" if "FP16 C" in name else name[:24]
+
+
 def format_transformer_table(table: dict) -> str:
-    """transformer_table's figures as lines of text: each GEMM, then each row's ms, TFLOP/s and ratio to cuBLAS."""
-    head = f"A transformer layer's GEMMs, {table['tokens']} tokens, FP16 in and out"
+    """transformer_table's figures as a table: a row per GEMM, cuBLAS's TFLOP/s, then each other contender's time
+    over cuBLAS's as a ratio of speeds (x cuBLAS)."""
     notes = [x for x in (table.get("note"), table.get("skipped")) if x]
-    lines = [head + (f" ({'; '.join(notes)})" if notes else "")]
+    names = list(dict.fromkeys(r["name"] for sh in table["shapes"] for r in sh["rows"]))
+    body = []
     for sh in table["shapes"]:
-        lines.append(f"d = {sh['d']}, {sh['name']}: ({sh['M']} x {sh['K']}) @ ({sh['K']} x {sh['N']})")
-        for r in sh["rows"]:
-            lines.append(f"  {r['name']:<58} {r['median_ms']:8.3f} ms {r['tflops']:7.0f} TFLOP/s "
-                         f"{r['of_cublas']:5.2f}x cuBLAS")
-    return "\n".join(lines)
+        rows = {r["name"]: r for r in sh["rows"]}
+        body.append([f"{sh['d']}, {sh['name'].removesuffix(' projection')} ({sh['K']} x {sh['N']})",
+                     *(None if n not in rows else rows[n]["tflops"] if n.startswith("cuBLAS")
+                       else f"{rows[n]['of_cublas']:.2f}" for n in names)])
+    return str(plots.table(["d, GEMM (K x N)", *map(_transformer_short, names)], body,
+                           align="l" + "r" * len(names),
+                           title=f"A transformer layer's GEMMs, {table['tokens']:,} tokens, FP16 in and out: cuBLAS's "
+                                 "TFLOP/s, the others x cuBLAS" + (f" ({'; '.join(notes)})" if notes else "")))
+
+
+def transformer_reading(table: dict) -> list:
+    """What the deep dive of lesson 4 says of the transformer GEMMs (section 5), each statement with whether it
+    holds in ``table`` (a run's or a record's figure "transformer"). A records test asserts every statement on every
+    record."""
+    shapes = [{_transformer_short(r["name"]): r for r in sh["rows"]} for sh in table.get("shapes", [])]
+    have = [s for s in shapes if "wgmma, C by the TMA" in s and "wgmma, C by threads" in s]
+    gain = {(sh["d"], sh["name"]): s["wgmma, C by the TMA"]["tflops"] / s["wgmma, C by threads"]["tflops"]
+            for sh, s in zip(table.get("shapes", []), shapes) if s in have}
+    gains = {d for d, _ in gain}
+    return [
+        ("the TMA store: faster than the same kernel's stores from its threads on every GEMM",
+         claims.holds(lambda: all(s["wgmma, C by the TMA"]["tflops"] > s["wgmma, C by threads"]["tflops"]
+                                  for s in have) if have else None)),
+        ("with the TMA store: at 0.95 of cuBLAS or more on most GEMMs",
+         claims.holds(lambda: 2 * sum(s["wgmma, C by the TMA"]["of_cublas"] >= 0.95 for s in have) > len(have)
+                      if have else None)),
+        ("with the TMA store: under 0.95 of cuBLAS on some GEMM",
+         claims.holds(lambda: any(s["wgmma, C by the TMA"]["of_cublas"] < 0.95 for s in have) if have else None)),
+        ("the TMA store's gain over the threads' stores: larger at the smaller width, GEMM for GEMM",
+         claims.holds(lambda: all(gain[min(table["ds"]), g] > gain[max(table["ds"]), g]
+                                  for g in {g for _, g in gain}) if len(gains) > 1 else None)),
+    ]
 
 
 def size_sweep(sizes=None, repeats: int = 10, config: str | None = None) -> dict:

@@ -378,3 +378,38 @@ def test_fp8_benchmark_plan_on_hopper_and_elsewhere():
     assert B.fp8_plan(cc=(8, 9)) == []
     text = B.format_fp8_table({"skipped": "the FP8 GEMM needs wgmma"})
     assert text == "FP8 GEMM: the FP8 GEMM needs wgmma"
+
+
+def test_recorded_fp8_and_transformer_statements_the_deep_dive_prints_hold_on_every_record():
+    """What lesson 4's deep dive prints under the transformer GEMMs (transformer_reading) and the FP8 GEMM
+    (fp8_reading) holds in every record of those figures, and at least one record has each."""
+    import benchmarks.tensor_cores as L
+    from gpucourse import records
+
+    recs = records.all_records("04_tensor_cores")
+    for name, reading in (("fp8", L.fp8_reading), ("transformer", L.transformer_reading)):
+        having = [r for r in recs if name in r["figures"]]
+        assert having, f"no record of lesson 4 has {name!r}"
+        for rec in having:
+            read = reading(rec["figures"][name])
+            assert read and [s for s, holds in read if holds is not True] == [], (rec["path"], read)
+
+
+def test_the_fp8_and_transformer_statements_follow_the_figures():
+    """An FP8 kernel that passes cuBLAS's FP8 GEMM, or a TMA store slower than the threads' stores, prints NO."""
+    import copy
+
+    import benchmarks.tensor_cores as L
+    from gpucourse import records
+
+    rec = next(r for r in records.all_records("04_tensor_cores") if "fp8" in r["figures"] and "transformer" in r["figures"])
+    fp8 = copy.deepcopy(rec["figures"]["fp8"])
+    next(r for r in fp8["rows"] if r["kind"] == "kernel" and r["precision"] == "fp8")["of_cublas_fp8"] = 1.05
+    assert dict(L.fp8_reading(fp8))["every FP8 kernel: short of cuBLAS's FP8 GEMM with the same accumulation"] is False
+    tf = copy.deepcopy(rec["figures"]["transformer"])
+    rows = tf["shapes"][0]["rows"]
+    tma = next(r for r in rows if "TMA store" in r["name"])
+    tma["tflops"] = 0.5 * next(r for r in rows if "FP16 C (" in r["name"])["tflops"]
+    read = dict(L.transformer_reading(tf))
+    assert read["the TMA store: faster than the same kernel's stores from its threads on every GEMM"] is False
+    assert dict(L.fp8_reading({"rows": []}))["every FP8 kernel: short of cuBLAS's FP8 GEMM with the same accumulation"] is None

@@ -963,7 +963,7 @@ def test_network_kernel_matches_the_numpy_runtime(model, precision):
     plan.steps[0]["tile_rows"] = None
 
 
-# ------------------------------------------------------------------------------------ a faked GPU (issue 50)
+# ------------------------------------------------------------------------------------ a faked GPU
 
 def test_a_plan_is_keyed_by_the_compute_capability_the_course_builds_for(plans, monkeypatch):
     """GPUCOURSE_FAKE_CC makes the builder choose kernels for another GPU (the tuner's candidates, FP8, the

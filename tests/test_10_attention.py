@@ -1057,3 +1057,46 @@ def test_the_field_statements_follow_the_figures():
         r["fwd"] = {k: v for k, v in r["fwd"].items() if not k.startswith("wgmma ")}
     read = dict(B.field_reading(field))
     assert read["the Hopper kernel: Q in registers its fastest order in most columns"] is None
+
+
+def test_recorded_backward_and_fp8_statements_the_deep_dive_prints_hold_on_every_record():
+    """What the deep dive prints under the CUDA C backward's table (backward_reading) holds in every record that has
+    the CUDA C backward, and what it prints under the FP8 forward (fp8_reading) in every record of "fp8"."""
+    from benchmarks import attention as B
+
+    seen = 0
+    for rec in _field_records():
+        read = B.backward_reading(rec["figures"]["field"])
+        if all(holds is None for _, holds in read):
+            continue
+        seen += 1
+        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+    assert seen, "no record has the CUDA C backward"
+    fp8 = records_of("fp8")
+    assert fp8, "no record has the FP8 forward"
+    for rec in fp8:
+        read = B.fp8_reading(rec["figures"]["fp8"])
+        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+
+
+def test_the_backward_and_fp8_statements_follow_the_figures():
+    """A field where the atomic dQ beats the second pass at 4k, or the backward passes cuDNN's, prints NO for those
+    statements; an FP8 run slower than FP16 prints NO; a field without the CUDA C rows prints "-"."""
+    import copy
+
+    from benchmarks import attention as B
+
+    rec = next(r for r in _field_records() if any(B.CUDA_BWD_NAME in x["bwd"] for x in r["figures"]["field"]["runs"]))
+    field = copy.deepcopy(rec["figures"]["field"])
+    run = next(r for r in field["runs"] if r["N"] == 4096)
+    run["bwd"][B.CUDA_BWD_NAME] = 2 * run["bwd"][B.CUDA_BWD_NAME + ", dQ by a second pass"]
+    read = dict(B.backward_reading(field))
+    assert read["dQ by a second pass: faster than by atomics in every column up to N = 4k"] is False
+    assert read["the CUDA C backward (the faster dQ): under cuDNN's backward in every column"] is False
+    assert read["the CUDA C backward (the faster dQ): faster than Triton's in every column"] is True
+    for r in field["runs"]:
+        r["bwd"] = {k: v for k, v in r["bwd"].items() if not k.startswith(B.CUDA_BWD_NAME)}
+    assert {holds for _, holds in B.backward_reading(field)} == {None}
+    fp8 = copy.deepcopy(records_of("fp8")[0]["figures"]["fp8"])
+    fp8["runs"][0]["tflops"]["FP8 (CUDA C)"] = 0.5 * fp8["runs"][0]["tflops"]["FP16 (CUDA C)"]
+    assert dict(B.fp8_reading(fp8))["FP8: faster than the course's FP16 kernel in every column"] is False
