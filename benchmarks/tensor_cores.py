@@ -246,9 +246,16 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
         plan += [{"name": "cuBLAS FP8 (torch._scaled_mm)", "kind": "library", "precision": "fp8",
                   "config": "promoted"},
                  {"name": "cuBLAS FP8, fast accumulation", "kind": "library", "precision": "fp8", "config": "fast"}]
-    plan += [{"name": f"wgmma FP8, {F.fp8_config(c)['bm']} x {F.fp8_config(c)['bn']}, {F.fp8_config(c)['accumulate']}",
-              "kind": "kernel", "precision": "fp8", "config": c} for c in F.FP8_CONFIGS]
+    plan += [{"name": fp8_row_name(c), "kind": "kernel", "precision": "fp8", "config": c} for c in F.FP8_CONFIGS]
     return plan
+
+
+def fp8_row_name(config: str) -> str:
+    """The name fp8_table gives an FP8 configuration's row: tile and accumulation, and "persistent, TMA store" for
+    the persistent kernels, whose C leaves by the TMA."""
+    c = F.fp8_config(config)
+    return (f"wgmma FP8, {c['bm']} x {c['bn']}, {c['accumulate']}"
+            + (", persistent, TMA store" if c["persistent"] else ""))
 
 
 def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
@@ -335,9 +342,9 @@ def fp8_reading(table: dict) -> list:
     ours = [r for r in rows if r["kind"] == "kernel" and r["precision"] == "fp8"]
     lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
 
-    def cfg(accumulate, bn):
+    def cfg(accumulate, bn):  # the one-tile-per-block kernel of that tile and accumulation
         return next(r["tflops"] for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
-                    and F.fp8_config(r["config"])["bn"] == bn)
+                    and F.fp8_config(r["config"])["bn"] == bn and not F.fp8_config(r["config"])["persistent"])
 
     return [
         ("the fastest FP8 kernel: faster than cuBLAS FP16 and than the lesson's FP16 kernel",

@@ -179,22 +179,33 @@ FP8_CONFIGS = (
     "fp8_gemm_128x256x128_s4_fast",
     "fp8_gemm_128x128x128_s6_promoted",
     "fp8_gemm_128x128x128_s6_fast",
+    # persistent, as the FP16 GEMM's: a block per SM walks the tiles, loading the next tile while it stores this one,
+    # and C leaves through shared memory and a TMA store, 64 x 64 at a time (two pieces a consumer warpgroup)
+    "fp8_gemm_128x256x128_s4_fast_persistent_tmastore",
+    "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore",
 )
 DEFAULT_FP8 = "fp8_gemm_128x256x128_s4_fast"
 FP8_OUTPUTS = {"float16": "f16", "bfloat16": "bf16"}  # C's type -> the kernel's suffix (bf16: BF16 bits in uint16)
 
 
 def fp8_config(name: str) -> dict:
-    """Tile, stages, accumulation, threads and shared memory of an FP8 GEMM configuration, from its name."""
+    """Tile, stages, accumulation, threads, shared memory, persistence and epilogue of an FP8 GEMM configuration,
+    from its name: fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore]."""
     import re
 
-    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)", name)
+    from .tensor_cores import WGMMA_STORE_PIECE
+
+    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore)?", name)
     if not m or name not in FP8_CONFIGS:
         raise runtime.CourseInputError(f"no FP8 GEMM kernel {name!r}; known: {', '.join(FP8_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
-    smem = 1024 + stages * (bm + bn) * bk + 2 * stages * 8  # 1 KiB for alignment, tiles (a byte a code), mbarriers
+    consumers = bm // 64
+    tma_store = m.group(6) is not None
+    staging = consumers * 2 * WGMMA_STORE_PIECE * WGMMA_STORE_PIECE * 2 if tma_store else 0  # 2-byte C, 2 a consumer
+    smem = 1024 + stages * (bm + bn) * bk + staging + 2 * stages * 8  # alignment, tiles (a byte a code), C, mbarriers
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "accumulate": m.group(5),
-            "threads": 128 * (bm // 64 + 1), "smem_bytes": smem}
+            "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "persistent": tma_store,
+            "epilogue": "tma" if tma_store else "registers"}
 
 
 def bf16_bits_to_float(bits) -> np.ndarray:
@@ -204,16 +215,17 @@ def bf16_bits_to_float(bits) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: int = 8):
+def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: int = 8, blocks: int | None = None):
     """C = (from_e4m3(A) scale_a) (from_e4m3(B) scale_b)^T on Hopper's FP8 wgmma fed by the TMA (GPU mode, compute
     capability 9.0; CuPy arrays). Asynchronous.
 
     A: M x K e4m3 codes (uint8); B: N x K e4m3 codes (B transposed: FP8 wgmma reads both operands K-major); scale_a,
     scale_b: one float32 each, on the GPU (as ``quantize_fp8`` returns them); C: M x N, float16 for FP16 output or
-    uint16 for BF16 (its bits). Any M, N; K a multiple of 16 (the TMA reads rows of whole 16-byte units). ``config``:
-    one of FP8_CONFIGS."""
+    uint16 for BF16 (its bits). Any M, N; K a multiple of 16 (the TMA reads rows of whole 16-byte units), and N a
+    multiple of 8 for the "_tmastore" configurations (the TMA writes C's rows, whole 16-byte units too). ``config``:
+    one of FP8_CONFIGS. The "_persistent" ones launch one block per SM (or one per tile, if fewer), each walking its
+    tiles; ``blocks`` launches that many instead (what the tests use to walk many tiles a block)."""
     import ctypes
-    import math
 
     from . import tensor_cores as tc
 
@@ -237,17 +249,28 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
                                        f"(got M, N, K = {M}, {N}, {K}); pad A and B with zero codes")
     if max(M, N, K) >= 2**31 // 2:
         raise runtime.CourseInputError("dimensions must stay below 2**30")
+    if c["epilogue"] == "tma" and N % 8:
+        raise runtime.CourseInputError(f"{c['name']} stores C with the TMA, whose rows must be whole 16-byte units: N "
+                                       f"must be a multiple of 8 (got N = {N}); pad C, or use a configuration without "
+                                       "the TMA store")
     if not 1 <= group_m <= 64:
         raise runtime.CourseInputError(f"group_m must be 1..64, got {group_m}")
+    if blocks is not None and (not c["persistent"] or isinstance(blocks, bool) or int(blocks) != blocks or blocks < 1):
+        raise runtime.CourseInputError(f"blocks is for the persistent configurations, a whole number >= 1 (got "
+                                       f"{blocks!r} for {c['name']}, which launches " +
+                                       ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
     gpus.step("04.wgmma_fp8")  # compute capability 9.0 exactly, else one line saying so
     name = f"{c['name']}_{FP8_OUTPUTS[out]}"
     fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])
     map_a, map_b = tc.tensor_map(A, (c["bm"], c["bk"])), tc.tensor_map(B, (c["bn"], c["bk"]))
-    blocks = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
-    args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), ctypes.c_uint64(scale_a.data.ptr),
-            ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M), ctypes.c_int32(N), ctypes.c_int32(K),
-            ctypes.c_int32(group_m)]
-    tc.launch_hopper(fn, (blocks,), c["threads"], c["smem_bytes"], args, name)
+    grid = tc.wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
+    scales_dims = [ctypes.c_uint64(scale_a.data.ptr), ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M),
+                   ctypes.c_int32(N), ctypes.c_int32(K), ctypes.c_int32(group_m)]
+    if c["epilogue"] == "tma":  # C written by the TMA in boxes of 64 x 64 (FP16 or BF16: 2 bytes an element)
+        args = [map_a, map_b, tc.tensor_map(C, (tc.WGMMA_STORE_PIECE, tc.WGMMA_STORE_PIECE)), *scales_dims]
+    else:
+        args = [map_a, map_b, ctypes.c_uint64(C.data.ptr), *scales_dims]
+    tc.launch_hopper(fn, (grid,), c["threads"], c["smem_bytes"], args, name)
     return C
 
 

@@ -1,6 +1,6 @@
 // What lesson 10's Hopper kernels share beyond hopper.cuh (gpucourse/cuda_c.py copies this file into each source that
-// includes it): named barriers between warpgroups, the descriptors of a tile of 128-column rows as the TMA writes it,
-// and the 16-byte stores of an FP16 tile held as wgmma accumulators.
+// includes it): the descriptors of a tile of 128-column rows as the TMA writes it, and the 16-byte stores of an FP16
+// tile held as wgmma accumulators. (The named barriers between warpgroups are hopper.cuh's.)
 #pragma once
 #include <cuda_fp16.h>
 #include "hopper.cuh"
@@ -9,15 +9,6 @@
 namespace hopper {
 
 #ifdef GPUCOURSE_WGMMA
-// Named barriers (0 is __syncthreads): bar.sync waits until ``threads`` threads have arrived on barrier ``id``,
-// bar.arrive counts this thread's arrival without waiting. The forward's consumers take turns with 1 and 2.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // The descriptor of k step kk (16 columns) of a tile of ROWS rows stored as the TMA writes Q's and K's: D / 64 boxes
 // of 64 columns (128 bytes: one row of the swizzle) each; k steps 32 bytes within a box, then to the next box.
 template <int ROWS>

@@ -2,7 +2,7 @@
 // (convolution_wgmma.cu); gpucourse/cuda_c.py copies this file into each source that includes it:
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
-//     wait that would never end stops the kernel, so the launch fails instead of hanging);
+//     wait that would never end stops the kernel, so the launch fails instead of hanging); named barriers;
 //   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier; TMA
 //     stores of a 2-D box from shared memory (bulk groups: commit, wait until read), and the proxy fence before one;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
@@ -82,6 +82,16 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned pari
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > MBAR_TIMEOUT_NS) GPUCOURSE_FAIL();
   }
+}
+
+// Named barriers (0 is __syncthreads): bar.sync waits until ``threads`` threads have arrived on barrier ``id``,
+// bar.arrive counts this thread's arrival without waiting. Lesson 10's forward consumers take turns with 1 and 2;
+// lesson 4's GEMMs give each consumer warpgroup its own for its epilogue.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ------------------------------------------------------------------- the tensor memory accelerator

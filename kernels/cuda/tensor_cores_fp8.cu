@@ -18,9 +18,16 @@
 //     of BN / 2 registers fit only for BN = 128.
 // kernels/tensor_cores_fp8.py launches them (gemm_fp8) and measures what each costs and what each gets right.
 //
+// The PERSISTENT variants (gemm_fp8_persistent) are the FP16 GEMM's persistent kernel with this mainloop: min(tiles,
+// SMs) blocks, each walking tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the grouped order, the producer's ring
+// running on from one tile into the next, and C leaving through shared memory (stmatrix, 128-byte swizzle) and the
+// TMA in 64 x 64 pieces, each value times scale_a scale_b before it is rounded; the schedule, the ring and the store
+// are hopper_gemm.cuh's, shared with tensor_cores_wgmma.cu.
+//
 // Everything below needs sm_90a; compiled for any other architecture the kernels are stubs that trap.
 
 #include "hopper.cuh"
+#include "hopper_gemm.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -44,6 +51,48 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// Two values rounded to OUT in one 32-bit word, the first in the low half: what stmatrix takes.
+template <typename T>
+__device__ __forceinline__ unsigned pack_pair(float a, float b);
+template <>
+__device__ __forceinline__ unsigned pack_pair<__half>(float a, float b) { return half2_bits(a, b); }
+template <>
+__device__ __forceinline__ unsigned pack_pair<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned*>(&h);
+}
+
+#ifdef GPUCOURSE_WGMMA
+// One stage of a consumer warpgroup's K loop: its 64 rows of A (from a0) against the BN rows of B (from b0), K = 128
+// codes in 4 wgmmas of K = 32, into d, FAST or PROMOTED (the header above); then the stage goes back to the producer
+// (one thread arrives on ``empty``).
+template <int BN, bool PROMOTED>
+__device__ __forceinline__ void fp8_stage(float (&d)[BN / 16][8], unsigned a0, unsigned b0, unsigned long long* empty) {
+  constexpr int BK8 = 2 * BK;
+  if constexpr (PROMOTED) {
+    float t[BN / 16][8];  // this stage's K = 128, from zero (scale_d = 0 on the first wgmma)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK8 / 32; ++kk)
+      wgmma_k32_e4m3<BN>(t, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    if (threadIdx.x % 128 == 0) mbar_arrive(empty);
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[i][j] += t[i][j];  // promoted: an ordinary FP32 add
+  } else {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK8 / 32; ++kk)
+      wgmma_k32_e4m3<BN>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    if (threadIdx.x % 128 == 0) mbar_arrive(empty);
+  }
+}
+#endif
 
 // BM x BN tile of C, STAGES deep ring of (A, B) slices of BK = 128 codes; OUT: __half or __nv_bfloat16.
 template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT>
@@ -62,21 +111,11 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
   unsigned long long* empty = full + STAGES;
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], CONSUMERS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) Ring<STAGES>{full, empty}.init(CONSUMERS);
   __syncthreads();
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int per_group = group_m * tiles_n;
-  const int first_m = (blockIdx.x / per_group) * group_m;
-  const int rows_here = min(tiles_m - first_m, group_m);
-  const int in_group = blockIdx.x % per_group;
-  const int m0 = (first_m + in_group % rows_here) * BM, n0 = (in_group / rows_here) * BN;
+  int m0, n0;  // this block's tile, in the grouped order (hopper_gemm.cuh)
+  GroupedTiles<BM, BN>(M, N, group_m).origin(blockIdx.x, m0, n0);
   const int kblocks = (K + BK8 - 1) / BK8;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
@@ -101,30 +140,8 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
     for (int kb = 0; kb < kblocks; ++kb) {
       const int s = kb % STAGES;
       mbar_wait(&full[s], (kb / STAGES) & 1);
-      const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);  // this warpgroup's 64 rows
-      const unsigned b0 = smem_addr(sB + s * B_BYTES);
-      if constexpr (PROMOTED) {
-        float t[BN / 16][8];  // this stage's K = 128, from zero (scale_d = 0 on the first wgmma)
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK8 / 32; ++kk)
-          wgmma_k32_e4m3<BN>(t, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), kk > 0);
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (tid == 0) mbar_arrive(&empty[s]);
-#pragma unroll
-        for (int i = 0; i < BN / 16; ++i)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) d[i][j] += t[i][j];  // promoted: an ordinary FP32 add
-      } else {
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BK8 / 32; ++kk)
-          wgmma_k32_e4m3<BN>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (tid == 0) mbar_arrive(&empty[s]);
-      }
+      fp8_stage<BN, PROMOTED>(d, smem_addr(sA + s * A_BYTES + c * 64 * 128),  // this warpgroup's 64 rows
+                              smem_addr(sB + s * B_BYTES), &empty[s]);
     }
     // The fragment, as the FP16 kernel's: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns
     // 8i + 2 (l % 4) and the next one. Each value times scale_a scale_b, rounded once to OUT.
@@ -155,6 +172,72 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
 #endif
 }
 
+// gemm_fp8_tile's work, persistent, with C stored by the TMA: block b computes tiles b, b + gridDim.x, ... (the host
+// launches min(tiles, SMs) blocks). tmC: a map of C (FP16 or BF16 bits) in boxes of 64 x 64, 128-byte swizzle.
+template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT>
+__device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
+                                                    const float* __restrict__ scale_a,
+                                                    const float* __restrict__ scale_b, int M, int N, int K,
+                                                    int group_m) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int BK8 = 2 * BK;
+  constexpr int CONSUMERS = BM / 64;
+  constexpr unsigned A_BYTES = BM * BK8, B_BYTES = BN * BK8;
+  constexpr unsigned C_BYTES = CONSUMERS * 2 * STORE_PIECE_BYTES;  // two pieces of C a consumer, used in turn
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
+  unsigned char* sA = smem;                     // STAGES x [BM][128] e4m3
+  unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][128] e4m3
+  unsigned char* sC = sB + STAGES * B_BYTES;    // CONSUMERS x 2 x [64][64] of OUT, swizzled
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
+  const Ring<STAGES> ring{full, full + STAGES};
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) ring.init(CONSUMERS);
+  __syncthreads();
+
+  const GroupedTiles<BM, BN> tiles(M, N, group_m);
+  const int kblocks = (K + BK8 - 1) / BK8;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0)
+      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
+                    [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
+                      tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK8, m0);
+                      tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK8, n0);
+                    });
+  } else {  // ---------------------------------------------------------------------- consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1;
+    const float alpha = __ldg(scale_a) * __ldg(scale_b);
+    int g = 0;       // slices used so far, as the producer counts them
+    int stored = 0;  // pieces of C this consumer has handed to the TMA
+    for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+      int m0, n0;
+      tiles.origin(t, m0, n0);
+      float d[BN / 16][8];
+#pragma unroll
+      for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
+      for (int kb = 0; kb < kblocks; ++kb, ++g) {
+        const int s = ring.wait_full(g);
+        fp8_stage<BN, PROMOTED>(d, smem_addr(sA + s * A_BYTES + c * 64 * 128), smem_addr(sB + s * B_BYTES),
+                                &ring.empty[s]);
+      }
+      // The epilogue, while the producer loads the next tile's first slices: each value times scale_a scale_b,
+      // rounded once to OUT, as gemm_fp8_tile's.
+      store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
+                         [alpha](float x, float y) { return pack_pair<OUT>(alpha * x, alpha * y); });
+    }
+    store_tma_drain();
+  }
+#else
+  __trap();
+#endif
+}
+
 }  // namespace hopper
 
 // The kernels kernels/tensor_cores_fp8.py launches (FP8_CONFIGS): tile BM x BN x 128, stages, accumulation, output.
@@ -172,6 +255,21 @@ FP8_GEMM(128, 128, 6, promoted, true, f16, __half)
 FP8_GEMM(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
 FP8_GEMM(128, 128, 6, fast, false, f16, __half)
 FP8_GEMM(128, 128, 6, fast, false, bf16, __nv_bfloat16)
+
+// ... and persistent, C stored by the TMA (tmC: C in boxes of 64 x 64).
+#define FP8_GEMM_PERSISTENT(BM, BN, S, ACC, PROMOTED, OUTNAME, OUT)                                                \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                           \
+      fp8_gemm_##BM##x##BN##x128_s##S##_##ACC##_persistent_tmastore_##OUTNAME(                                    \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                           \
+          const __grid_constant__ TensorMap tmC, const float* scale_a, const float* scale_b, int M, int N, int K, \
+          int group_m) {                                                                                          \
+    hopper::gemm_fp8_persistent<BM, BN, S, PROMOTED, OUT>(&tmA, &tmB, &tmC, scale_a, scale_b, M, N, K, group_m); \
+  }
+
+FP8_GEMM_PERSISTENT(128, 256, 4, fast, false, f16, __half)
+FP8_GEMM_PERSISTENT(128, 256, 4, fast, false, bf16, __nv_bfloat16)
+FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, f16, __half)
+FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
 
 // e4m3 codes of x / scale, a scale for each ``block`` consecutive elements (n for one scale per tensor; rows x d for
 // lesson 10's blocks of rows), rounded as the GPU rounds (to nearest, ties to even, saturated to +-448): what

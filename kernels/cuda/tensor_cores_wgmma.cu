@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 
 #include "hopper.cuh"
+#include "hopper_gemm.cuh"
 
 namespace hopper {
 
@@ -53,23 +54,13 @@ __device__ __forceinline__ void gemm_tile(const TensorMap* tmA, const TensorMap*
   unsigned long long* empty = full + STAGES;
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);            // the producer's arrive + the TMA's bytes
-      mbar_init(&empty[s], CONSUMERS);   // one arrive per consumer warpgroup
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the async proxy
-  }
+  if (threadIdx.x == 0) Ring<STAGES>{full, empty}.init(CONSUMERS);  // full: the producer + the TMA's bytes
   __syncthreads();
 
   // Which tile: blocks run in groups of group_m tile-rows, so that the blocks resident at one time share
-  // rows of A and columns of B in the L2 cache.
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int per_group = group_m * tiles_n;
-  const int first_m = (blockIdx.x / per_group) * group_m;
-  const int rows_here = min(tiles_m - first_m, group_m);
-  const int in_group = blockIdx.x % per_group;
-  const int m0 = (first_m + in_group % rows_here) * BM, n0 = (in_group / rows_here) * BN;
+  // rows of A and columns of B in the L2 cache (hopper_gemm.cuh).
+  int m0, n0;
+  GroupedTiles<BM, BN>(M, N, group_m).origin(blockIdx.x, m0, n0);
   const int kblocks = (K + BK - 1) / BK;
 
   // region: wgmma_roles
@@ -156,37 +147,19 @@ __device__ __forceinline__ void store_c2(__half* out, float a, float b) {
 }
 __device__ __forceinline__ void store_c1(float* out, float a) { *out = a; }
 __device__ __forceinline__ void store_c1(__half* out, float a) { *out = __float2half_rn(a); }
-
-// Two floats rounded to FP16 in one 32-bit register, the first in the low half (the lower column).
-__device__ __forceinline__ unsigned half2_bits(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const unsigned*>(&h);
-}
-
-// stmatrix: four 8 x 8 FP16 matrices from the registers of a warp to shared memory. Register q of lane l holds
-// row l / 4, columns 2 (l % 4) and the next of matrix q (an accumulator's layout); lane l gives the address of
-// row l % 8 of matrix l / 8, 16 bytes.
-__device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
-               "r"(r2), "r"(r3)
-               : "memory");
-}
-
-// A barrier for the 128 threads of one warpgroup (ids 1, 2, ...: 0 is __syncthreads').
-__device__ __forceinline__ void warpgroup_sync(int id) { asm volatile("bar.sync %0, 128;" ::"r"(id) : "memory"); }
 #endif
 
 // gemm_tile's work, persistent: block b computes tiles b, b + gridDim.x, ... (the host launches min(tiles, SMs)
-// blocks). OUT: float or __half. TMA_STORE (OUT = __half only): C leaves through shared memory and the TMA (tmC, a
-// map of C in boxes of 64 x 64, 128-byte swizzle); otherwise each thread stores its fragment to C.
+// blocks; the schedule, the ring and the TMA store are hopper_gemm.cuh's, shared with the FP8 GEMM). OUT: float or
+// __half. TMA_STORE (OUT = __half only): C leaves through shared memory and the TMA (tmC, a map of C in boxes of
+// 64 x 64, 128-byte swizzle); otherwise each thread stores its fragment to C.
 template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE>
 __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
                                                 OUT* __restrict__ C, int M, int N, int K, int group_m) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
-  constexpr unsigned PIECE = 64 * 64 * 2;  // TMA_STORE: 64 rows x 64 FP16 columns of C, one box of the store
-  constexpr unsigned C_BYTES = TMA_STORE ? CONSUMERS * 2 * PIECE : 0;  // two pieces a consumer, used in turn
+  constexpr unsigned C_BYTES = TMA_STORE ? CONSUMERS * 2 * STORE_PIECE_BYTES : 0;  // two pieces a consumer, in turn
   static_assert(!TMA_STORE || (sizeof(OUT) == 2 && BN % 64 == 0), "the TMA store: FP16 C, 64-column pieces");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
@@ -194,67 +167,43 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
   unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] (nk) or [BN/64][64][64] (kn) FP16
   unsigned char* sC = sB + STAGES * B_BYTES;    // TMA_STORE: CONSUMERS x 2 x [64][64] FP16, swizzled
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
-  unsigned long long* empty = full + STAGES;
+  const Ring<STAGES> ring{full, full + STAGES};
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], CONSUMERS);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
+  if (threadIdx.x == 0) ring.init(CONSUMERS);
   __syncthreads();
 
-  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN, tiles = tiles_m * tiles_n;
-  const int per_group = group_m * tiles_n;
+  const GroupedTiles<BM, BN> tiles(M, N, group_m);
   const int kblocks = (K + BK - 1) / BK;
-  // Tile t's first row and column, in gemm_tile's grouped order (t in place of blockIdx.x).
-  auto origin = [&](int t, int& m0, int& n0) {
-    const int first_m = (t / per_group) * group_m;
-    const int rows_here = min(tiles_m - first_m, group_m);
-    const int in_group = t % per_group;
-    m0 = (first_m + in_group % rows_here) * BM;
-    n0 = (in_group / rows_here) * BN;
-  };
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (tid == 0) {
-      int g = 0;  // slices loaded so far over all of this block's tiles: the ring's position and phase
-      for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int m0, n0;
-        origin(t, m0, n0);
-        for (int kb = 0; kb < kblocks; ++kb, ++g) {
-          const int s = g % STAGES;
-          if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);  // consumers are done with it
-          mbar_expect_tx(&full[s], A_BYTES + B_BYTES);
-          tma_load_2d(sA + s * A_BYTES, tmA, &full[s], kb * BK, m0);
-          if constexpr (B_KN) {
-            for (int j = 0; j < BN / 64; ++j)
-              tma_load_2d(sB + s * B_BYTES + j * (BK * 128), tmB, &full[s], n0 + 64 * j, kb * BK);
-          } else {
-            tma_load_2d(sB + s * B_BYTES, tmB, &full[s], kb * BK, n0);
-          }
-        }
-      }
-    }
+    if (tid == 0)
+      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
+                    [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
+                      tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK, m0);
+                      if constexpr (B_KN) {
+                        for (int j = 0; j < BN / 64; ++j)
+                          tma_load_2d(sB + s * B_BYTES + j * (BK * 128), tmB, bar, n0 + 64 * j, kb * BK);
+                      } else {
+                        tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK, n0);
+                      }
+                    });
   } else {  // ---------------------------------------------------------------------- consumers
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     int g = 0;       // slices used so far, as the producer counts them
-    int stored = 0;  // TMA_STORE: pieces of C this consumer has handed to the TMA (the buffer: stored % 2)
-    for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    int stored = 0;  // TMA_STORE: pieces of C this consumer has handed to the TMA
+    for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
       int m0, n0;
-      origin(t, m0, n0);
+      tiles.origin(t, m0, n0);
       float d[BN / 16][8];
 #pragma unroll
       for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
       for (int kb = 0; kb < kblocks; ++kb, ++g) {
-        const int s = g % STAGES;
-        mbar_wait(&full[s], (g / STAGES) & 1);
+        const int s = ring.wait_full(g);
         const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);
         const unsigned b0 = smem_addr(sB + s * B_BYTES);
         wgmma_fence();
@@ -270,32 +219,12 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
         }
         wgmma_commit();
         wgmma_wait<0>();
-        if (tid == 0) mbar_arrive(&empty[s]);
+        if (tid == 0) ring.release(s);
       }
       // The epilogue. Meanwhile the producer fills the stages just freed with the next tile's first slices.
       if constexpr (TMA_STORE) {
-        // Piece p: columns 64p .. 64p + 63 of the tile, held in d[4p .. 4p + 3]. d[j] covers 16 rows x 16 columns
-        // of the warp as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix. The piece's row r
-        // is 128 bytes; its 16-byte chunk k lies at chunk k ^ (r % 8), the swizzle the TMA undoes.
-#pragma unroll
-        for (int p = 0; p < BN / 64; ++p, ++stored) {
-          unsigned char* buf = sC + (c * 2 + stored % 2) * PIECE;
-          if (tid == 0) bulk_wait_read<1>();  // the store from this buffer, two pieces ago, has read it
-          warpgroup_sync(1 + c);
-          const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            const int j = 4 * p + jj, chunk = 2 * jj + q / 2;
-            stmatrix_x4(smem_addr(buf + row * 128 + ((chunk ^ (row % 8)) * 16)), half2_bits(d[j][0], d[j][1]),
-                        half2_bits(d[j][2], d[j][3]), half2_bits(d[j][4], d[j][5]), half2_bits(d[j][6], d[j][7]));
-          }
-          fence_async_shared();  // the piece, seen by the TMA
-          warpgroup_sync(1 + c);
-          if (tid == 0) {
-            if (m0 + c * 64 < M && n0 + 64 * p < N) tma_store_2d(tmC, buf, n0 + 64 * p, m0 + c * 64);  // clipped
-            bulk_commit();
-          }
-        }
+        store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
+                           [](float x, float y) { return half2_bits(x, y); });
       } else {
         // As gemm_tile: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns 8i + 2 (l % 4)
         // and the next one.
@@ -320,8 +249,7 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
         }
       }
     }
-    if constexpr (TMA_STORE)
-      if (tid == 0) bulk_wait<0>();  // the last stores are done before the block's shared memory goes
+    if constexpr (TMA_STORE) store_tma_drain();
   }
 #else
   __trap();

@@ -1,0 +1,136 @@
+// What lesson 4's Hopper GEMMs share beyond hopper.cuh: the FP16 GEMM (tensor_cores_wgmma.cu) and the FP8 GEMM
+// (tensor_cores_fp8.cu), one block per tile or persistent (gpucourse/cuda_c.py copies this file into each source that
+// includes it):
+//   * GroupedTiles: the tiles of C in the grouped order (group_m tile-rows at a time, left to right, so that the blocks
+//     resident at one time share rows of A and columns of B in the L2 cache) and tile t's first row and column;
+//   * Ring: the STAGES shared-memory stages between the producer and the consumers, their "full" and "empty"
+//     mbarriers, and the phase of each use, from a count of slices that runs on over all of a block's tiles;
+//   * produce_tiles: the persistent producer, which walks this block's tiles (blockIdx.x, blockIdx.x + gridDim.x, ...)
+//     and loads every slice of each through the ring, the next tile's first slices while the consumers store C;
+//   * store_tile_tma: the epilogue that writes a consumer warpgroup's 64 rows of C through shared memory, 64 columns
+//     at a time, by stmatrix in the TMA's 128-byte swizzle, each piece stored by the TMA (clipped at C's edges).
+#pragma once
+#include "fast_math.cuh"  // half2_bits
+#include "hopper.cuh"
+
+namespace hopper {
+
+#ifdef GPUCOURSE_WGMMA
+template <int BM, int BN>
+struct GroupedTiles {
+  int tiles_m, tiles_n, count, group_m;
+  __device__ __forceinline__ GroupedTiles(int M, int N, int group_m_)
+      : tiles_m((M + BM - 1) / BM), tiles_n((N + BN - 1) / BN), count(tiles_m * tiles_n), group_m(group_m_) {}
+  // Tile t's first row m0 and column n0 of C.
+  __device__ __forceinline__ void origin(int t, int& m0, int& n0) const {
+    const int per_group = group_m * tiles_n;
+    const int first_m = (t / per_group) * group_m;
+    const int rows_here = min(tiles_m - first_m, group_m);
+    const int in_group = t % per_group;
+    m0 = (first_m + in_group % rows_here) * BM;
+    n0 = (in_group / rows_here) * BN;
+  }
+};
+
+// Slice g of a block's K loop (counted over all its tiles) lives in stage g % STAGES, in that stage's (g / STAGES)-th
+// use: the phase whose parity each wait names.
+template <int STAGES>
+struct Ring {
+  unsigned long long* full;   // the producer's arrival and the TMA's bytes
+  unsigned long long* empty;  // one arrival per consumer warpgroup
+  // By one thread, before a __syncthreads.
+  __device__ __forceinline__ void init(unsigned consumers) const {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], consumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the async proxy
+  }
+  // The producer, for slice g: wait until the consumers are done with the stage's previous use, then announce the
+  // bytes the TMA will deliver. Returns the stage.
+  __device__ __forceinline__ int acquire(int g, unsigned bytes) const {
+    const int s = g % STAGES;
+    if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
+    mbar_expect_tx(&full[s], bytes);
+    return s;
+  }
+  // A consumer, for slice g: wait until the TMA's bytes have landed. Returns the stage.
+  __device__ __forceinline__ int wait_full(int g) const {
+    const int s = g % STAGES;
+    mbar_wait(&full[s], (g / STAGES) & 1);
+    return s;
+  }
+  // One thread of each consumer warpgroup, once its MMAs have read stage s: the producer may refill it.
+  __device__ __forceinline__ void release(int s) const { mbar_arrive(&empty[s]); }
+};
+
+// The persistent producer (one thread): every slice of every tile of this block, in order, through the ring.
+// load(s, bar, kb, m0, n0) issues the TMA loads of slice kb of the tile at (m0, n0) into stage s, completing on bar.
+template <int STAGES, int BM, int BN, typename Load>
+__device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles, const Ring<STAGES>& ring, int kblocks,
+                                              unsigned bytes, Load load) {
+  int g = 0;  // slices loaded so far over all of this block's tiles: the ring's position and phase
+  for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    int m0, n0;
+    tiles.origin(t, m0, n0);
+    for (int kb = 0; kb < kblocks; ++kb, ++g) {
+      const int s = ring.acquire(g, bytes);
+      load(s, &ring.full[s], kb, m0, n0);
+    }
+  }
+}
+
+// stmatrix: four 8 x 8 matrices of 16-bit values from the registers of a warp to shared memory. Register q of lane l
+// holds row l / 4, columns 2 (l % 4) and the next of matrix q (an accumulator's layout); lane l gives the address of
+// row l % 8 of matrix l / 8, 16 bytes.
+__device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// A piece of C on its way out: 64 rows x 64 columns of a 2-byte type (FP16, BF16), 128 bytes a row, in the 128-byte
+// swizzle; the tensor map of C has boxes of 64 x 64. Each consumer warpgroup has two, used in turn.
+constexpr int STORE_PIECE = 64;
+constexpr unsigned STORE_PIECE_BYTES = STORE_PIECE * STORE_PIECE * 2;
+
+// A consumer warpgroup's 64 x BN accumulators d, rows m0 .. m0 + 63 and columns n0 .. of C, stored through shared
+// memory. Piece p (columns 64p .. 64p + 63) is held in d[4p .. 4p + 3]; d[j] covers 16 rows x 16 columns of each warp
+// as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix. The piece's row r is 128 bytes; its
+// 16-byte chunk k lies at chunk k ^ (r % 8), the swizzle the TMA undoes. pack(x, y): two values of C's type in one
+// 32-bit word, x in the low half (the lower column). bufs: the warpgroup's two pieces (1024-byte aligned); stored:
+// the pieces it has handed to the TMA so far, over all its tiles (the buffer is stored % 2); bar: the warpgroup's
+// named barrier. Pieces wholly outside C are not stored; the TMA clips the others at C's edges.
+template <int BN, typename Pack>
+__device__ __forceinline__ void store_tile_tma(const float (&d)[BN / 16][8], unsigned char* bufs, int& stored,
+                                               const TensorMap* tmC, int m0, int n0, int M, int N, int bar, Pack pack) {
+  static_assert(BN % STORE_PIECE == 0, "the TMA store: whole 64-column pieces");
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+#pragma unroll
+  for (int p = 0; p < BN / STORE_PIECE; ++p, ++stored) {
+    unsigned char* buf = bufs + (stored % 2) * STORE_PIECE_BYTES;
+    if (tid == 0) bulk_wait_read<1>();  // the store from this buffer, two pieces ago, has read it
+    named_sync(bar, 128);
+    const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * p + jj, chunk = 2 * jj + q / 2;
+      stmatrix_x4(smem_addr(buf + row * 128 + ((chunk ^ (row % 8)) * 16)), pack(d[j][0], d[j][1]),
+                  pack(d[j][2], d[j][3]), pack(d[j][4], d[j][5]), pack(d[j][6], d[j][7]));
+    }
+    fence_async_shared();  // the piece, seen by the TMA
+    named_sync(bar, 128);
+    if (tid == 0) {
+      if (m0 < M && n0 + STORE_PIECE * p < N) tma_store_2d(tmC, buf, n0 + STORE_PIECE * p, m0);
+      bulk_commit();
+    }
+  }
+}
+
+// After a consumer warpgroup's last tile: its stores are done before the block's shared memory goes.
+__device__ __forceinline__ void store_tma_drain() {
+  if (threadIdx.x % 128 == 0) bulk_wait<0>();
+}
+#endif  // GPUCOURSE_WGMMA
+
+}  // namespace hopper
