@@ -26,7 +26,7 @@ import numpy as np
 from gpucourse import gpus, runtime
 from kernels.inference_engine.precision import e4m3_scale, from_e4m3, to_e4m3
 
-from .tensor_cores import gemm_emulated, gemm_spec, rel_error
+from .tensor_cores import WGMMA_STORE_PIECE, gemm_emulated, gemm_spec, rel_error
 
 OUTPUTS = ("float16", "bfloat16", "float32", "float64")  # float64: the exact product, no output rounding
 WGMMA_FP8_K = 32  # FP8 wgmma's K per instruction: the FP32 accumulator is rounded every 32 products
@@ -192,8 +192,6 @@ def fp8_config(name: str) -> dict:
     """Tile, stages, accumulation, threads, shared memory, persistence and epilogue of an FP8 GEMM configuration,
     from its name: fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore]."""
     import re
-
-    from .tensor_cores import WGMMA_STORE_PIECE
 
     m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore)?", name)
     if not m or name not in FP8_CONFIGS:
