@@ -31,9 +31,17 @@
 // around each image, P x Q pixels; the load's offsets (s, r) move it to the tap. Row i of the tile is then row
 // m0 + i of y, and only the last block has rows to drop.
 //
+// The PERSISTENT kernels (i2c only) run lesson 4's persistent schedule on the same tiles (hopper_gemm.cuh, shared with
+// lesson 4's GEMMs): the host launches as many blocks as the SMs hold at once (or one per tile, if fewer), each walks
+// the tiles of y in lesson 4's grouped order, and the producer's ring of stages runs on from one tile into the next,
+// so the next tile's first taps are loaded while the consumers store this one. y leaves through shared memory: each
+// consumer's 64 rows go there 64 channels at a time by stmatrix, in the 128-byte swizzle, and one thread hands them
+// to the TMA, which writes them into y read as an (N P Q) x K matrix (clipped at its last row and channel).
+//
 // Everything below needs sm_90a; for any other architecture the kernels are stubs that trap.
 
 #include "conv_wgmma.cuh"
+#include "hopper_gemm.cuh"
 
 // Lesson 5's output: y (N P Q x K), the FP32 sums rounded to FP16, two channels in one 4-byte store.
 struct RoundToHalf {
@@ -66,3 +74,107 @@ WGMMA_CONV(i2c_, true, 128, 64, 4)
 WGMMA_CONV(i2c_, true, 128, 256, 3)
 WGMMA_CONV(i2c_, true, 64, 128, 4)
 WGMMA_CONV(i2c_, true, 64, 64, 6)
+
+namespace hopper {
+
+// The i2c tiles, persistent: conv_tile's producer and consumers on lesson 4's schedule (GroupedTiles over the
+// (N P Q) x K matrix y, the Ring's phases running across tiles, produce_tiles' producer) and its TMA-stored epilogue
+// (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
+template <int BM, int BN, int STAGES>
+__device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const TensorMap* tmW, const TensorMap* tmY, int N,
+                                                int P, int Q, int K, int C, int R, int S, int ph, int pw,
+                                                int group_m) {
+#ifdef GPUCOURSE_WGMMA
+  constexpr int CONSUMERS = BM / 64;
+  constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
+  constexpr unsigned Y_BYTES = CONSUMERS * 2 * STORE_PIECE_BYTES;  // two pieces of y a consumer, used in turn
+  static_assert(BN % STORE_PIECE == 0, "the TMA store: whole 64-channel pieces");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1 KiB
+  unsigned char* sA = smem;                     // STAGES x [BM][64] FP16: BM output pixels' input pixels, one tap
+  unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] FP16: output channels x 64 of R S C
+  unsigned char* sY = sB + STAGES * B_BYTES;    // CONSUMERS x 2 x [64][64] FP16, swizzled: y on its way out
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(sY + Y_BYTES);
+  const Ring<STAGES> ring{full, full + STAGES};
+
+  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  if (threadIdx.x == 0) ring.init(CONSUMERS);
+  __syncthreads();
+
+  const int rows = N * P * Q;  // y's rows, one an output pixel
+  const GroupedTiles<BM, BN> tiles(rows, K, group_m);
+  const int slices = C / BK;  // slices of 64 channels in one tap
+  const int kblocks = R * S * slices;
+
+  if (wg == 0) {  // ------------------------------------------------------------------ producer
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if (tid == 0)
+      // Slice kb of the tile whose first row of y is m0 (output pixel (n, p0, q0)) and first channel k0: tap (r, sx),
+      // channels c0 .. c0 + 63, as conv_tile's i2c producer loads it
+      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
+                    [&](int s, unsigned long long* bar, int kb, int m0, int k0) {
+                      const int n = m0 / (P * Q), p0 = (m0 % (P * Q)) / Q, q0 = m0 % Q;
+                      const int tap = kb / slices, c0 = (kb % slices) * BK;
+                      tma_load_im2col_4d(sA + s * A_BYTES, tmX, bar, c0, q0 - pw, p0 - ph, n, tap % S, tap / S);
+                      tma_load_2d(sB + s * B_BYTES, tmW, bar, kb * BK, k0);
+                    });
+  } else {  // ---------------------------------------------------------------------- consumers
+    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int c = wg - 1;
+    int g = 0;       // slices used so far, as the producer counts them
+    int stored = 0;  // pieces of y this consumer has handed to the TMA
+    for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+      int m0, k0;
+      tiles.origin(t, m0, k0);
+      float d[BN / 16][8];
+#pragma unroll
+      for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
+      // As conv_tile: slice kb's wgmma run while slice kb + 1's are issued; a stage goes back to the producer once
+      // the wgmma after it are issued (wgmma_wait<1>), the tile's last one after the loop.
+      int held = -1;
+      for (int kb = 0; kb < kblocks; ++kb, ++g) {
+        const int s = ring.wait_full(g);
+        const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);  // this warpgroup's 64 rows
+        const unsigned b0 = smem_addr(sB + s * B_BYTES);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)  // both K-major, 128-byte swizzle
+          wgmma_k16<BN, 0>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        if (tid == 0 && held >= 0) ring.release(held);
+        held = s;
+      }
+      wgmma_wait<0>();
+      if (tid == 0 && held >= 0) ring.release(held);
+      // The epilogue, while the producer fills the stages just freed with the next tile's first taps.
+      store_tile_tma<BN>(d, sY + c * 2 * STORE_PIECE_BYTES, stored, tmY, m0 + c * 64, k0, rows, K, 1 + c,
+                         [](float x, float y) { return half2_bits(x, y); });
+    }
+    store_tma_drain();
+  }
+#else
+  __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
+#endif
+}
+
+}  // namespace hopper
+
+// The persistent kernels (WGMMA_CONV_PERSISTENT_CONFIGS): BM output pixels x BN output channels, stages; y written by
+// the TMA (tmY: y as an (N P Q) x K matrix in boxes of 64 x 64).
+#define WGMMA_CONV_PERSISTENT(BM, BN, S)                                                                          \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      conv_wgmma_i2c_##BM##x##BN##_s##S##_persistent_nhwc_f16(                                                   \
+          const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW,                         \
+          const __grid_constant__ TensorMap tmY, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, \
+          int group_m) {                                                                                         \
+    hopper::conv_persistent<BM, BN, S>(&tmX, &tmW, &tmY, N, P, Q, K, C, R, Sw, ph, pw, group_m);               \
+  }
+
+WGMMA_CONV_PERSISTENT(128, 128, 6)
+WGMMA_CONV_PERSISTENT(128, 64, 8)
+WGMMA_CONV_PERSISTENT(128, 256, 4)
+WGMMA_CONV_PERSISTENT(64, 128, 3)
+WGMMA_CONV_PERSISTENT(64, 64, 5)
