@@ -23,6 +23,8 @@ CORES_DIRECT = "CUDA C direct, register-tiled"  # CUDA cores, NCHW
 CORES_IGEMM = "CUDA C direct on CUDA cores (implicit GEMM)"  # CUDA cores, strict FP32, NCHW
 TC_DIRECT = "CUDA C direct on tensor cores (implicit GEMM)"  # WMMA, FP16 NHWC
 TC_WGMMA = "CUDA C direct on tensor cores (wgmma + TMA)"  # Hopper only (sm_90a), FP16 NHWC
+# the same, persistent with a TMA-stored epilogue (cv.WGMMA_CONV_PERSISTENT_CONFIGS), in a row of its own
+TC_WGMMA_PERSISTENT = "CUDA C direct on tensor cores (wgmma + TMA, persistent)"
 GEMM_LESSON = "04_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
 TC_GOAL = 1.5  # the FP16 NHWC direct convolution on the tensor cores within this factor of cuDNN's fastest
 GEMM_GOAL = 2.0  # im2col + a tensor-core GEMM (TF32 for FP32 data, FP16) within this factor of cuDNN's fastest
@@ -228,6 +230,15 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                     add(TC_WGMMA, dtype, layout, "direct", "float16",
                         lambda x=x, wt=wt, y=y: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=best_w), y)
                     rows[-1].update(config=best_w, configs_ms=configs_ms)
+                # the persistent tiles with y stored by the TMA, beside them: their own row, the fastest of them
+                configs_ms = sweep({cfg: lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_wgmma(
+                    x, wt, y, pad=pad, stride=stride, config=cfg) for cfg in cv.WGMMA_CONV_PERSISTENT_CONFIGS}, y,
+                    dtype, layout, "float16", errors=wgmma_errors)
+                if configs_ms:
+                    best_p = min(configs_ms, key=configs_ms.get)
+                    add(TC_WGMMA_PERSISTENT, dtype, layout, "direct", "float16",
+                        lambda x=x, wt=wt, y=y: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=best_p), y)
+                    rows[-1].update(config=best_p, configs_ms=configs_ms)
             if layout == "NCHW":
                 add(CORES_DIRECT, dtype, layout, "direct", "float32" if dtype == "float32"
                     else "float16", lambda x=x, wt=wt, y=y: cv.conv_direct(x, wt, y, pad=pad, stride=stride), y)

@@ -510,21 +510,32 @@ WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compile
 # TMA's im2col mode ("i2c"), which computes no row for nothing
 _WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6")
 WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES)
+# The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next
+# tile's taps loaded while this one's y is stored) with y written by the TMA through shared memory. Stages: as many as
+# fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not yet among the tiles
+# WGMMA_CONV_CONFIGS sweeps: asked for by name, timed by the benchmark in a row of their own.
+_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5")
+WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
+WGMMA_STORE_PIECE = 64  # persistent: y leaves in pieces of 64 rows x 64 channels, two buffers a consumer warpgroup
 
 
 def wgmma_conv_config(name: str) -> dict:
     """Tile, stages, warpgroups and shared memory of a wgmma convolution, from its name."""
     import re
 
-    m = re.fullmatch(r"conv_wgmma_(i2c_)?(\d+)x(\d+)_s(\d+)_nhwc_f16", name)
-    if not m or name not in WGMMA_CONV_CONFIGS:
-        raise runtime.CourseInputError(f"no wgmma convolution {name!r}; known: {', '.join(WGMMA_CONV_CONFIGS)}")
-    bm, bn, stages = map(int, m.groups()[1:])
+    m = re.fullmatch(r"conv_wgmma_(i2c_)?(\d+)x(\d+)_s(\d+)(_persistent)?_nhwc_f16", name)
+    known = WGMMA_CONV_CONFIGS + WGMMA_CONV_PERSISTENT_CONFIGS
+    if not m or name not in known:
+        raise runtime.CourseInputError(f"no wgmma convolution {name!r}; known: {', '.join(known)}")
+    bm, bn, stages = map(int, m.groups()[1:4])
     consumers = bm // 64
-    smem = 1024 + stages * (bm + bn) * WGMMA_BK * 2 + 2 * stages * 8  # 1 KiB for alignment, tiles, mbarriers
+    persistent = m.group(5) is not None
+    staging = consumers * 2 * WGMMA_STORE_PIECE * WGMMA_STORE_PIECE * 2 if persistent else 0  # y's pieces
+    smem = 1024 + stages * (bm + bn) * WGMMA_BK * 2 + staging + 2 * stages * 8  # alignment, tiles, y, mbarriers
     return {"name": name, "bm": bm, "bn": bn, "stages": stages, "consumers": consumers, "im2col": bool(m.group(1)),
-            "threads": 128 * (consumers + 1), "smem_bytes": smem}
+            "threads": 128 * (consumers + 1), "smem_bytes": smem, "persistent": persistent,
+            "epilogue": "tma" if persistent else "registers"}
 
 
 def wgmma_conv_tiles(n: int, P: int, Q: int, k: int, bm: int, bn: int, im2col: bool = False) -> dict:
@@ -598,13 +609,15 @@ def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128, im2col: bool = Fals
     return y
 
 
-def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None):
+def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None, blocks: int | None = None):
     """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
     x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 4's wgmma GEMM with A read from the image:
     for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
     padding), or, for the "i2c" configurations, bm consecutive output pixels' input pixels, which the TMA's im2col
-    mode gathers. Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS.
-    Asynchronous."""
+    mode gathers. Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS, or of
+    WGMMA_CONV_PERSISTENT_CONFIGS: as many blocks as the SMs hold at once (or one per tile, if fewer), each walking
+    its tiles, y written by the TMA; ``blocks`` launches that many instead (what the tests use to walk many tiles a
+    block). Asynchronous."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -620,6 +633,9 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     if n * P * Q >= 2**31 or x.size >= 2**31 or max(h, wd) > 2**15:
         raise runtime.CourseInputError("the wgmma convolution indexes pixels with 32-bit integers")
     cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
+    if blocks is not None and (not cfg["persistent"] or blocks < 1):
+        raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
+                                       f"{cfg['name']})")
     gpus.step("05.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = tc.hopper_kernel(WGMMA_SOURCE, cfg["name"], cfg["smem_bytes"])
     t = wgmma_conv_tiles(n, P, Q, k, cfg["bm"], cfg["bn"], cfg["im2col"])
@@ -631,6 +647,14 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     else:
         map_x = tc.tensor_map(x, (1, t["TH"], t["TW"], WGMMA_BK))
     map_w = tc.tensor_map(w.reshape(k, r * s * c), (cfg["bn"], WGMMA_BK))
+    if cfg["persistent"]:  # y as an (N P Q) x K matrix, written by the TMA in pieces of 64 x 64 (K a multiple of 8)
+        map_y = tc.tensor_map(y.reshape(n * P * Q, k), (WGMMA_STORE_PIECE, WGMMA_STORE_PIECE))
+        tiles = t["grid"][0] * t["grid"][1]
+        if blocks is None:  # as many as the SMs hold at once
+            blocks = runtime.get().device["sms"] * tc.blocks_per_sm(fn, cfg["threads"], cfg["smem_bytes"])
+        args = [map_x, map_w, map_y, *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, tc.WGMMA_GROUP_M))]
+        tc.launch_hopper(fn, (min(tiles, blocks),), cfg["threads"], cfg["smem_bytes"], args, cfg["name"])
+        return y
     args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),
             *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]
     tc.launch_hopper(fn, t["grid"], cfg["threads"], cfg["smem_bytes"], args, cfg["name"])

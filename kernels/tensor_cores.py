@@ -721,6 +721,18 @@ def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, wh
         params, None), f"launching {what}")
 
 
+def blocks_per_sm(fn, threads: int, smem: int) -> int:
+    """How many blocks of ``fn`` (``threads`` threads, ``smem`` bytes of dynamic shared memory) an SM holds at once,
+    by the driver's count (its registers, shared memory and threads): what a persistent kernel launches per SM."""
+    import ctypes
+
+    n = ctypes.c_int()
+    cuda_c.driver_check(cuda_c.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), ctypes.c_int(threads), ctypes.c_size_t(smem)),
+        "asking the driver how many blocks fit on an SM")
+    return max(1, n.value)
+
+
 def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP_M, blocks: int | None = None):
     """C = A B on Hopper's warpgroup MMA fed by the TMA (GPU mode, compute capability 9.0; CuPy arrays).
     Asynchronous.

@@ -442,7 +442,8 @@ def test_recorded_wgmma_convolution_on_every_hopper_record():
             assert wg, (rec["gpu"]["name"], lt["name"], "no wgmma row")
             for r in wg:
                 assert r["check_error"] is not None and r["check_error"] <= 2 * cv.tolerance("float16", lt["crs"])
-                assert r["config"] in cv.WGMMA_CONV_CONFIGS
+                assert r["config"] in (cv.WGMMA_CONV_PERSISTENT_CONFIGS if r["name"] == bench_lesson().TC_WGMMA_PERSISTENT
+                                       else cv.WGMMA_CONV_CONFIGS)
             t, w = lt["targets"]["direct (wgmma) float16 NHWC"], lt["targets"]["direct (tensor cores) float16 NHWC"]
             assert t["ratio"] < w["ratio"], (rec["gpu"]["name"], lt["name"])
             assert t["limit"] == 1.5 and t["met"] == (t["ratio"] <= 1.5)
@@ -606,7 +607,7 @@ def test_wgmma_conv_tiles_and_boxes_compute_the_convolution(rng, xs, ws, pad):
     x = rng.uniform(-1, 1, xs)
     w = rng.uniform(-1, 1, ws)
     want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, pad))
-    for name in cv.WGMMA_CONV_CONFIGS:
+    for name in cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS:  # the persistent ones: the same tiles
         c = cv.wgmma_conv_config(name)
         got = cv.wgmma_conv_spec(cv.nchw_to_nhwc(x), cv.kcrs_to_krsc(w), pad, c["bm"], c["bn"], c["im2col"])
         assert got.shape == want.shape and np.abs(got - want).max() <= 1e-12 * math.prod(ws[1:]), name
@@ -655,8 +656,63 @@ def test_wgmma_conv_compiles_to_wgmma_and_4d_tma_for_sm90a_only():
     assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
 
 
+def test_wgmma_conv_persistent_configs():
+    """The persistent tiles: every one an i2c tile the one-tile kernels also have (its twin, the same arithmetic),
+    y's two 64 x 64 FP16 pieces a consumer beside the stages, within a block's 227 KiB; the 64-row tiles leave room
+    for two blocks an SM (228 KiB, 1 KiB of it reserved a block)."""
+    assert len(set(cv.WGMMA_CONV_PERSISTENT_CONFIGS)) == len(cv.WGMMA_CONV_PERSISTENT_CONFIGS) >= 5
+    assert not set(cv.WGMMA_CONV_PERSISTENT_CONFIGS) & set(cv.WGMMA_CONV_CONFIGS)  # not (yet) in the sweep
+    tiles = {(cv.wgmma_conv_config(n)["bm"], cv.wgmma_conv_config(n)["bn"]) for n in cv.WGMMA_CONV_CONFIGS if "i2c" in n}
+    for name in cv.WGMMA_CONV_PERSISTENT_CONFIGS:
+        c = cv.wgmma_conv_config(name)
+        assert c["persistent"] and c["im2col"] and c["epilogue"] == "tma", name
+        assert (c["bm"], c["bn"]) in tiles, name
+        staging = c["consumers"] * 2 * 64 * 64 * 2
+        assert c["smem_bytes"] == 1024 + c["stages"] * (c["bm"] + c["bn"]) * 128 + staging + 16 * c["stages"]
+        assert c["smem_bytes"] <= 232_448, name  # 227 KiB, what a block may ask for on Hopper
+        if c["bm"] == 64:
+            assert 2 * (c["smem_bytes"] + 1024) <= 228 * 1024, name
+    c = cv.wgmma_conv_config("conv_wgmma_i2c_128x256_s4_persistent_nhwc_f16")
+    assert (c["bm"], c["bn"], c["stages"], c["threads"], c["smem_bytes"]) == (128, 256, 4, 384, 230_464)
+    assert not cv.wgmma_conv_config(cv.WGMMA_CONV_CONFIGS[0])["persistent"]
+    with pytest.raises(runtime.CourseInputError, match="known"):
+        cv.wgmma_conv_config("conv_wgmma_128x128_s6_persistent_nhwc_f16")  # persistent tiles are i2c only
+
+
+@needs_compiler
+def test_wgmma_conv_persistent_compiles_to_the_tma_store():
+    """The persistent kernels in PTX: the i2c tiles' wgmma and loads, and y leaving through shared memory (stmatrix)
+    and the TMA's 2-D store, never by a thread's store to global memory; their tile loop around it all."""
+    ptx = cuda_c.compile_ptx(cv.WGMMA_SOURCE, arch="sm_90a")
+    for name in cv.WGMMA_CONV_PERSISTENT_CONFIGS:
+        c = cv.wgmma_conv_config(name)
+        body = cuda_c.ptx_entry(ptx, name)
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['bn']}k16\.f32\.f16\.f16", body), name
+        assert body.count("wgmma.mma_async") == 4, name
+        assert ".global.im2col." in body and "cp.async.bulk.tensor.2d.shared::cluster.global" in body, name
+        assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in body, name
+        assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in body, name  # y, by the TMA
+        assert "fence.proxy.async.shared::cta" in body and "cp.async.bulk.wait_group.read" in body, name
+        assert "cvt.rn.f16x2.f32" in body, name  # two sums rounded to FP16 together
+        assert not re.search(r"\bst\.global", body), name  # no thread writes y itself
+        assert "%globaltimer" in body and "brkpt;" in body, name  # every mbarrier wait ends
+        assert ("setmaxnreg" in body) is (c["consumers"] > 1), name
+        assert "%nctaid.x" in body, name  # the tile loop: blockIdx.x, + gridDim.x, ...
+
+
+@needs_compiler
+def test_wgmma_conv_kernels_keep_their_accumulators_in_registers():
+    """ptxas's own account (no GPU needed): no wgmma convolution spills, the persistent ones with their tile loop and
+    TMA-stored epilogue included, and none has its wgmmas serialised for want of registers (C7512)."""
+    log = cuda_c.ptxas_log(cv.WGMMA_SOURCE, "sm_90a").replace("\x00", "")
+    for name in cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS:
+        part = log.split(f"Compiling entry function '{name}'")[1].split("Compiling entry function")[0]
+        assert "0 bytes spill stores, 0 bytes spill loads" in part, (name, part)
+    assert "C7512" not in log and "serialized" not in log, log
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("config", cv.WGMMA_CONV_CONFIGS)
+@pytest.mark.parametrize("config", cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS)
 def test_wgmma_conv_matches_spec(rng, config):
     from gpucourse import gpus
 
@@ -674,6 +730,78 @@ def test_wgmma_conv_matches_spec(rng, config):
         assert cv.rel_error(y.get(), want) <= cv.tolerance("float16", math.prod(ws[1:])), (config, xs, ws, pad)
 
 
+# ResNet-50's stride-1 layers (x NCHW shape, w KCRS shape, pad) at batch 2: the 3 x 3 layers the benchmark times and
+# 1 x 1 layers of each stage (one slice to sixteen, K from 64 to 2048)
+RESNET_SHAPES = [((2, 64, 56, 56), (64, 64, 3, 3), 1), ((2, 128, 28, 28), (128, 128, 3, 3), 1),
+                 ((2, 256, 14, 14), (256, 256, 3, 3), 1), ((2, 512, 7, 7), (512, 512, 3, 3), 1),
+                 ((2, 64, 56, 56), (256, 64, 1, 1), 0), ((2, 256, 56, 56), (64, 256, 1, 1), 0),
+                 ((2, 512, 28, 28), (128, 512, 1, 1), 0), ((2, 256, 14, 14), (1024, 256, 1, 1), 0),
+                 ((2, 2048, 7, 7), (512, 2048, 1, 1), 0), ((2, 512, 7, 7), (2048, 512, 1, 1), 0)]
+# ragged: y's rows and channels ending inside a tile, tiles crossing images, few blocks walking many tiles
+RAGGED_SHAPES = [((3, 64, 11, 13), (72, 64, 3, 3), 1), ((5, 128, 9, 7), (200, 128, 3, 3), 1),
+                 ((1, 64, 1, 1), (8, 64, 1, 1), 0), ((7, 192, 10, 9), (264, 192, 1, 1), 0)]
+
+
+def _twin(config: str) -> str:
+    """The one-tile i2c kernel with a persistent kernel's tile: the same slices, in the same order, into the same
+    FP32 sums, rounded the same way."""
+    c = cv.wgmma_conv_config(config)
+    return next(n for n in cv.WGMMA_CONV_CONFIGS if "i2c" in n and (cv.wgmma_conv_config(n)["bm"],
+                                                                       cv.wgmma_conv_config(n)["bn"]) == (c["bm"], c["bn"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", cv.WGMMA_CONV_PERSISTENT_CONFIGS)
+def test_wgmma_conv_persistent_on_resnet_and_ragged_shapes(rng, config):
+    """Each persistent kernel against the NumPy reference on ResNet-50's stride-1 layers (batch 2) and on ragged
+    shapes, with a block per SM and with 1 and 3 blocks walking every tile (the ring's phases running across tiles
+    whose slices do not fill it evenly), and bit for bit against its one-tile twin: the schedule and the TMA store
+    move the work and the bytes, not the arithmetic."""
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    for xs, ws, pad in RESNET_SHAPES + RAGGED_SHAPES:
+        x = rng.uniform(-1, 1, xs).astype(np.float16)
+        w = rng.uniform(-1, 1, ws).astype(np.float16)
+        want = cv.nchw_to_nhwc(cv.conv2d_spec(x, w, pad))
+        xd, wd = cp.asarray(cv.nchw_to_nhwc(x)), cp.asarray(cv.kcrs_to_krsc(w))
+        twin = cp.full(want.shape, cp.nan, cp.float16)
+        cv.conv_wgmma(xd, wd, twin, pad=pad, config=_twin(config))
+        for blocks in (None, 1, 3) if (xs, ws, pad) in RAGGED_SHAPES else (None,):
+            y = cp.full(want.shape, cp.nan, cp.float16)
+            cv.conv_wgmma(xd, wd, y, pad=pad, config=config, blocks=blocks)
+            got = y.get()
+            assert cv.rel_error(got, want) <= cv.tolerance("float16", math.prod(ws[1:])), (config, xs, ws, blocks)
+            assert np.array_equal(got, twin.get()), (config, xs, ws, blocks)  # bit for bit, NaNs nowhere
+
+
+@pytest.mark.gpu
+def test_wgmma_conv_persistent_at_batch_32(rng):
+    """The persistent kernels on ResNet-50's 3 x 3 layers at the benchmark's batch (32), thousands of tiles over the
+    SMs: bit for bit as their one-tile twins, and near the NumPy reference on the first and last images."""
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    for n, c, h, wd, k, r, s, pad, _ in cv.LAYERS.values():
+        x = rng.uniform(-1, 1, (n, h, wd, c)).astype(np.float16)  # NHWC
+        w = rng.uniform(-1, 1, (k, r, s, c)).astype(np.float16)  # KRSC
+        xd, wdev = cp.asarray(x), cp.asarray(w)
+        ends = np.concatenate([x[:1], x[-1:]])
+        want = cv.nchw_to_nhwc(cv.conv2d_spec(cv.nhwc_to_nchw(ends), np.transpose(w, (0, 3, 1, 2)), pad))
+        for config in cv.WGMMA_CONV_PERSISTENT_CONFIGS:
+            y, twin = (cp.full((n, h, wd, k), cp.nan, cp.float16) for _ in range(2))
+            cv.conv_wgmma(xd, wdev, y, pad=pad, config=config)
+            cv.conv_wgmma(xd, wdev, twin, pad=pad, config=_twin(config))
+            got = y.get()
+            assert np.array_equal(got, twin.get()), (config, c, h)
+            assert cv.rel_error(np.concatenate([got[:1], got[-1:]]), want) <= cv.tolerance("float16", c * r * s), (
+                config, c, h)
+
+
 @pytest.mark.gpu
 def test_wgmma_conv_checks_inputs():
     from gpucourse import gpus
@@ -689,6 +817,8 @@ def test_wgmma_conv_checks_inputs():
         cv.conv_wgmma(x, w, cp.zeros((1, 4, 4, 8), cp.float16), pad=1, stride=2)
     with pytest.raises(runtime.CourseInputError, match="known"):
         cv.conv_wgmma(x, w, cp.zeros((1, 8, 8, 8), cp.float16), pad=1, config="conv_wgmma_256x64_s4_nhwc_f16")
+    with pytest.raises(runtime.CourseInputError, match="blocks is for the persistent"):
+        cv.conv_wgmma(x, w, cp.zeros((1, 8, 8, 8), cp.float16), pad=1, blocks=2)
 
 
 @pytest.mark.gpu

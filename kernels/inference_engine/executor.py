@@ -504,15 +504,7 @@ def tma_buffers(bm: int, bn: int, stages: int, row_bytes: int) -> int:
     return 3 if stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 else 2
 
 
-def _blocks_per_sm(fn, threads: int, smem: int) -> int:
-    """How many blocks of ``fn`` (``threads`` threads, ``smem`` bytes of dynamic shared memory) an SM holds at once."""
-    import ctypes
-
-    n = ctypes.c_int()
-    cuda_c.driver_check(cuda_c.driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctypes.byref(n), ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), ctypes.c_int(threads), ctypes.c_size_t(smem)),
-        "asking the driver how many blocks fit on an SM")
-    return max(1, n.value)
+_blocks_per_sm = tensor_cores.blocks_per_sm  # how many blocks an SM holds at once (the driver's count)
 
 
 def _sms() -> int:
