@@ -77,6 +77,12 @@ WGMMA_CONV(i2c_, true, 64, 64, 6)
 
 namespace hopper {
 
+// Where the persistent producer is in a tile: its first output pixel (n, p0, q0), its next slice's tap (r, sx) and
+// first channel c0.
+struct ConvTap {
+  int n, p0, q0, c0, r, sx;
+};
+
 // The i2c tiles, persistent: conv_tile's producer and consumers on lesson 4's schedule (GroupedTiles over the
 // (N P Q) x K matrix y, the Ring's phases running across tiles, produce_tiles' producer) and its TMA-stored epilogue
 // (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
@@ -109,15 +115,20 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0)
-      // Slice kb of the tile whose first row of y is m0 (output pixel (n, p0, q0)) and first channel k0: tap (r, sx),
-      // channels c0 .. c0 + 63, as conv_tile's i2c producer loads it
-      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
-                    [&](int s, unsigned long long* bar, int kb, int m0, int k0) {
-                      const int n = m0 / (P * Q), p0 = (m0 % (P * Q)) / Q, q0 = m0 % Q;
-                      const int tap = kb / slices, c0 = (kb % slices) * BK;
-                      tma_load_im2col_4d(sA + s * A_BYTES, tmX, bar, c0, q0 - pw, p0 - ph, n, tap % S, tap / S);
-                      tma_load_2d(sB + s * B_BYTES, tmW, bar, kb * BK, k0);
-                    });
+      // A tile's state: its first row m0 of y as the output pixel (n, p0, q0), and the tap (r, sx) and channels c0 of
+      // its next slice, moved on a slice at a time (channels fastest, then the filter's columns, then its rows: w's
+      // order), without a division per slice. Slice kb loads as conv_tile's i2c producer does.
+      produce_tiles(
+          tiles, ring, kblocks, A_BYTES + B_BYTES,
+          [&](int m0, int) { return ConvTap{m0 / (P * Q), (m0 % (P * Q)) / Q, m0 % Q, 0, 0, 0}; },
+          [&](int s, unsigned long long* bar, int kb, int, int k0, ConvTap& at) {
+            tma_load_im2col_4d(sA + s * A_BYTES, tmX, bar, at.c0, at.q0 - pw, at.p0 - ph, at.n, at.sx, at.r);
+            tma_load_2d(sB + s * B_BYTES, tmW, bar, kb * BK, k0);  // w's columns (r S + sx) C + c0 ..
+            if ((at.c0 += BK) == C) {
+              at.c0 = 0;
+              if (++at.sx == S) at.sx = 0, ++at.r;
+            }
+          });
   } else {  // ---------------------------------------------------------------------- consumers
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
     const int c = wg - 1;

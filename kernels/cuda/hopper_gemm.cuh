@@ -1,12 +1,15 @@
 // What lesson 4's Hopper GEMMs share beyond hopper.cuh: the FP16 GEMM (tensor_cores_wgmma.cu) and the FP8 GEMM
-// (tensor_cores_fp8.cu), one block per tile or persistent (gpucourse/cuda_c.py copies this file into each source that
-// includes it):
+// (tensor_cores_fp8.cu), one block per tile or persistent, and lesson 5's persistent convolution
+// (convolution_wgmma.cu), a GEMM whose A tiles are gathered from the image tap by tap (gpucourse/cuda_c.py copies this
+// file into each source that includes it):
 //   * GroupedTiles: the tiles of C in the grouped order (group_m tile-rows at a time, left to right, so that the blocks
 //     resident at one time share rows of A and columns of B in the L2 cache) and tile t's first row and column;
 //   * Ring: the STAGES shared-memory stages between the producer and the consumers, their "full" and "empty"
 //     mbarriers, and the phase of each use, from a count of slices that runs on over all of a block's tiles;
 //   * produce_tiles: the persistent producer, which walks this block's tiles (blockIdx.x, blockIdx.x + gridDim.x, ...)
-//     and loads every slice of each through the ring, the next tile's first slices while the consumers store C;
+//     and loads every slice of each through the ring, the next tile's first slices while the consumers store C (a
+//     tile's state, made once a tile and carried from slice to slice, where its loads need more than the tile's
+//     origin: the convolution's pixel and tap);
 //   * store_tile_tma: the epilogue that writes a consumer warpgroup's 64 rows of C through shared memory, 64 columns
 //     at a time, by stmatrix in the TMA's 128-byte swizzle, each piece stored by the TMA (clipped at C's edges).
 #pragma once
@@ -65,19 +68,30 @@ struct Ring {
 };
 
 // The persistent producer (one thread): every slice of every tile of this block, in order, through the ring.
-// load(s, bar, kb, m0, n0) issues the TMA loads of slice kb of the tile at (m0, n0) into stage s, completing on bar.
-template <int STAGES, int BM, int BN, typename Load>
+// begin(m0, n0) is called once a tile, at its first row m0 and column n0, and returns the tile's state (the
+// convolution's: the output pixel of the tile's first row, and where in the taps and channels its next slice lies);
+// load(s, bar, kb, m0, n0, state) then issues the TMA loads of slice kb of the tile into stage s, completing on bar,
+// and may move the state on to slice kb + 1 (it gets it by reference).
+template <int STAGES, int BM, int BN, typename Begin, typename Load>
 __device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles, const Ring<STAGES>& ring, int kblocks,
-                                              unsigned bytes, Load load) {
+                                              unsigned bytes, Begin begin, Load load) {
   int g = 0;  // slices loaded so far over all of this block's tiles: the ring's position and phase
   for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
     int m0, n0;
     tiles.origin(t, m0, n0);
+    auto state = begin(m0, n0);
     for (int kb = 0; kb < kblocks; ++kb, ++g) {
       const int s = ring.acquire(g, bytes);
-      load(s, &ring.full[s], kb, m0, n0);
+      load(s, &ring.full[s], kb, m0, n0, state);
     }
   }
+}
+// The GEMMs': a slice needs only its tile's origin and its index, load(s, bar, kb, m0, n0).
+template <int STAGES, int BM, int BN, typename Load>
+__device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles, const Ring<STAGES>& ring, int kblocks,
+                                              unsigned bytes, Load load) {
+  produce_tiles(tiles, ring, kblocks, bytes, [](int, int) { return 0; },
+                [&](int s, unsigned long long* bar, int kb, int m0, int n0, int) { load(s, bar, kb, m0, n0); });
 }
 
 // stmatrix: four 8 x 8 matrices of 16-bit values from the registers of a warp to shared memory. Register q of lane l
