@@ -39,6 +39,18 @@ LAYERS = {
     "conv3_x: 28x28, C=K=128": (32, 128, 28, 28, 128, 3, 3, 1, 1),
     "conv4_x: 14x14, C=K=256": (32, 256, 14, 14, 256, 3, 3, 1, 1),
 }
+# ResNet-50's stride-1 1 x 1 layers at batch 32, one of each shape: not in the lesson's record; what the wgmma
+# convolution's 1 x 1 goal (within 1.1x of cuDNN's fastest) is measured on, with benchmarks/convolution.py's layer_table
+LAYERS_1X1 = {
+    "conv2_x 1x1: 56x56, C=64, K=256": (32, 64, 56, 56, 256, 1, 1, 0, 1),
+    "conv2_x 1x1: 56x56, C=256, K=64": (32, 256, 56, 56, 64, 1, 1, 0, 1),
+    "conv3_x 1x1: 28x28, C=128, K=512": (32, 128, 28, 28, 512, 1, 1, 0, 1),
+    "conv3_x 1x1: 28x28, C=512, K=128": (32, 512, 28, 28, 128, 1, 1, 0, 1),
+    "conv4_x 1x1: 14x14, C=256, K=1024": (32, 256, 14, 14, 1024, 1, 1, 0, 1),
+    "conv4_x 1x1: 14x14, C=1024, K=256": (32, 1024, 14, 14, 256, 1, 1, 0, 1),
+    "conv5_x 1x1: 7x7, C=512, K=2048": (32, 512, 7, 7, 2048, 1, 1, 0, 1),
+    "conv5_x 1x1: 7x7, C=2048, K=512": (32, 2048, 7, 7, 512, 1, 1, 0, 1),
+}
 DIRECT_TILE = {"TQ": 16, "TP": 8, "KB": 64, "CB": 4, "threads": 256}  # as #defined in convolution.cu
 # the tensor-core direct kernel's tiles, as instantiated in convolution.cu: conv_igemm_<BM>x<BN>_w<WM>x<WN>_s<STAGES>
 IGEMM_CONFIGS = ("conv_igemm_128x128_w64x32_s3_nhwc_f16", "conv_igemm_128x64_w64x32_s3_nhwc_f16",

@@ -70,6 +70,10 @@ def test_resnet_layers():
         assert cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride) == (n, k, h, w), name
         assert cv.layer_flops(layer) == pytest.approx(2 * 32 * 9 * (56 * 56 * 64 * 64), rel=1e-12)  # all equal
     assert cv.im2col_bytes(cv.LAYERS["conv2_x: 56x56, C=K=64"], 2) == 576 * 32 * 56 * 56 * 2
+    for name, layer in cv.LAYERS_1X1.items():  # 1 x 1, stride 1: what the wgmma convolution takes (C % 64, K % 8)
+        n, c, h, w, k, r, s, pad, stride = layer
+        assert (n, r, s, pad, stride) == (32, 1, 1, 0, 1) and c % 64 == 0 and k % 8 == 0, name
+        assert cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride) == (n, k, h, w), name
 
 
 # ----------------------------------------------------------------------------------------- NumPy specs
@@ -730,13 +734,10 @@ def test_wgmma_conv_matches_spec(rng, config):
         assert cv.rel_error(y.get(), want) <= cv.tolerance("float16", math.prod(ws[1:])), (config, xs, ws, pad)
 
 
-# ResNet-50's stride-1 layers (x NCHW shape, w KCRS shape, pad) at batch 2: the 3 x 3 layers the benchmark times and
-# 1 x 1 layers of each stage (one slice to sixteen, K from 64 to 2048)
-RESNET_SHAPES = [((2, 64, 56, 56), (64, 64, 3, 3), 1), ((2, 128, 28, 28), (128, 128, 3, 3), 1),
-                 ((2, 256, 14, 14), (256, 256, 3, 3), 1), ((2, 512, 7, 7), (512, 512, 3, 3), 1),
-                 ((2, 64, 56, 56), (256, 64, 1, 1), 0), ((2, 256, 56, 56), (64, 256, 1, 1), 0),
-                 ((2, 512, 28, 28), (128, 512, 1, 1), 0), ((2, 256, 14, 14), (1024, 256, 1, 1), 0),
-                 ((2, 2048, 7, 7), (512, 2048, 1, 1), 0), ((2, 512, 7, 7), (2048, 512, 1, 1), 0)]
+# ResNet-50's stride-1 layers (x NCHW shape, w KCRS shape, pad) at batch 2: the 3 x 3 layers the benchmark times,
+# conv5_x's, and the 1 x 1 layers of every stage (one slice of channels to 32, K from 64 to 2048)
+RESNET_SHAPES = [((2, c, h, w), (k, c, r, s), pad) for _, c, h, w, k, r, s, pad, _ in
+                 (*cv.LAYERS.values(), (32, 512, 7, 7, 512, 3, 3, 1, 1), *cv.LAYERS_1X1.values())]
 # ragged: y's rows and channels ending inside a tile, tiles crossing images, few blocks walking many tiles
 RAGGED_SHAPES = [((3, 64, 11, 13), (72, 64, 3, 3), 1), ((5, 128, 9, 7), (200, 128, 3, 3), 1),
                  ((1, 64, 1, 1), (8, 64, 1, 1), 0), ((7, 192, 10, 9), (264, 192, 1, 1), 0)]
