@@ -537,6 +537,9 @@ def test_fused_prepass_mixed_types_and_hadamard():
     k32, v32 = k.astype(cp.float32), v.astype(cp.float32)
     _assert_same_operands(A.fp8_operands(q, k, v32), _reference_operands(q, k, v32))
     _assert_same_operands(A.fp8_operands(q, k32, v), _reference_operands(q, k32, v))
+    shifted = cp.zeros(q.size + 1, cp.float16)[1:].reshape(q.shape)  # contiguous, 2 bytes off 16
+    with pytest.raises(runtime.CourseInputError, match="16-byte boundary"):
+        A.fp8_operands(q, k, shifted)
 
 
 @pytest.mark.gpu

@@ -379,6 +379,9 @@ def fp8_operands(q, k, v, *, hadamard=None) -> dict:
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not isinstance(a, cp.ndarray) or a.dtype not in (cp.float16, cp.float32) or not a.flags.c_contiguous:
             raise runtime.CourseInputError(f"flash_fp8: {name} must be a contiguous CuPy float16 or float32 array")
+        if a.data.ptr % 16:
+            raise runtime.CourseInputError(f"flash_fp8: {name} must start on a 16-byte boundary (the pre-pass reads "
+                                           "16 bytes at a time); a copy ({name}.copy()) does")
     if D != FP8_HEAD_DIM:
         raise runtime.CourseInputError(f"flash_fp8: head dim {D}; the FP8 kernel is built for {FP8_HEAD_DIM} (a row "
                                        "of 128 codes is one 128-byte row of the swizzle)")
@@ -399,7 +402,7 @@ def fp8_operands(q, k, v, *, hadamard=None) -> dict:
     name = f"fp8_prepass_{_PREPASS_TYPES[np.dtype(q.dtype)]}_{_PREPASS_TYPES[np.dtype(v.dtype)]}"
     fn = cuda_c.function(PREPASS_SOURCE, name)
     fn((tiles, 3), (PREPASS_THREADS,), (q, k, v, out["q"], out["k"], out["vt"], scales, np.int32(N)))
-    out["sq"], out["sk"], out["sv"] = scales
+    out["sq"], out["sk"], out["sv"] = scales[0], scales[1], scales[2]
     return out
 
 
