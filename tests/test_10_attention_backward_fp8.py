@@ -337,6 +337,105 @@ def test_fp8_attention_kernels_compile_to_e4m3_wgmma():
     assert "e4m3" not in plain
 
 
+def _prepass_constant(name: str) -> int:
+    """A constexpr int of the fused pre-pass's source (kernels/cuda/attention_fp8_prepass.cu)."""
+    text = (ROOT / "kernels" / "cuda" / "attention_fp8_prepass.cu").read_text()
+    return int(re.search(rf"constexpr int {name} = (\d+);", text).group(1))
+
+
+def test_fp8_prepass_index_arithmetic_emulated():
+    """The fused pre-pass's indices (attention_fp8_prepass.cu) emulated warp by warp in NumPy. Q and K: each 8-value
+    piece of a tile is loaded by one thread and its codes go where it came from. V (vt_tile): each value of the tile
+    is loaded once; the shared-memory stores of each instruction and the loads of each word reach 32 different banks
+    (rows of VT_ROW_WORDS words); and the tile that comes out is fp8_v_transposed's (each 32 keys in FP8_KEY_ORDER)."""
+    from kernels.attention.flash import PREPASS_THREADS, fp8_v_transposed
+
+    threads, row_words, tile, d = _prepass_constant("THREADS"), _prepass_constant("VT_ROW_WORDS"), 128, 128
+    assert threads == PREPASS_THREADS and threads // 32 == 16  # one warp per unit of 32 keys x 32 columns
+    pieces = np.zeros(tile * d // 8, int)  # rows_tile: piece t + THREADS i of thread t
+    for t in range(threads):
+        for i in range(tile * d // 8 // threads):  # PIECES
+            pieces[t + threads * i] += 1
+    assert (pieces == 1).all()
+
+    codes = np.random.default_rng(0).integers(0, 256, (tile, d), dtype=np.uint8)  # one tile of V's codes, keys x d
+    loaded = np.zeros((tile, d), int)
+    staged = np.full(d * row_words, -1, np.int64)
+    for warp in range(threads // 32):
+        u = warp
+        lanes = []
+        for lane in range(32):
+            m, s_ = lane % 4, lane // 4
+            first_key = 32 * (u % 4) + 16 * (s_ // 4) + 2 * (s_ % 4)
+            keys = [first_key + (i % 2) + 8 * (i // 2) for i in range(4)]
+            cols = 32 * (u // 4) + 8 * m + np.arange(8)
+            loaded[np.ix_(keys, cols)] += 1
+            lanes.append((m, s_, keys, cols))
+        for j in range(8):  # one store instruction per column j of the pieces
+            banks = set()
+            for m, s_, keys, cols in lanes:
+                word = sum(int(codes[keys[i], cols[j]]) << (8 * i) for i in range(4))
+                addr = (32 * (u // 4) + 8 * m + j) * row_words + 8 * (u % 4) + s_
+                assert staged[addr] == -1
+                staged[addr] = word
+                banks.add(addr % 32)
+            assert len(banks) == 32, (warp, j, sorted(banks))
+    assert (loaded == 1).all()
+    out = np.zeros((d, tile), np.uint8)
+    for k in range(tile * d // 16 // threads):
+        for warp in range(threads // 32):
+            for word in range(4):  # a warp's load of one word of its 16-byte runs
+                banks = set()
+                for lane in range(32):
+                    o = 32 * warp + lane + threads * k
+                    c, run = o // 8, o % 8
+                    addr = c * row_words + 4 * run + word
+                    banks.add(addr % 32)
+                    out[c, 16 * run + 4 * word:16 * run + 4 * word + 4] = np.array([staged[addr]], "<u4").view(np.uint8)
+                assert len(banks) == 32, (k, warp, word)
+    assert (out == fp8_v_transposed(codes[None])[0]).all()
+
+
+def test_fp8_prepass_amax_over_bits_is_numpys_max():
+    """The pre-pass takes a tile's largest magnitude as the largest of the bits of |x| read as unsigned integers: the
+    same float as NumPy's max of |x| (zeros, -0, subnormals, infinity), and a NaN wherever the tile holds one, so
+    that e4m3_scale gives the same scale (1 for a NaN, as for zeros)."""
+    from kernels.inference_engine.precision import e4m3_scale
+
+    rng = np.random.default_rng(2)
+    cases = [rng.standard_normal(64).astype(np.float32), np.zeros(64, np.float32), -np.zeros(64, np.float32),
+             np.array([1e-45, -3e-42, 0.0], np.float32), np.array([1.0, -np.inf, 2.0], np.float32),
+             np.array([1.0, np.nan, -np.inf], np.float32), np.array([-np.nan, 5.0], np.float32),
+             rng.standard_normal(64).astype(np.float16).astype(np.float32)]
+    for x in cases:
+        bits = np.array([(x.view(np.uint32) & 0x7FFFFFFF).max()], np.uint32).view(np.float32)[0]
+        want = np.abs(x).max()
+        assert (np.isnan(bits) and np.isnan(want)) or bits == want, (x, bits, want)
+        assert e4m3_scale(bits).view(np.uint32) == e4m3_scale(want).view(np.uint32), x
+
+
+@needs_compiler
+def test_fp8_prepass_compiles_without_spills_for_every_gpu():
+    """ptxas's account of the four pre-pass kernels (Q and K's type, V's) on Hopper and on the oldest GPU the course
+    supports: no spills, no stack; e4m3 conversions in hardware on Hopper; and the e4m3 rounding written once, in
+    e4m3.cuh, which lesson 4's quantiser includes too."""
+    from gpucourse import cuda_c
+    from kernels.attention.flash import PREPASS_SOURCE
+
+    names = [f"fp8_prepass_{a}_{b}" for a in ("f16", "f32") for b in ("f16", "f32")]
+    for arch in ("sm_90a", "sm_75"):
+        log = cuda_c.ptxas_log(PREPASS_SOURCE, arch).replace("\x00", "")
+        for name in names:
+            part = log.split(f"Compiling entry function '{name}'")[1].split("Compiling entry function")[0]
+            assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in part, (arch, name, part)
+    body = cuda_c.ptx_entry(cuda_c.compile_ptx(PREPASS_SOURCE, arch="sm_90"), "fp8_prepass_f16_f16")
+    assert body.count("cvt.rn.satfinite.e4m3x2.f32") == 3 * 32 and body.count("div.rn.f32") == 3 * 32 + 3
+    assert "wgmma" not in body and "cp.async" not in body
+    sources = {p.name: p.read_text() for p in (ROOT / "kernels" / "cuda").glob("*.cu*")}
+    assert [n for n, text in sources.items() if "__fdiv_rn" in text] == ["e4m3.cuh"]
+    assert all('#include "e4m3.cuh"' in sources[n] for n in ("tensor_cores_fp8.cu", "attention_fp8_prepass.cu"))
+
+
 def test_flash_fp8_needs_a_gpu_or_says_so():
     if runtime.is_gpu():
         pytest.skip("a GPU runs it (test_flash_fp8_on_gpu)")
@@ -356,14 +455,118 @@ def _hopper():
     return runtime.cupy()
 
 
+def _prepass_inputs(rng, shape, dtype, *, nan: bool = False):
+    """Q, K, V of ``shape`` (batch, heads, N, 128) in ``dtype``: Gaussian rows of sizes a few e apart, with a tile of
+    zeros (Q's first), tiles with one outlier (K's first, V's last: near FP16's largest value, or 2^100 in FP32, so
+    that the rest of the tile rounds to subnormal codes or zero), -0 and FP16 subnormals, and (``nan``) a NaN in a
+    tile of V."""
+    big = 6.0e4 if dtype == np.float16 else 2.0**100
+    out = []
+    for name in "qkv":
+        x = rng.standard_normal(shape) * np.exp(rng.standard_normal(shape[:-1] + (1,)))
+        tiles = x.reshape(-1, 128, 128)
+        tiles[0, 0, :4] = [-0.0, 2.0**-24, -(2.0**-20), 0.0]
+        if name == "q":
+            tiles[0] = 0.0
+        if name == "k":
+            tiles[0, 77, 5] = -big
+        if name == "v":
+            tiles[-1, 3, 100] = big
+            if nan:
+                tiles[len(tiles) // 2, 64, 64] = np.nan
+        out.append(x.astype(dtype))
+    return out
+
+
+def _reference_operands(q, k, v):
+    """fp8_operands' output by the unfused path: lesson 4's quantize_fp8_gpu on each tensor (a scale per 128 x 128
+    block), then fp8_v_transposed on V's codes (CuPy arrays, q k v (B, H, N, 128))."""
+    import kernels.attention as A
+    from kernels.tensor_cores_fp8 import quantize_fp8_gpu
+
+    B, H, N, D = q.shape
+    ref = {"shape": (B, H, N, D)}
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        codes, scales = quantize_fp8_gpu(x.reshape(B * H * N, D), block=128 * D)
+        ref[name], ref["s" + name] = codes, scales.reshape(B * H, N // 128)
+    ref["vt"] = A.fp8_v_transposed(ref.pop("v").reshape(B * H, N, D)).reshape(B * H * D, N)
+    return ref
+
+
+def _assert_same_operands(got, want):
+    assert got["shape"] == want["shape"]
+    for name in ("q", "k", "vt"):
+        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype, name
+        diff = int((got[name] != want[name]).sum())
+        assert diff == 0, f"{name}: {diff} codes differ"
+    for name in ("sq", "sk", "sv"):
+        assert got[name].shape == want[name].shape, name
+        assert (got[name].view(np.uint32) == want[name].view(np.uint32)).all(), name  # bit for bit
+
+
 @pytest.mark.gpu
-def test_fp8_operands_are_numpys_block_codes():
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("shape", [(1, 1, 128, 128), (2, 3, 384, 128), (1, 2, 1024, 128)])
+def test_fused_prepass_is_the_unfused_path_code_for_code(shape, dtype):
+    """fp8_operands (one launch of attention_fp8_prepass.cu) against quantize_fp8_gpu + fp8_v_transposed: the same
+    codes and the same scales, bit for bit, with tiles of zeros, outliers, subnormals, -0 and a NaN."""
     cp = _hopper()
+    import kernels.attention as A
+
+    q, k, v = (cp.asarray(x) for x in _prepass_inputs(np.random.default_rng(shape[2]), shape, dtype, nan=True))
+    ops = A.fp8_operands(q, k, v)
+    _assert_same_operands(ops, _reference_operands(q, k, v))
+    assert float(ops["sq"][0, 0]) == 1.0 and not ops["q"][:128].any()  # the tile of zeros: scale 1, codes 0
+    amax = cp.abs(k[0, 0, :128].astype(cp.float32)).max()  # the outlier's tile: its scale is the outlier's / 448
+    assert float(ops["sk"][0, 0]) == float(amax / np.float32(448)) and float(amax) >= 6.0e4
+
+
+@pytest.mark.gpu
+def test_fused_prepass_mixed_types_and_hadamard():
+    """The kernels with Q and K of another type than V: the Hadamard rotation's float32 Q and K beside float16 V,
+    float16 Q and K beside float32 V, and Q float16 with K float32 (both taken as float32, which is exact): the
+    unfused path's codes and scales."""
+    cp = _hopper()
+    import kernels.attention as A
+    from kernels.attention.fp8 import random_hadamard
+
+    q, k, v = (cp.asarray(x) for x in _prepass_inputs(np.random.default_rng(5), (1, 2, 256, 128), np.float16))
+    rot = cp.asarray(random_hadamard(128, 7), dtype=cp.float32)
+    qh, kh = ((x.reshape(-1, 128).astype(cp.float32) @ rot).reshape(x.shape) for x in (q, k))
+    _assert_same_operands(A.fp8_operands(q, k, v, hadamard=7), _reference_operands(qh, kh, v))
+    k32, v32 = k.astype(cp.float32), v.astype(cp.float32)
+    _assert_same_operands(A.fp8_operands(q, k, v32), _reference_operands(q, k, v32))
+    _assert_same_operands(A.fp8_operands(q, k32, v), _reference_operands(q, k32, v))
+    shifted = cp.zeros(q.size + 1, cp.float16)[1:].reshape(q.shape)  # contiguous, 2 bytes off 16
+    with pytest.raises(runtime.CourseInputError, match="16-byte boundary"):
+        A.fp8_operands(q, k, shifted)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_fp8_is_unchanged_by_the_fused_prepass(causal):
+    """flash_fp8 on fp8_operands' output and on the unfused path's: the same O and lse, bit for bit."""
+    cp = _hopper()
+    import kernels.attention as A
+
+    q, k, v = (cp.asarray(x) for x in _prepass_inputs(np.random.default_rng(9), (2, 2, 384, 128), np.float16))
+    o, lse = A.flash_fp8(q, k, v, causal=causal)
+    o_ref, lse_ref = A.flash_fp8(causal=causal, operands=_reference_operands(q, k, v))
+    assert bool(cp.isfinite(o).all())
+    assert (o.view(cp.uint16) == o_ref.view(cp.uint16)).all()
+    assert (lse.view(cp.uint32) == lse_ref.view(cp.uint32)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_fp8_operands_are_numpys_block_codes(dtype):
+    """fp8_operands against NumPy's block quantisation (fp8.quantize_blocks) and fp8_v_transposed, on any GPU: the
+    pre-pass is SIMT code (cuda_fp8.h converts in hardware from sm_89 and emulates the same rounding before)."""
+    cp = runtime.cupy()
     import kernels.attention as A
     from kernels.attention.fp8 import quantize_blocks
 
-    rng = np.random.default_rng(1)
-    q, k, v = (rng.standard_normal((1, 2, 256, 128)).astype(np.float16) for _ in range(3))
+    q, k, v = _prepass_inputs(np.random.default_rng(1), (1, 2, 256, 128), dtype)
     ops = A.fp8_operands(*(cp.asarray(x) for x in (q, k, v)))
     for name, x in (("q", q), ("k", k)):
         codes, scales = quantize_blocks(x.reshape(2, 256, 128).astype(np.float32), 128)

@@ -359,36 +359,50 @@ def fp8_smem_bytes(stages: int = FP8_STAGES) -> int:
     return 1024 + WGMMA_BLOCK_M * FP8_HEAD_DIM + 2 * stages * FP8_BLOCK * FP8_HEAD_DIM + 8 * (2 + 3 * stages) + 8
 
 
+PREPASS_SOURCE, PREPASS_THREADS = "attention_fp8_prepass", 512  # the fused pre-pass: a block of 512 threads a tile
+_PREPASS_TYPES = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}
+
+
 def fp8_operands(q, k, v, *, hadamard=None) -> dict:
     """Q, K and V (CuPy float16 or float32, (batch, heads, N, 128), N a multiple of 128) as the FP8 kernel takes them,
-    quantised on the GPU with a scale per tile of 128 rows of a head (kernels.tensor_cores_fp8.quantize_fp8_gpu):
-    {"q", "k": codes (BH x N, 128); "vt": V's codes transposed (BH x 128, N) in FP8_KEY_ORDER; "sq", "sk", "sv":
-    scales (BH, N / 128); "shape": (B, H, N, d)}. ``hadamard``: None, or the seed of fp8.random_hadamard, whose
-    rotation H is applied to Q and K first (in FP32, by cuBLAS): (Q H)(K H)^T = Q K^T, and an outlier channel is
-    spread over all 128 before e4m3 rounds it (FlashAttention-3's incoherent processing)."""
-    from kernels.tensor_cores_fp8 import quantize_fp8_gpu
+    quantised on the GPU with a scale per tile of 128 rows of a head: {"q", "k": codes (BH x N, 128); "vt": V's codes
+    transposed (BH x 128, N) in FP8_KEY_ORDER; "sq", "sk", "sv": scales (BH, N / 128); "shape": (B, H, N, d)}.
+    ``hadamard``: None, or the seed of fp8.random_hadamard, whose rotation H is applied to Q and K first (in FP32, by
+    cuBLAS): (Q H)(K H)^T = Q K^T, and an outlier channel is spread over all 128 before e4m3 rounds it
+    (FlashAttention-3's incoherent processing).
 
+    One launch of kernels/cuda/attention_fp8_prepass.cu does it all, reading each value once: code for code and scale
+    for scale what lesson 4's quantize_fp8_gpu (a scale per 128 x 128 block) and fp8_v_transposed give, which the
+    tests compare it with. It is SIMT code and runs on any GPU; the FP8 kernel that reads its output needs Hopper."""
     cp = runtime.cupy()
     B, H, N, D = check_qkv(q, k, v, "flash_fp8")
     for name, a in (("q", q), ("k", k), ("v", v)):
         if not isinstance(a, cp.ndarray) or a.dtype not in (cp.float16, cp.float32) or not a.flags.c_contiguous:
             raise runtime.CourseInputError(f"flash_fp8: {name} must be a contiguous CuPy float16 or float32 array")
+        if a.data.ptr % 16:
+            raise runtime.CourseInputError(f"flash_fp8: {name} must start on a 16-byte boundary (the pre-pass reads "
+                                           "16 bytes at a time); a copy ({name}.copy()) does")
     if D != FP8_HEAD_DIM:
         raise runtime.CourseInputError(f"flash_fp8: head dim {D}; the FP8 kernel is built for {FP8_HEAD_DIM} (a row "
                                        "of 128 codes is one 128-byte row of the swizzle)")
     if N % FP8_BLOCK:
         raise runtime.CourseInputError(f"flash_fp8: N = {N} is not a multiple of the kernel's {FP8_BLOCK}-row tiles")
     bh = B * H
-    out = {"shape": (B, H, N, D)}
     if hadamard is not None:
         from .fp8 import random_hadamard
 
         rot = cp.asarray(random_hadamard(D, hadamard), dtype=cp.float32)
         q, k = ((x.reshape(-1, D).astype(cp.float32) @ rot).reshape(x.shape) for x in (q, k))
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        codes, scales = quantize_fp8_gpu(x.reshape(bh * N, D), block=FP8_BLOCK * D)
-        out[name], out["s" + name] = codes, scales.reshape(bh, N // FP8_BLOCK)
-    out["vt"] = fp8_v_transposed(out.pop("v").reshape(bh, N, D)).reshape(bh * D, N)
+    if q.dtype != k.dtype:  # the kernel takes Q and K of one type; float16 to float32 is exact
+        q, k = q.astype(cp.float32), k.astype(cp.float32)
+    tiles = bh * (N // FP8_BLOCK)
+    out = {"shape": (B, H, N, D), "q": cp.empty((bh * N, D), cp.uint8), "k": cp.empty((bh * N, D), cp.uint8),
+           "vt": cp.empty((bh * D, N), cp.uint8)}
+    scales = cp.empty((3, bh, N // FP8_BLOCK), cp.float32)
+    name = f"fp8_prepass_{_PREPASS_TYPES[np.dtype(q.dtype)]}_{_PREPASS_TYPES[np.dtype(v.dtype)]}"
+    fn = cuda_c.function(PREPASS_SOURCE, name)
+    fn((tiles, 3), (PREPASS_THREADS,), (q, k, v, out["q"], out["k"], out["vt"], scales, np.int32(N)))
+    out["sq"], out["sk"], out["sv"] = scales[0], scales[1], scales[2]
     return out
 
 

@@ -26,6 +26,7 @@
 //
 // Everything below needs sm_90a; compiled for any other architecture the kernels are stubs that trap.
 
+#include "e4m3.cuh"
 #include "hopper.cuh"
 #include "hopper_gemm.cuh"
 
@@ -272,11 +273,12 @@ FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, f16, __half)
 FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
 
 // e4m3 codes of x / scale, a scale for each ``block`` consecutive elements (n for one scale per tensor; rows x d for
-// lesson 10's blocks of rows), rounded as the GPU rounds (to nearest, ties to even, saturated to +-448): what
-// kernels/inference_engine/precision.py's to_e4m3 gives for the same float32 quotient, code for code.
+// lesson 10's blocks of rows), rounded as the GPU rounds (e4m3_code of e4m3.cuh: to nearest, ties to even,
+// saturated to +-448): what kernels/inference_engine/precision.py's to_e4m3 gives for the same float32 quotient,
+// code for code.
 extern "C" __global__ void fp8_quantize(const float* __restrict__ x, unsigned char* __restrict__ codes,
                                         const float* __restrict__ scales, long long n, long long block) {
   for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
-    codes[i] = __nv_cvt_float_to_fp8(__fdiv_rn(x[i], __ldg(&scales[i / block])), __NV_SATFINITE, __NV_E4M3);
+    codes[i] = e4m3_code(x[i], __ldg(&scales[i / block]));
 }
