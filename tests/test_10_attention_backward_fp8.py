@@ -525,3 +525,25 @@ def test_fp8_kernel_errors_follow_numpys():
         assert row["FP8 (CUDA C)"] > 10 * row["FP16 (CUDA C)"], (name, row)
     ch = r["outlier channels"]
     assert ch["FP8 + Hadamard (CUDA C)"] < 0.8 * ch["FP8 (CUDA C)"], ch
+
+
+def test_dq_column_swizzle_spreads_a_warps_stores_over_every_bank():
+    """The atomic backward's dQ tile in shared memory: a warp stores float2s for lanes (g, q) at row 16 w + g + 8 h,
+    columns 64 c + 16 a + 8 b + 2 q. Row-major, the 8 rows (512 bytes apart) land on the same 8 banks: 8 wavefronts
+    a store. With the columns XOR 8 (r % 4) each bank is hit by 2 lanes' words: the 2 wavefronts 256 bytes need.
+    Every row keeps a permutation of its own columns, so a tile stays one contiguous block for the bulk reduction."""
+    from kernels.attention.backward_cuda import dq_column_swizzle
+
+    sw = dq_column_swizzle(64)
+    assert all(sorted(row) == list(range(128)) for row in sw)
+    for swizzled, wavefronts in ((False, 8), (True, 2)):
+        for w, h, c, a, b in [(w, h, c, a, b) for w in range(4) for h in range(2) for c in range(2)
+                              for a in range(4) for b in range(2)]:
+            hits = np.zeros(32, int)
+            for g in range(8):
+                for q in range(4):
+                    row, col = 16 * w + g + 8 * h, 64 * c + 16 * a + 8 * b + 2 * q
+                    col = sw[row, col] if swizzled else col
+                    for word in (row * 128 + col, row * 128 + col + 1):
+                        hits[word % 32] += 1
+            assert hits.max() == wavefronts, (swizzled, hits)

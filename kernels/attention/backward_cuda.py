@@ -32,6 +32,31 @@ def dq_smem_bytes(stages: int = BWD_STAGES) -> int:
     return 1024 + 2 * tile + 2 * stages * tile + 8 * (1 + 2 * stages)
 
 
+def dq_column_swizzle(rows: int, d: int = 128) -> np.ndarray:
+    """The column of the FP32 dQ buffer where the atomic backward keeps element (r, c), for every row r < rows:
+    c XOR 8 (r % 4). Each row keeps its own 128 columns, so the bulk reduction of a tile stays one contiguous
+    block; the XOR only spreads a warp's stores of 8 rows over all 32 shared-memory banks."""
+    r = np.arange(rows)[:, None]
+    return np.arange(d)[None, :] ^ (8 * (r % 4))
+
+
+_UNSWIZZLE = {}
+
+
+def unswizzle_dq(acc, d: int = 128):
+    """The atomic backward's FP32 dQ buffer (rows x d, columns of row r XOR 8 (r % 4): dq_column_swizzle) in row
+    order, rounded to FP16, in one pass on the GPU."""
+    cp = runtime.cupy()
+    if "kernel" not in _UNSWIZZLE:
+        _UNSWIZZLE["kernel"] = cp.ElementwiseKernel(
+            "raw float32 acc, int32 d", "float16 out",
+            "const int r = i / d, c = i % d; out = (float16)acc[(size_t)r * d + (c ^ (8 * (r % 4)))]",
+            "gpucourse_unswizzle_dq")
+    out = cp.empty(acc.shape, cp.float16)
+    _UNSWIZZLE["kernel"](acc, np.int32(d), out)
+    return out
+
+
 def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq: str = "atomic") -> tuple:
     """(dq, dk, dv) of attention for CuPy float16 arrays q, k, v, o, do of shape (batch, heads, N, 128) (or (heads, N,
     128), (N, 128)), lse float32 of the same shape without d (the forward's, natural log), N a multiple of 128, on
@@ -78,7 +103,7 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
             ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), *scales]
     launch_hopper(fn, (N // BWD_BLOCK_N, B * H), 384, smem, args, name)
     if atomic:
-        return dq_acc.astype(cp.float16).reshape(q.shape), dk, dv  # 3. dQ rounded to FP16
+        return unswizzle_dq(dq_acc, D).reshape(q.shape), dk, dv  # 3. dQ in row order, rounded to FP16
     dq_out = cp.empty_like(q)  # 3. the second pass: dQ, a block per 128 query rows
     name = "flash_bwd_dq_wgmma_d128" + ("_causal" if causal else "")
     smem = dq_smem_bytes()

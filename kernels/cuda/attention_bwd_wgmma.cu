@@ -5,7 +5,8 @@
 //
 // Q, K, V, dO: (batch x heads) x N x 128, FP16, row-major; LSE (natural log) and D = rowsum(dO o O) (the pre-pass,
 // attention_bwd_prepass below): (batch x heads) x N, FP32. dK, dV: FP16 like K and V; dQ is summed in an FP32 buffer
-// (zero at launch) that the launcher rounds to FP16 afterwards. N a multiple of 128.
+// (zero at launch), its columns in each row r stored XOR 8 (r % 4), which the launcher undoes as it rounds to FP16
+// afterwards. N a multiple of 128.
 //
 // A block owns BN = 128 keys of one head and keeps their dK and dV in registers (FP32) while it walks the query
 // tiles of BM = 64 rows that see them (causal: from the diagonal on). Warpgroup 0 is the PRODUCER: one thread
@@ -197,6 +198,10 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       pin(dq);
       // the dQ tile, times the scale, into this round's buffer (the reduction two rounds ago has read it: thread 0
       // of consumer 0 waits for that before the barrier above lets anyone here)
+      // Row r's columns are stored XOR 8 (r % 4) (DQ_COLUMN_SWIZZLE): a warp's float2 stores cover 8 rows of 8
+      // words each, which a plain row-major tile (rows 512 bytes apart) puts on the same 8 banks (8 wavefronts a
+      // store); swizzled, rows r and r + 4 share a bank group and a store takes the 2 wavefronts its 256 bytes need.
+      // The FP32 buffer in global memory keeps the same order; the launcher's rounding to FP16 undoes it.
       float* buf = sdQ + (it % 2) * (BM * D);
 #pragma unroll
       for (int a = 0; a < 4; ++a)
@@ -205,7 +210,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
           const int row = 16 * warp + g + 8 * h;
 #pragma unroll
           for (int b = 0; b < 2; ++b) {
-            const int col = 64 * c + 16 * a + 8 * b + 2 * q;
+            const int col = (64 * c + 16 * a + 8 * b + 2 * q) ^ (8 * (row % 4));
             *reinterpret_cast<float2*>(buf + row * D + col) =
                 make_float2(dq[a][4 * b + 2 * h] * scale, dq[a][4 * b + 2 * h + 1] * scale);
           }
