@@ -2,7 +2,12 @@
 shape, wgmma fed by the TMA, a producer warpgroup and two consumers, dK and dV kept in registers by a block per tile
 of 128 keys, dQ summed in FP32 by the TMA's bulk atomic adds. The algorithm is backward_tiles.py's with
 block_m = 64, block_n = 128, and either way of forming dQ; the launcher runs its three steps: the pre-pass
-D = rowsum(dO o O), the kernel, and dQ's FP32 sums rounded to FP16 (or the second pass, which writes dQ itself)."""
+D = rowsum(dO o O), the kernel, and dQ's FP32 sums rounded to FP16 (or the second pass, which writes dQ itself).
+
+Any N: the grids run ceil(N / tile) blocks, the TMA reads through 3-D tensor maps (heads x N x d) that fill a tile's
+rows past N with zeros, and LSE and D come padded to ``padded_rows(N)`` rows a head (lse = +inf, D = 0 there), so
+that a query row past N has P = 0; the kernels mask keys past N and store no row past N (``kernel_indices``
+emulates which rows, keys and bytes each block touches)."""
 from __future__ import annotations
 
 import numpy as np
@@ -16,6 +21,74 @@ BWD_HEAD_DIM, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES = 128, 64, 128, 2  # d; queri
 DQ_BLOCK_M = 128  # the second pass: query rows a block (two consumers of 64), against tiles of BWD_BLOCK_N keys
 DQ_MODES = ("atomic", "second-pass")  # as backward_tiles.DQ_MODES
 PREPASS_ROWS = 8  # rows of the pre-pass a block of 256 threads (a warp a row)
+
+
+def padded_rows(n: int) -> int:
+    """Rows a head of the LSE and D arrays the kernels read: N rounded up to a multiple of 128 (the second pass's
+    blocks), as the CUDA C's padded_rows."""
+    return -(-n // DQ_BLOCK_M) * DQ_BLOCK_M
+
+
+def kernel_indices(n: int, causal: bool) -> dict:
+    """The index arithmetic of both kernels for one head of n rows, emulated thread by thread in NumPy as the CUDA C
+    writes it (a block's two consumers x 4 warps x 32 lanes, g = lane / 4, q = lane % 4): for the first kernel
+    (``"dkdv"``, a block per 128 keys walking query tiles of 64) and the second pass (``"dq"``, a block per 128 query
+    rows walking key tiles of 128), ``live`` an n x n count of how often each (query, key) gets P != 0 (the mask,
+    and lse = +inf on the padded rows past n), ``stored`` a count of the 16-byte stores of the end (dK and dV, or dQ)
+    per row (NP + 128 of them, so a store past n would show) and 8-column chunk (store_rows_fp16: thread q stores
+    columns 32x + 8q .. + 7), ``lse_reads`` the largest LSE/D row read (< NP); and for
+    the first kernel ``dq_adds``, the (first row, bytes) of each bulk add of a dQ tile of d = 128."""
+    bm, bn, NP = BWD_BLOCK_M, BWD_BLOCK_N, padded_rows(n)
+    c, warp, lane = np.meshgrid(np.arange(2), np.arange(4), np.arange(32), indexing="ij")
+    g, q = (lane // 4).ravel(), (lane % 4).ravel()
+    c, warp = c.ravel(), warp.ravel()
+    a, e = np.meshgrid(np.arange(4), np.arange(8), indexing="ij")  # a query block of 16, the element of it
+    a, e = a.ravel(), e.ravel()
+    lse_pad = np.arange(NP) >= n  # the padding the launcher gives: lse = +inf there, so P = 0
+    chunks = 4 * np.arange(BWD_HEAD_DIM // 32)[None, :] + q[:, None]  # a thread's 16-byte chunks of a row
+
+    def add(live, rows, cols, ok):
+        np.add.at(live, (rows[ok], cols[ok]), 1)
+
+    def store(stored, row0):  # store_rows_fp16(..., rows = n): rows row0 and row0 + 8, those before n
+        for h in range(2):
+            r = np.broadcast_to((row0 + 8 * h)[:, None], chunks.shape)
+            np.add.at(stored, (r[r < n], chunks[r < n]), 1)
+
+    out = {}
+    # the first kernel: keys key0 + 8 ((e / 2) % 2) of the thread, queries i BM + 16a + 8 (e / 4) + 2q + e % 2
+    live, stored, adds, reads = np.zeros((n, n), int), np.zeros((NP + bn, BWD_HEAD_DIM // 8), int), [], 0
+    tiles_m = -(-n // bm)
+    for j in range(-(-n // bn)):
+        key0 = j * bn + 64 * c + 16 * warp + g
+        first = (j * bn) // bm if causal else 0
+        for i in range(first, tiles_m):
+            key = key0[:, None] + 8 * ((e[None, :] >> 1) & 1)
+            query = i * bm + 16 * a[None, :] + 8 * (e[None, :] >> 2) + 2 * q[:, None] + (e[None, :] & 1)
+            reads = max(reads, int(query.max()))
+            masked = key > query if causal else key >= n
+            add(live, query, key, ~masked & ~lse_pad[query])
+            adds.append((i * bm, min(bm, n - i * bm) * BWD_HEAD_DIM * 4))
+        store(stored, key0)
+    out["dkdv"] = {"live": live, "stored": stored, "lse_reads": reads, "dq_adds": adds}
+    # the second pass: rows row0 + 8 ((e / 2) % 2), keys t BN + 16a + 8 (e / 4) + 2q + e % 2 (a over 8 blocks here)
+    a8, e8 = np.meshgrid(np.arange(bn // 16), np.arange(8), indexing="ij")
+    a8, e8 = a8.ravel(), e8.ravel()
+    live, stored, reads = np.zeros((n, n), int), np.zeros((NP + DQ_BLOCK_M, BWD_HEAD_DIM // 8), int), 0
+    tiles_n = -(-n // bn)
+    for m in range(-(-n // DQ_BLOCK_M)):
+        row0 = m * DQ_BLOCK_M + 64 * c + 16 * warp + g
+        reads = max(reads, int((row0 + 8).max()))
+        tiles = min((m * DQ_BLOCK_M + DQ_BLOCK_M) // bn, tiles_n) if causal else tiles_n
+        for t in range(tiles):
+            row = row0[:, None] + 8 * ((e8[None, :] >> 1) & 1)
+            key = t * bn + 16 * a8[None, :] + 8 * (e8[None, :] >> 2) + 2 * q[:, None] + (e8[None, :] & 1)
+            edge = not causal and (t + 1) * bn > n
+            masked = key > row if causal else (edge & (key >= n))
+            add(live, row, key, ~masked & ~lse_pad[row])
+        store(stored, row0)
+    out["dq"] = {"live": live, "stored": stored, "lse_reads": reads}
+    return out
 
 
 def bwd_smem_bytes(stages: int = BWD_STAGES) -> int:
@@ -59,8 +132,7 @@ def unswizzle_dq(acc, d: int = 128):
 
 def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=None, dq: str = "atomic") -> tuple:
     """(dq, dk, dv) of attention for CuPy float16 arrays q, k, v, o, do of shape (batch, heads, N, 128) (or (heads, N,
-    128), (N, 128)), lse float32 of the same shape without d (the forward's, natural log), N a multiple of 128, on
-    Hopper (compute capability 9.0). ``dq``: "atomic" (each key block adds its dQ tile into an FP32 buffer) or
+    128), (N, 128)), lse float32 of the same shape without d (the forward's, natural log), any N >= 1, on Hopper (compute capability 9.0). ``dq``: "atomic" (each key block adds its dQ tile into an FP32 buffer) or
     "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ). Returns float16 arrays of q's shape."""
     import ctypes
 
@@ -80,14 +152,16 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
                                        f"{tuple(q.shape[:-1])} (the forward's)")
     if dq not in DQ_MODES:
         raise runtime.CourseInputError(f"flash_backward_wgmma: dq must be one of {DQ_MODES}, got {dq!r}")
-    if N % BWD_BLOCK_N:
-        raise runtime.CourseInputError(f"flash_backward_wgmma: N = {N} is not a multiple of the kernel's "
-                                       f"{BWD_BLOCK_N}-key tiles; pad the sequence (and mask the padding)")
     gpus.step("10.wgmma_bwd")
-    rows = B * H * N
-    dsum = cp.empty(rows, cp.float32)  # 1. the pre-pass: D = rowsum(dO o O)
+    rows, NP = B * H * N, padded_rows(N)
+    # LSE and D with NP rows a head: the padding's lse = +inf and D = 0 give a query row past N P = 0
+    lse_p = lse.reshape(B * H, N)
+    if NP != N:
+        lse_p = cp.full((B * H, NP), cp.inf, cp.float32)
+        lse_p[:, :N] = lse.reshape(B * H, N)
+    dsum = (cp.zeros if NP != N else cp.empty)(B * H * NP, cp.float32)  # 1. the pre-pass: D = rowsum(dO o O)
     prepass = hopper_kernel(BWD_SOURCE, "attention_bwd_prepass", 0)
-    prepass((-(-rows // PREPASS_ROWS),), (32 * PREPASS_ROWS,), (o, do, dsum, np.int32(rows)))
+    prepass((-(-rows // PREPASS_ROWS),), (32 * PREPASS_ROWS,), (o, do, dsum, np.int32(rows), np.int32(N)))
     atomic = dq == "atomic"
     dq_acc = cp.zeros((rows, D), cp.float32) if atomic else cp.empty((0,), cp.float32)  # 2. dK, dV (and dQ's sums)
     dk, dv = cp.empty_like(k), cp.empty_like(v)
@@ -95,21 +169,22 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
     name = f"flash_bwd_wgmma_d128{tail}" + ("_causal" if causal else "")
     smem = bwd_smem_bytes()
     fn = hopper_kernel(BWD_SOURCE, name, smem)
-    maps = [tensor_map(x.reshape(rows, D), (box, 64)) for x, box in
+    # 3-D maps, a head at a time: a tile reaching past row N of its head is read as zeros, not as the next head's
+    maps = [tensor_map(x.reshape(B * H, N, D), (1, box, 64)) for x, box in
             ((q, BWD_BLOCK_M), (k, BWD_BLOCK_N), (v, BWD_BLOCK_N), (do, BWD_BLOCK_M))]
     sc = _scale(D, scale)
     scales = [ctypes.c_int32(N), ctypes.c_float(sc), ctypes.c_float(sc * LOG2E)]
-    args = [*maps, ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(dsum.data.ptr), ctypes.c_uint64(dq_acc.data.ptr),
-            ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), *scales]
-    launch_hopper(fn, (N // BWD_BLOCK_N, B * H), 384, smem, args, name)
+    args = [*maps, ctypes.c_uint64(lse_p.data.ptr), ctypes.c_uint64(dsum.data.ptr),
+            ctypes.c_uint64(dq_acc.data.ptr), ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), *scales]
+    launch_hopper(fn, (-(-N // BWD_BLOCK_N), B * H), 384, smem, args, name)
     if atomic:
         return unswizzle_dq(dq_acc, D).reshape(q.shape), dk, dv  # 3. dQ in row order, rounded to FP16
     dq_out = cp.empty_like(q)  # 3. the second pass: dQ, a block per 128 query rows
     name = "flash_bwd_dq_wgmma_d128" + ("_causal" if causal else "")
     smem = dq_smem_bytes()
     fn = hopper_kernel(BWD_SOURCE, name, smem)
-    maps = [tensor_map(x.reshape(rows, D), (128, 64)) for x in (q, k, v, do)]
-    args = [*maps, ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(dsum.data.ptr), ctypes.c_uint64(dq_out.data.ptr),
+    maps = [tensor_map(x.reshape(B * H, N, D), (1, 128, 64)) for x in (q, k, v, do)]
+    args = [*maps, ctypes.c_uint64(lse_p.data.ptr), ctypes.c_uint64(dsum.data.ptr), ctypes.c_uint64(dq_out.data.ptr),
             *scales]
-    launch_hopper(fn, (N // DQ_BLOCK_M, B * H), 384, smem, args, name)
+    launch_hopper(fn, (-(-N // DQ_BLOCK_M), B * H), 384, smem, args, name)
     return dq_out, dk, dv

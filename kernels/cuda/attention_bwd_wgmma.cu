@@ -4,9 +4,18 @@
 // with dQ by atomics (there: dq="atomic").
 //
 // Q, K, V, dO: (batch x heads) x N x 128, FP16, row-major; LSE (natural log) and D = rowsum(dO o O) (the pre-pass,
-// attention_bwd_prepass below): (batch x heads) x N, FP32. dK, dV: FP16 like K and V; dQ is summed in an FP32 buffer
+// attention_bwd_prepass below): (batch x heads) x NP, FP32, NP = N rounded up to a multiple of 128 (see below). dK, dV: FP16 like K and V; dQ is summed in an FP32 buffer
 // (zero at launch), its columns in each row r stored XOR 8 (r % 4), which the launcher undoes as it rounds to FP16
-// afterwards. N a multiple of 128.
+// afterwards.
+//
+// Any N: the grids run ceil(N / tile) blocks and the TMA reads Q, K, V and dO through 3-D tensor maps (heads x N x
+// 128), so a tile reaching past row N of its head is filled with zeros rather than with the next head's rows. What
+// lies past N is then absent: LSE and D come padded to NP = ceil(N / 128) 128 rows a head (the launcher pads lse
+// with +inf, the pre-pass leaves D's padding 0), so a query row from N on reads lse = +inf and gets
+// P = exp2(S - inf) = 0, dS = 0, with no test in the kernel (a test there, on the 16 rows a thread reads a tile,
+// cost ptxas 8 bytes of spills); a key from N on gets P = 0 by the mask (causal: key > query already says so
+// wherever the query is present); rows from N on of dK, dV and dQ are not stored, and the bulk add of a dQ tile is
+// cut to the rows before N (the tile is row-major, so they are its first bytes).
 //
 // A block owns BN = 128 keys of one head and keeps their dK and dV in registers (FP32) while it walks the query
 // tiles of BM = 64 rows that see them (causal: from the diagonal on). Warpgroup 0 is the PRODUCER: one thread
@@ -32,6 +41,10 @@
 #include "fast_math.cuh"
 
 namespace hopper {
+
+// Rows a head of LSE and D: N rounded up to the 128 rows of the second pass's blocks (two tiles of the first
+// kernel's 64), padded with lse = +inf and D = 0, so that every row a block reads is there.
+__host__ __device__ constexpr int padded_rows(int n) { return (n + 127) / 128 * 128; }
 
 #ifdef GPUCOURSE_WGMMA
 // The shared memory's contents are added into global memory by the TMA (FP32, ``bytes`` a multiple of 16, both
@@ -67,7 +80,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int j = blockIdx.x, head = blockIdx.y;  // the block's key tile and head
-  const int head_row = head * N, tiles_m = N / BM;
+  const int head_row = head * N, tiles_m = (N + BM - 1) / BM, lse_row = head * padded_rows(N);
   const int first = CAUSAL ? (j * BN) / BM : 0;  // causal: query tiles from the one holding the block's first key
   if (threadIdx.x == 0) {
     mbar_init(kv_full, 1);
@@ -84,16 +97,16 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
     if (tid == 0) {
       mbar_expect_tx(kv_full, 2 * KV_BYTES);
       for (int c = 0; c < D / 64; ++c) {
-        tma_load_2d(sK + c * BN * 128, tmK, kv_full, 64 * c, head_row + j * BN);
-        tma_load_2d(sV + c * BN * 128, tmV, kv_full, 64 * c, head_row + j * BN);
+        tma_load_3d(sK + c * BN * 128, tmK, kv_full, 64 * c, j * BN, head);
+        tma_load_3d(sV + c * BN * 128, tmV, kv_full, 64 * c, j * BN, head);
       }
       for (int i = first, it = 0; i < tiles_m; ++i, ++it) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
         mbar_expect_tx(&full[s], 2 * QO_BYTES);
         for (int c = 0; c < D / 64; ++c) {
-          tma_load_2d(sQ + s * QO_BYTES + c * BM * 128, tmQ, &full[s], 64 * c, head_row + i * BM);
-          tma_load_2d(sdO + s * QO_BYTES + c * BM * 128, tmdO, &full[s], 64 * c, head_row + i * BM);
+          tma_load_3d(sQ + s * QO_BYTES + c * BM * 128, tmQ, &full[s], 64 * c, i * BM, head);
+          tma_load_3d(sdO + s * QO_BYTES + c * BM * 128, tmdO, &full[s], 64 * c, i * BM, head);
         }
       }
     }
@@ -101,6 +114,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
     const int c = wg - 1, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
     const int key0 = j * BN + 64 * c + 16 * warp + g;  // this thread's keys: key0 and key0 + 8 (in the head)
+    const bool key_out[2] = {key0 >= N, key0 + 8 >= N};  // keys past the sequence: P = 0
     const unsigned k_rows = smem_addr(sK) + c * 64 * 128, v_rows = smem_addr(sV) + c * 64 * 128;
     float dk[D / 16][8], dv[D / 16][8];
 #pragma unroll
@@ -125,6 +139,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
         wgmma_k16<BM, 0>(dpt, k_step_desc<BN>(v_rows, kk), k_step_desc<BM>(do_tile, kk), kk > 0);
       wgmma_commit();
       // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
+      // (a query past N reads the padding: lse = +inf, D = 0)
       float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
 #pragma unroll
       for (int a = 0; a < BM / 16; ++a)
@@ -132,7 +147,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
         for (int b = 0; b < 2; ++b)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int row = head_row + i * BM + 16 * a + 8 * b + 2 * q + e;
+            const int row = lse_row + i * BM + 16 * a + 8 * b + 2 * q + e;
             lse2[a][b][e] = __ldg(&LSE[row]) * LOG2E;
             dsum[a][b][e] = __ldg(&Dsum[row]);
           }
@@ -140,7 +155,8 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       pin(st);
       pin(dpt);
       // 2. P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - D); element e of block a: key key0 + 8 ((e / 2) % 2),
-      // query i BM + 16a + 8 (e / 4) + 2q + e % 2. Causal: a key past the query gives P = 0.
+      // query i BM + 16a + 8 (e / 4) + 2q + e % 2. Causal: a key past the query gives P = 0; not causal: a key past
+      // N does (causal needs no second test: a key past N is past every query before N).
       unsigned pa[BM / 16][4], dsa[BM / 16][4];
 #pragma unroll
       for (int a = 0; a < BM / 16; ++a) {
@@ -149,7 +165,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
         for (int e = 0; e < 8; ++e) {
           const int key = key0 + 8 * ((e >> 1) & 1), query = i * BM + 16 * a + 8 * (e >> 2) + 2 * q + (e & 1);
           const float x = ex2(fmaf(st[a][e], scale_log2, -lse2[a][e >> 2][e & 1]));
-          p[e] = (CAUSAL && key > query) ? 0.0f : x;
+          p[e] = (CAUSAL ? key > query : key_out[(e >> 1) & 1]) ? 0.0f : x;
           ds[e] = p[e] * (dpt[a][e] - dsum[a][e >> 2][e & 1]);
         }
 #pragma unroll
@@ -217,8 +233,9 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
         }
       fence_async_shared();
       named_sync(2, 256);  // the whole tile is in place; and every consumer is done reading dS
-      if (c == 0 && tid == 0) {
-        bulk_reduce_add_f32(dQacc + static_cast<size_t>(head_row + i * BM) * D, buf, DQ_BYTES);
+      if (c == 0 && tid == 0) {  // the tile's rows before N only: a tile is row-major, so they are its first bytes
+        const unsigned bytes = static_cast<unsigned>(min(BM, N - i * BM)) * D * 4;
+        bulk_reduce_add_f32(dQacc + static_cast<size_t>(head_row + i * BM) * D, buf, bytes);
         bulk_commit();
         bulk_wait_read<1>();  // the other buffer is free again before the next round's barrier 1
       }
@@ -227,8 +244,8 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
     // dK (times the scale) and dV of this thread's keys, rows key0 and key0 + 8 of the head
     const float one[2] = {1.0f, 1.0f}, sc[2] = {scale, scale};
     const int row0 = j * BN + 64 * c + 16 * warp + g;
-    store_rows_fp16<D>(dK + static_cast<size_t>(head_row) * D, dk, sc, row0, lane);
-    store_rows_fp16<D>(dV + static_cast<size_t>(head_row) * D, dv, one, row0, lane);
+    store_rows_fp16<D>(dK + static_cast<size_t>(head_row) * D, dk, sc, row0, lane, N);
+    store_rows_fp16<D>(dV + static_cast<size_t>(head_row) * D, dv, one, row0, lane, N);
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
@@ -260,8 +277,8 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
   unsigned long long *q_full = bars, *full = bars + 1, *empty = full + STAGES;
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int m0 = blockIdx.x * BM, head_row = blockIdx.y * N;
-  const int tiles = CAUSAL ? (m0 + BM) / BN : N / BN;  // causal: no key past the block's last row
+  const int m0 = blockIdx.x * BM, head = blockIdx.y, head_row = head * N, tiles_n = (N + BN - 1) / BN;
+  const int tiles = CAUSAL ? min((m0 + BM) / BN, tiles_n) : tiles_n;  // causal: no key past the block's last row
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
     for (int s = 0; s < STAGES; ++s) {
@@ -277,16 +294,16 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
     if (tid == 0) {
       mbar_expect_tx(q_full, 2 * TILE_BYTES);
       for (int c = 0; c < D / 64; ++c) {
-        tma_load_2d(sQ + c * BM * 128, tmQ, q_full, 64 * c, head_row + m0);
-        tma_load_2d(sdO + c * BM * 128, tmdO, q_full, 64 * c, head_row + m0);
+        tma_load_3d(sQ + c * BM * 128, tmQ, q_full, 64 * c, m0, head);
+        tma_load_3d(sdO + c * BM * 128, tmdO, q_full, 64 * c, m0, head);
       }
       for (int t = 0; t < tiles; ++t) {
         const int s = t % STAGES;
         if (t >= STAGES) mbar_wait(&empty[s], ((t / STAGES) + 1) & 1);
         mbar_expect_tx(&full[s], 2 * TILE_BYTES);
         for (int c = 0; c < D / 64; ++c) {
-          tma_load_2d(sK + s * TILE_BYTES + c * BN * 128, tmK, &full[s], 64 * c, head_row + t * BN);
-          tma_load_2d(sV + s * TILE_BYTES + c * BN * 128, tmV, &full[s], 64 * c, head_row + t * BN);
+          tma_load_3d(sK + s * TILE_BYTES + c * BN * 128, tmK, &full[s], 64 * c, t * BN, head);
+          tma_load_3d(sV + s * TILE_BYTES + c * BN * 128, tmV, &full[s], 64 * c, t * BN, head);
         }
       }
     }
@@ -297,9 +314,9 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
     const unsigned q_rows = smem_addr(sQ) + c * 64 * 128, do_rows = smem_addr(sdO) + c * 64 * 128;
     float lse2[2], dsum[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      lse2[h] = __ldg(&LSE[head_row + row0 + 8 * h]) * LOG2E;
-      dsum[h] = __ldg(&Dsum[head_row + row0 + 8 * h]);
+    for (int h = 0; h < 2; ++h) {  // a row past N reads the padding: lse = +inf (P = 0), D = 0
+      lse2[h] = __ldg(&LSE[head * padded_rows(N) + row0 + 8 * h]) * LOG2E;
+      dsum[h] = __ldg(&Dsum[head * padded_rows(N) + row0 + 8 * h]);
     }
     float dq[D / 16][8];
 #pragma unroll
@@ -324,15 +341,18 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
       wgmma_wait<0>();
       pin(sc);
       pin(dp);
-      // element e of block a: row row0 + 8 ((e / 2) % 2), key t BN + 16a + 8 (e / 4) + 2q + e % 2
+      // element e of block a: row row0 + 8 ((e / 2) % 2), key t BN + 16a + 8 (e / 4) + 2q + e % 2. Causal: a key
+      // past the row gives P = 0; not causal: a key past N (only the last tile has any)
       unsigned dsa[BN / 16][4];
+      const bool edge = !CAUSAL && (t + 1) * BN > N;
 #pragma unroll
       for (int a = 0; a < BN / 16; ++a) {
         float ds[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
           const int h = (e >> 1) & 1, key = t * BN + 16 * a + 8 * (e >> 2) + 2 * q + (e & 1);
-          const float p = (CAUSAL && key > row0 + 8 * h) ? 0.0f : ex2(fmaf(sc[a][e], scale_log2, -lse2[h]));
+          const bool out = CAUSAL ? key > row0 + 8 * h : edge && key >= N;
+          const float p = out ? 0.0f : ex2(fmaf(sc[a][e], scale_log2, -lse2[h]));
           ds[e] = p * (dp[a][e] - dsum[h]);
         }
 #pragma unroll
@@ -349,7 +369,7 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
       if (tid == 0) mbar_arrive(&empty[s]);
     }
     const float sc2[2] = {scale, scale};
-    store_rows_fp16<D>(dQ + static_cast<size_t>(head_row) * D, dq, sc2, row0, lane);
+    store_rows_fp16<D>(dQ + static_cast<size_t>(head_row) * D, dq, sc2, row0, lane, N);
   }
 #else
   __trap();
@@ -358,9 +378,10 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
 
 }  // namespace hopper
 
-// D = rowsum(dO o O) of every query row, FP32 (the backward's pre-pass): a warp a row of 128, eight columns a lane.
+// D = rowsum(dO o O) of every query row, FP32 (the backward's pre-pass): a warp a row of 128, four columns a lane.
+// ``rows`` rows of O and dO, N a head; D's rows padded to padded_rows(N) a head (the padding is left as it is: zero).
 extern "C" __global__ void attention_bwd_prepass(const half* __restrict__ O, const half* __restrict__ dO,
-                                                 float* __restrict__ Dsum, int rows) {
+                                                 float* __restrict__ Dsum, int rows, int N) {
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= rows) return;
   const uint2 o = *reinterpret_cast<const uint2*>(O + static_cast<size_t>(row) * 128 + 4 * lane);
@@ -372,7 +393,7 @@ extern "C" __global__ void attention_bwd_prepass(const half* __restrict__ O, con
   float sum = o0.x * d0.x + o0.y * d0.y + o1.x * d1.x + o1.y * d1.y;
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffff, sum, m);
-  if (lane == 0) Dsum[row] = sum;
+  if (lane == 0) Dsum[row / N * hopper::padded_rows(N) + row % N] = sum;
 }
 
 #define FLASH_BWD(NAME, S, C, DQ)                                                                                 \
