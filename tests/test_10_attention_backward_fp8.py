@@ -402,14 +402,16 @@ def test_flash_fp8_on_gpu(causal, n):
 
 @needs_compiler
 def test_cuda_backward_compiles_to_its_five_products():
-    """Per (query tile, key tile): S^T and dP^T, 8 wgmmas each (d = 128, 16 a step, both operands from shared
-    memory); dV and dK, 4 each from registers (64 queries); dQ, 8 with both operands read transposed (128 keys); and
-    the TMA's bulk atomic add of the dQ tile."""
+    """Per (query tile, key tile): S^T and dP^T, d / 16 wgmmas each (16 a step, both operands from shared memory);
+    dV and dK, 4 each from registers (64 queries, n = d); dQ with both operands read transposed, 8 (128 keys, a
+    consumer's 64 columns) at d = 128, 4 (a consumer's 64 keys, all 64 columns) at d = 64; and the TMA's bulk atomic
+    add of the dQ tile. The second pass: S and dP (n = 128 keys), d / 16 each, dQ += dS K 8 from registers."""
     from gpucourse import cuda_c
     from kernels.attention.backward_cuda import BWD_SOURCE
 
     ptx = cuda_c.compile_ptx(BWD_SOURCE, arch="sm_90a")
-    for name in ("flash_bwd_wgmma_d128", "flash_bwd_wgmma_d128_causal"):
+    for name, d in (("flash_bwd_wgmma_d128", 128), ("flash_bwd_wgmma_d128_causal", 128), ("flash_bwd_wgmma_d64", 64),
+                    ("flash_bwd_wgmma_d64_causal", 64)):
         body = cuda_c.ptx_entry(ptx, name)
         mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.f16\.f16\s+\{[^}]*\},\s*(\{|%rd)"
                           r"[^;]*?,\s*p,\s*([\d, ]+);", body)
@@ -417,25 +419,28 @@ def test_cuda_backward_compiles_to_its_five_products():
         # transpose B)
         kinds = [(shape, "regs" if a == "{" else "smem", tuple(int(x) for x in flags.split(","))) for shape, a, flags
                  in mmas]
-        assert kinds.count(("m64n64k16", "smem", (1, 1, 0, 0))) == 16, (name, kinds)  # S^T, dP^T: K-major
-        assert kinds.count(("m64n128k16", "regs", (1, 1, 1))) == 8, (name, kinds)  # dV, dK: dO and Q MN-major
-        assert kinds.count(("m64n64k16", "smem", (1, 1, 1, 1))) == 8, (name, kinds)  # dQ = dS K, both transposed
-        assert len(kinds) == 32, (name, kinds)
+        assert kinds.count(("m64n64k16", "smem", (1, 1, 0, 0))) == d // 8, (name, kinds)  # S^T, dP^T: K-major
+        assert kinds.count((f"m64n{d}k16", "regs", (1, 1, 1))) == 8, (name, kinds)  # dV, dK: dO and Q MN-major
+        dq_steps = 8 if d == 128 else 4
+        assert kinds.count(("m64n64k16", "smem", (1, 1, 1, 1))) == dq_steps, (name, kinds)  # dQ = dS K, transposed
+        assert len(kinds) == d // 8 + 8 + dq_steps, (name, kinds)
         assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in body, name
         assert "setmaxnreg" in body and "%globaltimer" in body, name
-    for name in ("flash_bwd_wgmma_d128_dkdv", "flash_bwd_wgmma_d128_dkdv_causal"):  # dQ left to the second pass
-        body = cuda_c.ptx_entry(ptx, name)
-        assert len(re.findall(r"wgmma\.mma_async", body)) == 24, name
-        assert "cp.reduce.async.bulk" not in body, name
-    for name in ("flash_bwd_dq_wgmma_d128", "flash_bwd_dq_wgmma_d128_causal"):  # S, dP (8 each), dQ += dS K (8)
+    for d in (128, 64):
+        for name in (f"flash_bwd_wgmma_d{d}_dkdv", f"flash_bwd_wgmma_d{d}_dkdv_causal"):  # dQ left to the second pass
+            body = cuda_c.ptx_entry(ptx, name)
+            assert len(re.findall(r"wgmma\.mma_async", body)) == d // 8 + 8, name
+            assert "cp.reduce.async.bulk" not in body, name
+    for name, d in (("flash_bwd_dq_wgmma_d128", 128), ("flash_bwd_dq_wgmma_d128_causal", 128),
+                    ("flash_bwd_dq_wgmma_d64", 64), ("flash_bwd_dq_wgmma_d64_causal", 64)):  # S, dP, dQ += dS K
         body = cuda_c.ptx_entry(ptx, name)
         mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m64n\d+k16)\.f32\.f16\.f16\s+\{[^}]*\},\s*(\{|%rd)"
                           r"[^;]*?,\s*p,\s*([\d, ]+);", body)
         kinds = [(shape, "regs" if a == "{" else "smem", tuple(int(x) for x in flags.split(","))) for shape, a, flags
                  in mmas]
-        assert kinds.count(("m64n128k16", "smem", (1, 1, 0, 0))) == 16, (name, kinds)
-        assert kinds.count(("m64n128k16", "regs", (1, 1, 1))) == 8, (name, kinds)
-        assert len(kinds) == 24 and "cp.reduce.async.bulk" not in body, (name, kinds)
+        assert kinds.count(("m64n128k16", "smem", (1, 1, 0, 0))) == d // 8, (name, kinds)
+        assert kinds.count((f"m64n{d}k16", "regs", (1, 1, 1))) == 8, (name, kinds)
+        assert len(kinds) == d // 8 + 8 and "cp.reduce.async.bulk" not in body, (name, kinds)
     log = cuda_c.ptxas_log(BWD_SOURCE, "sm_90a").replace("\x00", "")
     assert log.count("0 bytes spill stores, 0 bytes spill loads") == log.count("Compiling entry function"), log
     assert "C7512" not in log, log
@@ -443,17 +448,18 @@ def test_cuda_backward_compiles_to_its_five_products():
     assert "wgmma.mma_async" not in plain and "cp.reduce.async.bulk" not in plain
 
 
+@pytest.mark.parametrize("d", [128, 64])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 100, 127, 128, 129, 200, 256, 641])
-def test_cuda_backward_kernels_touch_each_row_and_pair_once(n, causal):
+def test_cuda_backward_kernels_touch_each_row_and_pair_once(n, causal, d):
     """The kernels' index arithmetic, emulated thread by thread for N not a multiple of the tiles: every (query, key)
     pair the mask keeps gets P != 0 exactly once in each kernel, none past N (keys masked, query rows reading the
     padded lse = +inf); every row before N of dK, dV and dQ is stored once in each 16-byte chunk, none past N; the
     LSE and D reads stay inside the padded rows; each bulk add of a dQ tile sends whole rows (a multiple of 16 bytes)
-    before N only; the grids are ceil(N / tile)."""
+    before N only (d = 64: two a pair, one a consumer's keys); the grids are ceil(N / tile)."""
     from kernels.attention.backward_cuda import BWD_BLOCK_M, kernel_indices, padded_rows
 
-    r = kernel_indices(n, causal)
+    r = kernel_indices(n, causal, d)
     want = np.tril(np.ones((n, n), int)) if causal else np.ones((n, n), int)
     for kernel in ("dkdv", "dq"):
         k = r[kernel]
@@ -462,12 +468,13 @@ def test_cuda_backward_kernels_touch_each_row_and_pair_once(n, causal):
         assert k["lse_reads"] < padded_rows(n) and padded_rows(n) % 128 == 0, kernel
     seen = np.zeros(n + BWD_BLOCK_M, int)
     for first, nbytes in r["dkdv"]["dq_adds"]:
-        assert nbytes % 16 == 0 and 0 < nbytes <= BWD_BLOCK_M * 128 * 4
-        assert first + nbytes // 512 <= n
-        seen[first:first + nbytes // 512] += 1
+        assert nbytes % 16 == 0 and 0 < nbytes <= BWD_BLOCK_M * d * 4
+        assert first + nbytes // (4 * d) <= n
+        seen[first:first + nbytes // (4 * d)] += 1
     assert seen[:n].all() and not seen[n:].any()
     pairs = BT.tile_pairs(n, 64, 128, causal)
-    assert len(r["dkdv"]["dq_adds"]) == len(pairs)  # one add a (query tile, key tile) pair the algorithm visits
+    adds = 2 if d == 64 else 1  # a (query tile, key tile) pair the algorithm visits: its adds
+    assert len(r["dkdv"]["dq_adds"]) == adds * len(pairs)
 
 
 def test_cuda_backward_needs_a_gpu_or_says_so():
@@ -517,14 +524,15 @@ def _check_cuda_backward(cp, q, k, v, do, o, lse, causal, dq):
 @pytest.mark.parametrize("dq", ["atomic", "second-pass"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 128), (1, 2, 256), (2, 1, 640)])
-def test_cuda_backward_on_gpu(shape, causal, dq):
+@pytest.mark.parametrize("d", [128, 64])
+def test_cuda_backward_on_gpu(d, shape, causal, dq):
     """Whole tiles, the forward's o and lse from the course's Hopper forward."""
     cp = _hopper()
     import kernels.attention as A
 
     B, H, N = shape
-    rng = np.random.default_rng(N + causal)
-    q, k, v, do = (rng.standard_normal((B, H, N, 128)).astype(np.float16) for _ in range(4))
+    rng = np.random.default_rng(N + causal + d)
+    q, k, v, do = (rng.standard_normal((B, H, N, d)).astype(np.float16) for _ in range(4))
     o, lse = A.flash_wgmma(*(cp.asarray(x) for x in (q, k, v)), causal=causal)
     _check_cuda_backward(cp, q, k, v, do, o, lse, causal, dq)
 
@@ -533,15 +541,16 @@ def test_cuda_backward_on_gpu(shape, causal, dq):
 @pytest.mark.parametrize("dq", ["atomic", "second-pass"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (1, 2, 100), (1, 1, 129), (2, 2, 200), (1, 2, 641)])
-def test_cuda_backward_on_gpu_any_n(shape, causal, dq):
+@pytest.mark.parametrize("d", [128, 64])
+def test_cuda_backward_on_gpu_any_n(d, shape, causal, dq):
     """N not a multiple of the tiles (a part tile of keys in the last block, of queries in the last tile; causal: the
     diagonal through it), several heads so that a tile spilling into the next head's rows would show; o and lse from
     float64 NumPy (the Hopper forward takes whole tiles only)."""
     cp = _hopper()
 
     B, H, N = shape
-    rng = np.random.default_rng(N + 2 * causal)
-    q, k, v, do = (rng.standard_normal((B, H, N, 128)).astype(np.float16) for _ in range(4))
+    rng = np.random.default_rng(N + 2 * causal + d)
+    q, k, v, do = (rng.standard_normal((B, H, N, d)).astype(np.float16) for _ in range(4))
     o, lse = S.attention_spec(q, k, v, causal=causal)
     _check_cuda_backward(cp, q, k, v, do, cp.asarray(o.astype(np.float16)), cp.asarray(lse.astype(np.float32)),
                          causal, dq)
@@ -554,8 +563,8 @@ def test_cuda_backward_refuses_what_it_cannot_run():
 
     z = cp.zeros((1, 1, 128, 128), cp.float16)
     lse = cp.zeros((1, 1, 128), cp.float32)
-    with pytest.raises(runtime.CourseInputError, match="head dim 64"):
-        y = cp.zeros((1, 1, 128, 64), cp.float16)
+    with pytest.raises(runtime.CourseInputError, match="head dim 96"):
+        y = cp.zeros((1, 1, 128, 96), cp.float16)
         A.flash_backward_wgmma(y, y, y, y, lse, y)
     with pytest.raises(runtime.CourseInputError, match="lse must be"):
         A.flash_backward_wgmma(z, z, z, z, lse.astype(cp.float16), z)
@@ -580,23 +589,25 @@ def test_fp8_kernel_errors_follow_numpys():
     assert ch["FP8 + Hadamard (CUDA C)"] < 0.8 * ch["FP8 (CUDA C)"], ch
 
 
-def test_dq_column_swizzle_spreads_a_warps_stores_over_every_bank():
+@pytest.mark.parametrize("d", [128, 64])
+def test_dq_column_swizzle_spreads_a_warps_stores_over_every_bank(d):
     """The atomic backward's dQ tile in shared memory: a warp stores float2s for lanes (g, q) at row 16 w + g + 8 h,
-    columns 64 c + 16 a + 8 b + 2 q. Row-major, the 8 rows (512 bytes apart) land on the same 8 banks: 8 wavefronts
-    a store. With the columns XOR 8 (r % 4) each bank is hit by 2 lanes' words: the 2 wavefronts 256 bytes need.
-    Every row keeps a permutation of its own columns, so a tile stays one contiguous block for the bulk reduction."""
+    columns 64 c + 16 a + 8 b + 2 q (d = 64: 16 a + 8 b + 2 q, each consumer its own tile of 64 columns). Row-major,
+    the 8 rows (512 or 256 bytes apart) land on the same 8 banks: 8 wavefronts a store. With the columns XOR 8 (r % 4)
+    each bank is hit by 2 lanes' words: the 2 wavefronts 256 bytes need. Every row keeps a permutation of its own
+    columns, so a tile stays one contiguous block for the bulk reduction."""
     from kernels.attention.backward_cuda import dq_column_swizzle
 
-    sw = dq_column_swizzle(64)
-    assert all(sorted(row) == list(range(128)) for row in sw)
+    sw = dq_column_swizzle(64, d)
+    assert all(sorted(row) == list(range(d)) for row in sw)
     for swizzled, wavefronts in ((False, 8), (True, 2)):
         for w, h, c, a, b in [(w, h, c, a, b) for w in range(4) for h in range(2) for c in range(2)
                               for a in range(4) for b in range(2)]:
             hits = np.zeros(32, int)
             for g in range(8):
                 for q in range(4):
-                    row, col = 16 * w + g + 8 * h, 64 * c + 16 * a + 8 * b + 2 * q
+                    row, col = 16 * w + g + 8 * h, (64 * c if d == 128 else 0) + 16 * a + 8 * b + 2 * q
                     col = sw[row, col] if swizzled else col
-                    for word in (row * 128 + col, row * 128 + col + 1):
+                    for word in (row * d + col, row * d + col + 1):
                         hits[word % 32] += 1
             assert hits.max() == wavefronts, (swizzled, hits)
