@@ -455,7 +455,7 @@ def test_cuda_backward_kernels_touch_each_row_and_pair_once(n, causal, d):
     """The kernels' index arithmetic, emulated thread by thread for N not a multiple of the tiles: every (query, key)
     pair the mask keeps gets P != 0 exactly once in each kernel, none past N (keys masked, query rows reading the
     padded lse = +inf); every row before N of dK, dV and dQ is stored once in each 16-byte chunk, none past N; the
-    LSE and D reads stay inside the padded rows; each bulk add of a dQ tile sends whole rows (a multiple of 16 bytes)
+    LSE and D reads stay inside the padded rows, which the pre-pass leaves alone; each bulk add of a dQ tile sends whole rows (a multiple of 16 bytes)
     before N only (d = 64: two a pair, one a consumer's keys); the grids are ceil(N / tile)."""
     from kernels.attention.backward_cuda import BWD_BLOCK_M, kernel_indices, padded_rows
 
@@ -472,6 +472,8 @@ def test_cuda_backward_kernels_touch_each_row_and_pair_once(n, causal, d):
         assert first + nbytes // (4 * d) <= n
         seen[first:first + nbytes // (4 * d)] += 1
     assert seen[:n].all() and not seen[n:].any()
+    pad = np.arange(2 * padded_rows(n)) % padded_rows(n) >= n  # the pre-pass writes each head's rows, not the padding
+    assert (r["prepass"][~pad] == 1).all() and not r["prepass"][pad].any()
     pairs = BT.tile_pairs(n, 64, 128, causal)
     adds = 2 if d == 64 else 1  # a (query tile, key tile) pair the algorithm visits: its adds
     assert len(r["dkdv"]["dq_adds"]) == adds * len(pairs)

@@ -40,7 +40,8 @@ def kernel_indices(n: int, causal: bool, d: int = 128) -> dict:
     per row (NP + 128 of them, so a store past n would show) and 8-column chunk (store_rows_fp16: thread q stores
     columns 32x + 8q .. + 7), ``lse_reads`` the largest LSE/D row read (< NP); and for
     the first kernel ``dq_adds``, the (first row, bytes) of each bulk add of a dQ tile (d = 128: one a tile, the
-    consumers' column halves together; d = 64: one a consumer, each over its own keys)."""
+    consumers' column halves together; d = 64: one a consumer, each over its own keys); ``"prepass"``, how often
+    the pre-pass writes each row of D for two heads (2 NP rows: its padding must stay untouched)."""
     bm, bn, NP = BWD_BLOCK_M, BWD_BLOCK_N, padded_rows(n)
     c, warp, lane = np.meshgrid(np.arange(2), np.arange(4), np.arange(32), indexing="ij")
     g, q = (lane // 4).ravel(), (lane % 4).ravel()
@@ -91,6 +92,10 @@ def kernel_indices(n: int, causal: bool, d: int = 128) -> dict:
             add(live, row, key, ~masked & ~lse_pad[row])
         store(stored, row0)
     out["dq"] = {"live": live, "stored": stored, "lse_reads": reads}
+    written = np.zeros(2 * NP, int)  # the pre-pass over two heads: row -> row / N NP + row % N
+    rows = np.arange(2 * n)
+    np.add.at(written, rows // n * NP + rows % n, 1)
+    out["prepass"] = written
     return out
 
 
