@@ -372,7 +372,7 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                                                        for a, b in ((dq, gq), (dk, gk), (dv, gv)))
                 bwd["Triton"] = lambda: T.flash_backward(tq, tk, tv, o, lse, tdo, causal=causal)
                 both["Triton"] = tri_both
-            if d == A.backward_cuda.BWD_HEAD_DIM and gpus.status("10.wgmma_bwd").runs:  # Hopper: the CUDA C backward
+            if d in A.backward_cuda.BWD_HEAD_DIMS and gpus.status("10.wgmma_bwd").runs:  # Hopper: the CUDA C backward
                 o16, lse16 = A.flash_wgmma(q, k, v, causal=causal)
                 gq, gk, gv = (x.detach().clone().requires_grad_() for x in (tq, tk, tv))
                 with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):

@@ -37,10 +37,11 @@ __device__ __forceinline__ void quad_transpose(unsigned (&w)[4], int q) {
 
 // Rows row0 and row0 + 8 of a tile held as wgmma accumulators (D columns: acc[j][e] is column 16j + 8 (e / 4) +
 // 2 (lane % 4) + e % 2 of row h = (e / 2) % 2), each times mul[h], rounded to FP16 and stored 16 bytes a thread into
-// rows of D halves at ``out`` (row r at out + r D): the quad_transpose above.
+// rows of D halves at ``out`` (row r at out + r D): the quad_transpose above. Rows from ``rows`` on are not stored
+// (a tile reaching past the end of the sequence).
 template <int D>
 __device__ __forceinline__ void store_rows_fp16(half* out, const float (&acc)[D / 16][8], const float (&mul)[2],
-                                                int row0, int lane) {
+                                                int row0, int lane, int rows = 0x7fffffff) {
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -51,9 +52,10 @@ __device__ __forceinline__ void store_rows_fp16(half* out, const float (&acc)[D 
         const int j = 2 * a + x / 2, e = 4 * (x % 2) + 2 * h;
         w[x] = half2_bits(acc[j][e] * mul[h], acc[j][e + 1] * mul[h]);
       }
-      quad_transpose(w, lane % 4);  // now columns 32a + 8q .. + 7
-      *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + 8 * h) * D + 32 * a + 8 * (lane % 4)) =
-          make_uint4(w[0], w[1], w[2], w[3]);
+      quad_transpose(w, lane % 4);  // now columns 32a + 8q .. + 7 (every lane takes part in the exchange)
+      if (row0 + 8 * h < rows)
+        *reinterpret_cast<uint4*>(out + static_cast<size_t>(row0 + 8 * h) * D + 32 * a + 8 * (lane % 4)) =
+            make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 #endif  // GPUCOURSE_WGMMA

@@ -106,6 +106,18 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, uns
       : "memory");
 }
 
+// One 3-D box (c0 fastest, c1, c2) of the tensor that ``map`` describes, into shared memory at dst: a (heads x N x d)
+// array read a head at a time (c2 the head, c1 the row within it), so that a box reaching past row N of its head
+// is filled with zeros (and still counted in bytes on ``bar``) instead of reading the next head's rows.
+__device__ __forceinline__ void tma_load_3d(void* dst, const TensorMap* map, unsigned long long* bar, int c0, int c1,
+                                            int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // One 4-D box (c0 fastest .. c3) of the tensor that ``map`` describes, into shared memory at dst, the box's
 // elements in order (c0 fastest): an NHWC image read as (C, W, H, N). Coordinates may lie outside the tensor,
 // negative ones too: those elements are filled with zeros (the convolution's padding), and still counted.
