@@ -865,8 +865,8 @@ FIGURES = {
     "memory": Figure(measure_memory, None, text_memory),
     "field": Figure(measure_field, plot_field, text_field),
     "profile": Figure(measure_profile, None, text_profile, optional=True),
-    "fp8": Figure(measure_fp8, None, text_fp8, optional=True),
-    "fp8_errors": Figure(fp8_errors, optional=True),
+    "fp8": Figure(measure_fp8, None, text_fp8, optional=True, step="10.wgmma_fp8"),
+    "fp8_errors": Figure(fp8_errors, optional=True, step="10.wgmma_fp8"),
 }
 
 

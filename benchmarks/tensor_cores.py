@@ -781,8 +781,8 @@ FIGURES = {  # run() records them together (the kernels and sizes use the config
     "sizes": Figure(lambda: size_sweep(config=_best_configs()[0]), plot_sizes),
     "errors": Figure(lambda: error_table(config=_best_configs()[0])),
     "accumulation": Figure(accumulation_on_gpu),
-    "fp8": Figure(fp8_table, None, format_fp8_table, optional=True),
-    "transformer": Figure(transformer_table, None, format_transformer_table, optional=True),
+    "fp8": Figure(fp8_table, None, format_fp8_table, optional=True, step="04.wgmma_fp8"),
+    "transformer": Figure(transformer_table, None, format_transformer_table, optional=True, step="04.wgmma"),
 }
 
 
