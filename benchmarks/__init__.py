@@ -7,9 +7,10 @@ lesson needs, if more than one. Notebooks call ``figure`` or ``show`` below: mea
 from the newest record, labelled either way.
 """
 import importlib
+import textwrap
 from typing import NamedTuple
 
-from gpucourse import bench, records, runtime
+from gpucourse import bench, gpus, records, runtime
 
 LESSONS = {
     "01_vector_multiply": "benchmarks.vector_multiply",
@@ -52,12 +53,15 @@ gpu_count = runtime.gpu_count  # GPUs this process sees (0 in CPU mode)
 
 
 def figure(lesson: str, name: str, measure=None) -> Shown:
-    """One figure: measured here in GPU mode on a machine with the GPUs it needs (the registered measure(), or
-    ``measure`` where the notebook measures it another way, e.g. at its own sizes), else recalled from the newest
-    record that holds it; with its label."""
+    """One figure: measured here in GPU mode on a machine with the GPUs it needs and a GPU that runs its step (the
+    registered measure(), or ``measure`` where the notebook measures it another way, e.g. at its own sizes), else
+    recalled from the newest record that holds it; with its label."""
     fig = _figure(lesson, name)
     if runtime.is_gpu() and gpu_count() >= fig.gpus:
-        return Shown((measure or fig.measure)(), records.measured_here())
+        status = gpus.status(fig.step) if fig.step else None
+        if status is None or status.runs:
+            return Shown((measure or fig.measure)(), records.measured_here())
+        print(textwrap.fill(status.line(), 100))  # this GPU cannot run it: the record instead
     return Shown(*records.recall(lesson, name, optional=fig.optional))
 
 
@@ -88,6 +92,9 @@ def run(lesson: str) -> tuple:
     for name, fig in bench.progress(list(figures(lesson).items()), desc=lesson):
         if gpu_count() < fig.gpus:
             print(f"{lesson}: {name!r} needs {fig.gpus} GPUs and this machine has {gpu_count()}; not recorded")
+            continue
+        if fig.step and not gpus.status(fig.step).runs:
+            print(f"{lesson}: {name!r}: {gpus.status(fig.step).line()}; not recorded")
             continue
         out[name] = fig.measure()
     return out, ceilings

@@ -548,10 +548,7 @@ def field_reading(t: dict) -> list:
         return {k: v for k, v in q.items() if k.startswith("wgmma ") and k.endswith(" / fastest")}
 
     def every(test):
-        try:
-            return all(test(q) for q in qs) if qs else None
-        except (KeyError, TypeError):
-            return None
+        return claims.every(qs, test)
 
     return [
         ("cuDNN: PyTorch's fastest backend in every column, forward, backward and both",
@@ -585,7 +582,7 @@ def orders_reading(t: dict) -> list:
     key = {name: f"wgmma {name} (CUDA C) / fastest" for name in WGMMA_VARIANTS[t.get("d", 128)]}
 
     def every(test):
-        return claims.holds(lambda: all(test(q) for q in qs) if qs else None)
+        return claims.every(qs, test)
 
     def order(q):
         return {name: q[k] for name, k in key.items()}
@@ -617,7 +614,7 @@ def backward_reading(t: dict) -> list:
     qs = {(q["N"], q["causal"]): q for q in ratios(t)}
 
     def every(test, rows=runs):
-        return claims.holds(lambda: all(test(r) for r in rows) if rows else None)
+        return claims.every(rows, test)
 
     def best(r):
         return max(r["bwd"][CUDA_BWD_NAME], r["bwd"][second])
@@ -639,7 +636,7 @@ def fp8_reading(t: dict) -> list:
     runs = t.get("runs", [])
 
     def every(test):
-        return claims.holds(lambda: all(test(r) for r in runs) if runs else None)
+        return claims.every(runs, test)
 
     return [
         ("FP8: faster than the course's FP16 kernel in every column",
@@ -865,8 +862,8 @@ FIGURES = {
     "memory": Figure(measure_memory, None, text_memory),
     "field": Figure(measure_field, plot_field, text_field),
     "profile": Figure(measure_profile, None, text_profile, optional=True),
-    "fp8": Figure(measure_fp8, None, text_fp8, optional=True),
-    "fp8_errors": Figure(fp8_errors, optional=True),
+    "fp8": Figure(measure_fp8, None, text_fp8, optional=True, step="10.wgmma_fp8"),
+    "fp8_errors": Figure(fp8_errors, optional=True, step="10.wgmma_fp8"),
 }
 
 

@@ -232,6 +232,10 @@ def wgmma_rows(table: dict) -> list:
     return [r for r in table.get("rows", []) if r.get("config") in tc.WGMMA_CONFIGS]
 
 
+# cuBLAS's FP8 GEMM (torch._scaled_mm) by accumulation: each FP8 kernel is set against the one that sums as it does
+CUBLAS_FP8 = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
+
+
 def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
     """The rows fp8_table measures, as dicts of name, kind ("library" or "kernel"), precision and config: cuBLAS FP16
     and the course's FP16 wgmma GEMM, cuBLAS's FP8 GEMM (through ``torch._scaled_mm``, where ``torch_fp8``: with
@@ -243,9 +247,8 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
             {"name": "wgmma FP16 (the lesson's Hopper GEMM)", "kind": "kernel", "precision": "fp16",
              "config": tc.DEFAULT_WGMMA}]
     if torch_fp8:
-        plan += [{"name": "cuBLAS FP8 (torch._scaled_mm)", "kind": "library", "precision": "fp8",
-                  "config": "promoted"},
-                 {"name": "cuBLAS FP8, fast accumulation", "kind": "library", "precision": "fp8", "config": "fast"}]
+        plan += [{"name": name, "kind": "library", "precision": "fp8", "config": accumulate}
+                 for accumulate, name in CUBLAS_FP8.items()]
     plan += [{"name": fp8_row_name(c), "kind": "kernel", "precision": "fp8", "config": c} for c in F.FP8_CONFIGS]
     return plan
 
@@ -310,11 +313,10 @@ def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
         t = bench.time_gpu(launch, repeats=repeats, hold_ms=WGMMA_HOLD_MS)
         out["rows"].append({**row, **t.summary(), "tflops": t.tflops(flops)})
     by = {r["name"]: r["tflops"] for r in out["rows"]}
-    lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
     for r in out["rows"]:
         r["of_cublas_fp16"] = r["tflops"] / by["cuBLAS FP16"]
-        if r["kind"] == "kernel" and r["precision"] == "fp8" and lib[F.fp8_config(r["config"])["accumulate"]] in by:
-            r["of_cublas_fp8"] = r["tflops"] / by[lib[F.fp8_config(r["config"])["accumulate"]]]
+        if r["kind"] == "kernel" and r["precision"] == "fp8" and CUBLAS_FP8[F.fp8_config(r["config"])["accumulate"]] in by:
+            r["of_cublas_fp8"] = r["tflops"] / by[CUBLAS_FP8[F.fp8_config(r["config"])["accumulate"]]]
     out.update(n=n, torch=getattr(torch, "__version__", None))
     if torch is None:
         out["note"] = "no cuBLAS FP8 rows: PyTorch with CUDA and FP8 is not installed"
@@ -340,7 +342,6 @@ def fp8_reading(table: dict) -> list:
     rows = table.get("rows", [])
     by = {r["name"]: r for r in rows}
     ours = [r for r in rows if r["kind"] == "kernel" and r["precision"] == "fp8"]
-    lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
 
     def cfg(accumulate, bn):  # the one-tile-per-block kernel of that tile and accumulation
         return next(r["tflops"] for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
@@ -356,7 +357,7 @@ def fp8_reading(table: dict) -> list:
         ("on the 128 x 128 tile, fast accumulation: faster than promoted",
          claims.holds(lambda: cfg("fast", 128) > cfg("promoted", 128) if ours else None)),
         ("every FP8 kernel's error: at most 1.1x cuBLAS's FP8 GEMM's with the same accumulation",
-         claims.holds(lambda: all(r["check_error"] <= 1.1 * by[lib[F.fp8_config(r["config"])["accumulate"]]]["check_error"]
+         claims.holds(lambda: all(r["check_error"] <= 1.1 * by[CUBLAS_FP8[F.fp8_config(r["config"])["accumulate"]]]["check_error"]
                                   for r in ours) if ours else None)),
     ]
 
@@ -788,8 +789,8 @@ FIGURES = {  # run() records them together (the kernels and sizes use the config
     "sizes": Figure(lambda: size_sweep(config=_best_configs()[0]), plot_sizes),
     "errors": Figure(lambda: error_table(config=_best_configs()[0])),
     "accumulation": Figure(accumulation_on_gpu),
-    "fp8": Figure(fp8_table, None, format_fp8_table, optional=True),
-    "transformer": Figure(transformer_table, None, format_transformer_table, optional=True),
+    "fp8": Figure(fp8_table, None, format_fp8_table, optional=True, step="04.wgmma_fp8"),
+    "transformer": Figure(transformer_table, None, format_transformer_table, optional=True, step="04.wgmma"),
 }
 
 

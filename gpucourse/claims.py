@@ -30,6 +30,12 @@ def holds(test) -> bool | None:
     return None if out is None else bool(out)
 
 
+def every(rows, test) -> bool | None:
+    """Whether test(row) holds for every row: True or False; None where there are no rows or a row lacks what the
+    test needs (``holds``)."""
+    return holds(lambda: all(test(r) for r in rows) if rows else None)
+
+
 def compare(subject: str, relation: str, other: str, a, b, margin: float = 0.0, how: str = "") -> tuple:
     """("subject: relation other[ how]", whether a stands in ``relation`` to b within ``margin``): the words come
     from the relation tested. ``a`` and ``b`` are numbers or functions returning them (None where missing)."""

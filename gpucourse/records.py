@@ -29,13 +29,16 @@ class Figure:
     plot(data, source, **context) draws it with gpucourse.plots, the same code for measured and recorded data;
     text(data) -> the lines a notebook prints under it;
     optional: records made before the figure existed lack it, and CPU mode says so instead of failing;
-    gpus: how many GPUs measure() needs: on a machine with fewer, the figure is recalled, labelled, as in CPU mode."""
+    gpus: how many GPUs measure() needs: on a machine with fewer, the figure is recalled, labelled, as in CPU mode;
+    step: the gpucourse.gpus step measure() runs (e.g. "10.wgmma_fp8"): on a GPU that cannot run it, the figure is
+    recalled likewise, after the step's one line saying why."""
 
     measure: Callable[[], dict]
     plot: Callable | None = None
     text: Callable[[dict], str] | None = None
     optional: bool = False
     gpus: int = 1
+    step: str | None = None
 
 
 def results_dir() -> Path:

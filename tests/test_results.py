@@ -234,7 +234,8 @@ def _derived_ratios(lesson: str, f: dict):
                 ours["tflops"] / rows["CUDA C, register tiles 128x128 (8x8 a thread)"]["tflops"]
         if "fp8" in f and f["fp8"].get("rows"):
             by = {r["name"]: r["tflops"] for r in f["fp8"]["rows"]}
-            lib = {"promoted": "cuBLAS FP8 (torch._scaled_mm)", "fast": "cuBLAS FP8, fast accumulation"}
+            from benchmarks.tensor_cores import CUBLAS_FP8 as lib
+
             for r in f["fp8"]["rows"]:
                 yield f"fp8/{r['name']}/of_cublas_fp16", r["of_cublas_fp16"], r["tflops"] / by["cuBLAS FP16"]
                 if "of_cublas_fp8" in r:

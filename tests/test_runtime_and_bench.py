@@ -248,6 +248,27 @@ def test_a_gpu_recalls_its_own_record_first(tmp_path, monkeypatch):
     assert records.recall("99_test", "x")[0] == 2  # a GPU without records: the newest
 
 
+def test_a_figure_whose_step_this_gpu_cannot_run_is_recalled_with_why(tmp_path, monkeypatch, capsys):
+    """benchmarks.figure on a GPU that lacks a figure's step (Figure.step): one line says why, and the record is
+    shown instead; measure() is not called. On a GPU that runs the step it is measured."""
+    import benchmarks
+
+    monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-21 10:00 UTC", {"x": 2})
+    calls = []
+    fig = records.Figure(lambda: calls.append(1) or {"v": 1}, step="10.wgmma_fp8")
+    monkeypatch.setattr(benchmarks, "_figure", lambda lesson, name: fig)
+    monkeypatch.setattr(benchmarks, "gpu_count", lambda: 1)
+    monkeypatch.setattr(runtime, "_runtime", runtime.Runtime("gpu", "test", {"name": "NVIDIA A100-SXM4-80GB"}))
+    monkeypatch.setenv("GPUCOURSE_FAKE_CC", "8.0")
+    data, source = benchmarks.figure("99_test", "x")
+    assert data == 2 and source.startswith("recorded on NVIDIA H200") and calls == []
+    assert "wgmma" in capsys.readouterr().out
+    monkeypatch.setenv("GPUCOURSE_FAKE_CC", "9.0")
+    data, source = benchmarks.figure("99_test", "x")
+    assert data == {"v": 1} and calls == [1]
+
+
 def test_committed_records_are_complete():
     """Every lesson with benchmarks has a record from a real GPU, and its records hold every figure it declares."""
     import benchmarks

@@ -138,13 +138,9 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       // 1. S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k = d
       float st[BM / 16][8], dpt[BM / 16][8];
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BM, 0>(st, k_step_desc<BN>(k_rows, kk), k_step_desc<BM>(q_tile, kk), kk > 0);
+      issue_scores<D, BN, BM>(st, k_rows, q_tile);
       wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BM, 0>(dpt, k_step_desc<BN>(v_rows, kk), k_step_desc<BM>(do_tile, kk), kk > 0);
+      issue_scores<D, BN, BM>(dpt, v_rows, do_tile);
       wgmma_commit();
       // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
       // (a query past N reads the padding: lse = +inf, D = 0)
@@ -352,13 +348,9 @@ __device__ __forceinline__ void flash_bwd_dq_wgmma(const TensorMap* tmQ, const T
       mbar_wait(&full[s], (t / STAGES) & 1);
       float sc[BN / 16][8], dp[BN / 16][8];
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BN, 0>(sc, k_step_desc<BM>(q_rows, kk), k_step_desc<BN>(k_tile, kk), kk > 0);
+      issue_scores<D, BM, BN>(sc, q_rows, k_tile);
       wgmma_commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma_k16<BN, 0>(dp, k_step_desc<BM>(do_rows, kk), k_step_desc<BN>(v_tile, kk), kk > 0);
+      issue_scores<D, BM, BN>(dp, do_rows, v_tile);
       wgmma_commit();
       wgmma_wait<0>();
       pin(sc);

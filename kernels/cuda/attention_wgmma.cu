@@ -101,14 +101,6 @@ __device__ __forceinline__ void scale_rows(float (&o)[D / 16][8], const float (&
     for (int e = 0; e < 8; ++e) o[j][e] *= alpha[(e >> 1) & 1];
 }
 
-// S = Q K^T for this consumer's 64 rows: D / 16 wgmmas of k = 16, both operands from shared memory.
-template <int D, int BM, int BN>
-__device__ __forceinline__ void issue_scores(float (&s)[BN / 16][8], unsigned q_addr, unsigned k_addr) {
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_k16<BN, 0>(s, k_step_desc<BM>(q_addr, kk), k_step_desc<BN>(k_addr, kk), kk > 0);
-}
-
 // O += P V: BN / 16 wgmmas of k = 16 (16 keys each), P from registers, V's tile MN-major (a key's D values are
 // contiguous): k steps 16 rows of 128 bytes; the next 64 columns of V are the next box, BN * 128 bytes on.
 template <int D, int BN>

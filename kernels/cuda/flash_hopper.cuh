@@ -16,6 +16,15 @@ __device__ __forceinline__ unsigned long long k_step_desc(unsigned tile, int kk)
   return make_desc(tile + (kk / 4) * ROWS * 128 + (kk % 4) * 32, 16, 1024);
 }
 
+// X = A B^T for a consumer's rows of A, both operands K-major in shared memory (boxes of RA and RB rows): D / 16
+// wgmmas of k = 16. The forward's S = Q K^T; the backward's S^T = K Q^T, dP^T = V dO^T, and S and dP again.
+template <int D, int RA, int RB>
+__device__ __forceinline__ void issue_scores(float (&s)[RB / 16][8], unsigned a_addr, unsigned b_addr) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_k16<RB, 0>(s, k_step_desc<RA>(a_addr, kk), k_step_desc<RB>(b_addr, kk), kk > 0);
+}
+
 // The output leaves in 16-byte stores. Of each 32 columns of a row, the row's four threads (q = lane % 4) hold the
 // 16 words (two halves each) 4x + q at their places x = 0..3; transposed within the four, thread q holds words
 // 4q .. 4q + 3, eight columns side by side. Two exchanges: the places whose bit 1, then bit 0, differs from q's go
