@@ -816,3 +816,35 @@ def test_dq_column_swizzle_spreads_a_warps_stores_over_every_bank(d):
                     for word in (row * d + col, row * d + col + 1):
                         hits[word % 32] += 1
             assert hits.max() == wavefronts, (swizzled, hits)
+
+
+@pytest.mark.parametrize("d", [128, 64])
+def test_dq_column_swizzle_follows_the_row_within_its_tile(d):
+    """The kernel swizzles by a row's place in its 64-row tile, and a tile starts at a multiple of 64 rows of its own
+    head: in a buffer of heads of N rows (N = 641, not a multiple of 4), row h N + r of the buffer keeps the columns of
+    row r % 64 of a tile, not of the flat row h N + r."""
+    from kernels.attention.backward_cuda import dq_column_swizzle
+
+    n, heads = 641, 3
+    tile = dq_column_swizzle(64, d)
+    sw = dq_column_swizzle(heads * n, d, n)
+    for h in range(heads):
+        assert (sw[h * n:(h + 1) * n] == tile[np.arange(n) % 64]).all(), h
+    assert (dq_column_swizzle(n, d) == tile[np.arange(n) % 64]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 64])
+def test_unswizzle_dq_on_gpu_matches_the_swizzle(d):
+    """unswizzle_dq (one CuPy pass) gathers each element from where dq_column_swizzle says the kernel put it, for
+    heads of N rows with N not a multiple of 4."""
+    cp = _hopper()
+    from kernels.attention.backward_cuda import dq_column_swizzle, unswizzle_dq
+
+    n, heads = 641, 3
+    want = np.random.default_rng(d).standard_normal((heads * n, d)).astype(np.float32)
+    acc = np.empty_like(want)
+    cols = dq_column_swizzle(heads * n, d, n)
+    acc[np.arange(heads * n)[:, None], cols] = want
+    got = unswizzle_dq(cp.asarray(acc), d, n).get()
+    assert got.dtype == np.float16 and (got == want.astype(np.float16)).all()

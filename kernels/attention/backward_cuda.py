@@ -116,28 +116,31 @@ def dq_smem_bytes(d: int = 128, stages: int = BWD_STAGES) -> int:
     return 1024 + 2 * tile + 2 * stages * tile + 8 * (1 + 2 * stages)
 
 
-def dq_column_swizzle(rows: int, d: int = 128) -> np.ndarray:
-    """The column of the FP32 dQ buffer where the atomic backward keeps element (r, c), for every row r < rows:
-    c XOR 8 (r % 4). Each row keeps its own d columns (64 or 128), so the bulk reduction of a tile stays one
-    contiguous block; the XOR only spreads a warp's stores of 8 rows over all 32 shared-memory banks."""
-    r = np.arange(rows)[:, None]
+def dq_column_swizzle(rows: int, d: int = 128, n: int | None = None) -> np.ndarray:
+    """The column of the FP32 dQ buffer where the atomic backward keeps element (r, c), for every row r < rows of
+    heads of ``n`` rows each (default: one head of ``rows``): c XOR 8 (r' % 4), r' the row within its head (a tile
+    starts at a multiple of 64 rows of its head, so r' % 4 is the row's within its tile). Each row keeps its own d
+    columns (64 or 128), so the bulk reduction of a tile stays one contiguous block; the XOR only spreads a warp's
+    stores of 8 rows over all 32 shared-memory banks."""
+    r = np.arange(rows)[:, None] % (n or rows)
     return np.arange(d)[None, :] ^ (8 * (r % 4))
 
 
 _UNSWIZZLE = {}
 
 
-def unswizzle_dq(acc, d: int = 128):
-    """The atomic backward's FP32 dQ buffer (rows x d, columns of row r XOR 8 (r % 4): dq_column_swizzle) in row
-    order, rounded to FP16, in one pass on the GPU."""
+def unswizzle_dq(acc, d: int = 128, n: int | None = None):
+    """The atomic backward's FP32 dQ buffer (rows x d, heads of ``n`` rows, default one head; the columns of a row
+    r' of its head XOR 8 (r' % 4): dq_column_swizzle) in row order, rounded to FP16, in one pass on the GPU."""
     cp = runtime.cupy()
     if "kernel" not in _UNSWIZZLE:
         _UNSWIZZLE["kernel"] = cp.ElementwiseKernel(
-            "raw float32 acc, int32 d", "float16 out",
-            "const int r = i / d, c = i % d; out = (float16)acc[(size_t)r * d + (c ^ (8 * (r % 4)))]",
+            "raw float32 acc, int32 d, int32 n", "float16 out",
+            "const long long r = i / d; const int c = i % d; "
+            "out = (float16)acc[r * d + (c ^ (8 * (int)((r % n) % 4)))]",
             "gpucourse_unswizzle_dq")
     out = cp.empty(acc.shape, cp.float16)
-    _UNSWIZZLE["kernel"](acc, np.int32(d), out)
+    _UNSWIZZLE["kernel"](acc, np.int32(d), np.int32(n or acc.shape[0]), out)
     return out
 
 
@@ -193,7 +196,7 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
             ctypes.c_uint64(dq_acc.data.ptr), ctypes.c_uint64(dk.data.ptr), ctypes.c_uint64(dv.data.ptr), *scales]
     launch_hopper(fn, (-(-N // BWD_BLOCK_N), B * H), 384, smem, args, name)
     if atomic:
-        return unswizzle_dq(dq_acc, D).reshape(q.shape), dk, dv  # 3. dQ in row order, rounded to FP16
+        return unswizzle_dq(dq_acc, D, N).reshape(q.shape), dk, dv  # 3. dQ in row order, rounded to FP16
     dq_out = cp.empty_like(q)  # 3. the second pass: dQ, a block per 128 query rows
     name = f"flash_bwd_dq_wgmma_d{D}" + ("_causal" if causal else "")
     smem = dq_smem_bytes(D)
