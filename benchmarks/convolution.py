@@ -37,16 +37,16 @@ def _precision(dtype: str, math_: str) -> str:
 
 # ---------------------------------------------------------------------------------------- operands
 
-def _operands(layer: tuple, seed: int = 0) -> dict:
-    """x and w of a layer (uniform in [-1, 1)) in FP32 and FP16, NCHW and NHWC (CuPy), and the float64
-    convolution of exactly those values (the FP16 one of the FP16-rounded values) as references."""
+def _operands(layer: tuple, seed: int = 0, dtypes=("float32", "float16")) -> dict:
+    """x and w of a layer (uniform in [-1, 1)) in FP32 and FP16 (or ``dtypes``), NCHW and NHWC (CuPy), and the
+    float64 convolution of exactly those values (the FP16 one of the FP16-rounded values) as references."""
     cp = runtime.cupy()
     n, c, h, w, k, r, s, pad, stride = layer
     rs = cp.random.RandomState(seed)
     x32 = rs.uniform(-1, 1, (n, c, h, w), dtype=cp.float32)
     w32 = rs.uniform(-1, 1, (k, c, r, s), dtype=cp.float32)
     o = {}
-    for dt in ("float32", "float16"):
+    for dt in dtypes:
         x, wt = x32.astype(dt), w32.astype(dt)
         o[dt, "NCHW"] = (x, wt)
         o[dt, "NHWC"] = (cp.ascontiguousarray(x.transpose(0, 2, 3, 1)), cp.ascontiguousarray(wt.transpose(0, 2, 3, 1)))
@@ -427,6 +427,98 @@ def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> d
     return out
 
 
+# ------------------------------------------------------------------------------- Hopper against cuDNN
+
+RACE_GOALS = {"3x3": 1.0, "1x1": 1.1}  # the wgmma convolution's time over cuDNN's fastest, at most, on each layer
+
+
+def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> dict:
+    """Hopper's convolution against cuDNN's fastest algorithm, FP16 NHWC, on ResNet-50's stride-1 layers at batch 32
+    (cv.LAYERS, the 3 x 3 ones, and cv.LAYERS_1X1), or ``layers``: for each layer, Find over cuDNN's algorithms with
+    every one timed by the course's timer (the fastest kept), then every wgmma tile, one-tile (WGMMA_CONV_CONFIGS)
+    and persistent (WGMMA_CONV_PERSISTENT_CONFIGS), checked against float64 and timed the same way in the same run.
+    A tile that fails its check or its launch is listed in the row's ``errors`` and not timed. Each row holds the
+    fastest of each kind and its time over cuDNN's (``of_cudnn``); RACE_GOALS says what the lesson aims for."""
+    cp = runtime.cupy()
+    gpus.step("05.wgmma")
+    layers = layers or {**cv.LAYERS, **cv.LAYERS_1X1}
+    rows = []
+    with cudnn.Handle() as handle:
+        for name, layer in bench.progress(list(layers.items()), desc="layers"):
+            n, c, h, w, k, r, s, pad, stride = layer
+            o = _operands(layer, dtypes=("float16",))
+            x, wt = o["float16", "NHWC"]
+            ref = o["ref", "float16", "NHWC"]
+            del o
+            _, _, P, Q = cv.output_shape((n, c, h, w), (k, c, r, s), pad, stride)
+            y = cp.empty((n, P, Q, k), cp.float16)
+            limit = cv.tolerance("float16", c * r * s) * 2
+            best = fastest_timed(find_table(handle, layer, "float16", "NHWC", "tensor_op", (x, wt, y),
+                                            repeats=repeats, batch=batch))
+            errors, ms = {}, {}
+            for cfg in cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS:
+                launch = lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg)  # noqa: E731
+                y.fill(cp.nan)
+                try:
+                    launch()
+                    err = cv.rel_error(y, ref)
+                except runtime.CourseError as exc:
+                    errors[cfg] = str(exc)
+                    continue
+                if not err <= limit:
+                    errors[cfg] = f"error {err:.2e}, allowed {limit:.2e}"
+                    continue
+                ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+            row = {"layer": name, "shape": f"{r}x{s}", "layer_dims": list(layer), "flops": cv.layer_flops(layer),
+                   "cudnn": best["algo"], "cudnn_math": best["math"], "cudnn_ms": best["timed_ms"],
+                   "configs_ms": ms, "errors": errors}
+            for kind, configs in (("one_tile", cv.WGMMA_CONV_CONFIGS), ("persistent", cv.WGMMA_CONV_PERSISTENT_CONFIGS)):
+                timed = {cfg: t for cfg, t in ms.items() if cfg in configs}
+                fastest = min(timed, key=timed.get) if timed else None
+                row[kind] = {"config": fastest, "ms": timed.get(fastest),
+                             "of_cudnn": timed[fastest] / best["timed_ms"] if fastest else None}
+            rows.append(row)
+            del x, wt, ref, y
+            cp.get_default_memory_pool().free_all_blocks()
+    return {"goals": dict(RACE_GOALS), "cudnn": cudnn.version(), "rows": rows}
+
+
+def _tile(cfg: str | None) -> str:
+    return (cfg or "-").removeprefix("conv_wgmma_").removesuffix("_nhwc_f16")
+
+
+def text_race(data: dict) -> str:
+    """The race as a table: each layer's cuDNN algorithm and time, the fastest one-tile and persistent wgmma tiles,
+    their times over cuDNN's, and the goal for the layer's shape."""
+    head = ["layer", "cuDNN's fastest", "µs", "one-tile", "x cuDNN", "persistent", "x cuDNN", "goal"]
+    out = []
+    for r in data["rows"]:
+        one, per = r["one_tile"], r["persistent"]
+        dims = r["layer_dims"]
+        out.append([r["layer"].split(":")[0] + ("" if r["shape"] == "3x3" else f" {dims[1]}->{dims[4]}"),
+                    r["cudnn"].removeprefix("CUDNN_CONVOLUTION_FWD_ALGO_"), f"{r['cudnn_ms'] * 1e3:.0f}",
+                    _tile(one["config"]), f"{one['of_cudnn']:.2f}" if one["config"] else "-",
+                    _tile(per["config"]), f"{per['of_cudnn']:.2f}" if per["config"] else "-",
+                    f"<= {data['goals'][r['shape']]:g}"])
+    return str(plots.table(head, out, align="llrlrlrl", title="Hopper's convolution against cuDNN's fastest, FP16 "
+                                                              f"NHWC, batch 32 (cuDNN {data.get('cudnn', '?')})"))
+
+
+def race_reading(data: dict) -> list:
+    """What lesson 5's deep dive says of the race, each statement with whether it holds in ``data`` (a run's or a
+    record's figure "race"): [(statement, True, False or None)]. A records test asserts every statement on every
+    record that has the figure."""
+    rows = data.get("rows", [])
+    three = [r for r in rows if r["shape"] == "3x3"]
+    one = [r for r in rows if r["shape"] == "1x1"]
+    return [
+        ("the persistent tiles: faster than the one-tile ones on every layer",
+         claims.every(rows, lambda r: r["persistent"]["ms"] < r["one_tile"]["ms"])),
+        ("one-tile: behind cuDNN on every 3 x 3 layer",
+         claims.every(three, lambda r: r["one_tile"]["of_cudnn"] > 1.0)),
+    ]
+
+
 def cudnn_info() -> dict:
     return {"version": cudnn.version(), "library": str(getattr(cudnn.load(), "_name", ""))}
 
@@ -445,6 +537,8 @@ def run() -> tuple:
     """Every measurement of the lesson: (figures, ceilings), for `python -m gpucourse record`."""
     ceilings = bench.measure_ceilings().as_dict()
     figures = {"cudnn": cudnn_info(), "layers": all_layers(), "fused": fused()}
+    if gpus.status("05.wgmma").runs:
+        figures["race"] = race()
     return figures, ceilings
 
 
@@ -850,6 +944,7 @@ FIGURES = {
     "cudnn": Figure(cudnn_info),
     "layers": Figure(all_layers),
     "fused": Figure(fused),
+    "race": Figure(race, None, text_race, optional=True, step="05.wgmma"),
 }
 
 

@@ -1217,3 +1217,47 @@ def test_the_tf32_statement_reads_the_figures():
     row = lesson.cudnn_fastest_math(layers[1], "float32", "NCHW", "default")
     row["median_ms"] = 2 * lesson.cudnn_fastest_math(layers[1], "float32", "NCHW", "fma")["median_ms"]
     assert dict(lesson.reading(layers, rec["ceilings"]))[key] is False
+
+
+def _race_row(name, shape, cudnn_ms, one_ms, per_ms):
+    return {"layer": name, "shape": shape, "layer_dims": [32, 64, 56, 56, 64, 3, 3, 1, 1], "flops": 1e9,
+            "cudnn": "CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM", "cudnn_math": "tensor_op", "cudnn_ms": cudnn_ms,
+            "configs_ms": {}, "errors": {},
+            "one_tile": {"config": "conv_wgmma_128x128_s4_nhwc_f16", "ms": one_ms, "of_cudnn": one_ms / cudnn_ms},
+            "persistent": {"config": "conv_wgmma_i2c_128x128_s6_persistent_nhwc_f16", "ms": per_ms,
+                           "of_cudnn": per_ms / cudnn_ms}}
+
+
+def test_race_text_and_reading_follow_the_figures():
+    """The race's table names each layer's tiles and ratios; its statements turn false when the figures do."""
+    from benchmarks import convolution as bm
+    from gpucourse import claims
+
+    data = {"goals": dict(bm.RACE_GOALS), "cudnn": "9.19.0",
+            "rows": [_race_row("conv2_x: 56x56, C=K=64", "3x3", 0.026, 0.035, 0.024),
+                     _race_row("conv2_x 1x1: 56x56, C=64, K=256", "1x1", 0.026, 0.052, 0.026)]}
+    text = bm.text_race(data)
+    assert "i2c_128x128_s6_persistent" in text and "1.35" in text and "0.92" in text and "<= 1.1" in text
+    read = bm.race_reading(data)
+    assert [ok for _, ok in read] == [True] * len(read), claims.lines(read)
+    data["rows"][1]["persistent"]["ms"] = 0.060
+    assert dict(bm.race_reading(data))["the persistent tiles: faster than the one-tile ones on every layer"] is False
+    assert all(ok is None for _, ok in bm.race_reading({"rows": []}))
+
+
+@pytest.mark.gpu
+def test_race_small():
+    """The race's checks and bookkeeping on two small layers (the record runs ResNet-50's)."""
+    from benchmarks import convolution as bm
+    from gpucourse import gpus
+
+    if not gpus.status("05.wgmma").runs:
+        pytest.skip("needs the wgmma convolution's GPU")
+    data = bm.race({"a": (2, 64, 16, 16, 64, 3, 3, 1, 1), "b": (2, 128, 8, 8, 256, 1, 1, 0, 1)}, repeats=2, batch=2)
+    assert [r["shape"] for r in data["rows"]] == ["3x3", "1x1"]
+    for r in data["rows"]:
+        assert not r["errors"], r["errors"]
+        assert set(r["configs_ms"]) == set(cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS)
+        assert r["cudnn_ms"] > 0 and r["persistent"]["config"] in cv.WGMMA_CONV_PERSISTENT_CONFIGS
+        assert r["one_tile"]["of_cudnn"] == pytest.approx(r["one_tile"]["ms"] / r["cudnn_ms"])
+    assert "b" in bm.text_race(data)
