@@ -64,9 +64,10 @@ def write(lesson: str, figures: dict, *, ceilings: dict | None = None) -> Path:
     return path
 
 
-def add_figure(lesson: str, name: str, value: dict) -> Path:
+def add_figure(lesson: str, name: str, value: dict | list) -> Path:
     """Put ``value``, measured now on this GPU, as figure ``name`` into the lesson's newest record of this GPU (the
-    rest of the record stays as it was measured), stamped with its own date under "measured"."""
+    rest of the record stays as it was measured), stamped with its own date under "measured" (a figure that is a
+    list, such as lesson 5's "layers": in the record's "measured" {figure: date})."""
     rt = runtime.get()
     runtime.require_gpu("recording GPU results")
     rec = latest(lesson, rt.device["name"])
@@ -74,7 +75,11 @@ def add_figure(lesson: str, name: str, value: dict) -> Path:
         raise runtime.CourseError(f"no record of {lesson} on {rt.device['name']} to add {name!r} to; record the "
                                   f"whole lesson first (python -m gpucourse record {lesson})")
     path = Path(rec.pop("path"))
-    rec["figures"][name] = {**value, "measured": _now()}
+    if isinstance(value, dict):
+        rec["figures"][name] = {**value, "measured": _now()}
+    else:
+        rec["figures"][name] = value
+        rec.setdefault("measured", {})[name] = _now()
     path.write_text(json.dumps(rec, indent=1, sort_keys=False) + "\n")
     return path
 
@@ -118,8 +123,14 @@ def label(rec: dict, figure: str | None = None) -> str:
     was added to the record later (add_figure)."""
     g = rec["gpu"]
     f = rec["figures"].get(figure) if figure else None
-    date = f["measured"] if isinstance(f, dict) and "measured" in f else rec["date"]
+    date = measured_dates(rec).get(figure, rec["date"])
     return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {date[:10]}"
+
+
+def measured_dates(rec: dict) -> dict:
+    """{figure: date} for each figure of a record measured again after it (add_figure)."""
+    out = {name: f["measured"] for name, f in rec["figures"].items() if isinstance(f, dict) and "measured" in f}
+    return {**out, **rec.get("measured", {})}
 
 
 def describe(lesson: str | None = None) -> str:

@@ -102,7 +102,7 @@ def _record_line(rec: dict, column: str, root: Path) -> str:
         path = path.resolve().relative_to(root.resolve())
     except ValueError:
         pass
-    later = [(name, f["measured"]) for name, f in rec["figures"].items() if isinstance(f, dict) and "measured" in f]
+    later = list(records.measured_dates(rec).items())
     line = (f"- **{column}**: {g['name']} ({g.get('sms', '?')} SMs, compute capability {g.get('compute_capability', '?')}, "
             f"CUDA driver {g.get('driver', '?')}), recorded {rec['date']}; {_versions(rec)}; [`{path}`]({path})")
     if later:

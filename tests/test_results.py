@@ -265,6 +265,12 @@ def _derived_ratios(lesson: str, f: dict):
                 stored = {r["of_cudnn_fastest"] for r in lt["rows"]}
                 yield f"layers/{lt['name']}/targets/{name}/ratio", t["ratio"], t["ratio"] if t["ratio"] in stored \
                     else float("nan")
+        for r in f.get("race", {}).get("rows", []):
+            for kind in ("one_tile", "persistent"):
+                k = r[kind]
+                if k["config"] is not None:
+                    yield (f"race/{r['layer']}/{kind}/of_cudnn", k["of_cudnn"],
+                           r["configs_ms"][k["config"]] / r["cudnn_ms"])
     if lesson == "06_inference_engine":
         for r in f.get("cudnn", {}).get("rows", []):
             if r.get("ours_over_cudnn") is not None:

@@ -232,6 +232,21 @@ def test_records_latest_and_label(tmp_path, monkeypatch):
     assert records.label(rec, "z").endswith("on 2026-11-23") and records.label(rec, "x").endswith("on 2026-11-22")
 
 
+def test_add_figure_stamps_dicts_and_lists(tmp_path, monkeypatch):
+    """record --figure adds a figure measured now to this GPU's newest record: a dict carries its date, a list
+    (lesson 5's "layers") has it in the record's "measured"; label and the results page read both."""
+    monkeypatch.setenv("GPUCOURSE_RESULTS", str(tmp_path))
+    _fake_record(tmp_path, "NVIDIA H200", "2026-11-21 10:00 UTC", {"x": [1], "y": {"v": 1}})
+    fake = runtime.Runtime(mode="gpu", reason="test", device={"name": "NVIDIA H200"})
+    monkeypatch.setattr(runtime, "get", lambda: fake)
+    records.add_figure("99_test", "x", [2, 3])
+    records.add_figure("99_test", "y", {"v": 2})
+    rec = records.latest("99_test")
+    assert rec["figures"]["x"] == [2, 3] and rec["figures"]["y"]["v"] == 2
+    dates = records.measured_dates(rec)
+    assert set(dates) == {"x", "y"} and records.label(rec, "x").endswith(dates["x"][:10])
+
+
 def test_a_gpu_recalls_its_own_record_first(tmp_path, monkeypatch):
     """On a GPU, a figure this run does not measure comes from this GPU's record where there is one (the prose
     beside it describes the GPU in front of the learner), else from the newest record; CPU mode takes the newest."""
