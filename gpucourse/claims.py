@@ -45,7 +45,8 @@ def compare(subject: str, relation: str, other: str, a, b, margin: float = 0.0, 
     text = f"{subject}: {relation} {other}{margin_words}{(' ' + how) if how else ''}"
 
     def test():
-        x, y = (v() if callable(v) else v for v in (a, b))
+        x = a() if callable(a) else a  # not in a generator: a StopIteration there would become a RuntimeError
+        y = b() if callable(b) else b
         return RELATIONS[relation](x, y, margin)
     return text, holds(test)
 

@@ -1260,4 +1260,8 @@ def test_race_small():
         assert set(r["configs_ms"]) == set(cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS)
         assert r["cudnn_ms"] > 0 and r["persistent"]["config"] in cv.WGMMA_CONV_PERSISTENT_CONFIGS
         assert r["one_tile"]["of_cudnn"] == pytest.approx(r["one_tile"]["ms"] / r["cudnn_ms"])
+        assert {k: len(t) for k, t in r["turns_ms"].items()} == {k: bm.RACE_TURNS for k in ("cudnn", "one_tile",
+                                                                                          "persistent")}
+        n, c, h, w, k, rr, ss, pad, stride = r["layer_dims"]
+        assert r["cudnn_error"] <= cv.tolerance("float16", c * rr * ss) * 2
     assert "b" in bm.text_race(data)

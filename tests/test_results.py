@@ -269,8 +269,7 @@ def _derived_ratios(lesson: str, f: dict):
             for kind in ("one_tile", "persistent"):
                 k = r[kind]
                 if k["config"] is not None:
-                    yield (f"race/{r['layer']}/{kind}/of_cudnn", k["of_cudnn"],
-                           r["configs_ms"][k["config"]] / r["cudnn_ms"])
+                    yield f"race/{r['layer']}/{kind}/of_cudnn", k["of_cudnn"], k["ms"] / r["cudnn_ms"]
     if lesson == "06_inference_engine":
         for r in f.get("cudnn", {}).get("rows", []):
             if r.get("ours_over_cudnn") is not None:
