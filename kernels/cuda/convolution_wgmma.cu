@@ -134,6 +134,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
     const int c = wg - 1;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of y this consumer has handed to the TMA
+    // region: conv_persistent_consumers
     for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
       int m0, k0;
       tiles.origin(t, m0, k0);
@@ -165,6 +166,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
                          [](float x, float y) { return half2_bits(x, y); });
     }
     store_tma_drain();
+    // endregion
   }
 #else
   __trap();  // built for an architecture without wgmma: the launcher refuses before it gets here
