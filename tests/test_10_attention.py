@@ -104,18 +104,20 @@ def test_sliding_window_spec(rng):
             A.attention_spec(q, k, v, window=bad)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_backward_spec_against_finite_differences(rng, causal):
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (False, 3)])
+def test_backward_spec_against_finite_differences(rng, causal, window):
+    """The backward reference against central differences of sum(O * dO); with a sliding window (Task 10.7's
+    reference) too."""
     q, k, v, do = (rng.standard_normal((1, 2, 7, 4)) for _ in range(4))
-    grads = A.attention_backward_spec(q, k, v, do, causal=causal)
+    grads = A.attention_backward_spec(q, k, v, do, causal=causal, window=window)
     eps = 1e-6
     for which, g in enumerate(grads):
         for idx in [(0, 0, 3, 1), (0, 1, 6, 2), (0, 1, 0, 0)]:
             args = [q.copy(), k.copy(), v.copy()]
             args[which][idx] += eps
-            up = (A.attention_spec(*args, causal=causal)[0] * do).sum()
+            up = (A.attention_spec(*args, causal=causal, window=window)[0] * do).sum()
             args[which][idx] -= 2 * eps
-            down = (A.attention_spec(*args, causal=causal)[0] * do).sum()
+            down = (A.attention_spec(*args, causal=causal, window=window)[0] * do).sum()
             assert g[idx] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
 
 

@@ -121,14 +121,14 @@ def attention_spec(q, k, v, *, causal: bool = False, window: int | None = None, 
     return o, lse
 
 
-def attention_backward_spec(q, k, v, do, *, causal: bool = False, scale=None) -> tuple:
+def attention_backward_spec(q, k, v, do, *, causal: bool = False, window: int | None = None, scale=None) -> tuple:
     """(dq, dk, dv) of attention's output O with upstream gradient dO, in float64, as FlashAttention computes them:
     P recomputed from the log-sum-exp, dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P (dP - D),
-    dQ = dS K scale, dK = dS^T Q scale."""
+    dQ = dS K scale, dK = dS^T Q scale; ``causal`` and ``window`` mask the scores as in ``scores_spec``."""
     q, k, v, do = (np.asarray(a, np.float64) for a in (q, k, v, do))
     sc = _scale(q.shape[-1], scale)
-    o, lse = attention_spec(q, k, v, causal=causal, scale=scale)
-    s = scores_spec(q, k, causal=causal, scale=scale)
+    o, lse = attention_spec(q, k, v, causal=causal, window=window, scale=scale)
+    s = scores_spec(q, k, causal=causal, window=window, scale=scale)
     p = np.where(np.isneginf(lse)[..., None], 0.0, np.exp(s - np.where(np.isneginf(lse), 0.0, lse)[..., None]))
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)

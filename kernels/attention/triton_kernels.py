@@ -146,6 +146,40 @@ def flash_forward(q, k, v, *, causal: bool = False, scale=None, block_m: int | N
     return o, lse
 
 
+def launch_preprocess(kernel, o, do, delta=None):
+    """D = rowsum(dO o O), the backward's pre-pass, on (batch, heads, N, d) tensors: ``kernel`` (one of
+    triton_jit.backward_preprocess's signature) runs as kernel[(N / 64, batch x heads)](O, DO, Delta, N, HEAD_DIM,
+    BLOCK_M=64); delta (float32, batch x heads x N) is written where given, else made. Returns delta."""
+    torch, triton, _ = _lib()
+    B, H, N, D = o.shape
+    delta = torch.empty((B, H, N), dtype=torch.float32, device=o.device) if delta is None else delta
+    kernel[(triton.cdiv(N, 64), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=64)
+    return delta
+
+
+def launch_backward(dkdv, q, k, v, o, lse, do, *args, preprocess=None, scale=None, block_m: int | None = None,
+                    block_n: int | None = None, dk=None, dv=None, delta=None, **constexprs) -> tuple:
+    """The backward's first two kernels on (batch, heads, N, d) tensors with fixed tiles: ``preprocess`` (a kernel of
+    triton_jit.backward_preprocess's signature, that one unless given) writes D through ``launch_preprocess``, then
+    ``dkdv`` (one of triton_jit.backward_dkdv's) runs as dkdv[(N / BLOCK_N, batch x heads)](Q, K, V, DO, LSE, Delta,
+    DK, DV, scale, N, *args, HEAD_DIM, BLOCK_M, BLOCK_N, EVEN_N, **constexprs), EVEN_N saying that N is a multiple
+    of BLOCK_M. Tiles of 64 queries x 128 keys with 8 warps and 3 stages on a GPU, 16 x 16 in the interpreter,
+    unless ``block_m``/``block_n`` say others; lse in float32 (natural log); dk, dv and delta (float32) are written
+    where given, else made. Returns (dk, dv, delta)."""
+    torch, triton, _ = _lib()
+    _check(q, k, v, "launch_backward")
+    B, H, N, D = q.shape
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    dk = torch.empty_like(k) if dk is None else dk
+    dv = torch.empty_like(v) if dv is None else dv
+    delta = launch_preprocess(preprocess or kernels()["backward_preprocess"], o, do, delta)
+    bm, bn = block_m or (64 if q.is_cuda else 16), block_n or (128 if q.is_cuda else 16)
+    extra = {"num_warps": 8, "num_stages": 3} if q.is_cuda else {}
+    dkdv[(triton.cdiv(N, bn), B * H)](q, k, v, do, lse, delta, dk, dv, scale, N, *args, HEAD_DIM=D, BLOCK_M=bm,
+                                      BLOCK_N=bn, EVEN_N=N % bm == 0, **constexprs, **extra)
+    return dk, dv, delta
+
+
 def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> tuple:
     """(dq, dk, dv) from the forward's o and lse and the upstream gradient do (FlashAttention-2's backward: P
     recomputed from lse, one pass over the queries for dK and dV, one over the keys for dQ)."""
@@ -157,8 +191,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> 
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     do = do.contiguous()
     ks = kernels()
-    ks["backward_preprocess"][(triton.cdiv(N, 64), B * H)](o, do, delta, N, HEAD_DIM=D, BLOCK_M=64)
     if q.is_cuda:
+        launch_preprocess(ks["backward_preprocess"], o, do, delta)
         dkdv_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * H)  # noqa: E731
         dq_grid = lambda meta: (triton.cdiv(N, meta["BLOCK_M"]), B * H)  # noqa: E731
         even = N % 128 == 0  # every tuned tile divides 128
@@ -167,9 +201,8 @@ def flash_backward(q, k, v, o, lse, do, *, causal: bool = False, scale=None) -> 
         ks["backward_dq_tuned"][dq_grid](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D, CAUSAL=bool(causal),
                                          EVEN_N=even)
     else:
-        ks["backward_dkdv"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dk, dv, scale, N, HEAD_DIM=D,
-                                                          BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal),
-                                                          EVEN_N=N % 16 == 0)
+        launch_backward(ks["backward_dkdv"], q, k, v, o, lse, do, scale=scale, block_m=16, block_n=16, dk=dk, dv=dv,
+                        delta=delta, CAUSAL=bool(causal))
         ks["backward_dq"][(triton.cdiv(N, 16), B * H)](q, k, v, do, lse, delta, dq, scale, N, HEAD_DIM=D,
                                                         BLOCK_M=16, BLOCK_N=16, CAUSAL=bool(causal),
                                                         EVEN_N=N % 16 == 0)
