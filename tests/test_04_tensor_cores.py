@@ -723,6 +723,39 @@ def test_wgmma_gemm_on_gpu(rng, config):
         assert np.all(np.abs(got - want) <= allowed), (config, M, N, K, blocks)
 
 
+@pytest.mark.gpu
+def test_leaving_one_slice_running_changes_no_bit(rng):
+    """The "_wait1" 128 x 256 kernel issues the same MMAs in the same order on the same registers as its twin that
+    waits for every slice (only the waits move), so its C is the twin's bit for bit: ragged shapes, a block walking
+    many tiles (the ring's phases running across tiles, 15 slices on 4 stages), and K of one slice. Each of the three
+    tiles also on d = 768's MLP down (8192 x 3072 x 768), against the exact product as test_wgmma_gemm_on_gpu
+    bounds it, the rule's tile among them."""
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    twin, wait1 = "wgmma_128x256x64_s4_kn_persistent_f16_tmastore", tc.PERSISTENT_TILES[0]
+    for M, N, K, blocks in ((1000, 1032, 2056, None), (2100, 2312, 960, 3), (700, 776, 960, 1), (300, 264, 64, None)):
+        A = cp.asarray(rng.uniform(-1, 1, (M, K)).astype(np.float16))
+        B = cp.asarray(rng.uniform(-1, 1, (K, N)).astype(np.float16))
+        C0, C1 = cp.full((M, N), cp.nan, cp.float16), cp.full((M, N), cp.nan, cp.float16)
+        tc.gemm_wgmma(A, B, C0, config=twin, blocks=blocks)
+        tc.gemm_wgmma(A, B, C1, config=wait1, blocks=blocks)
+        assert bool(cp.isfinite(C0).all()) and bool((C0.view(cp.uint16) == C1.view(cp.uint16)).all()), (M, N, K, blocks)
+    M, N, K = 8192, 768, 3072
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+    want = tc.gemm_spec(A, B)
+    allowed = K * 2.0**-24 * (np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)) * (1 + 2.0**-11) \
+        + 2.0**-11 * np.abs(want) + 2.0**-25
+    assert tc.persistent_tile(M, N, runtime.get().device["sms"]) in tc.PERSISTENT_TILES
+    for config in tc.PERSISTENT_TILES:
+        C = cp.full((M, N), cp.nan, cp.float16)
+        tc.gemm_wgmma(cp.asarray(A), cp.asarray(B), C, config=config)
+        assert np.all(np.abs(C.get().astype(np.float64) - want) <= allowed), config
+
+
 def test_transformer_table_plans_a_layers_gemms():
     """transformer_table's shapes and rows, without a GPU: the QKV projection, the MLP's up and down projections for
     each width; cuBLAS, PyTorch where it runs, and the FP16-output wgmma kernels on Hopper only."""
