@@ -28,6 +28,9 @@ WGMMA_STEPS = {
     "wgmma_128x256x64_s4_kn_persistent": "4 stages, persistent (a block per SM)",
     "wgmma_128x256x64_s4_kn_persistent_f16": "persistent, FP16 C (as cuBLAS writes it)",
     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore": "persistent, FP16 C by a TMA store",
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1": "... and one slice's MMAs left running (wait_group 1)",
+    "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1": "... the same, 128 x 192 tile",
+    "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1": "... the same, 128 x 128 tile, 6 stages",
 }
 WGMMA_HOLD_MS = 2.0  # queue each launch behind a hold kernel: the events time the GEMM, not the ctypes launch
 CHECK = 1e-3  # a timed kernel's result against cuBLAS's, |diff|max / |ref|max: catches bugs, not rounding
@@ -424,6 +427,10 @@ def transformer_table(tokens: int = 8192, ds=(768, 4096), *, configs=None, repea
     shapes = transformer_shapes(tokens, ds)
     plan = transformer_plan(torch is not None, configs)
     out = {"tokens": tokens, "ds": list(ds), "torch": getattr(torch, "__version__", None), "shapes": []}
+    sms = runtime.get().device.get("sms")
+    tiles = [c for c in tc.PERSISTENT_TILES if any(r["config"] == c for r in plan)]
+    if tiles and sms:  # the tile persistent_tile picks for each shape, beside the sweep of every tile (the check)
+        out.update(sms=sms, tiles=tiles)
     if torch is None:
         out["note"] = "no PyTorch rows: PyTorch with CUDA is not installed"
     if wgmma_skipped():
@@ -461,34 +468,52 @@ def transformer_table(tokens: int = 8192, ds=(768, 4096), *, configs=None, repea
                  "check_error": checks[row["name"]]} for row in plan]
         for r in rows:
             r["of_cublas"] = r["tflops"] / rows[0]["tflops"]
-        out["shapes"].append({**shape, "rows": rows})
+        rule = {"rule": tc.persistent_tile(M, N, sms, tiles)} if "tiles" in out else {}
+        out["shapes"].append({**shape, **rule, "rows": rows})
         del A, B, works
         cp.get_default_memory_pool().free_all_blocks()
     return out
 
 
-TRANSFORMER_SHORT = {"cuBLAS FP16 (cupy.matmul)": "cuBLAS TFLOP/s", "PyTorch (torch.matmul)": "PyTorch"}
+TRANSFORMER_SHORT = {"cuBLAS FP16 (cupy.matmul)": "cuBLAS TFLOP/s", "PyTorch (torch.matmul)": "PyTorch",
+                     "wgmma_128x256x64_s4_kn_persistent_f16": "wgmma, C by threads",
+                     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore": "wgmma, C by the TMA",
+                     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1": "wait 1, 128x256",
+                     "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1": "wait 1, 128x192",
+                     "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1": "wait 1, 128x128"}
 
 
-def _transformer_short(name: str) -> str:
-    if name in TRANSFORMER_SHORT:
-        return TRANSFORMER_SHORT[name]
-    return "wgmma, C by the TMA" if "TMA store" in name else "wgmma, C by threads" if "FP16 C" in name else name[:24]
+def _transformer_short(row) -> str:
+    """A transformer_table row's column: by its configuration where it has one (a library row: by its name; a name
+    alone, as records before the configurations were kept name them: by its words)."""
+    if isinstance(row, dict):
+        if row.get("config") in TRANSFORMER_SHORT:
+            return TRANSFORMER_SHORT[row["config"]]
+        row = row["name"]
+    if row in TRANSFORMER_SHORT:
+        return TRANSFORMER_SHORT[row]
+    return "wgmma, C by the TMA" if "TMA store" in row else "wgmma, C by threads" if "FP16 C" in row else row[:24]
 
 
 def format_transformer_table(table: dict) -> str:
     """transformer_table's figures as a table: a row per GEMM, cuBLAS's TFLOP/s, then each other contender's time
-    over cuBLAS's as a ratio of speeds (x cuBLAS)."""
+    over cuBLAS's as a ratio of speeds (x cuBLAS); where the table has the persistent tiles, last the tile that
+    persistent_tile picks for the GEMM and its ratio."""
     notes = [x for x in (table.get("note"), table.get("skipped")) if x]
     names = list(dict.fromkeys(r["name"] for sh in table["shapes"] for r in sh["rows"]))
+    first = {r["name"]: r for sh in table["shapes"] for r in sh["rows"]}
+    ruled = any("rule" in sh for sh in table["shapes"])
     body = []
     for sh in table["shapes"]:
         rows = {r["name"]: r for r in sh["rows"]}
+        rule = next((r for r in sh["rows"] if r.get("config") == sh.get("rule")), None)
         body.append([f"{sh['d']}, {sh['name'].removesuffix(' projection')} ({sh['K']} x {sh['N']})",
                      *(None if n not in rows else rows[n]["tflops"] if n.startswith("cuBLAS")
-                       else f"{rows[n]['of_cublas']:.2f}" for n in names)])
-    return str(plots.table(["d, GEMM (K x N)", *map(_transformer_short, names)], body,
-                           align="l" + "r" * len(names),
+                       else f"{rows[n]['of_cublas']:.2f}" for n in names),
+                     *([None if rule is None else f"{tc.wgmma_config(rule['config'])['bn']}: {rule['of_cublas']:.2f}"]
+                       if ruled else [])])
+    heads = ["d, GEMM (K x N)", *(_transformer_short(first[n]) for n in names), *(["rule (BN: x)"] if ruled else [])]
+    return str(plots.table(heads, body, align="l" + "r" * (len(heads) - 1),
                            title=f"A transformer layer's GEMMs, {table['tokens']:,} tokens, FP16 in and out: cuBLAS's "
                                  "TFLOP/s, the others x cuBLAS" + (f" ({'; '.join(notes)})" if notes else "")))
 
@@ -496,8 +521,9 @@ def format_transformer_table(table: dict) -> str:
 def transformer_reading(table: dict) -> list:
     """What the deep dive of lesson 4 says of the transformer GEMMs (section 5), each statement with whether it
     holds in ``table`` (a run's or a record's figure "transformer"). A records test asserts every statement on every
-    record."""
-    shapes = [{_transformer_short(r["name"]): r for r in sh["rows"]} for sh in table.get("shapes", [])]
+    record. Where the table has the persistent tiles (tc.PERSISTENT_TILES) and the rule's pick for each GEMM, two more:
+    the rule against the sweep, and the issue's goal."""
+    shapes = [{_transformer_short(r): r for r in sh["rows"]} for sh in table.get("shapes", [])]
     have = [s for s in shapes if "wgmma, C by the TMA" in s and "wgmma, C by threads" in s]
     gain = {(sh["d"], sh["name"]): s["wgmma, C by the TMA"]["tflops"] / s["wgmma, C by threads"]["tflops"]
             for sh, s in zip(table.get("shapes", []), shapes) if s in have}
@@ -514,6 +540,31 @@ def transformer_reading(table: dict) -> list:
         ("the TMA store's gain over the threads' stores: larger at the smaller width, GEMM for GEMM",
          claims.holds(lambda: all(gain[min(table["ds"]), g] > gain[max(table["ds"]), g]
                                   for g in {g for _, g in gain}) if len(gains) > 1 else None)),
+    ] + tile_reading(table)
+
+
+TILE_RULE_SLACK = 0.05  # tile_reading: the rule's tile may be this much slower than the fastest tile measured
+
+
+def tile_reading(table: dict) -> list:
+    """The tile rule (tc.persistent_tile) against the sweep of the persistent tiles in ``table`` (transformer_table's),
+    and the goal (every GEMM at 0.95 of cuBLAS or more with the rule's tile): [(statement, holds)], none where the
+    table has no rule (recorded before it, or on a GPU without wgmma)."""
+    ruled = [sh for sh in table.get("shapes", []) if "rule" in sh]
+    if not ruled:
+        return []
+
+    def of(sh, config):
+        return next(r for r in sh["rows"] if r.get("config") == config)
+
+    def fastest(sh):
+        return max(of(sh, c)["tflops"] for c in table["tiles"])
+
+    return [
+        (f"the rule's tile: within {TILE_RULE_SLACK:.0%} of the fastest tile measured, on every GEMM",
+         claims.holds(lambda: all(of(sh, sh["rule"])["tflops"] >= (1 - TILE_RULE_SLACK) * fastest(sh) for sh in ruled))),
+        ("with the rule's tile: at 0.95 of cuBLAS or more on every GEMM",
+         claims.holds(lambda: all(of(sh, sh["rule"])["of_cublas"] >= 0.95 for sh in ruled))),
     ]
 
 

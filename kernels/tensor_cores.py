@@ -529,6 +529,11 @@ WGMMA_CONFIGS = (
     "wgmma_128x256x64_s4_kn_persistent",
     "wgmma_128x256x64_s4_kn_persistent_f16",
     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore",
+    # ... and with the next slice's MMAs issued before the last slice's are waited for ("_wait1": wgmma.wait_group 1),
+    # in three tiles, so that a shape may take the one that fills the SMs' waves best (PERSISTENT_TILES)
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1",
+    "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1",
+    "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1",
 )
 DEFAULT_WGMMA = "wgmma_128x256x64_s4_kn"
 WGMMA_GROUP_M = 8  # tile-rows per group in the block order (L2 reuse); see gemm_wgmma
@@ -536,9 +541,10 @@ WGMMA_STORE_PIECE = 64  # tmastore: C leaves in pieces of 64 x 64 FP16, two buff
 
 
 def wgmma_config(name: str) -> dict:
-    """Block tile, stages, warpgroups, shared memory, B layout, persistence and C's type of a wgmma kernel, from its
-    name: wgmma_<BM>x<BN>x<BK>_s<stages>_<kn|nk>[_persistent[_f16[_tmastore]]]."""
-    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)(_persistent(_f16(_tmastore)?)?)?", name)
+    """Block tile, stages, warpgroups, shared memory, B layout, persistence, C's type and the slices of MMAs a consumer
+    leaves running (``in_flight``) of a wgmma kernel, from its name:
+    wgmma_<BM>x<BN>x<BK>_s<stages>_<kn|nk>[_persistent[_f16[_tmastore[_wait1]]]]."""
+    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)(_persistent(_f16(_tmastore(_wait1)?)?)?)?", name)
     if not m or name not in WGMMA_CONFIGS:
         raise runtime.CourseInputError(f"no wgmma kernel {name!r}; known: {', '.join(WGMMA_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
@@ -549,7 +555,7 @@ def wgmma_config(name: str) -> dict:
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "b_layout": m.group(5),
             "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "acc": "float32",
             "persistent": m.group(6) is not None, "out": "float16" if m.group(7) else "float32",
-            "epilogue": "tma" if tma_store else "registers"}
+            "epilogue": "tma" if tma_store else "registers", "in_flight": 1 if m.group(9) else 0}
 
 
 # cuTensorMapEncodeTiled's enums (cuda.h)
@@ -793,6 +799,44 @@ def wgmma_blocks(c: dict, M: int, N: int, sms: int | None = None) -> int:
     if not sms or sms < 1:
         raise runtime.CourseInputError(f"{c['name']} launches a block per SM: give the number of SMs, not {sms!r}")
     return min(tiles, sms)
+
+
+# The persistent FP16 kernels a GEMM's shape chooses among (persistent_tile), largest tile first: one schedule, mainloop
+# and epilogue, three tiles. A larger tile reads fewer operand bytes per multiply-add; a smaller one may fill the SMs'
+# last wave better.
+PERSISTENT_TILES = (
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1",
+    "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1",
+    "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1",
+)
+TILE_TIE = 0.03  # persistent_tile: wave efficiencies this close to the best count as equal; the larger tile wins
+
+
+def wave_efficiency(config: str, M: int, N: int, sms: int) -> float:
+    """The share of the multiply-adds that the persistent kernel ``config`` could do in its waves that are C's own: an
+    M x N C in ceil(M / BM) x ceil(N / BN) tiles, walked by min(tiles, sms) blocks, takes ceil(tiles / sms) waves of
+    sms tiles each, so M N / (waves x sms x BM x BN). Below 1 where the last wave leaves SMs idle, or where tiles
+    reach past C's edges. (8192 x 768 in 128 x 256 tiles on 132 SMs: 192 tiles, 2 waves, 0.73.)"""
+    c = wgmma_config(config)
+    if not c["persistent"]:
+        raise runtime.CourseInputError(f"{config} runs a block per tile; wave_efficiency is for the persistent kernels")
+    if min(M, N, sms) < 1:
+        raise runtime.CourseInputError(f"M, N and the SMs must be positive, got {M}, {N}, {sms}")
+    tiles = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
+    waves = math.ceil(tiles / sms)
+    return M * N / (waves * sms * c["bm"] * c["bn"])
+
+
+def persistent_tile(M: int, N: int, sms: int, tiles=PERSISTENT_TILES, tie: float = TILE_TIE) -> str:
+    """The rule by which a GEMM picks its tile, as a library's heuristics do (K does not enter: every tile walks the
+    same K): the largest of ``tiles`` (listed largest first) whose wave efficiency (``wave_efficiency``) is within
+    ``tie`` of the best of them. A larger tile reads fewer operand bytes per multiply-add, so it wins unless a smaller
+    one fills the waves clearly better: on 132 SMs, 8192 x 768 (a transformer MLP's down projection at d = 768) takes
+    128 x 192 (256 tiles, 2 waves, 0.97) over 128 x 256 (192 tiles, 2 waves, 0.73). transformer_table checks it
+    against the fastest tile measured."""
+    eff = {c: wave_efficiency(c, M, N, sms) for c in tiles}
+    best = max(eff.values())
+    return next(c for c in tiles if eff[c] >= (1 - tie) * best)
 
 
 def gemm_library(A, B, C=None, *, tf32: bool = False):

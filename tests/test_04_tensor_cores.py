@@ -513,8 +513,18 @@ def test_wgmma_config_names_say_persistence_and_the_output_type():
     tma = tc.wgmma_config("wgmma_128x256x64_s4_kn_persistent_f16_tmastore")
     assert tma["persistent"] and tma["out"] == "float16" and tma["epilogue"] == "tma"
     assert tma["smem_bytes"] == plain["smem_bytes"] + 2 * 2 * 64 * 64 * 2 == 230464  # 227 KiB is 232448
+    assert plain["in_flight"] == p16["in_flight"] == tma["in_flight"] == 0
+    # one slice's MMAs left running, in three tiles: 4 stages of 128 x 256 or 128 x 192, 6 of 128 x 128, each beside
+    # C's 32 KiB of pieces (5 stages of 128 x 192 would need 238,672 bytes)
+    w256, w192, w128 = map(tc.wgmma_config, tc.PERSISTENT_TILES)
+    assert all(c["persistent"] and c["out"] == "float16" and c["epilogue"] == "tma" and c["in_flight"] == 1
+               and c["b_layout"] == "kn" and c["consumers"] == 2 and c["threads"] == 384 for c in (w256, w192, w128))
+    assert [(c["bm"], c["bn"], c["stages"]) for c in (w256, w192, w128)] == [(128, 256, 4), (128, 192, 4), (128, 128, 6)]
+    assert (w256["smem_bytes"], w192["smem_bytes"], w128["smem_bytes"]) == (230464, 197696, 230496)
+    assert all(n in tc.WGMMA_CONFIGS for n in tc.PERSISTENT_TILES)
     for bad in ("wgmma_128x256x64_s4_kn_f16", "wgmma_128x256x64_s4_kn_persistent_tmastore",
-                "wgmma_128x256x64_s4_nk_persistent", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_x"):
+                "wgmma_128x256x64_s4_nk_persistent", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_x",
+                "wgmma_128x256x64_s4_kn_persistent_f16_wait1", "wgmma_128x192x64_s6_kn_persistent_f16_tmastore_wait1"):
         with pytest.raises(runtime.CourseInputError, match="no wgmma kernel"):
             tc.wgmma_config(bad)
     # a block per tile, or per SM where there are more tiles than SMs
@@ -523,6 +533,34 @@ def test_wgmma_config_names_say_persistence_and_the_output_type():
     assert tc.wgmma_blocks(p16, 300, 264, sms=132) == 3 * 2
     with pytest.raises(runtime.CourseInputError, match="number of SMs"):
         tc.wgmma_blocks(p16, 8192, 8192)
+
+
+def test_the_tile_rule_fills_the_waves():
+    """wave_efficiency by hand on 132 SMs (an H100), and the tile persistent_tile picks for a transformer layer's
+    GEMMs (8192 tokens; d = 768 and 4096): 128 x 192 where 128 x 256 leaves most of a wave idle (d = 768's MLP down:
+    192 tiles in 2 waves, 0.73; QKV: 576 tiles in 5 waves, 0.87), else 128 x 256, the largest, whenever a smaller tile
+    fills the waves by less than TILE_TIE more."""
+    w256, w192, w128 = tc.PERSISTENT_TILES
+    assert tc.wave_efficiency(w256, 8192, 768, 132) == pytest.approx(8192 * 768 / (2 * 132 * 128 * 256))
+    assert tc.wave_efficiency(w192, 8192, 768, 132) == pytest.approx(8192 * 768 / (2 * 132 * 128 * 192))
+    assert tc.wave_efficiency(w128, 8192, 768, 132) == pytest.approx(8192 * 768 / (3 * 132 * 128 * 128))
+    assert tc.wave_efficiency(w192, 8192, 8192, 132) == pytest.approx(8192 * 8192 / (21 * 132 * 128 * 192))  # 43 cols
+    assert tc.wave_efficiency(w256, 128, 256, 132) == pytest.approx(1 / 132)  # one tile, one SM of 132
+    assert tc.wave_efficiency(w256, 256, 256, 2) == 1.0 and tc.wave_efficiency(w256, 200, 256, 2) == 200 / 256
+    picks = {(n, k): tc.persistent_tile(8192, n, 132) for n, k in
+             ((2304, "768 QKV"), (3072, "768 up"), (768, "768 down"), (12288, "4096 QKV"), (16384, "4096 up"),
+              (4096, "4096 down"), (8192, "8192^3"))}
+    assert {k: tc.wgmma_config(c)["bn"] for (n, k), c in picks.items()} == {
+        "768 QKV": 192, "768 up": 256, "768 down": 192, "4096 QKV": 256, "4096 up": 256, "4096 down": 256, "8192^3": 256}
+    for (n, _), c in picks.items():  # never more than TILE_TIE short of the best tile's waves
+        assert tc.wave_efficiency(c, 8192, n, 132) >= (1 - tc.TILE_TIE) * max(
+            tc.wave_efficiency(t, 8192, n, 132) for t in tc.PERSISTENT_TILES)
+    assert tc.persistent_tile(8192, 12288, 132, tie=0.0) == w128  # 0.99 against 0.97: taken only without the tie
+    assert tc.persistent_tile(8192, 768, 132, tiles=(w256,)) == w256
+    with pytest.raises(runtime.CourseInputError, match="block per tile"):
+        tc.wave_efficiency(tc.DEFAULT_WGMMA, 8192, 8192, 132)
+    with pytest.raises(runtime.CourseInputError, match="positive"):
+        tc.wave_efficiency(w256, 8192, 8192, 0)
 
 
 def test_wgmma_needs_a_gpu_or_says_which(monkeypatch):
@@ -618,6 +656,11 @@ def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
         assert trans_b == ("1" if c["b_layout"] == "kn" else "0"), name
         # persistent: the tile loop steps by the grid's size; plain: one tile, from blockIdx.x alone
         assert ("%nctaid.x" in body) is c["persistent"], name
+        # "_wait1": each slice waits for the one before it (wait_group 1), the tile's last for itself (0); else 0 only
+        waits = set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", body))
+        assert waits == ({"0", "1"} if c["in_flight"] else {"0"}), name
+        if c["epilogue"] == "tma":  # a 64-column piece a stmatrix group of four, BN / 64 B boxes for "kn"
+            assert body.count("stmatrix.sync.aligned") == 4 * (c["bn"] // 64), name
         stores = set(re.findall(r"st\.global[.\w]*", body))
         tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in body
         if c["epilogue"] == "tma":  # FP16 pieces by stmatrix, in shared memory, stored by the TMA; no thread stores
@@ -680,6 +723,39 @@ def test_wgmma_gemm_on_gpu(rng, config):
         assert np.all(np.abs(got - want) <= allowed), (config, M, N, K, blocks)
 
 
+@pytest.mark.gpu
+def test_leaving_one_slice_running_changes_no_bit(rng):
+    """The "_wait1" 128 x 256 kernel issues the same MMAs in the same order on the same registers as its twin that
+    waits for every slice (only the waits move), so its C is the twin's bit for bit: ragged shapes, a block walking
+    many tiles (the ring's phases running across tiles, 15 slices on 4 stages), and K of one slice. Each of the three
+    tiles also on d = 768's MLP down (8192 x 3072 x 768), against the exact product as test_wgmma_gemm_on_gpu
+    bounds it, the rule's tile among them."""
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    twin, wait1 = "wgmma_128x256x64_s4_kn_persistent_f16_tmastore", tc.PERSISTENT_TILES[0]
+    for M, N, K, blocks in ((1000, 1032, 2056, None), (2100, 2312, 960, 3), (700, 776, 960, 1), (300, 264, 64, None)):
+        A = cp.asarray(rng.uniform(-1, 1, (M, K)).astype(np.float16))
+        B = cp.asarray(rng.uniform(-1, 1, (K, N)).astype(np.float16))
+        C0, C1 = cp.full((M, N), cp.nan, cp.float16), cp.full((M, N), cp.nan, cp.float16)
+        tc.gemm_wgmma(A, B, C0, config=twin, blocks=blocks)
+        tc.gemm_wgmma(A, B, C1, config=wait1, blocks=blocks)
+        assert bool(cp.isfinite(C0).all()) and bool((C0.view(cp.uint16) == C1.view(cp.uint16)).all()), (M, N, K, blocks)
+    M, N, K = 8192, 768, 3072
+    A = rng.uniform(-1, 1, (M, K)).astype(np.float16)
+    B = rng.uniform(-1, 1, (K, N)).astype(np.float16)
+    want = tc.gemm_spec(A, B)
+    allowed = K * 2.0**-24 * (np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64)) * (1 + 2.0**-11) \
+        + 2.0**-11 * np.abs(want) + 2.0**-25
+    assert tc.persistent_tile(M, N, runtime.get().device["sms"]) in tc.PERSISTENT_TILES
+    for config in tc.PERSISTENT_TILES:
+        C = cp.full((M, N), cp.nan, cp.float16)
+        tc.gemm_wgmma(cp.asarray(A), cp.asarray(B), C, config=config)
+        assert np.all(np.abs(C.get().astype(np.float64) - want) <= allowed), config
+
+
 def test_transformer_table_plans_a_layers_gemms():
     """transformer_table's shapes and rows, without a GPU: the QKV projection, the MLP's up and down projections for
     each width; cuBLAS, PyTorch where it runs, and the FP16-output wgmma kernels on Hopper only."""
@@ -693,9 +769,11 @@ def test_transformer_table_plans_a_layers_gemms():
     with pytest.raises(runtime.CourseInputError, match="multiple of 8"):
         lesson.transformer_shapes(8192, (100,))
     f16 = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16"]
-    assert f16 == ["wgmma_128x256x64_s4_kn_persistent_f16", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore"]
+    assert f16 == ["wgmma_128x256x64_s4_kn_persistent_f16", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore",
+                   *tc.PERSISTENT_TILES]  # the sweep of the tiles is measured in the same run as cuBLAS
     plan = lesson.transformer_plan(True, cc="9.0")
-    assert [r["kind"] for r in plan] == ["library", "library", "kernel", "kernel"]
+    assert [r["kind"] for r in plan] == ["library", "library"] + ["kernel"] * len(f16)
+    assert len({r["name"] for r in plan}) == len(plan)
     assert plan[0]["name"].startswith("cuBLAS") and plan[1]["name"].startswith("PyTorch")
     assert [r["config"] for r in plan[2:]] == f16
     assert [r["name"] for r in lesson.transformer_plan(False, cc="8.0")] == ["cuBLAS FP16 (cupy.matmul)"]
@@ -707,6 +785,38 @@ def test_transformer_table_plans_a_layers_gemms():
     text = lesson.format_transformer_table(table)
     assert "768, QKV (768 x 2304)" in text and "no PyTorch rows" in text
     assert len(text.splitlines()) == 3 + 1  # title, header, rule, one row per GEMM
+    assert "rule" not in text and lesson.tile_reading(table) == []  # no rule in the table: no column, no statement
+
+
+def _ruled_table(lesson, speeds):
+    """A transformer table of d = 768's MLP down with the persistent tiles at ``speeds`` (x cuBLAS, largest tile
+    first), and the rule's pick, as transformer_table makes it on 132 SMs."""
+    shape = lesson.transformer_shapes(8192, (768,))[2]
+    plan = lesson.transformer_plan(False, cc="9.0")
+    rows = [{**r, "median_ms": 1.0, "tflops": 500.0, "of_cublas": 1.0} for r in plan]
+    for r in rows:
+        if r["config"] in tc.PERSISTENT_TILES:
+            r["of_cublas"] = speeds[tc.PERSISTENT_TILES.index(r["config"])]
+            r["tflops"] = 500.0 * r["of_cublas"]
+    return {"tokens": 8192, "ds": [768], "sms": 132, "tiles": list(tc.PERSISTENT_TILES),
+            "shapes": [{**shape, "rule": tc.persistent_tile(shape["M"], shape["N"], 132), "rows": rows}]}
+
+
+def test_the_tile_rule_is_checked_against_the_sweep():
+    """Where transformer_table has the persistent tiles, its text shows the rule's tile and ratio, and tile_reading
+    says whether the rule's tile came within TILE_RULE_SLACK of the fastest tile and whether it met the goal (0.95
+    of cuBLAS): both hold when the rule's 128 x 192 is the fastest; both turn when 128 x 128 runs far ahead and 128 x
+    192 below the goal."""
+    import benchmarks.tensor_cores as lesson
+
+    good = _ruled_table(lesson, (0.78, 1.01, 0.97))
+    assert good["shapes"][0]["rule"] == tc.PERSISTENT_TILES[1]
+    text = lesson.format_transformer_table(good)
+    assert "rule (BN: x)" in text and "192: 1.01" in text and "wait 1, 128x192" in text
+    assert [ok for _, ok in lesson.tile_reading(good)] == [True, True]
+    assert lesson.transformer_reading(good)[-2:] == lesson.tile_reading(good)
+    bad = _ruled_table(lesson, (0.78, 0.90, 1.00))
+    assert [ok for _, ok in lesson.tile_reading(bad)] == [False, False]
 
 
 @pytest.mark.gpu

@@ -152,8 +152,12 @@ __device__ __forceinline__ void store_c1(__half* out, float a) { *out = __float2
 // gemm_tile's work, persistent: block b computes tiles b, b + gridDim.x, ... (the host launches min(tiles, SMs)
 // blocks; the schedule, the ring and the TMA store are hopper_gemm.cuh's, shared with the FP8 GEMM). OUT: float or
 // __half. TMA_STORE (OUT = __half only): C leaves through shared memory and the TMA (tmC, a map of C in boxes of
-// 64 x 64, 128-byte swizzle); otherwise each thread stores its fragment to C.
-template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE>
+// 64 x 64, 128-byte swizzle); otherwise each thread stores its fragment to C. IN_FLIGHT = 1: a consumer issues a
+// slice's MMAs and then waits only for the previous slice's (wgmma.wait_group 1), so that the tensor cores have the
+// next slice's work queued while the last one finishes, and hands that previous stage back; 0: it waits for this
+// slice's own MMAs before the next (the pipeline drains at every stage). IN_FLIGHT = 1 keeps one stage less free for
+// the producer.
+template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE, int IN_FLIGHT = 0>
 __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
                                                 OUT* __restrict__ C, int M, int N, int K, int group_m) {
 #ifdef GPUCOURSE_WGMMA
@@ -218,8 +222,18 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
           wgmma_k16<BN, B_KN ? 1 : 0>(d, da, db, 1);
         }
         wgmma_commit();
+        if constexpr (IN_FLIGHT == 1) {
+          wgmma_wait<1>();  // the previous slice's MMAs have read their stage; this slice's run on
+          if (tid == 0 && kb > 0) ring.release((g - 1) % STAGES);
+        } else {
+          static_assert(IN_FLIGHT == 0, "IN_FLIGHT: 0 or 1 slices' MMAs left running");
+          wgmma_wait<0>();
+          if (tid == 0) ring.release(s);
+        }
+      }
+      if constexpr (IN_FLIGHT == 1) {  // the tile's last slice: its MMAs done before the epilogue reads d
         wgmma_wait<0>();
-        if (tid == 0) ring.release(s);
+        if (tid == 0) ring.release((g - 1) % STAGES);
       }
       // The epilogue. Meanwhile the producer fills the stages just freed with the next tile's first slices.
       if constexpr (TMA_STORE) {
@@ -293,6 +307,20 @@ WGMMA_GEMM(128, 128, 6, kn, true)
     hopper::gemm_persistent<BM, BN, S, KN, __half, true>(&tmA, &tmB, &tmC, nullptr, M, N, K, group_m);        \
   }
 
+// ... and the same with one slice's MMAs left running (IN_FLIGHT = 1), in three tiles that a shape chooses among
+// (kernels/tensor_cores.py, persistent_tile): 128 x 256 (two consumers of 64 x 256: 128 accumulators a thread),
+// 128 x 192 (96) and 128 x 128 (64), 4, 4 and 6 stages (the most that fit beside C's 32 KiB of pieces)
+#define WGMMA_PERSISTENT_TMA_STORE_WAIT1(BM, BN, S, LAYOUT, KN)                                                 \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      wgmma_##BM##x##BN##x64_s##S##_##LAYOUT##_persistent_f16_tmastore_wait1(                                  \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                         \
+          const __grid_constant__ TensorMap tmC, int M, int N, int K, int group_m) {                           \
+    hopper::gemm_persistent<BM, BN, S, KN, __half, true, 1>(&tmA, &tmB, &tmC, nullptr, M, N, K, group_m);     \
+  }
+
 WGMMA_PERSISTENT(128, 256, 4, kn, true, , float)
 WGMMA_PERSISTENT(128, 256, 4, kn, true, _f16, __half)
 WGMMA_PERSISTENT_TMA_STORE(128, 256, 4, kn, true)
+WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 256, 4, kn, true)
+WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 192, 4, kn, true)
+WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 128, 6, kn, true)
