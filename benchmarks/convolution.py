@@ -431,6 +431,8 @@ def fused(layer_name: str | None = None, repeats: int = 10, batch: int = 8) -> d
 
 RACE_GOALS = {"3x3": 1.0, "1x1": 1.1}  # the wgmma convolution's time over cuDNN's fastest, at most, on each layer
 RACE_TURNS = 3  # cuDNN's fastest and the fastest tile of each kind, timed in turns this many times (the medians kept)
+# the kinds of wgmma tile the race keeps the fastest of: a row's keys, with their configurations
+RACE_KINDS = {"one_tile": cv.WGMMA_CONV_CONFIGS, "persistent": cv.WGMMA_CONV_PERSISTENT_CONFIGS}
 
 
 def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> dict:
@@ -474,8 +476,7 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
             # the fastest of each kind and cuDNN's fastest, timed again in turns: a moment of slower clocks falls on
             # all three, not on one
             fastest = {kind: min((c for c in ms if c in configs), key=ms.get, default=None)
-                       for kind, configs in (("one_tile", cv.WGMMA_CONV_CONFIGS),
-                                             ("persistent", cv.WGMMA_CONV_PERSISTENT_CONFIGS))}
+                       for kind, configs in RACE_KINDS.items()}
             xd, fd, conv, yd = _descriptors(layer, "float16", "NHWC", best["math"])
             launches = {"cudnn": handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])}
             y.fill(cp.nan)
@@ -508,21 +509,24 @@ def _tile(cfg: str | None) -> str:
 
 
 def text_race(data: dict) -> str:
-    """The race as a table: each layer's cuDNN algorithm and time, the fastest one-tile and persistent wgmma tiles
-    and their times over cuDNN's; the goals in the title."""
-    head = ["layer", "cuDNN's fastest", "µs", "one-tile", "x cuDNN", "persistent", "x cuDNN"]
+    """The race as a table: each layer's time with cuDNN's fastest algorithm, the fastest one-tile and persistent
+    wgmma tiles' times over it ("-" where a kind was not run), and the fastest tile; cuDNN's algorithms and the
+    goals in the title."""
+    head = ["layer", "cuDNN µs", *(k.replace("_", "-") for k in RACE_KINDS), "fastest tile"]
     out = []
     for r in data["rows"]:
-        one, per = r["one_tile"], r["persistent"]
         dims = r["layer_dims"]
+        timed = {kind: r[kind] for kind in RACE_KINDS if (r.get(kind) or {}).get("config")}
+        best = min(timed.values(), key=lambda e: e["of_cudnn"], default={"config": None})
         out.append([r["layer"].split(":")[0] + ("" if r["shape"] == "3x3" else f" {dims[1]}->{dims[4]}"),
-                    r["cudnn"].removeprefix("CUDNN_CONVOLUTION_FWD_ALGO_"), f"{r['cudnn_ms'] * 1e3:.0f}",
-                    _tile(one["config"]), f"{one['of_cudnn']:.2f}" if one["config"] else "-",
-                    _tile(per["config"]).removesuffix("_persistent"),
-                    f"{per['of_cudnn']:.2f}" if per["config"] else "-"])
+                    f"{r['cudnn_ms'] * 1e3:.1f}",
+                    *(f"{timed[kind]['of_cudnn']:.2f}" if kind in timed else "-" for kind in RACE_KINDS),
+                    _tile(best["config"])])
+    algos = ", ".join(a.removeprefix("CUDNN_CONVOLUTION_FWD_ALGO_") for a in dict.fromkeys(r["cudnn"] for r in data["rows"]))
     goals = ", ".join(f"{g:g}x on {shape}" for shape, g in data["goals"].items())
-    return str(plots.table(head, out, align="llrlrlr", title=f"wgmma convolution / cuDNN {data.get('cudnn', '?')}'s "
-                                                             f"fastest, FP16 NHWC, batch 32 (goals: at most {goals})"))
+    return str(plots.table(head, out, align="lr" + "r" * len(RACE_KINDS) + "l",
+                           title=f"wgmma convolution / cuDNN {data.get('cudnn', '?')}'s fastest ({algos}), FP16 NHWC, "
+                                 f"batch 32\n(goals: at most {goals})"))
 
 
 def race_reading(data: dict) -> list:

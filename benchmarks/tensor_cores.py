@@ -869,13 +869,17 @@ def results_rows(record: dict) -> list:
     wrows = w.get("rows", [])
     hopper = max((r for r in wrows if w.get("default") and r.get("config") == w["default"]),
                  key=lambda r: r["tflops"], default=None)  # the default configuration, as lesson 5 compares it
+    fastest = max((r for r in wrows if str(r.get("config", "")).startswith("wgmma_")), key=lambda r: r["tflops"],
+                  default=None)  # the fastest of the lesson's Hopper GEMMs
     wmma = next((r for r in wrows if r["name"].startswith("WMMA, tiled")), None)
     if wmma is None:
         wmma = next((r for r in f.get("kernels", {}).get("rows", []) if r["name"].startswith("WMMA, tiled (")), None)
     simt = next((r for r in f.get("kernels", {}).get("rows", []) if r["name"].startswith("CUDA C, register tiles")), None)
     n = w.get("n") or f.get("kernels", {}).get("n")
     return [
-        ("Hopper wgmma GEMM, speed against cuBLAS FP16", R.ratio(hopper and hopper["of_cublas"]), "wgmma"),
+        ("fastest Hopper wgmma GEMM, speed against cuBLAS FP16", R.ratio(fastest and fastest["of_cublas"]), "wgmma"),
+        ("Hopper wgmma GEMM (the lesson's default), speed against cuBLAS FP16", R.ratio(hopper and hopper["of_cublas"]),
+         "wgmma"),
         ("Hopper wgmma GEMM, TFLOP/s", R.number(hopper and hopper["tflops"]), "wgmma"),
         ("cuBLAS FP16 GEMM, TFLOP/s", R.number(w.get("cublas_fp16_tflops")), "wgmma"),
         ("tiled WMMA GEMM, speed against cuBLAS FP16", R.ratio(wmma and wmma["of_cublas"]), "wgmma"),

@@ -1237,7 +1237,7 @@ def test_race_text_and_reading_follow_the_figures():
             "rows": [_race_row("conv2_x: 56x56, C=K=64", "3x3", 0.026, 0.035, 0.024),
                      _race_row("conv2_x 1x1: 56x56, C=64, K=256", "1x1", 0.026, 0.052, 0.026)]}
     text = bm.text_race(data)
-    assert "i2c_128x128_s6 " in text and "1.35" in text and "0.92" in text and "1.1x on 1x1" in text
+    assert "i2c_128x128_s6_persistent" in text and "1.35" in text and "0.92" in text and "1.1x on 1x1" in text
     read = bm.race_reading(data)
     assert [ok for _, ok in read] == [True] * len(read), claims.lines(read)
     data["rows"][1]["persistent"]["ms"] = 0.060

@@ -816,7 +816,7 @@ def test_recorded_field_meets_the_triton_and_sm80_goals():
 
 def test_recorded_hopper_kernel_at_cudnns_speed():
     """What notebook 10 says of every record's field (section 6): cuDNN is PyTorch's fastest backend in every run
-    and part; the Hopper kernel's Q-in-registers order is at or above cuDNN's forward in every run; Triton's
+    and part; the Hopper kernel's Q-in-registers order is level with cuDNN's forward in every run (within 5%); Triton's
     forward passes FlashAttention-2's; WMMA runs at about a quarter of the fastest backend, mma.sync at about half."""
     from benchmarks import attention as B
 
@@ -826,7 +826,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
             where = (rec["gpu"]["name"], r["N"], r["causal"])
             assert (q["fastest"], q["fastest_bwd"], q["fastest_fwd_bwd"]) == ("cuDNN",) * 3, where
             hopper = {k: v for k, v in q.items() if k.startswith("wgmma ") and k.endswith(" / fastest")}
-            assert hopper["wgmma qregs (CUDA C) / fastest"] >= 1.0, where
+            assert hopper["wgmma qregs (CUDA C) / fastest"] >= 0.95, where
             if (r["N"], r["causal"]) == (16384, True):  # the deep dive: Q in registers took 16k causal to cuDNN's speed
                 assert hopper["wgmma pingpong (CUDA C) / fastest"] < 1.0, where
             assert q["Triton / FlashAttention-2"] > 1.0, where
@@ -837,7 +837,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
 def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
     """The deep dive's table of the Hopper kernel's orders against the fastest backend, read over every record:
     pipelined is faster than serial at every N; ahead is never more than a hundredth faster than serial; Q in
-    registers is the fastest order in most columns and the only one at or above the fastest backend in all of them;
+    registers is the fastest order in most columns and level with the fastest backend (within 5%) in all of them;
     ping-pong alone is under it at N = 16k causal (the lesson learned: Q in registers took that run to cuDNN's
     speed)."""
     from benchmarks import attention as B
@@ -850,7 +850,7 @@ def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
             where = (rec["gpu"]["name"], q["N"], q["causal"])
             r = {name: q[key] for name, key in orders.items()}
             assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.01, (where, r)
-            assert r["qregs"] >= 1.0, (where, r)
+            assert r["qregs"] >= 0.95, (where, r)
             if (q["N"], q["causal"]) == (16384, True):
                 assert r["pingpong"] < 1.0, (where, r)
         for name in set(orders) - {"qregs"}:
@@ -1038,7 +1038,7 @@ def test_the_orders_and_profile_statements_follow_the_figures():
 
 
 def test_the_field_statements_follow_the_figures():
-    """A field whose Hopper kernel falls to 0.97 of cuDNN in one column, and whose Triton forward falls behind
+    """A field whose Hopper kernel falls to 0.93 of cuDNN in one column, and whose Triton forward falls behind
     FlashAttention-2's, prints NO for those two statements and yes for the others; without the Hopper rows (a GPU
     below compute capability 9.0) the Hopper statements read "-"."""
     import copy
@@ -1049,10 +1049,10 @@ def test_the_field_statements_follow_the_figures():
     field = copy.deepcopy(rec["figures"]["field"])
     run = field["runs"][-1]
     cudnn = run["fwd"]["cuDNN"]
-    run["fwd"]["wgmma qregs (CUDA C)"] = 0.97 * cudnn
+    run["fwd"]["wgmma qregs (CUDA C)"] = 0.93 * cudnn
     run["fwd"]["Triton"] = 0.9 * run["fwd"]["FlashAttention-2"]
     read = dict(B.field_reading(field))
-    assert read["the Hopper kernel, Q in registers: at 0.98 of cuDNN's forward or more in every column"] is False
+    assert read["the Hopper kernel, Q in registers: at 0.95 of cuDNN's forward or more in every column"] is False
     assert read["Triton's forward faster than FlashAttention-2's in every column"] is False
     assert read["cuDNN: PyTorch's fastest backend in every column, forward, backward and both"] is True
     for r in field["runs"]:
@@ -1090,10 +1090,11 @@ def test_the_backward_and_fp8_statements_follow_the_figures():
 
     rec = next(r for r in _field_records() if any(B.CUDA_BWD_NAME in x["bwd"] for x in r["figures"]["field"]["runs"]))
     field = copy.deepcopy(rec["figures"]["field"])
-    run = next(r for r in field["runs"] if r["N"] == 4096)
+    run = next(r for r in field["runs"] if r["N"] == 1024)
     run["bwd"][B.CUDA_BWD_NAME] = 2 * run["bwd"][B.CUDA_BWD_NAME + ", dQ by a second pass"]
     read = dict(B.backward_reading(field))
-    assert read["dQ by a second pass: faster than by atomics in every column up to N = 4k"] is False
+    assert read["dQ by a second pass: faster than by atomics in every column below N = 4k"] is False
+    assert read["dQ by atomics: faster than by a second pass in every column from N = 4k"] is True
     assert read["the CUDA C backward (the faster dQ): under cuDNN's backward in every column"] is False
     assert read["the CUDA C backward (the faster dQ): faster than Triton's in every column"] is True
     for r in field["runs"]:

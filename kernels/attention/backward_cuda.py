@@ -22,9 +22,9 @@ BWD_SOURCE = "attention_bwd_wgmma"
 BWD_HEAD_DIMS, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES = (64, 128), 64, 128, 2
 DQ_BLOCK_M = 128  # the second pass: query rows a block (two consumers of 64), against tiles of BWD_BLOCK_N keys
 DQ_MODES = ("atomic", "second-pass")  # as backward_tiles.DQ_MODES
-# dq="auto": the second pass below this many keys, atomics from it on. Measured (results/, field's two CUDA C rows):
-# on an H100 and an H200 the second pass was 4-16% faster at N = 1k and 4k, and level or slower at 16k.
-DQ_AUTO_SECOND_PASS_BELOW = 16384
+# dq="auto": the second pass below this many keys, atomics from it on. Measured (results/, field's two CUDA C rows),
+# with the dQ tile's columns swizzled: on an H100 the second pass was faster at N = 1k, the atomics at 4k and 16k.
+DQ_AUTO_SECOND_PASS_BELOW = 4096
 PREPASS_ROWS = 8  # rows of the pre-pass a block of 256 threads (a warp a row)
 
 
