@@ -557,8 +557,8 @@ def field_reading(t: dict) -> list:
         ("the Hopper kernel: Q in registers its fastest order in most columns",
          (2 * sum(max(hopper_orders(q), key=hopper_orders(q).get).startswith("wgmma qregs") for q in qs) > len(qs))
          if qs and None not in qregs else None),
-        ("the Hopper kernel, Q in registers: at 0.95 of cuDNN's forward or more in every column",
-         every(lambda q: q["wgmma qregs (CUDA C) / fastest"] >= 0.95) if None not in qregs else None),
+        ("the Hopper kernel (its fastest order): at 0.95 of cuDNN's forward or more in every column",
+         every(lambda q: max(hopper_orders(q).values()) >= 0.95) if None not in qregs else None),
         ("Triton's forward faster than FlashAttention-2's in every column",
          every(lambda q: q["Triton / FlashAttention-2"] > 1.0)),
         ("WMMA at 0.2 to 0.3 of the fastest forward, mma.sync at 0.45 to 0.6, in every column",
@@ -595,8 +595,8 @@ def orders_reading(t: dict) -> list:
          every(lambda q: q[key["ahead"]] <= q[key["serial"]] + 0.01)),
         ("Q in registers: the fastest order in most columns",
          claims.holds(lambda: 2 * sum(max(order(q), key=order(q).get) == "qregs" for q in qs) > len(qs) if qs else None)),
-        ("Q in registers: level with the fastest backend's forward (within 5%) in every column",
-         every(lambda q: q[key["qregs"]] >= 0.95)),
+        ("Q in registers: at or above the fastest backend's forward in most columns",
+         claims.holds(lambda: 2 * sum(q[key["qregs"]] >= 1.0 for q in qs) > len(qs) if qs else None)),
         ("every other order: under the fastest backend's forward in some column",
          claims.holds(lambda: all(min(q[key[n]] for q in qs) < 1.0 for n in key if n != "qregs") if qs else None)),
         (f"ping-pong: under the fastest backend's forward at the longest causal run"
@@ -628,8 +628,9 @@ def backward_reading(t: dict) -> list:
          every(lambda r: qs[r["N"], r["causal"]]["fastest_bwd"] == "cuDNN" and best(r) < r["bwd"]["cuDNN"])),
         ("the CUDA C backward (the faster dQ): faster than Triton's in every column",
          every(lambda r: best(r) > r["bwd"]["Triton"])),
-        (f"dQ by a second pass: faster than by atomics in every column below N = {k}",
-         every(lambda r: r["bwd"][second] > r["bwd"][CUDA_BWD_NAME], below)),
+        claims.compare(f"dQ by a second pass, in every column below N = {k}", "no slower than", "by atomics",
+                       lambda: min(r["bwd"][second] / r["bwd"][CUDA_BWD_NAME] for r in below) if below else None, 1.0,
+                       margin=0.02, how="(within 2%)"),
         (f"dQ by atomics: faster than by a second pass in every column from N = {k}",
          every(lambda r: r["bwd"][CUDA_BWD_NAME] > r["bwd"][second], above)),
     ]

@@ -565,6 +565,10 @@ def tile_reading(table: dict) -> list:
          claims.holds(lambda: all(of(sh, sh["rule"])["tflops"] >= (1 - TILE_RULE_SLACK) * fastest(sh) for sh in ruled))),
         ("with the rule's tile: at 0.95 of cuBLAS or more on every GEMM",
          claims.holds(lambda: all(of(sh, sh["rule"])["of_cublas"] >= 0.95 for sh in ruled))),
+        ("one slice's MMAs left running: within 2% of the same tile without it, on every GEMM",
+         claims.every([(of(sh, c), of(sh, c.removesuffix("_wait1"))) for sh in ruled for c in table["tiles"]
+                       if any(r.get("config") == c.removesuffix("_wait1") for r in sh["rows"])],
+                      lambda pair: abs(pair[0]["tflops"] / pair[1]["tflops"] - 1) <= 0.02)),
     ]
 
 

@@ -816,7 +816,8 @@ def test_recorded_field_meets_the_triton_and_sm80_goals():
 
 def test_recorded_hopper_kernel_at_cudnns_speed():
     """What notebook 10 says of every record's field (section 6): cuDNN is PyTorch's fastest backend in every run
-    and part; the Hopper kernel's Q-in-registers order is level with cuDNN's forward in every run (within 5%); Triton's
+    and part; the Hopper kernel's fastest order is at 0.95 of cuDNN's forward or more in every run, and Q in registers
+    at or above it in most runs; Triton's
     forward passes FlashAttention-2's; WMMA runs at about a quarter of the fastest backend, mma.sync at about half."""
     from benchmarks import attention as B
 
@@ -826,7 +827,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
             where = (rec["gpu"]["name"], r["N"], r["causal"])
             assert (q["fastest"], q["fastest_bwd"], q["fastest_fwd_bwd"]) == ("cuDNN",) * 3, where
             hopper = {k: v for k, v in q.items() if k.startswith("wgmma ") and k.endswith(" / fastest")}
-            assert hopper["wgmma qregs (CUDA C) / fastest"] >= 0.95, where
+            assert max(hopper.values()) >= 0.95, where
             if (r["N"], r["causal"]) == (16384, True):  # the deep dive: Q in registers took 16k causal to cuDNN's speed
                 assert hopper["wgmma pingpong (CUDA C) / fastest"] < 1.0, where
             assert q["Triton / FlashAttention-2"] > 1.0, where
@@ -837,7 +838,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
 def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
     """The deep dive's table of the Hopper kernel's orders against the fastest backend, read over every record:
     pipelined is faster than serial at every N; ahead is never more than a hundredth faster than serial; Q in
-    registers is the fastest order in most columns and level with the fastest backend (within 5%) in all of them;
+    registers is the fastest order in most columns and at or above the fastest backend in most of them;
     ping-pong alone is under it at N = 16k causal (the lesson learned: Q in registers took that run to cuDNN's
     speed)."""
     from benchmarks import attention as B
@@ -850,11 +851,12 @@ def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
             where = (rec["gpu"]["name"], q["N"], q["causal"])
             r = {name: q[key] for name, key in orders.items()}
             assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.01, (where, r)
-            assert r["qregs"] >= 0.95, (where, r)
+            assert max(r.values()) >= 0.95, (where, r)
             if (q["N"], q["causal"]) == (16384, True):
                 assert r["pingpong"] < 1.0, (where, r)
         for name in set(orders) - {"qregs"}:
             assert min(q[orders[name]] for q in qs) < 1.0, (rec["gpu"]["name"], name)
+        assert 2 * sum(q[orders["qregs"]] >= 1.0 for q in qs) > len(qs), rec["gpu"]["name"]
 
 
 def test_recorded_softmax_reaches_the_copy_and_three_passes_fall_off():
@@ -1049,10 +1051,11 @@ def test_the_field_statements_follow_the_figures():
     field = copy.deepcopy(rec["figures"]["field"])
     run = field["runs"][-1]
     cudnn = run["fwd"]["cuDNN"]
-    run["fwd"]["wgmma qregs (CUDA C)"] = 0.93 * cudnn
+    for name in [k for k in run["fwd"] if k.startswith("wgmma ")]:  # every order of the Hopper kernel
+        run["fwd"][name] = 0.93 * cudnn
     run["fwd"]["Triton"] = 0.9 * run["fwd"]["FlashAttention-2"]
     read = dict(B.field_reading(field))
-    assert read["the Hopper kernel, Q in registers: at 0.95 of cuDNN's forward or more in every column"] is False
+    assert read["the Hopper kernel (its fastest order): at 0.95 of cuDNN's forward or more in every column"] is False
     assert read["Triton's forward faster than FlashAttention-2's in every column"] is False
     assert read["cuDNN: PyTorch's fastest backend in every column, forward, backward and both"] is True
     for r in field["runs"]:
@@ -1093,7 +1096,7 @@ def test_the_backward_and_fp8_statements_follow_the_figures():
     run = next(r for r in field["runs"] if r["N"] == 1024)
     run["bwd"][B.CUDA_BWD_NAME] = 2 * run["bwd"][B.CUDA_BWD_NAME + ", dQ by a second pass"]
     read = dict(B.backward_reading(field))
-    assert read["dQ by a second pass: faster than by atomics in every column below N = 4k"] is False
+    assert read["dQ by a second pass, in every column below N = 4k: no slower than by atomics (within 2%)"] is False
     assert read["dQ by atomics: faster than by a second pass in every column from N = 4k"] is True
     assert read["the CUDA C backward (the faster dQ): under cuDNN's backward in every column"] is False
     assert read["the CUDA C backward (the faster dQ): faster than Triton's in every column"] is True
