@@ -27,6 +27,10 @@ def holds(test) -> bool | None:
         out = test()
     except (KeyError, IndexError, StopIteration, TypeError, ValueError, ZeroDivisionError):
         return None
+    except RuntimeError as exc:  # a next() that found no row, inside a generator, arrives as a RuntimeError
+        if isinstance(exc.__cause__, StopIteration):
+            return None
+        raise
     return None if out is None else bool(out)
 
 
