@@ -483,6 +483,16 @@ TRANSFORMER_SHORT = {"cuBLAS FP16 (cupy.matmul)": "cuBLAS TFLOP/s", "PyTorch (to
                      "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1": "wait 1, 128x128"}
 
 
+# the table's narrower column heads (format_transformer_table), each explained in a line under the table
+TRANSFORMER_COLUMN = {"cuBLAS TFLOP/s": "cuBLAS", "PyTorch": "torch", "wgmma, C by threads": "threads",
+                      "wgmma, C by the TMA": "TMA", "wait 1, 128x256": "w1 256", "wait 1, 128x192": "w1 192",
+                      "wait 1, 128x128": "w1 128"}
+TRANSFORMER_LEGEND = (("threads", "threads: the persistent 128 x 256 kernel, C stored by its threads"),
+                      ("TMA", "TMA: the same, C stored by the TMA"),
+                      ("w1 256", "w1 BN: the same with one slice's MMAs left running, in tiles of 128 x BN"),
+                      ("rule", "rule: the tile tc.persistent_tile picks (BN: x cuBLAS)"))
+
+
 def _transformer_short(row) -> str:
     """A transformer_table row's column: by its configuration where it has one (a library row: by its name; a name
     alone, as records before the configurations were kept name them: by its words)."""
@@ -512,10 +522,14 @@ def format_transformer_table(table: dict) -> str:
                        else f"{rows[n]['of_cublas']:.2f}" for n in names),
                      *([None if rule is None else f"{tc.wgmma_config(rule['config'])['bn']}: {rule['of_cublas']:.2f}"]
                        if ruled else [])])
-    heads = ["d, GEMM (K x N)", *(_transformer_short(first[n]) for n in names), *(["rule (BN: x)"] if ruled else [])]
-    return str(plots.table(heads, body, align="l" + "r" * (len(heads) - 1),
-                           title=f"A transformer layer's GEMMs, {table['tokens']:,} tokens, FP16 in and out: cuBLAS's "
-                                 "TFLOP/s, the others x cuBLAS" + (f" ({'; '.join(notes)})" if notes else "")))
+    heads = ["d, GEMM (K x N)", *(TRANSFORMER_COLUMN.get(s, s) for s in (_transformer_short(first[n]) for n in names)),
+             *(["rule"] if ruled else [])]
+    shown = {TRANSFORMER_COLUMN.get(s, s) for s in (_transformer_short(first[n]) for n in names)}
+    legend = "; ".join(text for head, text in TRANSFORMER_LEGEND if head in shown or head == "rule" and ruled)
+    title = (f"A transformer layer's GEMMs, {table['tokens']:,} tokens, FP16 in and out: cuBLAS's TFLOP/s, the others "
+             "x cuBLAS" + (f" ({'; '.join(notes)})" if notes else ""))
+    text = str(plots.table(heads, body, align="l" + "r" * (len(heads) - 1), title=plots.wrap(title, 100, "")))
+    return text + ("\n" + plots.wrap(legend.removeprefix("; "), 100, "") if legend else "")
 
 
 def transformer_reading(table: dict) -> list:

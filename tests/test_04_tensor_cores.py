@@ -780,11 +780,13 @@ def test_transformer_table_plans_a_layers_gemms():
     with pytest.raises(runtime.CourseInputError, match="FP32 C"):
         lesson.transformer_plan(True, configs=[tc.DEFAULT_WGMMA], cc="9.0")
     table = {"tokens": 8192, "note": "no PyTorch rows: PyTorch with CUDA is not installed", "shapes": [
-        {**shapes[0], "rows": [{"name": r["name"], "median_ms": 0.5, "tflops": 200.0, "of_cublas": 1.0}
-                               for r in plan[:1] + plan[2:]]}]}
+        {**shapes[0], "rows": [{"name": r["name"], "config": r.get("config"), "median_ms": 0.5, "tflops": 200.0,
+                                "of_cublas": 1.0} for r in plan[:1] + plan[2:]]}]}
     text = lesson.format_transformer_table(table)
     assert "768, QKV (768 x 2304)" in text and "no PyTorch rows" in text
-    assert len(text.splitlines()) == 3 + 1  # title, header, rule, one row per GEMM
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 100
+    assert sum(line.startswith("768, QKV") for line in lines) == 1 and lines[-1].startswith("TMA")  # the legend last
     assert "rule" not in text and lesson.tile_reading(table) == []  # no rule in the table: no column, no statement
 
 
@@ -814,7 +816,8 @@ def test_the_tile_rule_is_checked_against_the_sweep():
     good = _ruled_table(lesson, (0.78, 1.01, 0.97))
     assert good["shapes"][0]["rule"] == tc.PERSISTENT_TILES[1]
     text = lesson.format_transformer_table(good)
-    assert "rule (BN: x)" in text and "192: 1.01" in text and "wait 1, 128x192" in text
+    assert "rule: the tile" in text and "192: 1.01" in text and "w1 192" in text and "tiles of 128 x BN" in text
+    assert max(map(len, text.splitlines())) <= 100
     assert [ok for _, ok in lesson.tile_reading(good)] == [True, True, True]
     assert lesson.transformer_reading(good)[-3:] == lesson.tile_reading(good)
     bad = _ruled_table(lesson, (0.78, 0.90, 1.00))
