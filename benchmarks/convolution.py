@@ -997,8 +997,14 @@ def results_rows(record: dict) -> list:
         return out
 
     wgmma = per_layer(TC_WGMMA)
+    race_rows = f.get("race", {}).get("rows", [])
+
+    def raced(shape):  # the persistent tiles' time over cuDNN's fastest, in turns, on the race's layers of a shape
+        return [r["persistent"]["of_cudnn"] for r in race_rows if r["shape"] == shape and r["persistent"]["config"]]
     return [
-        ("Hopper wgmma convolution, time against cuDNN's", R.span(wgmma), "layers"),
+        ("Hopper persistent convolution, time against cuDNN's fastest, 3x3 layers", R.span(raced("3x3")), "race"),
+        ("the same, 1x1 layers", R.span(raced("1x1")), "race"),
+        ("Hopper wgmma convolution, one tile a block, time against cuDNN's", R.span(wgmma), "layers"),
         (f"the same per layer ({sizes})", R.joined(wgmma), "layers"),
         ("WMMA direct convolution, time against cuDNN's", R.joined(per_layer(TC_DIRECT)), "layers"),
         ("im2col + cuBLAS FP16, time against cuDNN's", R.joined(per_layer("im2col + cuBLAS FP16 GEMM")), "layers"),
