@@ -23,7 +23,8 @@ CORES_DIRECT = "CUDA C direct, register-tiled"  # CUDA cores, NCHW
 CORES_IGEMM = "CUDA C direct on CUDA cores (implicit GEMM)"  # CUDA cores, strict FP32, NCHW
 TC_DIRECT = "CUDA C direct on tensor cores (implicit GEMM)"  # WMMA, FP16 NHWC
 TC_WGMMA = "CUDA C direct on tensor cores (wgmma + TMA)"  # Hopper only (sm_90a), FP16 NHWC
-# the same, persistent with a TMA-stored epilogue (cv.WGMMA_CONV_PERSISTENT_CONFIGS), in a row of its own
+# the same, persistent with a TMA-stored epilogue: a row of the "layers" figure in records made before the race
+# (figure "race", which times the persistent tiles against cuDNN) took its place
 TC_WGMMA_PERSISTENT = "CUDA C direct on tensor cores (wgmma + TMA, persistent)"
 GEMM_LESSON = "04_tensor_cores"  # where the GEMMs the tensor-core convolution is measured against are recorded
 TC_GOAL = 1.5  # the FP16 NHWC direct convolution on the tensor cores within this factor of cuDNN's fastest
@@ -114,6 +115,30 @@ def tradeoff(table: list, limits_mib=WORKSPACE_LIMITS_MIB, *, timed: bool = True
 
 # ------------------------------------------------------------------------------------------ one layer
 
+def checked_times(launches: dict, out, ref, limit: float, layer_name: str, *, batch: int, repeats: int,
+                  errors: dict | None = None) -> dict:
+    """Each configuration's launch checked against the float64 ``ref`` (relative error at most ``limit``) and timed:
+    {configuration: median ms}. A wrong result raises, or, where ``errors`` is given, is recorded there with the
+    reason (a failed launch too) and left untimed."""
+    cp = runtime.cupy()
+    ms = {}
+    for key, launch in launches.items():
+        out.fill(cp.nan)
+        try:
+            launch()
+            err = cv.rel_error(out, ref)
+            if not err <= limit:
+                raise runtime.CourseError(f"{key} gave a wrong result on {layer_name}: error {err:.2e}, allowed "
+                                          f"{limit:.2e}")
+        except runtime.CourseError as exc:
+            if errors is None:
+                raise
+            errors[key] = str(exc)
+            continue
+        ms[key] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+    return ms
+
+
 def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: int = 8, numba: bool = True) -> dict:
     """Every convolution of the lesson on one layer, checked against float64 and timed, beside cuDNN."""
     cp = runtime.cupy()
@@ -140,24 +165,8 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
         return rows[-1]
 
     def sweep(launches: dict, out, dtype, layout, precision, errors: dict | None = None) -> dict:
-        """Each configuration's launch checked against float64 and timed: {configuration: median ms}. A wrong
-        result raises, or, where ``errors`` is given, is recorded there with the reason (a failed launch too) and
-        left untimed."""
-        ms = {}
-        for key, launch in launches.items():
-            out.fill(cp.nan)
-            try:
-                launch()
-                err = cv.rel_error(out, o["ref", dtype, layout])
-                if not err <= cv.tolerance(precision, crs) * 2:
-                    raise runtime.CourseError(f"{key} gave a wrong result on {name}: error {err:.2e}")
-            except runtime.CourseError as exc:
-                if errors is None:
-                    raise
-                errors[key] = str(exc)
-                continue
-            ms[key] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
-        return ms
+        return checked_times(launches, out, o["ref", dtype, layout], cv.tolerance(precision, crs) * 2, name,
+                             batch=batch, repeats=repeats, errors=errors)
 
     for layout in cv.LAYOUTS:
         for dtype, math_ in CONFIGS:
@@ -230,15 +239,6 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
                     add(TC_WGMMA, dtype, layout, "direct", "float16",
                         lambda x=x, wt=wt, y=y: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=best_w), y)
                     rows[-1].update(config=best_w, configs_ms=configs_ms)
-                # the persistent tiles with y stored by the TMA, beside them: their own row, the fastest of them
-                configs_ms = sweep({cfg: lambda x=x, wt=wt, y=y, cfg=cfg: cv.conv_wgmma(
-                    x, wt, y, pad=pad, stride=stride, config=cfg) for cfg in cv.WGMMA_CONV_PERSISTENT_CONFIGS}, y,
-                    dtype, layout, "float16", errors=wgmma_errors)
-                if configs_ms:
-                    best_p = min(configs_ms, key=configs_ms.get)
-                    add(TC_WGMMA_PERSISTENT, dtype, layout, "direct", "float16",
-                        lambda x=x, wt=wt, y=y: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=best_p), y)
-                    rows[-1].update(config=best_p, configs_ms=configs_ms)
             if layout == "NCHW":
                 add(CORES_DIRECT, dtype, layout, "direct", "float32" if dtype == "float32"
                     else "float16", lambda x=x, wt=wt, y=y: cv.conv_direct(x, wt, y, pad=pad, stride=stride), y)
@@ -459,20 +459,10 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
             limit = cv.tolerance("float16", c * r * s) * 2
             best = fastest_timed(find_table(handle, layer, "float16", "NHWC", "tensor_op", (x, wt, y),
                                             repeats=repeats, batch=batch))
-            errors, ms = {}, {}
-            for cfg in cv.WGMMA_CONV_CONFIGS + cv.WGMMA_CONV_PERSISTENT_CONFIGS:
-                launch = lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg)  # noqa: E731
-                y.fill(cp.nan)
-                try:
-                    launch()
-                    err = cv.rel_error(y, ref)
-                except runtime.CourseError as exc:
-                    errors[cfg] = str(exc)
-                    continue
-                if not err <= limit:
-                    errors[cfg] = f"error {err:.2e}, allowed {limit:.2e}"
-                    continue
-                ms[cfg] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
+            errors = {}
+            ms = checked_times({cfg: lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg)
+                                for configs in RACE_KINDS.values() for cfg in configs}, y, ref, limit, name,
+                               batch=batch, repeats=repeats, errors=errors)
             # the fastest of each kind and cuDNN's fastest, timed again in turns: a moment of slower clocks falls on
             # all three, not on one
             fastest = {kind: min((c for c in ms if c in configs), key=ms.get, default=None)
@@ -535,7 +525,6 @@ def race_reading(data: dict) -> list:
     record that has the figure."""
     rows = data.get("rows", [])
     three = [r for r in rows if r["shape"] == "3x3"]
-    one = [r for r in rows if r["shape"] == "1x1"]
     return [
         ("the persistent tiles: faster than the one-tile ones on every layer",
          claims.every(rows, lambda r: r["persistent"]["ms"] < r["one_tile"]["ms"])),

@@ -522,14 +522,13 @@ def format_transformer_table(table: dict) -> str:
                        else f"{rows[n]['of_cublas']:.2f}" for n in names),
                      *([None if rule is None else f"{tc.wgmma_config(rule['config'])['bn']}: {rule['of_cublas']:.2f}"]
                        if ruled else [])])
-    heads = ["d, GEMM (K x N)", *(TRANSFORMER_COLUMN.get(s, s) for s in (_transformer_short(first[n]) for n in names)),
+    heads = ["d, GEMM (K x N)", *(TRANSFORMER_COLUMN.get(s, s) for s in map(_transformer_short, first.values())),
              *(["rule"] if ruled else [])]
-    shown = {TRANSFORMER_COLUMN.get(s, s) for s in (_transformer_short(first[n]) for n in names)}
-    legend = "; ".join(text for head, text in TRANSFORMER_LEGEND if head in shown or head == "rule" and ruled)
+    legend = "; ".join(text for head, text in TRANSFORMER_LEGEND if head in heads)
     title = (f"A transformer layer's GEMMs, {table['tokens']:,} tokens, FP16 in and out: cuBLAS's TFLOP/s, the others "
              "x cuBLAS" + (f" ({'; '.join(notes)})" if notes else ""))
     text = str(plots.table(heads, body, align="l" + "r" * (len(heads) - 1), title=plots.wrap(title, 100, "")))
-    return text + ("\n" + plots.wrap(legend.removeprefix("; "), 100, "") if legend else "")
+    return text + ("\n" + plots.wrap(legend, 100, "") if legend else "")
 
 
 def transformer_reading(table: dict) -> list:

@@ -122,7 +122,6 @@ def label(rec: dict, figure: str | None = None) -> str:
     """Where a record's figures come from: the GPU and the day; for ``figure``, the day it was measured where it
     was added to the record later (add_figure)."""
     g = rec["gpu"]
-    f = rec["figures"].get(figure) if figure else None
     date = measured_dates(rec).get(figure, rec["date"])
     return f"recorded on {g['name']} ({g['sms']} SMs, CUDA driver {g['driver']}) on {date[:10]}"
 

@@ -39,8 +39,8 @@ LAYERS = {
     "conv3_x: 28x28, C=K=128": (32, 128, 28, 28, 128, 3, 3, 1, 1),
     "conv4_x: 14x14, C=K=256": (32, 256, 14, 14, 256, 3, 3, 1, 1),
 }
-# ResNet-50's stride-1 1 x 1 layers at batch 32, one of each shape: not in the lesson's record; what the wgmma
-# convolution's 1 x 1 goal (within 1.1x of cuDNN's fastest) is measured on, with benchmarks/convolution.py's layer_table
+# ResNet-50's stride-1 1 x 1 layers at batch 32, one of each shape: not in the "layers" figure; what the wgmma
+# convolution's 1 x 1 goal (within 1.1x of cuDNN's fastest) is measured on, by benchmarks/convolution.py's race
 LAYERS_1X1 = {
     "conv2_x 1x1: 56x56, C=64, K=256": (32, 64, 56, 56, 256, 1, 1, 0, 1),
     "conv2_x 1x1: 56x56, C=256, K=64": (32, 256, 56, 56, 64, 1, 1, 0, 1),
@@ -524,8 +524,8 @@ _WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6"
 WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES)
 # The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next
 # tile's taps loaded while this one's y is stored) with y written by the TMA through shared memory. Stages: as many as
-# fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not yet among the tiles
-# WGMMA_CONV_CONFIGS sweeps: asked for by name, timed by the benchmark in a row of their own.
+# fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not among the tiles
+# WGMMA_CONV_CONFIGS lists: the race (benchmarks/convolution.py) sweeps them as a kind of their own.
 _WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5")
 WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle

@@ -1265,3 +1265,29 @@ def test_race_small():
         n, c, h, w, k, rr, ss, pad, stride = r["layer_dims"]
         assert r["cudnn_error"] <= cv.tolerance("float16", c * rr * ss) * 2
     assert "b" in bm.text_race(data)
+
+
+def test_checked_times_times_the_right_and_lists_the_wrong(monkeypatch):
+    """The loop layer_table's sweeps and the race share: each launch's output is checked against the reference before
+    it is timed; a wrong one, or one whose launch refuses, raises, or with ``errors`` is listed there and not timed.
+    (NumPy stands in for CuPy, and a fixed time for the timer.)"""
+    from types import SimpleNamespace
+
+    from benchmarks import convolution as bm
+    from gpucourse import bench
+
+    monkeypatch.setattr(runtime, "cupy", lambda: np)
+    monkeypatch.setattr(bench, "time_per_call", lambda launch, **kw: (launch(), SimpleNamespace(median_ms=0.5))[1])
+    ref = np.linspace(-1, 1, 64).reshape(8, 8)
+    out = np.empty_like(ref)
+
+    def refuse():
+        raise runtime.CourseInputError("this tile cannot run here")
+
+    launches = {"right": lambda: out.__setitem__(Ellipsis, ref), "wrong": lambda: out.__setitem__(Ellipsis, -ref),
+                "refused": refuse}
+    errors = {}
+    assert bm.checked_times(launches, out, ref, 1e-3, "layer", batch=1, repeats=1, errors=errors) == {"right": 0.5}
+    assert set(errors) == {"wrong", "refused"} and "wrong result on layer" in errors["wrong"]
+    with pytest.raises(runtime.CourseError, match="wrong result"):
+        bm.checked_times({"wrong": launches["wrong"]}, out, ref, 1e-3, "layer", batch=1, repeats=1)

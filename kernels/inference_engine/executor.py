@@ -494,7 +494,7 @@ class Engine:
                 ctypes.c_float(s.get("res_scale", 1.0)), c32(int(s["relu"])), *geometry]
         grid = t["grid"]
         if persist:  # every tile in turn: as many blocks as the SMs hold at once, or fewer with fewer tiles
-            grid = (min(grid[0] * grid[1], _sms() * _blocks_per_sm(fn, cfg["threads"], smem)),)
+            grid = (min(grid[0] * grid[1], _sms() * tensor_cores.blocks_per_sm(fn, cfg["threads"], smem)),)
         return fn, grid, (cfg["threads"],), args, smem
 
 
@@ -502,9 +502,6 @@ def tma_buffers(bm: int, bn: int, stages: int, row_bytes: int) -> int:
     """The wgpt tiles' buffers a consumer (conv_wgmma.cuh's tma_buffers): three where they fit beside the stages,
     else two."""
     return 3 if stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 else 2
-
-
-_blocks_per_sm = tensor_cores.blocks_per_sm  # how many blocks an SM holds at once (the driver's count)
 
 
 def _sms() -> int:
