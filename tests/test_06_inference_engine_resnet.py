@@ -260,16 +260,30 @@ def test_which_kernels_take_resnets_convolutions(calibrated):
     assert E.wg_fits(odd, itemsize=2) and not E.wg_fits(odd, itemsize=1)
     three = by["conv2_block1_2_conv"]
     assert E.wg_fits(three) and E.wg_fits(dict(three, stride=2)) is False  # a strided 3 x 3: not through the TMA view
-    # the TMA epilogue's tiles (wgpt): 8-bit only, outputs in whole tiles of BN channels, rows the TMA can address
+    # the TMA epilogue's tiles (wgpt): outputs in whole tiles of BN channels, rows the TMA can address, each tile in
+    # the precisions it is compiled in (128 x 256 with three stages 8-bit only, with two FP16 only)
     assert res3["K"] == 256 and E.kernel_fits(res3, "wgpt_i2c_128x256_s3", "int8")
     assert E.kernel_fits(res3, "wgpt_i2c_128x128_s4", "fp8") and not E.kernel_fits(res3, "wgpt_i2c_128x256_s3", "fp16")
     assert not E.kernel_fits(dict(res3, K=128, dests=[dict(res3["dests"][0], C=128)]), "wgpt_i2c_128x256_s3", "int8")
+    for k in ("wgpt_i2c_128x256_s2", "wgpt_i2c_128x128_s4", "wgpt_i2c_128x64_s4"):
+        assert E.kernel_fits(res3, k, "fp16"), k
+    assert not E.kernel_fits(res3, "wgpt_i2c_128x256_s2", "int8")
+    assert not E.kernel_fits(res3, "wgpt_i2c_128x64_s4", "fp8")
+    k64 = dict(res3, K=64, dests=[dict(res3["dests"][0], C=64)], res=dict(res3["res"], C=64))
+    assert E.kernel_fits(k64, "wgpt_i2c_128x64_s4", "fp16") and not E.kernel_fits(k64, "wgpt_i2c_128x128_s4", "fp16")
     shifted = dict(res3, res=dict(res3["res"], off=res3["res"]["off"] + 8))  # a residual 8 bytes into a row
     assert not E.tuning.tma_fits(shifted) and E.tuning.tma_fits(res3)
     assert not E.kernel_fits(shifted, "wgpt_i2c_128x256_s3", "int8")
+    # in FP16 the same 8 elements are 16 bytes: the TMA addresses them; 4 (8 bytes) it does not
+    assert E.tuning.tma_fits(shifted, 2) and E.kernel_fits(shifted, "wgpt_i2c_128x128_s4", "fp16")
+    shifted4 = dict(res3, res=dict(res3["res"], off=res3["res"]["off"] + 4))
+    assert not E.tuning.tma_fits(shifted4, 2) and not E.kernel_fits(shifted4, "wgpt_i2c_128x128_s4", "fp16")
     assert E.executor.tma_buffers(128, 256, 3, 64) == 3 and E.executor.tma_buffers(128, 256, 3, 128) == 2
+    # FP16's buffers are twice as large: two for 128 x 128, three for 128 x 64
+    assert E.executor.tma_buffers(128, 128, 4, 128, 2) == 2 and E.executor.tma_buffers(128, 64, 4, 128, 2) == 3
     # the launcher sizes the shared memory by the kernel's own rule (conv_wgmma.cuh's tma_buffers)
-    assert "stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 ? 3 : 2" in cuda_c.source(E.catalog.WG_SOURCE)
+    assert ("stages * (bm + bn) * row_bytes + 3 * bm * bn * out_bytes <= 200 * 1024 ? 3 : 2"
+            in cuda_c.source(E.catalog.WG_SOURCE))
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +340,7 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
     ptx = wgmma_ptx
     checked = 0
     for name, (_, bm, bn, _, persist, wide, tma, splits) in E.WG.items():
-        if splits > 1:  # FP16 only
+        if "int8" not in E.catalog.wg_precisions(name):  # FP16 only: the split tiles, two TMA-epilogue ones
             continue
         body = cuda_c.ptx_entry(ptx, f"conv_{name}_i8")
         assert body, name
@@ -344,7 +358,7 @@ def test_the_8_bit_epilogue_loads_each_channels_factors_once_a_round_and_convert
             rounds = -(-(bn // 32) // 4)
             assert body.count("ld.global.nc.v4.f32") == 3 * 4 * rounds, (name, body.count("ld.global.nc.v4.f32"))
             checked += 1
-    assert checked == sum(v[4] for v in E.WG.values())
+    assert checked == sum(v[4] for k, v in E.WG.items() if "int8" in E.catalog.wg_precisions(k))
 
 
 @needs_compiler
@@ -358,7 +372,7 @@ def test_the_tma_epilogue_loads_a_rounds_residual_before_it_stores_and_never_bra
     ptx = wgmma_ptx
     checked = 0
     for name, (_, _, bn, _, _, _, tma, _) in E.WG.items():
-        if not tma:
+        if not tma or "int8" not in E.catalog.wg_precisions(name):
             continue
         for sfx in ("i8", "f8"):
             body = cuda_c.ptx_entry(ptx, f"conv_{name}_{sfx}")
@@ -368,7 +382,61 @@ def test_the_tma_epilogue_loads_a_rounds_residual_before_it_stores_and_never_bra
             rounds = bn // 8 // 8  # TMA_ROUND = 8 groups, 2 rows each: 16 loads, then 16 stores
             assert stretches == [("l" * 16 + "s" * 16) * rounds, "s" * (bn // 4)], (name, sfx, stretches[:4])
             checked += 1
-    assert checked == 2 * sum(v[6] for v in E.WG.values())
+    assert checked == 2 * sum(v[6] for k, v in E.WG.items() if "int8" in E.catalog.wg_precisions(k))
+
+
+FP16_TMA = [k for k in E.catalog.wg_kernels("fp16") if E.WG[k][6]]  # the FP16 tiles with the TMA epilogue
+
+
+def test_the_fp16_tma_tiles_are_the_tuners_candidates_and_fit_in_shared_memory():
+    """FP16 has tiles with the TMA epilogue (wgpt): in the catalog, among the FP16 candidates the auto-tuner times,
+    and each one's shared memory (stages, two or three buffers of 64 rows x BN halves a consumer, mbarriers) within
+    a Hopper SM's 227 KB, as its 8-bit tiles'."""
+    assert FP16_TMA == ["wgpt_i2c_128x128_s4", "wgpt_i2c_128x256_s2", "wgpt_i2c_128x64_s4"]
+    assert set(FP16_TMA) <= set(E.catalog.CANDIDATES["fp16"])
+    assert not {"wgpt_i2c_128x256_s2", "wgpt_i2c_128x64_s4"} & set(E.catalog.CANDIDATES["int8"])
+    for k in FP16_TMA:
+        assert E.executor.wg_shared_bytes(k, 2) <= 227 * 1024, k
+    # 128 x 256: three stages and two buffers a consumer would need more than an SM has
+    assert E.executor.wg_shared_bytes("wgpt_i2c_128x256_s2", 2) + 2 * 256 * 128 + 16 > 227 * 1024
+
+
+@needs_compiler
+def test_the_fp16_tma_epilogue_reads_the_residual_writes_by_stmatrix_and_stores_through_the_tma(wgmma_ptx):
+    """FP16's TMA epilogue (conv_wgmma.cuh, tma_halves): per thread and case (with a residual, without), BN / 4 words
+    of two halves, the residual's words read from shared memory a round (TMA_ROUND = 8 column groups, both rows: 16
+    loads) before the round's four stmatrix, one stretch without branches; the bias loaded two channels at a time
+    and no scale (FP16 has none); the tile stored in BN / 64 boxes of 64 channels by the TMA."""
+    checked = 0
+    for name in FP16_TMA:
+        bn = E.WG[name][2]
+        body = cuda_c.ptx_entry(wgmma_ptx, f"conv_{name}_f16")
+        assert body.count("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group") == bn // 64, name
+        assert body.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 2 * bn // 16, name
+        assert body.count("cvt.rn.f16x2.f32") == 2 * bn // 4, name
+        assert body.count("ld.global.nc.v2.f32") == 2 * bn // 8, name  # the bias of each column group
+        assert "ld.global.nc.v4.f32" not in body, name  # no staged epilogue's factors
+        order = "".join("l" if m.group(0).startswith("ld") else "s" if m.group(0) == "stmatrix" else "b"
+                        for m in re.finditer(r"\bld\.shared\.(?:u32|b32)\b|\bstmatrix\b|\bbra\b", body))
+        stretches = [p for p in order.split("b") if p]
+        assert stretches == [("l" * 16 + "s" * 4) * (bn // 64), "s" * (bn // 16)], (name, stretches[:4])
+        checked += 1
+    assert checked == 3
+
+
+@needs_compiler
+def test_the_fp16_tma_tiles_neither_spill_nor_serialise_their_wgmmas():
+    """ptxas's account of the FP16 TMA-epilogue kernels (no GPU needed): no spills, no wgmma serialised for want of
+    registers (C7512), and their static shared memory none (all of it dynamic, as the launcher sizes it)."""
+    log = cuda_c.ptxas_log(E.catalog.WG_SOURCE, "sm_90a").replace("\x00", "")
+    for name in FP16_TMA:
+        fn = f"conv_{name}_f16"
+        start = log.index(f"Compiling entry function '{fn}'")
+        end = log.find("Compiling entry function", start + 1)
+        part = log[start:end if end > 0 else None]
+        assert "0 bytes spill stores, 0 bytes spill loads" in part, part
+        assert "C7512" not in part and "serialized" not in part, part
+        assert "bytes smem" not in part or re.search(r"\b0 bytes smem", part), part
 
 
 @pytest.mark.gpu
@@ -465,6 +533,67 @@ def test_a_persistent_block_that_walks_many_tiles_gives_the_one_tile_blocks_outp
             monkeypatch.undo()
         assert np.isfinite(logits[1]).all(), persistent
         np.testing.assert_array_equal(logits[1], logits[0], err_msg=persistent)
+
+
+@pytest.mark.gpu
+def test_the_fp16_tma_tiles_give_each_layer_the_numpy_runtimes_output(calibrated, monkeypatch):
+    """On Hopper: each FP16 tile with the TMA epilogue (wgpt), on every convolution of ResNet-50 it fits, from the
+    NumPy runtime's inputs of that layer (its arena as that layer found it, copied in) into a destination poisoned
+    beforehand, with the grid cut to a single SM's worth of blocks (each block walks many tiles, its buffers taken in
+    turn; the last tile of the 7 x 7 layers has rows past the output's): the NumPy runtime's output within FP16's
+    1% of the layer's largest value (the auto-tuner's test), and exactly the staged persistent tile's of the same
+    shape (wgp: the same sums, the same arithmetic)."""
+    from gpucourse import gpus
+    from kernels.inference_engine import executor
+
+    if not gpus.status("06.wgmma").runs:
+        pytest.skip("the TMA-epilogue tiles are Hopper's (wgmma)")
+    cp = runtime.cupy()
+    g, x = calibrated
+    n = len(x)
+    plan = E.build_plan(E.optimize(g)[-1][1], precision="fp16", max_batch=n, tune=False)
+    # the NumPy runtime step by step: the arena as each convolution finds it and what it writes there (the arena's
+    # places are reused, so the end of an inference no longer holds every layer's input)
+    ref = E.Engine(plan, numpy=True)
+    ref._x = np.ascontiguousarray(x)
+    before, after = {}, {}
+    for step in plan.steps:
+        if step["kind"] == "conv":
+            before[step["id"]] = ref.arena.copy()
+        ref.run_step(step["id"], n)
+        if step["kind"] == "conv":
+            after[step["id"]] = np.asarray(ref._view(step["dests"][0], n), np.float32).copy()
+    eng = E.Engine(plan, graphs=False)
+    monkeypatch.setattr(executor, "_sms", lambda: 1)
+    convs = [s for s in plan.steps if s["kind"] == "conv"]
+    for kernel in FP16_TMA:
+        _, bm, bn, _, _, _, _, _ = E.WG[kernel]
+        staged = next(k for k, v in E.WG.items() if v[:3] == (True, bm, bn) and v[4] and not v[5] and not v[6])
+        used, with_res = 0, 0
+        for s in convs:
+            if not E.kernel_fits(s, kernel, "fp16"):
+                continue
+            d, default = s["dests"][0], s["kernel"]
+            want = after[s["id"]]
+            outs = []
+            for k in (kernel, staged):
+                s["kernel"] = k
+                eng.refresh(s["id"])
+                eng.arena[...] = cp.asarray(before[s["id"]])  # the layer's inputs (and residual) as NumPy made them
+                eng._view(d, n)[...] = np.nan
+                eng.run_step(s["id"], n)
+                outs.append(eng._view(d, n).get().astype(np.float32))
+            s["kernel"] = default
+            eng.refresh(s["id"])
+            got = outs[0]
+            assert np.isfinite(got).all(), (kernel, s["name"])
+            bound = 1e-2 * (np.abs(want).max() + 1e-3)
+            assert np.abs(got - want).max() <= bound, (kernel, s["name"], np.abs(got - want).max(), bound)
+            np.testing.assert_array_equal(got, outs[1], err_msg=f"{kernel} {s['name']}")
+            used += 1
+            with_res += bool(s.get("res"))
+        assert used > with_res > 0, kernel  # every tile, with a residual and without
+        # (ResNet-50's residual layers have K = 256 .. 2048: each tile takes some; its reduce layers none)
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "hopper.cuh"
+#include "hopper_gemm.cuh"  // stmatrix_x4: the FP16 TMA epilogue's stores
 
 namespace hopper {
 
@@ -47,23 +48,29 @@ struct E4M3 {
 // landed, well before the consumers' epilogue of that tile reads it.
 template <class S, class = void> struct HasPrefetch { static constexpr bool value = false; };
 template <class S> struct HasPrefetch<S, decltype(void(&S::prefetch))> { static constexpr bool value = true; };
-// A Store with kTma true (lesson 6's 8-bit persistent tiles, PERSIST and I2C only, BN a multiple of 128 up to 256,
-// 1-byte outputs) ends a tile through the TMA instead: tmR (the residual, if ``store.has_res()``) and tmY (the output)
-// are 2-D tensor maps of its rows (channels fastest, a row a pixel) with boxes of 128 channels x 64 rows in the 128-byte
-// swizzle. A consumer's 64 rows of a tile live in one of its RBUF buffers (tma_buffers: 2 or 3; the tiles take turns):
+// A Store with kTma true (lesson 6's persistent tiles, PERSIST and I2C only, BN a multiple of a box's channels up to
+// 256) ends a tile through the TMA instead: tmR (the residual, if ``store.has_res()``) and tmY (the output) are 2-D
+// tensor maps of its rows (channels fastest, a row a pixel) with boxes of 128 bytes of channels x 64 rows in the
+// 128-byte swizzle: 128 channels of 1-byte outputs (INT8, FP8), 64 of 2-byte ones (FP16, Store::kOutBytes 2; the
+// 8-bit Stores leave it out), 8 KB a box either way. A consumer's 64 rows of a tile live in one of its RBUF buffers (tma_buffers: 2 or 3; the tiles take turns):
 // a thread of the producer warpgroup loads the residual of the next tiles into the others while the consumers work
 // on this one; each thread then writes the codes of its fragments, ``store.pair<RES>(raw, v0, v1,
 // store.pair_factors(k))`` for channels k and k + 1 of a row (raw: the residual's two codes there), over the
 // residual's in place, and one thread hands the 64 rows to the TMA to store. The buffer is loaded again once that
-// store has read it.
+// store has read it. FP16 (tma_halves): the same, a thread's two channels of a row a 32-bit word (two halves), the
+// residual's words read where the fragments lie and the results written by stmatrix, four 8 x 8 matrices at once.
 template <class S, class = void> struct TmaEpilogue { static constexpr bool value = false; };
 template <class S> struct TmaEpilogue<S, decltype(void(S::kTma))> { static constexpr bool value = S::kTma; };
+template <class S, class = void> struct TmaOutBytes { static constexpr int value = 1; };
+template <class S> struct TmaOutBytes<S, decltype(void(S::kOutBytes))> { static constexpr int value = S::kOutBytes; };
 constexpr int EPI_PIECES = 4;  // a round: 64 rows x 4 x 32 columns a consumer (8 KB of floats a piece)
-// TMA_OUT: a consumer's buffers (of 64 rows x BN bytes): three where they fit beside the stages (the residual then
-// loads two tiles ahead), else two; as kernels/inference_engine/executor.py's tma_buffers. (Measured on an H100
-// before the epilogue lost its branches: three and two took the same time.)
-__host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int row_bytes) {
-  return stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 ? 3 : 2;
+// TMA_OUT: a consumer's buffers (of 64 rows x BN outputs of out_bytes each): three where they fit beside the stages
+// (the residual then loads two tiles ahead), else two; as kernels/inference_engine/executor.py's tma_buffers.
+// (Measured on an H100 before the epilogue lost its branches: three and two took the same time.) Never one: a tile's
+// codes go into a buffer only after the store of the tile RBUF before it has read it, which thread 0 waited for at
+// the last tile's end, before the barrier every thread passed; with one buffer that store is this very tile's last.
+__host__ __device__ constexpr int tma_buffers(int bm, int bn, int stages, int row_bytes, int out_bytes = 1) {
+  return stages * (bm + bn) * row_bytes + 3 * bm * bn * out_bytes <= 200 * 1024 ? 3 : 2;
 }
 // TMA_OUT: a thread's codes of a tile into its consumer's buffer (base: at the thread's first row and column), over
 // the residual's there (RES: there is one; each case one stretch of code without branches, which the compiler
@@ -105,6 +112,50 @@ __device__ __forceinline__ void tma_codes(const Store& store, const Acc (&d)[BN 
   }
 }
 
+// FP16 (2-byte outputs): a box is 64 channels x 64 rows, 128 bytes a row, 8 KB; a consumer's buffer BN / 64 boxes
+// (64 rows x 2 BN bytes). Thread (warp, lane) holds rows warp 16 + lane / 4 (+ 8) of the 64, channels 8 j + 2 (lane %
+// 4) and the next: one 32-bit word, bytes 4 (lane % 4) .. of 16-byte chunk j % 8 of box j / 8, which the 128-byte
+// swizzle stores as chunk (j % 8) ^ (row % 8). The residual's words are read there (base: the thread's first row and
+// word, as tma_word_at), in rounds of TMA_ROUND groups as tma_codes; the results of column groups j and j + 1, both
+// rows (fragment d[j / 2]: the accumulator layout of four 8 x 8 matrices), go out in one stmatrix, each lane naming
+// row lane % 8 of matrix lane / 8 (rows + 8 for the odd matrices, group j + 1 for the last two), as lesson 4's
+// store_tile_tma. Each word a lane's stmatrix writes holds the result of the lane that read the residual's word
+// there, made from it: the read has completed before the write, in every lane.
+#ifdef GPUCOURSE_WGMMA  // stmatrix
+__device__ __forceinline__ unsigned* tma_word_at(unsigned char* base, int j, int h, int lane) {
+  return reinterpret_cast<unsigned*>(base + (j / 8) * 8192 + (((j % 8) ^ (lane / 4)) << 4) + h * 8 * 128);
+}
+template <bool RES, int BN, class Store, class Acc>
+__device__ __forceinline__ void tma_halves(const Store& store, const Acc (&d)[BN / 16][8], unsigned char* buf,
+                                           int warp, int k0, int lane) {
+  static_assert((BN / 8) % TMA_ROUND == 0 && TMA_ROUND % 2 == 0, "whole rounds of pairs of column groups");
+  unsigned char* base = buf + (warp * 16 + lane / 4) * 128 + 4 * (lane % 4);
+  const int q = lane / 8, srow = warp * 16 + (q % 2) * 8 + lane % 8;  // the row this lane names to stmatrix
+  unsigned char* sbase = buf + srow * 128;
+#pragma unroll
+  for (int j0 = 0; j0 < BN / 8; j0 += TMA_ROUND) {
+    unsigned raw[TMA_ROUND][2];
+#pragma unroll
+    for (int jj = 0; jj < TMA_ROUND; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) raw[jj][h] = RES ? *tma_word_at(base, j0 + jj, h, lane) : 0u;
+#pragma unroll
+    for (int jj = 0; jj < TMA_ROUND; jj += 2) {
+      const int j = j0 + jj;  // even: fragment d[j / 2], groups j and j + 1
+      const auto f0 = store.pair_factors(k0 + 8 * j + 2 * (lane % 4));
+      const auto f1 = store.pair_factors(k0 + 8 * (j + 1) + 2 * (lane % 4));
+      const Acc* v = d[j / 2];
+      const unsigned w0 = store.template pair<RES>(raw[jj][0], static_cast<float>(v[0]), static_cast<float>(v[1]), f0);
+      const unsigned w1 = store.template pair<RES>(raw[jj][1], static_cast<float>(v[2]), static_cast<float>(v[3]), f0);
+      const unsigned w2 = store.template pair<RES>(raw[jj + 1][0], static_cast<float>(v[4]), static_cast<float>(v[5]), f1);
+      const unsigned w3 = store.template pair<RES>(raw[jj + 1][1], static_cast<float>(v[6]), static_cast<float>(v[7]), f1);
+      const int g = j + q / 2;  // the column group of this lane's matrix
+      stmatrix_x4(smem_addr(sbase + (g / 8) * 8192 + (((g % 8) ^ (srow % 8)) << 4)), w0, w1, w2, w3);
+    }
+  }
+}
+#endif
+
 template <int BM, int BN, int STAGES, bool I2C, class Store, class E = F16, bool PERSIST = false, int BKC = 64>
 __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap* tmW, const Store& store, int N,
                                           int P, int Q, int K, int C, int R, int S, int ph, int pw, int TW,
@@ -113,9 +164,14 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
   constexpr bool TMA_OUT = TmaEpilogue<Store>::value;
-  static_assert(!TMA_OUT || (PERSIST && I2C && BN % 128 == 0 && BN <= 256), "the TMA epilogue: persistent im2col tiles");
-  constexpr unsigned R_BYTES = 64 * BN;  // TMA_OUT: a consumer's buffer, 64 rows x BN bytes as BN / 128 boxes
-  constexpr int RBUF = tma_buffers(BM, BN, STAGES, BKC * E::kBytes);  // TMA_OUT: buffers a consumer, taken in turn
+  // TMA_OUT: an output's bytes (1: INT8, FP8; 2: FP16) and a box's channels (128 bytes of a row: 128 or 64)
+  constexpr int OUT_BYTES = TmaOutBytes<Store>::value, BOX = 128 / OUT_BYTES;
+  static_assert(!TMA_OUT || (PERSIST && I2C && BN % BOX == 0 && BN <= 256 && (OUT_BYTES == 1 || OUT_BYTES == 2)),
+                "the TMA epilogue: persistent im2col tiles of whole boxes");
+  constexpr unsigned R_BYTES = 64 * BN * OUT_BYTES;  // TMA_OUT: a consumer's buffer, 64 rows as BN / BOX boxes of 8 KB
+  // TMA_OUT: buffers a consumer, taken in turn
+  constexpr int RBUF = tma_buffers(BM, BN, STAGES, BKC * E::kBytes, OUT_BYTES);
+  static_assert(!TMA_OUT || RBUF >= 2, "two buffers a consumer at least (tma_buffers)");
   constexpr int ROW = BKC * E::kBytes;  // bytes of a row in a stage: 128 (FP16, wide 8-bit) or 64 (8-bit)
   static_assert(ROW == 64 || ROW == 128, "a stage's rows are one row of the 64- or 128-byte swizzle");
   constexpr unsigned A_BYTES = BM * ROW, B_BYTES = BN * ROW;
@@ -221,7 +277,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
             const bool any = m0 + c * 64 < rows;  // a box wholly past the last row is not loaded
             mbar_expect_tx(bar, any ? R_BYTES : 0);
             if (any)
-              for (int x = 0; x < BN / 128; ++x) tma_load_2d(rbuf(b, c) + x * 8192, tmR, bar, k0 + x * 128, m0 + c * 64);
+              for (int x = 0; x < BN / BOX; ++x) tma_load_2d(rbuf(b, c) + x * 8192, tmR, bar, k0 + x * BOX, m0 + c * 64);
           }
         }
       }
@@ -307,14 +363,19 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       // With a residual, wait for it; without, the buffer was last stored from RBUF tiles ago, and that store had
       // read it before the barrier at the end of the last tile (thread 0 waited for it there first)
       if (store.has_res()) mbar_wait(&rfull[b * CONSUMERS + c], (ti / RBUF) & 1);
-      unsigned char* base = buf + (warp * 16 + lane / 4) * 128 + 2 * (lane % 4);  // as tma_codes says
-      if (store.has_res()) tma_codes<true, BN>(store, d, base, k0, lane);
-      else tma_codes<false, BN>(store, d, base, k0, lane);
+      if constexpr (OUT_BYTES == 1) {
+        unsigned char* base = buf + (warp * 16 + lane / 4) * 128 + 2 * (lane % 4);  // as tma_codes says
+        if (store.has_res()) tma_codes<true, BN>(store, d, base, k0, lane);
+        else tma_codes<false, BN>(store, d, base, k0, lane);
+      } else {
+        if (store.has_res()) tma_halves<true, BN>(store, d, buf, warp, k0, lane);
+        else tma_halves<false, BN>(store, d, buf, warp, k0, lane);
+      }
       fence_async_shared();  // the codes, seen by the TMA
       asm volatile("bar.sync %0, 128;" ::"r"(8 + c) : "memory");
       if (tid == 0) {
         if (m0 + c * 64 < N * P * Q)
-          for (int x = 0; x < BN / 128; ++x) tma_store_2d(tmY, buf + x * 8192, k0 + x * 128, m0 + c * 64);
+          for (int x = 0; x < BN / BOX; ++x) tma_store_2d(tmY, buf + x * 8192, k0 + x * BOX, m0 + c * 64);
         bulk_commit();
       }
     } else if constexpr (Store::kStaged) {

@@ -176,7 +176,7 @@ struct EngineEpilogue {
 template <typename T>
 struct EngineEpilogueTma : EngineEpilogue<T, 16> {
   using Base = EngineEpilogue<T, 16>;
-  static_assert(sizeof(T) == 1, "the TMA epilogue is the 8-bit types'");
+  static_assert(sizeof(T) == 1, "the 8-bit types' (FP16's: the specialisation below)");
   static constexpr bool kTma = true;
   __device__ __forceinline__ bool has_res() const { return this->res != nullptr; }
   struct Pair {  // the per-channel factors of channels k and k + 1
@@ -216,6 +216,35 @@ struct EngineEpilogueTma : EngineEpilogue<T, 16> {
     } else {
       return __nv_cvt_float2_to_fp8x2(make_float2(v0, v1), __NV_SATFINITE, __NV_E4M3);
     }
+  }
+};
+
+// FP16's TMA epilogue (the wgpt_ kernels' _f16): the same path with 2-byte outputs (conv_wgmma.cuh, tma_halves: boxes of
+// 64 channels), a word of two halves a pair of channels. Only the bias is read per channel: FP16 has no scales, and
+// the arithmetic is ``real``'s with the scale 1 (a product by 1 is exact), so the result is the staged epilogue's to
+// the bit: (sum + bias) + residual, each rounded to FP32, ReLU's floor, then rounded to FP16.
+template <>
+struct EngineEpilogueTma<__half> : EngineEpilogue<__half, 8> {
+  using Base = EngineEpilogue<__half, 8>;
+  static constexpr bool kTma = true;
+  static constexpr int kOutBytes = 2;
+  __device__ __forceinline__ bool has_res() const { return this->res != nullptr; }
+  struct Pair {  // the bias of channels k and k + 1 (never null here: zeros where a step has none, as the 8-bit's)
+    float2 b;
+  };
+  __device__ __forceinline__ Pair pair_factors(int k) const {
+    return Pair{__ldg(reinterpret_cast<const float2*>(this->bias + k))};
+  }
+  // Channels k and k + 1 as one word of halves (k's in the low half) from their sums and the residual's word there
+  template <bool RES>
+  __device__ __forceinline__ unsigned pair(unsigned raw, float a0, float a1, const Pair& f) const {
+    float v0 = __fadd_rn(a0, f.b.x), v1 = __fadd_rn(a1, f.b.y);
+    if constexpr (RES) {
+      const float2 r = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+      v0 = __fadd_rn(v0, r.x);
+      v1 = __fadd_rn(v1, r.y);
+    }
+    return half2_bits(fmaxf(v0, this->relu_floor()), fmaxf(v1, this->relu_floor()));  // fast_math.cuh
   }
 };
 
@@ -283,7 +312,7 @@ extern "C" __global__ void split_reduce_f16(const float* ws, int splits, int M, 
   ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, i8, int8, S8, PERSIST, PERSIST ? 16 : 8, 128) \
   ENGINE_WGMMA(PRE, NAME, I2C, BM, BN, S, f8, fp8, E4M3, PERSIST, PERSIST ? 16 : 8, 128)
 
-// conv_wgpt_..., conv_wgptw_...: the persistent 8-bit tiles with the TMA epilogue (EngineEpilogueTma), the
+// conv_wgpt_..., conv_wgptw_...: the persistent tiles with the TMA epilogue (8-bit; conv_wgpt_..._f16 too) (EngineEpilogueTma), the
 // residual's and the output's tensor maps passed as well
 #define ENGINE_WGMMA_TMA(PRE, BM, BN, S, SFX, T, E, BKC)                                                            \
   extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1) conv_##PRE##i2c_##BM##x##BN##_s##S##_##SFX( \
@@ -309,6 +338,9 @@ extern "C" __global__ void split_reduce_f16(const float* ws, int splits, int M, 
 #define ENGINE_WGMMA_TMA_8(PRE, BM, BN, S, BKC)               \
   ENGINE_WGMMA_TMA(PRE, BM, BN, S, i8, int8, S8, BKC) \
   ENGINE_WGMMA_TMA(PRE, BM, BN, S, f8, fp8, E4M3, BKC)
+// FP16's (conv_wgpt_..._f16): boxes of 64 channels, so BN 64 too; 128 x 256 with two stages, as its two buffers a
+// consumer (64 rows x 512 bytes, 64 KB a tile's pair) and three stages (144 KB) would not fit in 227 KB
+#define ENGINE_WGMMA_TMA_16(BM, BN, S) ENGINE_WGMMA_TMA(wgpt_, BM, BN, S, f16, __half, F16, 64)
 
 ENGINE_WGMMA_ALL(, false, 128, 128, 4)
 ENGINE_WGMMA_ALL(, false, 128, 64, 4)
@@ -338,5 +370,8 @@ ENGINE_WGMMA_TMA_8(wgpt_, 128, 256, 3, 64)
 ENGINE_WGMMA_TMA_8(wgpt_, 128, 128, 4, 64)
 ENGINE_WGMMA_TMA_8(wgptw_, 128, 256, 3, 128)
 ENGINE_WGMMA_TMA_8(wgptw_, 128, 128, 4, 128)
+ENGINE_WGMMA_TMA_16(128, 256, 2)
+ENGINE_WGMMA_TMA_16(128, 128, 4)
+ENGINE_WGMMA_TMA_16(128, 64, 4)
 ENGINE_WGMMA_SPLIT(64, 64, 6)
 ENGINE_WGMMA_SPLIT(64, 128, 4)

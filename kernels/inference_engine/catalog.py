@@ -55,11 +55,19 @@ WG.update({f"wgw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, False, True, False, 1)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4), (64, 128, 4), (64, 64, 6)]})
 WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False, 1)
            for bm, bn, st in [(128, 256, 3), (128, 128, 4), (128, 64, 4)]})
-# The "wgpt" and "wgptw" tiles: persistent 8-bit ones (narrow and wide) whose epilogue goes through the TMA
-# (conv_wgmma.cuh, TMA_OUT): the residual loaded into shared memory up to two tiles ahead, the codes written there
-# in place and stored by the TMA; INT8 and FP8 only, for outputs of a multiple of BN channels. The last field.
+# The "wgpt" and "wgptw" tiles: persistent ones (narrow and wide) whose epilogue goes through the TMA (conv_wgmma.cuh,
+# TMA_OUT): the residual loaded into shared memory up to two tiles ahead, the results written there in place and
+# stored by the TMA, for outputs of a multiple of BN channels. The wide ones and 128 x 256 with three stages in INT8
+# and FP8 only; 128 x 128 in every precision; FP16 alone has 128 x 256 with two stages (its buffers are twice the
+# 8-bit ones: three stages do not fit beside them) and 128 x 64 (a box of FP16 is 64 channels, an 8-bit one 128).
+# The seventh field; WG_TMA_PRECISIONS says which precision has which.
 WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True, 1)
            for wide in (False, True) for bm, bn, st in [(128, 256, 3), (128, 128, 4)]})
+WG.update({f"wgpt_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, True, 1)
+           for bm, bn, st in [(128, 256, 2), (128, 64, 4)]})
+WG_TMA_PRECISIONS = {"wgpt_i2c_128x256_s3": ("int8", "fp8"), "wgpt_i2c_128x128_s4": ("fp16", "int8", "fp8"),
+                     "wgptw_i2c_128x256_s3": ("int8", "fp8"), "wgptw_i2c_128x128_s4": ("int8", "fp8"),
+                     "wgpt_i2c_128x256_s2": ("fp16",), "wgpt_i2c_128x64_s4": ("fp16",)}
 # The "wgs<k>" tiles: one-tile FP16 ones whose reduction is split over k blocks a tile (conv_wgmma.cuh's kb_lo ..
 # kb_hi), each writing its partial sums to a workspace that a second kernel (split_reduce_f16) adds up and ends with
 # the epilogue: for layers with a long reduction and few tiles, ResNet-50's last layers at batch 1 (8 to 32 tiles of
@@ -75,11 +83,18 @@ def wg_function(kernel: str) -> str:
     return f"conv_wgs_{kernel.split('_', 1)[1]}" if WG[kernel][7] > 1 else f"conv_{kernel}"
 
 
+def wg_precisions(kernel: str) -> tuple:
+    """The precisions wg tile ``kernel`` is compiled in: the wide ones INT8 and FP8, the split ones FP16, the
+    TMA-epilogue ones as WG_TMA_PRECISIONS says, the others all three."""
+    _, _, _, _, _, wide, tma, splits = WG[kernel]
+    if tma:
+        return WG_TMA_PRECISIONS[kernel]
+    return ("int8", "fp8") if wide else ("fp16",) if splits > 1 else ("fp16", "int8", "fp8")
+
+
 def wg_kernels(precision: str) -> tuple:
-    """The wg tiles that run ``precision``: the wide and the TMA-epilogue ones in INT8 and FP8 only, the split ones
-    in FP16 only."""
-    return tuple(k for k, v in WG.items()
-                 if (not (v[5] or v[6]) or precision in ("int8", "fp8")) and (v[7] == 1 or precision == "fp16"))
+    """The wg tiles that run ``precision`` (wg_precisions)."""
+    return tuple(k for k in WG if precision in wg_precisions(k))
 
 
 WG_EPI_PIECES = 4  # a persistent tile's epilogue space: 64 rows x 32 floats a piece, per consumer (EPI_PIECES)

@@ -426,16 +426,11 @@ class Engine:
         from kernels import convolution as cv
 
         i, a, src, d, res = s["id"], self.dev, s["src"], s["dests"][0], s.get("res")
-        i2c, bm, bn, stages, persist, wide, tma, splits = WG[s["kernel"]]
+        i2c, bm, bn, _, persist, wide, tma, splits = WG[s["kernel"]]
         cfg = {"im2col": i2c, "bm": bm, "bn": bn, "threads": 128 * (bm // 64 + 1)}  # a producer, BM / 64 consumers
         item = self._arena(src).itemsize  # 2 (FP16) or 1 (INT8, FP8)
         bk = WG_WIDE_BK if wide else cv.WGMMA_BK  # a stage's rows: 64 elements (128 or 64 bytes), wide 128 bytes
-        epilogue = (bm // 64) * WG_EPI_PIECES * 64 * 32 * 4 if persist else 0  # pieces of 64 rows x 32 floats
-        if tma:  # buffers of 64 rows x BN codes a consumer, and their two mbarriers each
-            nbuf = tma_buffers(bm, bn, stages, bk * item)
-            epilogue = nbuf * bm * bn * item + nbuf * 2 * (bm // 64) * 8
-        # alignment, tiles, the epilogue's space, mbarriers (and, persistent, the tile the consumers are on)
-        smem = 1024 + stages * (bm + bn) * bk * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
+        smem = wg_shared_bytes(s["kernel"], item)
         sfx = SUFFIX[s.get("precision", self.precision)]  # a mixed plan's layer may run in another precision
         fn = tensor_cores.hopper_kernel(WG_SOURCE, f"{wg_function(s['kernel'])}_{sfx}", smem)
         if f"{i}/wt" not in a:
@@ -461,13 +456,13 @@ class Engine:
         tensor_cores.encode_tiled(map_w, wt.data.ptr, (wt.shape[1], wt.shape[0]), (wt.shape[1] * item,),
                                   (bk, cfg["bn"]), itemsize=item, row=bk * item)
         maps = [map_x, map_w]
-        if tma:  # the output's rows (and the residual's): channels x pixels, boxes of 128 channels x 64 rows
-            rows = n * P * Q
+        if tma:  # the output's rows (and the residual's): channels x pixels, boxes of 128 bytes (128 INT8 or FP8
+            rows = n * P * Q  # channels, 64 FP16 ones) x 64 rows, in the 128-byte swizzle
             for loc in (res, d):
                 m = tensor_cores._map_buffer()
                 if loc:
                     tensor_cores.encode_tiled(m, self._ptr(loc).data.ptr, (s["K"], rows), (loc["ld"] * item,),
-                                              (128, 64), itemsize=item, row=128)
+                                              (128 // item, 64), itemsize=item, row=128)
                 maps.append(m)
         c64, c32 = ctypes.c_uint64, ctypes.c_int32
         if tma:  # the TMA epilogue loads every factor without testing for null: ones and zeros where there are none
@@ -498,10 +493,25 @@ class Engine:
         return fn, grid, (cfg["threads"],), args, smem
 
 
-def tma_buffers(bm: int, bn: int, stages: int, row_bytes: int) -> int:
+def wg_shared_bytes(kernel: str, item: int) -> int:
+    """The dynamic shared memory of wg tile ``kernel`` in a precision of ``item`` bytes (conv_wgmma.cuh's layout):
+    the 1 KiB alignment, the stages, the epilogue's space, the mbarriers (and, persistent, the tile the consumers
+    are on)."""
+    from kernels import convolution as cv
+
+    _, bm, bn, stages, persist, wide, tma, _ = WG[kernel]
+    bk = WG_WIDE_BK if wide else cv.WGMMA_BK  # a stage's rows: 64 elements (128 or 64 bytes), wide 128 bytes
+    epilogue = (bm // 64) * WG_EPI_PIECES * 64 * 32 * 4 if persist else 0  # pieces of 64 rows x 32 floats
+    if tma:  # buffers of 64 rows x BN outputs a consumer, and their two mbarriers each
+        nbuf = tma_buffers(bm, bn, stages, bk * item, item)
+        epilogue = nbuf * bm * bn * item + nbuf * 2 * (bm // 64) * 8
+    return 1024 + stages * (bm + bn) * bk * item + epilogue + 2 * stages * 8 + (16 if persist else 0)
+
+
+def tma_buffers(bm: int, bn: int, stages: int, row_bytes: int, out_bytes: int = 1) -> int:
     """The wgpt tiles' buffers a consumer (conv_wgmma.cuh's tma_buffers): three where they fit beside the stages,
-    else two."""
-    return 3 if stages * (bm + bn) * row_bytes + 3 * bm * bn <= 200 * 1024 else 2
+    else two (``out_bytes``: an output's, 2 in FP16)."""
+    return 3 if stages * (bm + bn) * row_bytes + 3 * bm * bn * out_bytes <= 200 * 1024 else 2
 
 
 def _sms() -> int:

@@ -7,7 +7,7 @@ import numpy as np
 
 from gpucourse import bench, gpus, runtime
 
-from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR, WG, WG_WIDE_BK
+from .catalog import CANDIDATES, DIRECT, PIX, PIX_R, TC, TCD, VECTOR, WG, WG_WIDE_BK, wg_precisions
 from .executor import Engine, vector_width
 from .plan import Plan
 from .precision import DTYPES, E4M3
@@ -35,7 +35,8 @@ def kernel_fits(step: dict, kernel: str, precision: str = "fp16") -> bool:
             return False
         if wide and (item != 1 or step["src"]["C"] % WG_WIDE_BK):  # the wide tiles: 8-bit, slices of 128 channels
             return False
-        if tma and (item != 1 or step["K"] % bn or not tma_fits(step)):  # whole tiles of channels, 16-byte rows
+        # the TMA epilogue's: compiled in this precision, whole tiles of channels, 16-byte rows
+        if tma and (precision not in wg_precisions(kernel) or step["K"] % bn or not tma_fits(step, item)):
             return False
         return precision in ("fp16", "int8", "fp8") and wg_fits(step, item, store=16 // item if persist else 8)
     if not plain(step) and kernel not in TC:
@@ -83,10 +84,11 @@ def wg_fits(step: dict, itemsize: int = 2, store: int = 8) -> bool:
     return max(step.get("pad", [0])) <= 127
 
 
-def tma_fits(step: dict) -> bool:
-    """Whether the TMA can read a conv step's residual and write its output (the wgpt tiles, 8-bit): their rows and
-    first elements in whole 16 bytes."""
-    return all(loc["ld"] % 16 == 0 and (loc["base"] + loc["off"]) % 16 == 0
+def tma_fits(step: dict, itemsize: int = 1) -> bool:
+    """Whether the TMA can read a conv step's residual and write its output (the wgpt tiles): their rows and first
+    elements in whole 16 bytes (16 INT8 or FP8 elements, ``itemsize`` 1; 8 FP16 ones, 2)."""
+    v = 16 // itemsize
+    return all(loc["ld"] % v == 0 and (loc["base"] + loc["off"]) % v == 0
                for loc in (step["dests"][0], step.get("res")) if loc)
 
 
