@@ -521,12 +521,14 @@ WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compile
 # (BM x BN, stages); each as a box of the image (TH x TW pixels) and as BM consecutive output pixels read by the
 # TMA's im2col mode ("i2c"), which computes no row for nothing
 _WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6")
-WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES)
+# ... and, im2col only, 256 x 128: four consumer warpgroups of 64 rows (112 registers each, hopper::consumer_regs)
+WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES) + (
+    "conv_wgmma_i2c_256x128_s3_nhwc_f16",)
 # The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next
 # tile's taps loaded while this one's y is stored) with y written by the TMA through shared memory. Stages: as many as
 # fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not among the tiles
 # WGMMA_CONV_CONFIGS lists: the race (benchmarks/convolution.py) sweeps them as a kind of their own.
-_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5")
+_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3")
 WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
 WGMMA_STORE_PIECE = 64  # persistent: y leaves in pieces of 64 rows x 64 channels, two buffers a consumer warpgroup

@@ -242,7 +242,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   };
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    producer_regs<CONSUMERS>();
     if (tid == 0) {
       // region: conv_wgmma_producer
       int it = 0;  // slices loaded so far, over every tile of this block: the stage ring's position
@@ -301,7 +301,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
       }
     }
   } else {  // ---------------------------------------------------------------------- consumers
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    consumer_regs<CONSUMERS>();
     const int c = wg - 1;
     int it = 0;  // slices used so far, over every tile of this block
     int ti = 0;  // TMA_OUT: tiles so far

@@ -74,6 +74,7 @@ WGMMA_CONV(i2c_, true, 128, 64, 4)
 WGMMA_CONV(i2c_, true, 128, 256, 3)
 WGMMA_CONV(i2c_, true, 64, 128, 4)
 WGMMA_CONV(i2c_, true, 64, 64, 6)
+WGMMA_CONV(i2c_, true, 256, 128, 3)
 
 namespace hopper {
 
@@ -113,7 +114,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
   const int kblocks = R * S * slices;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    producer_regs<CONSUMERS>();
     if (tid == 0)
       // A tile's state: its first row m0 of y as the output pixel (n, p0, q0), and the tap (r, sx) and channels c0 of
       // its next slice, moved on a slice at a time (channels fastest, then the filter's columns, then its rows: w's
@@ -130,7 +131,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
             }
           });
   } else {  // ---------------------------------------------------------------------- consumers
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    consumer_regs<CONSUMERS>();
     const int c = wg - 1;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of y this consumer has handed to the TMA
@@ -191,3 +192,4 @@ WGMMA_CONV_PERSISTENT(128, 64, 8)
 WGMMA_CONV_PERSISTENT(128, 256, 4)
 WGMMA_CONV_PERSISTENT(64, 128, 3)
 WGMMA_CONV_PERSISTENT(64, 64, 5)
+WGMMA_CONV_PERSISTENT(256, 128, 3)

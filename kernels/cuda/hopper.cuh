@@ -181,6 +181,21 @@ __device__ __forceinline__ unsigned long long make_desc_64b(unsigned addr, unsig
   return desc_field(addr) | (desc_field(lbo) << 16) | (desc_field(sbo) << 32) | (2ull << 62);
 }
 
+// A warp-specialised block's registers: its producer warpgroup gives most of its own up (setmaxnreg.dec to 40), its
+// consumers take them (setmaxnreg.inc): 232 each with two consumers, the most that 40 + 2 x 232 leaves within the
+// SM's 64K registers at 384 threads; 112 each with four (640 threads: 128 x 40 + 512 x 112 = 62,464). One consumer
+// keeps the launch bound's count and moves nothing.
+template <int CONSUMERS>
+__device__ __forceinline__ void producer_regs() {
+  if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+}
+template <int CONSUMERS>
+__device__ __forceinline__ void consumer_regs() {
+  static_assert(CONSUMERS == 1 || CONSUMERS == 2 || CONSUMERS == 4, "one, two or four consumer warpgroups");
+  if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  if constexpr (CONSUMERS == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 112;");
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
