@@ -521,7 +521,7 @@ WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compile
 # (BM x BN, stages); each as a box of the image (TH x TW pixels) and as BM consecutive output pixels read by the
 # TMA's im2col mode ("i2c"), which computes no row for nothing
 _WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6")
-# ... and, im2col only, 256 x 128: four consumer warpgroups of 64 rows (112 registers each, hopper::consumer_regs)
+# ... and, im2col only, 256 x 128: four consumer warpgroups of 64 rows (104 registers each, hopper::consumer_regs)
 WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES) + (
     "conv_wgmma_i2c_256x128_s3_nhwc_f16",)
 # The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next

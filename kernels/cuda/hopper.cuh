@@ -182,8 +182,10 @@ __device__ __forceinline__ unsigned long long make_desc_64b(unsigned addr, unsig
 }
 
 // A warp-specialised block's registers: its producer warpgroup gives most of its own up (setmaxnreg.dec to 40), its
-// consumers take them (setmaxnreg.inc): 232 each with two consumers, the most that 40 + 2 x 232 leaves within the
-// SM's 64K registers at 384 threads; 112 each with four (640 threads: 128 x 40 + 512 x 112 = 62,464). One consumer
+// consumers take them (setmaxnreg.inc). Only what the block was given at launch moves: the launch bound's count a
+// thread (65,536 / threads, rounded down to a multiple of 8), and an inc that asks for more than the producer freed
+// waits for ever. Two consumers (384 threads, 168 each): the producer frees 128 x 128, so each consumer may rise by
+// 64, to 232. Four (640 threads, 96 each): 128 x 56 frees 14 each, and counts go in steps of 8, so 104. One consumer
 // keeps the launch bound's count and moves nothing.
 template <int CONSUMERS>
 __device__ __forceinline__ void producer_regs() {
@@ -193,7 +195,7 @@ template <int CONSUMERS>
 __device__ __forceinline__ void consumer_regs() {
   static_assert(CONSUMERS == 1 || CONSUMERS == 2 || CONSUMERS == 4, "one, two or four consumer warpgroups");
   if constexpr (CONSUMERS == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  if constexpr (CONSUMERS == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 112;");
+  if constexpr (CONSUMERS == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 104;");
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
