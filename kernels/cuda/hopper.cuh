@@ -149,10 +149,11 @@ __device__ __forceinline__ unsigned cluster_count_x() {
   asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
   return r;
 }
-// Every thread of every block of the cluster, converged (.aligned: a whole warp executes it): all that each wrote
-// before it (shared memory, mbarrier inits) is seen by all of them after it, and no block goes on (or exits) before
-// all have arrived.
+// Every thread of every block of the cluster: all that each wrote before it (shared memory, mbarrier inits) is seen by
+// all of them after it, and no block goes on (or exits) before all have arrived. The barrier is .aligned (a whole warp
+// executes it together): __syncwarp first reconverges a warp one of whose threads went its own way (the producer's).
 __device__ __forceinline__ void cluster_sync() {
+  __syncwarp();
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // An arrival on the mbarrier at bar's offset in the shared memory of the cluster's block ``rank`` (this block's own

@@ -285,10 +285,8 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
     }
     if constexpr (TMA_STORE) store_tma_drain();
   }
-  if constexpr (CLUSTER > 1) {  // no block leaves while its partner may still multicast into it or arrive on its
-    __syncwarp();               // barriers (the producer's other threads waited here for its thread 0)
-    cluster_sync();
-  }
+  if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while its partner may still multicast into it or
+                                              // arrive on its barriers
 #else
   __trap();
 #endif
