@@ -157,13 +157,15 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 // An arrival on the mbarrier at bar's offset in the shared memory of the cluster's block ``rank`` (this block's own
-// when rank is its own): mapa translates the address into that block's window; release at the cluster's scope, so
-// that what this thread did before (its warpgroup's MMAs have read a stage) is seen by the waiting block's threads.
+// when rank is its own): mapa translates the address into that block's window. The default semantics, as CUTLASS's
+// ClusterBarrier::arrive (release at the block's scope): what it orders, this warpgroup's MMAs having read a stage
+// (wgmma_wait), is complete before the arrival, and the peer's TMA writes the stage only after it; a release at the
+// cluster's scope made ptxas put a MEMBAR.ALL.GPU before every arrival, a slice at a time.
 __device__ __forceinline__ void mbar_arrive_remote(unsigned long long* bar, unsigned rank) {
   asm volatile(
       "{\n.reg .b32 remote;\n"
       "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
       "r"(rank)
       : "memory");
 }

@@ -120,7 +120,7 @@ struct Ring {
   // bytes the TMA will deliver. Returns the stage.
   __device__ __forceinline__ int acquire(int g, unsigned bytes) const {
     const int s = g % STAGES;
-    if (g >= STAGES) mbar_wait<(CLUSTER > 1)>(&empty[s], ((g / STAGES) + 1) & 1);
+    if (g >= STAGES) mbar_wait(&empty[s], ((g / STAGES) + 1) & 1);
     mbar_expect_tx(&full[s], bytes);
     return s;
   }
