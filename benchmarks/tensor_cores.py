@@ -31,6 +31,7 @@ WGMMA_STEPS = {
     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1": "... and one slice's MMAs left running (wait_group 1)",
     "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1": "... the same, 128 x 192 tile",
     "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1": "... the same, 128 x 128 tile, 6 stages",
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_c2": "persistent, TMA store, clusters of 2 sharing B (multicast)",
 }
 WGMMA_HOLD_MS = 2.0  # queue each launch behind a hold kernel: the events time the GEMM, not the ctypes launch
 CHECK = 1e-3  # a timed kernel's result against cuBLAS's, |diff|max / |ref|max: catches bugs, not rounding
@@ -257,11 +258,12 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
 
 
 def fp8_row_name(config: str) -> str:
-    """The name fp8_table gives an FP8 configuration's row: tile and accumulation, and "persistent, TMA store" for
-    the persistent kernels, whose C leaves by the TMA."""
+    """The name fp8_table gives an FP8 configuration's row: tile and accumulation, "persistent, TMA store" for the
+    persistent kernels, whose C leaves by the TMA, and the cluster's size for those that run in clusters."""
     c = F.fp8_config(config)
     return (f"wgmma FP8, {c['bm']} x {c['bn']}, {c['accumulate']}"
-            + (", persistent, TMA store" if c["persistent"] else ""))
+            + (", persistent, TMA store" if c["persistent"] else "")
+            + (f", clusters of {c['cluster']} sharing B (multicast)" if c["cluster"] > 1 else ""))
 
 
 def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
@@ -350,9 +352,13 @@ def fp8_reading(table: dict) -> list:
         return next(r["tflops"] for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
                     and F.fp8_config(r["config"])["bn"] == bn and not F.fp8_config(r["config"])["persistent"])
 
-    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation
+    def clustered(r):  # a kernel in thread-block clusters (absent from the records made before there was one)
+        return F.fp8_config(r["config"])["cluster"] > 1
+
+    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation (one block, no cluster)
         return next(r for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
-                    and F.fp8_config(r["config"])["bn"] == bn and F.fp8_config(r["config"])["persistent"])
+                    and F.fp8_config(r["config"])["bn"] == bn and F.fp8_config(r["config"])["persistent"]
+                    and not clustered(r))
 
     return [
         ("the fastest FP8 kernel: faster than cuBLAS FP16 and than the lesson's FP16 kernel",
@@ -368,7 +374,7 @@ def fp8_reading(table: dict) -> list:
         ("each persistent FP8 kernel: faster than the same tile and accumulation one tile a block",
          claims.holds(lambda: all(r["tflops"] > cfg(F.fp8_config(r["config"])["accumulate"],
                                                     F.fp8_config(r["config"])["bn"]) for r in ours
-                                  if F.fp8_config(r["config"])["persistent"]) if ours else None)),
+                                  if F.fp8_config(r["config"])["persistent"] and not clustered(r)) if ours else None)),
         ("on the 128 x 128 tile, fast accumulation: faster than promoted",
          claims.holds(lambda: cfg("fast", 128) > cfg("promoted", 128) if ours else None)),
         ("every FP8 kernel's error: at most 1.1x cuBLAS's FP8 GEMM's with the same accumulation",
@@ -394,8 +400,10 @@ def transformer_shapes(tokens: int = 8192, ds=(768, 4096)) -> list:
 def transformer_plan(torch_ok: bool, configs=None, cc=None) -> list:
     """The rows transformer_table measures for each GEMM, as dicts of name, kind ("library" or "kernel") and config:
     cuBLAS FP16 (cupy.matmul), PyTorch's torch.matmul where ``torch_ok``, and each FP16-output wgmma configuration of
-    ``configs`` (default: every one in WGMMA_CONFIGS) where the GPU (``cc``) has wgmma. All write FP16 C."""
-    configs = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16"] if configs is None else configs
+    ``configs`` (default: every one in WGMMA_CONFIGS of one block, not a cluster: the cluster kernel is set against the
+    persistent one at 8192^3, in wgmma_table) where the GPU (``cc``) has wgmma. All write FP16 C."""
+    configs = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16"
+               and tc.wgmma_config(c)["cluster"] == 1] if configs is None else configs
     for c in configs:
         if tc.wgmma_config(c)["out"] != "float16":
             raise runtime.CourseInputError(f"{c} writes FP32 C; the transformer table compares FP16-output GEMMs")

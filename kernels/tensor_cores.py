@@ -534,6 +534,9 @@ WGMMA_CONFIGS = (
     "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_wait1",
     "wgmma_128x192x64_s4_kn_persistent_f16_tmastore_wait1",
     "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1",
+    # ... and the TMA-store kernel in thread-block clusters of two blocks ("_c2"), which take two tiles of one column of
+    # C on adjacent rows and share B's slices, each block loading half and the TMA multicasting it into both
+    "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_c2",
 )
 DEFAULT_WGMMA = "wgmma_128x256x64_s4_kn"
 WGMMA_GROUP_M = 8  # tile-rows per group in the block order (L2 reuse); see gemm_wgmma
@@ -541,10 +544,10 @@ WGMMA_STORE_PIECE = 64  # tmastore: C leaves in pieces of 64 x 64 FP16, two buff
 
 
 def wgmma_config(name: str) -> dict:
-    """Block tile, stages, warpgroups, shared memory, B layout, persistence, C's type and the slices of MMAs a consumer
-    leaves running (``in_flight``) of a wgmma kernel, from its name:
-    wgmma_<BM>x<BN>x<BK>_s<stages>_<kn|nk>[_persistent[_f16[_tmastore[_wait1]]]]."""
-    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)(_persistent(_f16(_tmastore(_wait1)?)?)?)?", name)
+    """Block tile, stages, warpgroups, shared memory, B layout, persistence, C's type, the slices of MMAs a consumer
+    leaves running (``in_flight``) and the blocks of a thread-block cluster (``cluster``: 2 for "_c2", else 1) of a
+    wgmma kernel, from its name: wgmma_<BM>x<BN>x<BK>_s<stages>_<kn|nk>[_persistent[_f16[_tmastore[_wait1][_c2]]]]."""
+    m = re.fullmatch(r"wgmma_(\d+)x(\d+)x(\d+)_s(\d+)_(kn|nk)(_persistent(_f16(_tmastore(_wait1)?(_c2)?)?)?)?", name)
     if not m or name not in WGMMA_CONFIGS:
         raise runtime.CourseInputError(f"no wgmma kernel {name!r}; known: {', '.join(WGMMA_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
@@ -555,7 +558,8 @@ def wgmma_config(name: str) -> dict:
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "b_layout": m.group(5),
             "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "acc": "float32",
             "persistent": m.group(6) is not None, "out": "float16" if m.group(7) else "float32",
-            "epilogue": "tma" if tma_store else "registers", "in_flight": 1 if m.group(9) else 0}
+            "epilogue": "tma" if tma_store else "registers", "in_flight": 1 if m.group(9) else 0,
+            "cluster": 2 if m.group(10) else 1}
 
 
 # cuTensorMapEncodeTiled's enums (cuda.h)
@@ -748,7 +752,8 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
     zeros past the edges and the stores are guarded), as long as rows are whole 16-byte units: K a multiple of 8,
     and N too for "kn". ``group_m``: how many tile-rows the block order walks before moving right (L2 reuse). The
     "_persistent" configurations launch one block per SM (or one per tile, if fewer), each walking its tiles;
-    ``blocks`` launches that many instead (fewer blocks, more tiles each: what the tests use to walk many)."""
+    ``blocks`` launches that many instead (fewer blocks, more tiles each: what the tests use to walk many). The "_c2"
+    ones run in clusters of two blocks (``wgmma_blocks``): ``blocks`` must then be even."""
     import ctypes
 
     runtime.require_gpu("the wgmma GEMM")
@@ -776,6 +781,7 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
                                        f"{c['name']}, which launches " +
                                        ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
+    _check_cluster_blocks(c, blocks)
     gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = hopper_kernel(WGMMA_SOURCE, c["name"], c["smem_bytes"])
     map_a = tensor_map(A, (c["bm"], c["bk"]))
@@ -791,14 +797,33 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
 
 
 def wgmma_blocks(c: dict, M: int, N: int, sms: int | None = None) -> int:
-    """How many blocks a wgmma configuration ``c`` (wgmma_config) launches for an M x N C: one per tile, or, persistent,
-    one per SM (``sms``) unless there are fewer tiles."""
+    """How many blocks a wgmma configuration ``c`` (wgmma_config, or tensor_cores_fp8.fp8_config) launches for an M x N
+    C: one per tile, or, persistent, one per SM (``sms``) unless there are fewer tiles. In clusters of
+    ``c["cluster"]`` blocks (the "_c2" kernels: the blocks of a cluster take that many tiles of one column of C on
+    adjacent rows), a cluster per ``c["cluster"]`` SMs, or per cluster tile if fewer: a multiple of the cluster's size,
+    which the kernel's compile-time cluster dimensions require of an ordinary launch's grid."""
     tiles = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
     if not c["persistent"]:
         return tiles
     if not sms or sms < 1:
         raise runtime.CourseInputError(f"{c['name']} launches a block per SM: give the number of SMs, not {sms!r}")
-    return min(tiles, sms)
+    size = c.get("cluster", 1)
+    if size == 1:
+        return min(tiles, sms)
+    if sms < size:
+        raise runtime.CourseInputError(f"{c['name']} runs in clusters of {size} blocks: it needs at least {size} "
+                                       f"SMs (or blocks), not {sms}")
+    cluster_tiles = math.ceil(M / (size * c["bm"])) * math.ceil(N / c["bn"])
+    return size * min(cluster_tiles, sms // size)
+
+
+def _check_cluster_blocks(c: dict, blocks) -> None:
+    """A kernel launched in clusters (``c["cluster"]`` > 1) needs a grid that is a whole number of clusters: refuse a
+    ``blocks`` that is not (None: the launcher's choice, always whole)."""
+    size = c.get("cluster", 1)
+    if blocks is not None and size > 1 and (isinstance(blocks, bool) or int(blocks) != blocks or blocks % size):
+        raise runtime.CourseInputError(f"{c['name']} runs in clusters of {size} blocks: blocks must be a multiple of "
+                                       f"{size}, got {blocks!r}")
 
 
 # The persistent FP16 kernels a GEMM's shape chooses among (persistent_tile), largest tile first: one schedule, mainloop

@@ -183,17 +183,21 @@ FP8_CONFIGS = (
     # and C leaves through shared memory and a TMA store, 64 x 64 at a time (two pieces a consumer warpgroup)
     "fp8_gemm_128x256x128_s4_fast_persistent_tmastore",
     "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore",
+    # ... and the 128 x 256 one in thread-block clusters of two blocks ("_c2"), which take two tiles of one column of C
+    # on adjacent rows and share B's slices, each block loading half and the TMA multicasting it into both
+    "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2",
 )
 DEFAULT_FP8 = "fp8_gemm_128x256x128_s4_fast"
 FP8_OUTPUTS = {"float16": "f16", "bfloat16": "bf16"}  # C's type -> the kernel's suffix (bf16: BF16 bits in uint16)
 
 
 def fp8_config(name: str) -> dict:
-    """Tile, stages, accumulation, threads, shared memory, persistence and epilogue of an FP8 GEMM configuration,
-    from its name: fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore]."""
+    """Tile, stages, accumulation, threads, shared memory, persistence, epilogue and the blocks of a thread-block
+    cluster (``cluster``: 2 for "_c2", else 1) of an FP8 GEMM configuration, from its name:
+    fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore[_c2]]."""
     import re
 
-    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore)?", name)
+    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore(_c2)?)?", name)
     if not m or name not in FP8_CONFIGS:
         raise runtime.CourseInputError(f"no FP8 GEMM kernel {name!r}; known: {', '.join(FP8_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
@@ -203,7 +207,7 @@ def fp8_config(name: str) -> dict:
     smem = 1024 + stages * (bm + bn) * bk + staging + 2 * stages * 8  # alignment, tiles (a byte a code), C, mbarriers
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "accumulate": m.group(5),
             "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "persistent": tma_store,
-            "epilogue": "tma" if tma_store else "registers"}
+            "epilogue": "tma" if tma_store else "registers", "cluster": 2 if m.group(7) else 1}
 
 
 def bf16_bits_to_float(bits) -> np.ndarray:
@@ -222,7 +226,8 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     uint16 for BF16 (its bits). Any M, N; K a multiple of 16 (the TMA reads rows of whole 16-byte units), and N a
     multiple of 8 for the "_tmastore" configurations (the TMA writes C's rows, whole 16-byte units too). ``config``:
     one of FP8_CONFIGS. The "_persistent" ones launch one block per SM (or one per tile, if fewer), each walking its
-    tiles; ``blocks`` launches that many instead (what the tests use to walk many tiles a block)."""
+    tiles; ``blocks`` launches that many instead (what the tests use to walk many tiles a block). The "_c2" ones run in
+    clusters of two blocks (``tensor_cores.wgmma_blocks``): ``blocks`` must then be even."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -257,10 +262,12 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, a whole number >= 1 (got "
                                        f"{blocks!r} for {c['name']}, which launches " +
                                        ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
+    tc._check_cluster_blocks(c, blocks)
     gpus.step("04.wgmma_fp8")  # compute capability 9.0 exactly, else one line saying so
     name = f"{c['name']}_{FP8_OUTPUTS[out]}"
     fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])
-    map_a, map_b = tc.tensor_map(A, (c["bm"], c["bk"])), tc.tensor_map(B, (c["bn"], c["bk"]))
+    # B in boxes of BN rows, or in a cluster of two of BN / 2: each block loads its half of B's slice, for both
+    map_a, map_b = tc.tensor_map(A, (c["bm"], c["bk"])), tc.tensor_map(B, (c["bn"] // c["cluster"], c["bk"]))
     grid = tc.wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
     scales_dims = [ctypes.c_uint64(scale_a.data.ptr), ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M),
                    ctypes.c_int32(N), ctypes.c_int32(K), ctypes.c_int32(group_m)]

@@ -535,6 +535,41 @@ def test_wgmma_config_names_say_persistence_and_the_output_type():
         tc.wgmma_blocks(p16, 8192, 8192)
 
 
+CLUSTER_WGMMA = [n for n in tc.WGMMA_CONFIGS if tc.wgmma_config(n)["cluster"] > 1]
+
+
+def test_the_cluster_kernel_parses_and_launches_whole_clusters():
+    """The "_c2" kernel is the TMA-store persistent kernel (the same tile, stages and shared memory) run in clusters of
+    two blocks; its grid is always a whole number of clusters, a cluster per two SMs or per cluster tile (two tiles
+    of one column of C on adjacent rows) if fewer; a tile-row count that is odd leaves the last cluster tiles half
+    outside C, and they count as whole ones."""
+    assert CLUSTER_WGMMA == ["wgmma_128x256x64_s4_kn_persistent_f16_tmastore_c2"]
+    c2 = tc.wgmma_config(CLUSTER_WGMMA[0])
+    twin = tc.wgmma_config(CLUSTER_WGMMA[0].removesuffix("_c2"))
+    assert c2["cluster"] == 2 and twin["cluster"] == 1 and tc.wgmma_config(tc.DEFAULT_WGMMA)["cluster"] == 1
+    assert {k: v for k, v in c2.items() if k not in ("name", "cluster")} == \
+        {k: v for k, v in twin.items() if k not in ("name", "cluster")}
+    assert c2["smem_bytes"] == 230464 and c2["threads"] == 384 and c2["in_flight"] == 0 and c2["b_layout"] == "kn"
+    assert tc.wgmma_blocks(c2, 8192, 8192, sms=132) == 132  # 32 x 32 cluster tiles, 66 clusters
+    assert tc.wgmma_blocks(c2, 8192, 8192, sms=133) == 132  # never half a cluster
+    assert tc.wgmma_blocks(c2, 300, 264, sms=132) == 2 * (2 * 2)  # 3 tile-rows: 2 rows of cluster tiles, 2 columns
+    assert tc.wgmma_blocks(c2, 1, 8, sms=132) == 2  # smaller than one tile: one cluster, its second block idle
+    assert tc.wgmma_blocks(c2, 2100, 2312, sms=4) == 4
+    with pytest.raises(runtime.CourseInputError, match="clusters of 2"):
+        tc.wgmma_blocks(c2, 8192, 8192, sms=1)
+    for bad in ("wgmma_128x256x64_s4_kn_persistent_f16_c2", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_c3",
+                "wgmma_128x256x64_s4_kn_persistent_f16_tmastore_c2_wait1",
+                "wgmma_128x128x64_s6_kn_persistent_f16_tmastore_wait1_c2"):
+        with pytest.raises(runtime.CourseInputError, match="no wgmma kernel"):
+            tc.wgmma_config(bad)
+    for blocks in (3, 1, 2.5, True):
+        with pytest.raises(runtime.CourseInputError, match="multiple of 2"):
+            tc._check_cluster_blocks(c2, blocks)
+    tc._check_cluster_blocks(c2, 4)
+    tc._check_cluster_blocks(c2, None)
+    tc._check_cluster_blocks(twin, 3)  # one block: any count
+
+
 def test_the_tile_rule_fills_the_waves():
     """wave_efficiency by hand on 132 SMs (an H100), and the tile persistent_tile picks for a transformer layer's
     GEMMs (8192 tokens; d = 768 and 4096): 128 x 192 where 128 x 256 leaves most of a wave idle (d = 768's MLP down:
@@ -654,8 +689,10 @@ def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
         assert ("setmaxnreg" in body) is (c["consumers"] > 1), name  # registers move to two consumers only
         trans_b = re.search(r"wgmma\.mma_async[^;]*,\s*(\d+);", body).group(1)
         assert trans_b == ("1" if c["b_layout"] == "kn" else "0"), name
-        # persistent: the tile loop steps by the grid's size; plain: one tile, from blockIdx.x alone
-        assert ("%nctaid.x" in body) is c["persistent"], name
+        # persistent: the tile loop steps by the grid's size (in clusters: by the grid's clusters); plain: one tile,
+        # from blockIdx.x alone
+        assert ("%nctaid.x" in body or "%nclusterid.x" in body) is c["persistent"], name
+        assert (".reqnctapercluster" in body) is (c["cluster"] > 1), name
         # "_wait1": each slice waits for the one before it (wait_group 1), the tile's last for itself (0); else 0 only
         waits = set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", body))
         assert waits == ({"0", "1"} if c["in_flight"] else {"0"}), name
@@ -673,6 +710,42 @@ def test_wgmma_source_compiles_to_wgmma_and_tma_for_sm90a_only():
             assert not tma_store and stores == {"st.global.v2.f32", "st.global.f32"}, name
     plain = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90")  # without the a: stubs that trap
     assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
+
+
+def _cluster_ptx_checks(body: str, name: str, loads: int) -> None:
+    """What a kernel of clusters of two sharing B must show in its PTX (tests of the FP16 and FP8 cluster kernels):
+    the cluster's size as a compile-time attribute (so that an ordinary launch makes the clusters), ``loads`` TMA loads
+    of B multicast to both blocks (mask 0b11, a 16-bit register), a stage's release arriving on both blocks' empty
+    barriers (mapa'd into the cluster's window, released at the cluster's scope) and the producer's wait on it
+    acquiring at that scope, the cluster barrier after the barriers' init (and its fence) and before the exit, and C
+    leaving by the TMA only."""
+    assert ".explicitcluster" in body and re.search(r"\.reqnctapercluster 2, 1, 1\b", body), name
+    multicast = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx::bytes"
+                           r"\.multicast::cluster \[[^]]+\], \[[^]]+\], \[[^]]+\], %rs\d+;", body)
+    assert len(multicast) == loads, (name, multicast)
+    assert body.count("mapa.shared::cluster.u32") == 2, name  # unrolled: rank 0 and rank 1
+    assert body.count("mbarrier.arrive.shared::cluster.b64 _,") == 2, name  # the block's scope, as CUTLASS
+    assert "acquire.cluster" not in body and "release.cluster.shared::cluster" not in body, name  # no MEMBAR.GPU
+    assert "fence.mbarrier_init.release.cluster" in body, name
+    assert body.count("barrier.cluster.arrive.release.aligned") == 2, name  # after the init, before the exit
+    assert body.count("barrier.cluster.wait.acquire.aligned") == 2, name
+    assert body.index("fence.mbarrier_init") < body.index("barrier.cluster.arrive") < body.index("multicast::cluster")
+    assert "%cluster_ctarank" in body and "%clusterid.x" in body, name
+    assert not re.findall(r"st\.global", body), name
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in body, name
+
+
+@needs_compiler
+def test_the_cluster_kernel_multicasts_b_and_spans_its_barriers_across_the_cluster():
+    ptx = cuda_c.compile_ptx(tc.WGMMA_SOURCE, arch="sm_90a")
+    for name in tc.WGMMA_CONFIGS:
+        body = cuda_c.ptx_entry(ptx, name)
+        c = tc.wgmma_config(name)
+        if c["cluster"] > 1:  # this block's half of B's BN / 64 boxes of 64 columns, each multicast
+            _cluster_ptx_checks(body, name, c["bn"] // 64 // 2)
+        else:  # the one-block kernels: nothing of the cluster
+            assert not any(w in body for w in ("multicast", "barrier.cluster", "mapa", "cluster_ctarank",
+                                               ".reqnctapercluster", "acquire.cluster")), name
 
 
 @needs_compiler
@@ -705,7 +778,8 @@ def test_wgmma_gemm_on_gpu(rng, config):
     if config == tc.DEFAULT_WGMMA or c["b_layout"] == "nk" or c["persistent"]:
         shapes += [(300, 264, 200, None), (1, 8, 8, None), (1000, 1032, 2056, None)]  # ragged: zero-filled reads,
     if c["persistent"]:                                                                 # guarded or clipped stores
-        shapes += [(2100, 2312, 200, None), (2100, 2312, 960, 3), (700, 776, 960, 1)]  # 170 tiles; 3 and 1 blocks
+        few = (3, 1) if c["cluster"] == 1 else (4, 2)  # in clusters of two: two clusters, one
+        shapes += [(2100, 2312, 200, None), (2100, 2312, 960, few[0]), (700, 776, 960, few[1])]  # 170 tiles
     fp16 = c["out"] == "float16"
     for M, N, K, blocks in shapes:
         A = rng.uniform(-1, 1, (M, K)).astype(np.float16)
@@ -756,6 +830,35 @@ def test_leaving_one_slice_running_changes_no_bit(rng):
         assert np.all(np.abs(C.get().astype(np.float64) - want) <= allowed), config
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("config", CLUSTER_WGMMA)
+def test_the_cluster_kernel_writes_the_bits_of_the_persistent_kernel(rng, config):
+    """The kernel in clusters of two runs the same MMAs in the same order on each tile as the one-block persistent
+    kernel with the TMA store, from the same operand bytes (B's halves multicast into each block): C bit for bit the
+    same, at ragged edges (M, N, K not multiples of the tile), with an odd number of tile-rows (the last cluster
+    tiles' second block below C: loaded, not stored), with M smaller than one tile, and with one or two clusters
+    walking many cluster tiles (the ring's phases across tiles, 15 slices on 4 stages)."""
+    from gpucourse import gpus
+
+    if not gpus.supports("wgmma"):
+        pytest.skip(gpus.missing("wgmma"))
+    cp = runtime.cupy()
+    twin = config.removesuffix("_c2")
+    assert tc.wgmma_config(twin)["cluster"] == 1 and twin in tc.WGMMA_CONFIGS
+    # tile-rows: 3, 1, 1, 8, 17, 6 and 5
+    for M, N, K, blocks in ((300, 264, 200, None), (1, 8, 8, None), (100, 520, 64, None), (1000, 1032, 2056, None),
+                            (2100, 2312, 960, 4), (700, 776, 960, 2), (128 * 5, 256 * 3, 960, None)):
+        A = cp.asarray(rng.uniform(-1, 1, (M, K)).astype(np.float16))
+        B = cp.asarray(rng.uniform(-1, 1, (K, N)).astype(np.float16))
+        C0, C1 = cp.full((M, N), cp.nan, cp.float16), cp.full((M, N), cp.nan, cp.float16)
+        tc.gemm_wgmma(A, B, C0, config=twin)
+        tc.gemm_wgmma(A, B, C1, config=config, blocks=blocks)
+        assert bool(cp.isfinite(C1).all()), (M, N, K, blocks)
+        assert bool((C0.view(cp.uint16) == C1.view(cp.uint16)).all()), (M, N, K, blocks)
+    with pytest.raises(runtime.CourseInputError, match="multiple of 2"):
+        tc.gemm_wgmma(A, B, C1, config=config, blocks=3)
+
+
 def test_transformer_table_plans_a_layers_gemms():
     """transformer_table's shapes and rows, without a GPU: the QKV projection, the MLP's up and down projections for
     each width; cuBLAS, PyTorch where it runs, and the FP16-output wgmma kernels on Hopper only."""
@@ -768,7 +871,7 @@ def test_transformer_table_plans_a_layers_gemms():
         (4096, "MLP down", 8192, 16384, 4096)]
     with pytest.raises(runtime.CourseInputError, match="multiple of 8"):
         lesson.transformer_shapes(8192, (100,))
-    f16 = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16"]
+    f16 = [c for c in tc.WGMMA_CONFIGS if tc.wgmma_config(c)["out"] == "float16" and tc.wgmma_config(c)["cluster"] == 1]
     assert f16 == ["wgmma_128x256x64_s4_kn_persistent_f16", "wgmma_128x256x64_s4_kn_persistent_f16_tmastore",
                    *tc.PERSISTENT_TILES]  # the sweep of the tiles is measured in the same run as cuBLAS
     plan = lesson.transformer_plan(True, cc="9.0")

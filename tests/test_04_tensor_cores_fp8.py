@@ -175,16 +175,26 @@ def test_fp8_configs_parse_and_fit_in_a_hopper_block():
         assert c["smem_bytes"] <= 227 * 1024, name  # an H100's or H200's block, opted in
         assert c["accumulate"] == ("promoted" if "promoted" in name else "fast")
         assert c["accumulate"] == "fast" or c["bn"] <= 128, name  # two sets of accumulators fit 128 columns
-        assert c["persistent"] is name.endswith("_persistent_tmastore"), name
+        assert c["persistent"] is ("_persistent_tmastore" in name), name
         assert c["epilogue"] == ("tma" if c["persistent"] else "registers"), name
+        assert c["cluster"] == (2 if name.endswith("_c2") else 1), name
     # the persistent ones: 4 stages of 128 + 256 rows of 128 codes (or 6 of 128 + 128), 192 KiB either way, and two
     # 64 x 64 pieces of 2-byte C a consumer warpgroup: 230,464 and 230,496 bytes of the 232,448 a block may have
     for name in ("fp8_gemm_128x256x128_s4_fast_persistent_tmastore", "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore"):
         c = F.fp8_config(name)
         assert c["smem_bytes"] == 1024 + 196608 + 2 * 2 * 8192 + 2 * c["stages"] * 8 <= 232448, name
     assert not F.fp8_config("fp8_gemm_128x256x128_s4_fast")["persistent"]
+    # in clusters of two: the persistent 128 x 256 kernel's tile, stages and shared memory
+    c2 = F.fp8_config("fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2")
+    twin = F.fp8_config("fp8_gemm_128x256x128_s4_fast_persistent_tmastore")
+    assert {k: v for k, v in c2.items() if k not in ("name", "cluster")} == \
+        {k: v for k, v in twin.items() if k not in ("name", "cluster")}
+    assert tc.wgmma_blocks(c2, 8192, 8192, sms=132) == 132 and tc.wgmma_blocks(c2, 300, 264, sms=132) == 8
+    assert tc.wgmma_blocks(c2, 1, 8, sms=132) == 2 and tc.wgmma_blocks(twin, 1, 8, sms=132) == 1
     for bad in ("fp8_gemm_128x256x128_s9_fast", "fp8_gemm_128x256x128_s4_promoted_persistent_tmastore",
-                "fp8_gemm_128x256x128_s4_fast_persistent", "fp8_gemm_128x128x128_s6_fast_persistent_tmastore_f16"):
+                "fp8_gemm_128x256x128_s4_fast_persistent", "fp8_gemm_128x128x128_s6_fast_persistent_tmastore_f16",
+                "fp8_gemm_128x256x128_s4_fast_c2", "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore_c2",
+                "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c4"):
         with pytest.raises(runtime.CourseInputError, match="no FP8 GEMM kernel"):
             F.fp8_config(bad)
 
@@ -219,8 +229,10 @@ def test_fp8_source_compiles_to_e4m3_wgmma_and_tma_for_sm90a_only():
             assert "setmaxnreg" in body, name
             assert ("cvt.rn.bf16x2.f32" in body) is (suffix == "bf16"), name
             assert ("cvt.rn.f16x2.f32" in body) is (suffix == "f16"), name
-            # persistent: the tile loop steps by the grid's size; plain: one tile, from blockIdx.x alone
-            assert ("%nctaid.x" in body) is c["persistent"], name
+            # persistent: the tile loop steps by the grid's size (in clusters: by its clusters); plain: one tile,
+            # from blockIdx.x alone
+            assert ("%nctaid.x" in body or "%nclusterid.x" in body) is c["persistent"], name
+            assert (".reqnctapercluster" in body) is (c["cluster"] > 1), name
             stores = set(re.findall(r"st\.global[.\w]*", body))
             tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in body
             if c["epilogue"] == "tma":  # pieces of C by stmatrix into shared memory, stored by the TMA; no thread stores
@@ -230,6 +242,28 @@ def test_fp8_source_compiles_to_e4m3_wgmma_and_tma_for_sm90a_only():
                 assert not tma_store and stores, name
     plain = cuda_c.compile_ptx(F.FP8_SOURCE, arch="sm_90")  # without the a: stubs that trap
     assert "wgmma.mma_async" not in plain and "cp.async.bulk" not in plain and "trap" in plain
+
+
+@needs_compiler
+def test_the_fp8_cluster_kernel_multicasts_b_and_spans_its_barriers_across_the_cluster():
+    """In clusters of two each block loads half of B's slice (one box of BN / 2 rows) multicast to both; the
+    cluster's barriers and compile-time size as test_04_tensor_cores checks them for the FP16 kernel."""
+    from gpucourse import cuda_c
+    from test_04_tensor_cores import _cluster_ptx_checks
+
+    ptx = cuda_c.compile_ptx(F.FP8_SOURCE, arch="sm_90a")
+    assert [c for c in F.FP8_CONFIGS if F.fp8_config(c)["cluster"] > 1] == [
+        "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2"]
+    for config in F.FP8_CONFIGS:
+        for suffix in F.FP8_OUTPUTS.values():
+            name = f"{config}_{suffix}"
+            body = cuda_c.ptx_entry(ptx, name)
+            if F.fp8_config(config)["cluster"] > 1:
+                _cluster_ptx_checks(body, name, 1)
+                assert body.count("cp.async.bulk.tensor.2d.shared::cluster.global.tile") == 2, name  # A, B's half
+            else:
+                assert not any(w in body for w in ("multicast", "barrier.cluster", "mapa", "cluster_ctarank",
+                                                   ".reqnctapercluster", "acquire.cluster")), name
 
 
 @needs_compiler
@@ -283,8 +317,9 @@ def _gpu_shapes(c: dict) -> list:
     4 or 6 stages evenly (blocks None: the launcher's choice)."""
     shapes = [(c["bm"], c["bn"], 128, None), (2 * c["bm"], 3 * c["bn"], 5 * 128, None)]
     shapes += [(300, 264, 208, None), (1, 8, 16, None), (1000, 1032 if c["epilogue"] == "tma" else 1030, 2064, None)]
-    if c["persistent"]:
-        shapes += [(2100, 2312, 256, None), (2100, 2312, 1408, 3), (700, 776, 1408, 1)]
+    if c["persistent"]:  # a few blocks: 3 and 1, or in clusters of two, 2 clusters and 1
+        few = (3, 1) if c["cluster"] == 1 else (4, 2)
+        shapes += [(2100, 2312, 256, None), (2100, 2312, 1408, few[0]), (700, 776, 1408, few[1])]
     return shapes
 
 
@@ -326,11 +361,12 @@ def test_fp8_gemm_on_gpu(rng, config, out):
 
 
 PERSISTENT_FP8 = [c for c in F.FP8_CONFIGS if F.fp8_config(c)["persistent"]]
+CLUSTER_FP8 = [c for c in PERSISTENT_FP8 if F.fp8_config(c)["cluster"] > 1]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("out", list(F.FP8_OUTPUTS))
-@pytest.mark.parametrize("config", PERSISTENT_FP8)
+@pytest.mark.parametrize("config", [c for c in PERSISTENT_FP8 if c not in CLUSTER_FP8])
 def test_fp8_persistent_writes_the_bits_of_its_one_tile_twin(rng, config, out):
     """The persistent kernel with its TMA store runs the same wgmmas on each tile, in the same order, and scales and
     rounds the same FP32 sums: its C is the one-tile-per-block kernel's of the same tile and accumulation, bit for bit,
@@ -343,6 +379,30 @@ def test_fp8_persistent_writes_the_bits_of_its_one_tile_twin(rng, config, out):
         ours = _run_fp8(cp, ca, cb, sa, sb, out, config, blocks)
         theirs = _run_fp8(cp, ca, cb, sa, sb, out, twin)
         assert (ours == theirs).all(), (config, out, M, N, K, blocks, int((ours != theirs).sum()))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out", list(F.FP8_OUTPUTS))
+@pytest.mark.parametrize("config", CLUSTER_FP8)
+def test_fp8_cluster_writes_the_bits_of_the_persistent_kernel(rng, config, out):
+    """In clusters of two, the same wgmmas in the same order on each tile as the one-block persistent kernel, from the
+    same operand bytes (each block's half of B multicast into both): C bit for bit the same, at ragged edges, with an
+    odd number of tile-rows (the last cluster tiles' second block below C: loaded, not stored), M smaller than one
+    tile, and one or two clusters walking many cluster tiles; and against the exact product."""
+    cp = _on_hopper()
+    twin = config.removesuffix("_c2")
+    assert twin in PERSISTENT_FP8 and F.fp8_config(twin)["cluster"] == 1
+    # tile-rows: 1, 3, 1, 1, 8, 17, 17, 6 and 5
+    shapes = _gpu_shapes(F.fp8_config(config)) + [(100, 520, 128, None), (640, 776, 1408, None)]
+    for M, N, K, blocks in shapes:
+        ca, sa, cb, sb = _gpu_operands(rng, M, N, K, outlier=True)
+        ours = _run_fp8(cp, ca, cb, sa, sb, out, config, blocks)
+        theirs = _run_fp8(cp, ca, cb, sa, sb, out, twin)
+        assert np.isfinite(_as_float(ours, out)).all(), (config, out, M, N, K, blocks)
+        assert (ours == theirs).all(), (config, out, M, N, K, blocks, int((ours != theirs).sum()))
+        want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
+        err = np.abs(_as_float(ours, out) - want).max() / np.abs(want).max()
+        assert err <= max(FP8_KERNEL_REL[out], FP8_FAST_REL), (config, out, M, N, K, blocks, err)
 
 
 @pytest.mark.gpu
@@ -418,6 +478,10 @@ def test_fp8_gemm_refuses_what_it_cannot_run(rng):
     with pytest.raises(runtime.CourseInputError, match="blocks is for the persistent"):
         F.gemm_fp8(cp.zeros((64, 64), cp.uint8), cp.zeros((64, 64), cp.uint8), s, s, cp.zeros((64, 64), cp.float16),
                    config=PERSISTENT_FP8[0], blocks=0)
+    for config in CLUSTER_FP8:  # a whole number of clusters of two
+        with pytest.raises(runtime.CourseInputError, match="multiple of 2"):
+            F.gemm_fp8(cp.zeros((64, 64), cp.uint8), cp.zeros((64, 64), cp.uint8), s, s,
+                       cp.zeros((64, 64), cp.float16), config=config, blocks=3)
 
 
 @pytest.mark.gpu
@@ -451,6 +515,8 @@ def test_fp8_benchmark_plan_on_hopper_and_elsewhere():
     assert B.fp8_row_name("fp8_gemm_128x256x128_s4_fast") == "wgmma FP8, 128 x 256, fast"  # as the records name it
     assert (B.fp8_row_name("fp8_gemm_128x128x128_s6_promoted_persistent_tmastore")
             == "wgmma FP8, 128 x 128, promoted, persistent, TMA store")
+    assert (B.fp8_row_name("fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2")
+            == "wgmma FP8, 128 x 256, fast, persistent, TMA store, clusters of 2 sharing B (multicast)")
     assert {r["config"] for r in plan if r["kind"] == "library" and r["precision"] == "fp8"} == {"fast", "promoted"}
     assert plan[0]["name"] == "cuBLAS FP16"
     assert not any(r["kind"] == "library" and r["precision"] == "fp8" for r in B.fp8_plan(cc=(9, 0), torch_fp8=False))

@@ -3,6 +3,9 @@
 //   * TensorMap: a CUtensorMap (the TMA's descriptor, made on the host) passed by value as a __grid_constant__;
 //   * mbarriers: init, arrive (with the bytes the TMA will deliver), wait on a phase's parity (bounded: a
 //     wait that would never end stops the kernel, so the launch fails instead of hanging); named barriers;
+//   * thread-block clusters of 2 (lesson 4's cluster GEMMs): the block's rank in its cluster, the cluster barrier, an
+//     arrival on the mbarrier at the same offset in another block of the cluster, and a TMA load multicast into the
+//     shared memory of several blocks of the cluster at once;
 //   * TMA loads of a 2-D and a 4-D box, and of a column of pixels in im2col mode, completing on an mbarrier; TMA
 //     stores of a 2-D box from shared memory (bulk groups: commit, wait until read), and the proxy fence before one;
 //   * wgmma: shared-memory matrix descriptors (128-byte swizzle), fence / commit / wait, and the
@@ -20,6 +23,15 @@ struct alignas(64) TensorMap {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GPUCOURSE_WGMMA 1
+#endif
+
+// A kernel launched in clusters of X blocks along x (a compile-time attribute: an ordinary launch whose grid is a
+// multiple of X makes the clusters). Clusters exist from sm_90; compiled for an older GPU the attribute is left out
+// (the kernels that carry it are stubs there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GPUCOURSE_CLUSTER_DIMS(X) __cluster_dims__(X, 1, 1)
+#else
+#define GPUCOURSE_CLUSTER_DIMS(X)
 #endif
 
 namespace hopper {
@@ -43,15 +55,28 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
+// CLUSTER: the wait acquires at the cluster's scope what the arrivals released there (arrivals from another block of
+// the cluster, mbar_arrive_remote); otherwise at the block's.
+template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
   unsigned done;
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(addr), "r"(parity)
-      : "memory");
+  if constexpr (CLUSTER) {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  }
   return done != 0;
 }
 // How long a wait may last on the GPU's own clock before the kernel gives up: far more than any stage takes,
@@ -73,12 +98,13 @@ constexpr unsigned long long MBAR_TIMEOUT_NS = GPUCOURSE_MBAR_TIMEOUT_NS;
 // never completes (a TMA delivering fewer bytes than expect_tx announced, a load never issued) would spin
 // forever; instead the kernel stops after MBAR_TIMEOUT_NS and its launch fails with an error the host sees.
 // The clock is read only once the first try has found the data not yet there.
+template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   const unsigned addr = smem_addr(bar);
-  if (mbar_try_wait(addr, parity)) return;
+  if (mbar_try_wait<CLUSTER>(addr, parity)) return;
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (!mbar_try_wait(addr, parity)) {
+  while (!mbar_try_wait<CLUSTER>(addr, parity)) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > MBAR_TIMEOUT_NS) GPUCOURSE_FAIL();
   }
@@ -103,6 +129,55 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const TensorMap* map, uns
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
       "[%4];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// ------------------------------------------------------------------- thread-block clusters
+// This block's rank in its cluster (0 .. cluster size - 1), its cluster's index in the grid and the grid's clusters.
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_id_x() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_count_x() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+// Every thread of every block of the cluster: all that each wrote before it (shared memory, mbarrier inits) is seen by
+// all of them after it, and no block goes on (or exits) before all have arrived. The barrier is .aligned (a whole warp
+// executes it together): __syncwarp first reconverges a warp one of whose threads went its own way (the producer's).
+__device__ __forceinline__ void cluster_sync() {
+  __syncwarp();
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// An arrival on the mbarrier at bar's offset in the shared memory of the cluster's block ``rank`` (this block's own
+// when rank is its own): mapa translates the address into that block's window. The default semantics, as CUTLASS's
+// ClusterBarrier::arrive (release at the block's scope): what it orders, this warpgroup's MMAs having read a stage
+// (wgmma_wait), is complete before the arrival, and the peer's TMA writes the stage only after it; a release at the
+// cluster's scope made ptxas put a MEMBAR.ALL.GPU before every arrival, a slice at a time.
+__device__ __forceinline__ void mbar_arrive_remote(unsigned long long* bar, unsigned rank) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_addr(bar)),
+      "r"(rank)
+      : "memory");
+}
+
+// tma_load_2d's box, written by one load into the shared memory of every block of the cluster whose bit is set in
+// ``mask`` (bit r: rank r), at dst's offset in each; each of them counts the bytes on its own mbarrier at bar's offset.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const TensorMap* map, unsigned long long* bar, int c0,
+                                                      int c1, unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, "
+      "{%2, %3}], [%4], %5;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(mask)
       : "memory");
 }
 

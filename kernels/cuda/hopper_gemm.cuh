@@ -10,6 +10,10 @@
 //     and loads every slice of each through the ring, the next tile's first slices while the consumers store C (a
 //     tile's state, made once a tile and carried from slice to slice, where its loads need more than the tile's
 //     origin: the convolution's pixel and tap);
+//   * ClusterTiles, and Ring and produce_tiles with CLUSTER = 2: the cluster GEMMs' schedule, two blocks of a cluster
+//     (thread-block cluster of 2 along M) taking the two tiles of one column of C on adjacent rows, in lockstep,
+//     each loading its own A and half of the B they share, multicast by the TMA into both blocks' stages (a stage is
+//     refilled only when the consumers of both blocks have released it);
 //   * store_tile_tma: the epilogue that writes a consumer warpgroup's 64 rows of C through shared memory, 64 columns
 //     at a time, by stmatrix in the TMA's 128-byte swizzle, each piece stored by the TMA (clipped at C's edges).
 #pragma once
@@ -24,30 +28,93 @@ struct GroupedTiles {
   int tiles_m, tiles_n, count, group_m;
   __device__ __forceinline__ GroupedTiles(int M, int N, int group_m_)
       : tiles_m((M + BM - 1) / BM), tiles_n((N + BN - 1) / BN), count(tiles_m * tiles_n), group_m(group_m_) {}
-  // Tile t's first row m0 and column n0 of C.
-  __device__ __forceinline__ void origin(int t, int& m0, int& n0) const {
+  // The persistent kernels' walk: block b takes tiles b, b + gridDim.x, ...
+  __device__ __forceinline__ int first() const { return blockIdx.x; }
+  __device__ __forceinline__ int step() const { return gridDim.x; }
+  // Tile t's first row m0 and column n0 of C; true (the tile lies in C: ClusterTiles' may not).
+  __device__ __forceinline__ bool origin(int t, int& m0, int& n0) const {
     const int per_group = group_m * tiles_n;
     const int first_m = (t / per_group) * group_m;
     const int rows_here = min(tiles_m - first_m, group_m);
     const int in_group = t % per_group;
     m0 = (first_m + in_group % rows_here) * BM;
     n0 = (in_group / rows_here) * BN;
+    return true;
   }
 };
 
+// The cluster GEMMs' tiles: a cluster of CLUSTER blocks (cluster dims (CLUSTER, 1, 1)) takes CLUSTER tiles of one
+// column of C on adjacent rows, a "cluster tile" of CLUSTER BM x BN, whose blocks share B's BN rows (or columns) of
+// every slice. Cluster tiles go in GroupedTiles' order (group_m tile-rows a group, as the one-block kernels': group_m
+// / CLUSTER rows of cluster tiles, rounded up), cluster c taking c, c + clusters, ...; the block of rank r in its
+// cluster takes the cluster tile's r-th tile. With a number of tile-rows that is not a multiple of CLUSTER, the last
+// row of cluster tiles reaches past C: the blocks whose tile lies wholly below C's last row still load it (the TMA
+// fills rows outside A with zeros, and counts their bytes, so the partner gets its B and every barrier its bytes) and
+// run its MMAs, and store nothing.
+template <int BM, int BN, int CLUSTER>
+struct ClusterTiles {
+  GroupedTiles<CLUSTER * BM, BN> clusters;
+  int count, M;
+  unsigned rank;
+  __device__ __forceinline__ ClusterTiles(int M_, int N, int group_m)
+      : clusters(M_, N, (group_m + CLUSTER - 1) / CLUSTER), count(clusters.count), M(M_), rank(cluster_rank()) {}
+  __device__ __forceinline__ int first() const { return static_cast<int>(cluster_id_x()); }
+  __device__ __forceinline__ int step() const { return static_cast<int>(cluster_count_x()); }
+  // This block's tile of cluster tile t: its first row m0 and column n0; false where it lies past C's last row.
+  __device__ __forceinline__ bool origin(int t, int& m0, int& n0) const {
+    clusters.origin(t, m0, n0);
+    m0 += static_cast<int>(rank) * BM;
+    return m0 < M;
+  }
+};
+
+// The tiles a persistent kernel walks: GroupedTiles for one block, ClusterTiles for a cluster of several.
+template <int BM, int BN, int CLUSTER>
+struct TilesOf {
+  using type = ClusterTiles<BM, BN, CLUSTER>;
+};
+template <int BM, int BN>
+struct TilesOf<BM, BN, 1> {
+  using type = GroupedTiles<BM, BN>;
+};
+
+// A consumer warpgroup's release of a stage (one thread): an arrival on the stage's empty mbarrier, or, in a cluster
+// of CLUSTER blocks, on the one at the same offset in every block of the cluster, since each block's producer fills
+// (through the TMA's multicast) the stage in all of them.
+template <int CLUSTER>
+__device__ __forceinline__ void release_stage(unsigned long long* empty) {
+  if constexpr (CLUSTER == 1) {
+    mbar_arrive(empty);
+  } else {
+#pragma unroll
+    for (unsigned r = 0; r < CLUSTER; ++r) mbar_arrive_remote(empty, r);
+  }
+}
+
 // Slice g of a block's K loop (counted over all its tiles) lives in stage g % STAGES, in that stage's (g / STAGES)-th
 // use: the phase whose parity each wait names.
-template <int STAGES>
+//
+// CLUSTER = 2 (the cluster GEMMs): the two blocks of a cluster walk the same number of slices, and each block's stage s
+// is filled by both producers (its own A and half of B, the partner's half of B by multicast). So a stage's empty
+// barrier counts the consumers of both blocks (consumers x 2 arrivals a phase, each consumer arriving on both blocks'
+// barriers), and a producer refills stage s only when the consumers of both blocks have released its previous use:
+// neither producer runs more than STAGES slices ahead of either block's consumers. The full barrier expects this
+// block's A and both halves of B; the partner's half may land before this block's producer has announced the phase's
+// bytes (the phase cannot complete before that arrival: the count of bytes still due may go below zero meanwhile), but
+// never before the previous phase completed (the partner's producer waited for this block's consumers, which waited
+// for that phase).
+template <int STAGES, int CLUSTER = 1>
 struct Ring {
   unsigned long long* full;   // the producer's arrival and the TMA's bytes
-  unsigned long long* empty;  // one arrival per consumer warpgroup
-  // By one thread, before a __syncthreads.
+  unsigned long long* empty;  // one arrival per consumer warpgroup (of each block of the cluster)
+  // By one thread, before a __syncthreads (CLUSTER > 1: before a cluster_sync, so that no block's producer or consumers
+  // touch the partner's barriers before they exist).
   __device__ __forceinline__ void init(unsigned consumers) const {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], consumers);
+      mbar_init(&empty[s], consumers * CLUSTER);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the async proxy
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // visible to the async proxy (and the cluster)
   }
   // The producer, for slice g: wait until the consumers are done with the stage's previous use, then announce the
   // bytes the TMA will deliver. Returns the stage.
@@ -64,19 +131,20 @@ struct Ring {
     return s;
   }
   // One thread of each consumer warpgroup, once its MMAs have read stage s: the producer may refill it.
-  __device__ __forceinline__ void release(int s) const { mbar_arrive(&empty[s]); }
+  __device__ __forceinline__ void release(int s) const { release_stage<CLUSTER>(&empty[s]); }
 };
 
-// The persistent producer (one thread): every slice of every tile of this block, in order, through the ring.
+// The persistent producer (one thread): every slice of every tile of this block (tiles: GroupedTiles, or the
+// cluster GEMMs' ClusterTiles), in order, through the ring.
 // begin(m0, n0) is called once a tile, at its first row m0 and column n0, and returns the tile's state (the
 // convolution's: the output pixel of the tile's first row, and where in the taps and channels its next slice lies);
 // load(s, bar, kb, m0, n0, state) then issues the TMA loads of slice kb of the tile into stage s, completing on bar,
 // and may move the state on to slice kb + 1 (it gets it by reference).
-template <int STAGES, int BM, int BN, typename Begin, typename Load>
-__device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles, const Ring<STAGES>& ring, int kblocks,
+template <typename Tiles, int STAGES, int CLUSTER, typename Begin, typename Load>
+__device__ __forceinline__ void produce_tiles(const Tiles& tiles, const Ring<STAGES, CLUSTER>& ring, int kblocks,
                                               unsigned bytes, Begin begin, Load load) {
   int g = 0;  // slices loaded so far over all of this block's tiles: the ring's position and phase
-  for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+  for (int t = tiles.first(); t < tiles.count; t += tiles.step()) {
     int m0, n0;
     tiles.origin(t, m0, n0);
     auto state = begin(m0, n0);
@@ -87,8 +155,8 @@ __device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles,
   }
 }
 // The GEMMs': a slice needs only its tile's origin and its index, load(s, bar, kb, m0, n0).
-template <int STAGES, int BM, int BN, typename Load>
-__device__ __forceinline__ void produce_tiles(const GroupedTiles<BM, BN>& tiles, const Ring<STAGES>& ring, int kblocks,
+template <typename Tiles, int STAGES, int CLUSTER, typename Load>
+__device__ __forceinline__ void produce_tiles(const Tiles& tiles, const Ring<STAGES, CLUSTER>& ring, int kblocks,
                                               unsigned bytes, Load load) {
   produce_tiles(tiles, ring, kblocks, bytes, [](int, int) { return 0; },
                 [&](int s, unsigned long long* bar, int kb, int m0, int n0, int) { load(s, bar, kb, m0, n0); });

@@ -22,7 +22,9 @@
 // SMs) blocks, each walking tiles blockIdx.x, blockIdx.x + gridDim.x, ... in the grouped order, the producer's ring
 // running on from one tile into the next, and C leaving through shared memory (stmatrix, 128-byte swizzle) and the
 // TMA in 64 x 64 pieces, each value times scale_a scale_b before it is rounded; the schedule, the ring and the store
-// are hopper_gemm.cuh's, shared with tensor_cores_wgmma.cu.
+// are hopper_gemm.cuh's, shared with tensor_cores_wgmma.cu. The "_c2" ones run in thread-block clusters of two
+// blocks, which take two tiles of one column of C on adjacent rows and share B's slices: each block loads half of
+// B's slice and the TMA multicasts it into both, so B crosses from the L2 to the SMs once for two tiles.
 //
 // Everything below needs sm_90a; compiled for any other architecture the kernels are stubs that trap.
 
@@ -66,8 +68,8 @@ __device__ __forceinline__ unsigned pack_pair<__nv_bfloat16>(float a, float b) {
 #ifdef GPUCOURSE_WGMMA
 // One stage of a consumer warpgroup's K loop: its 64 rows of A (from a0) against the BN rows of B (from b0), K = 128
 // codes in 4 wgmmas of K = 32, into d, FAST or PROMOTED (the header above); then the stage goes back to the producer
-// (one thread arrives on ``empty``).
-template <int BN, bool PROMOTED>
+// (one thread arrives on ``empty``; in a cluster of CLUSTER blocks, on the one at its offset in each: release_stage).
+template <int BN, bool PROMOTED, int CLUSTER = 1>
 __device__ __forceinline__ void fp8_stage(float (&d)[BN / 16][8], unsigned a0, unsigned b0, unsigned long long* empty) {
   constexpr int BK8 = 2 * BK;
   if constexpr (PROMOTED) {
@@ -78,7 +80,7 @@ __device__ __forceinline__ void fp8_stage(float (&d)[BN / 16][8], unsigned a0, u
       wgmma_k32_e4m3<BN>(t, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
-    if (threadIdx.x % 128 == 0) mbar_arrive(empty);
+    if (threadIdx.x % 128 == 0) release_stage<CLUSTER>(empty);
 #pragma unroll
     for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
@@ -90,7 +92,7 @@ __device__ __forceinline__ void fp8_stage(float (&d)[BN / 16][8], unsigned a0, u
       wgmma_k32_e4m3<BN>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
     wgmma_commit();
     wgmma_wait<0>();
-    if (threadIdx.x % 128 == 0) mbar_arrive(empty);
+    if (threadIdx.x % 128 == 0) release_stage<CLUSTER>(empty);
   }
 }
 #endif
@@ -175,38 +177,56 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
 
 // gemm_fp8_tile's work, persistent, with C stored by the TMA: block b computes tiles b, b + gridDim.x, ... (the host
 // launches min(tiles, SMs) blocks). tmC: a map of C (FP16 or BF16 bits) in boxes of 64 x 64, 128-byte swizzle.
-template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT>
+//
+// CLUSTER = 2: launched in clusters of two blocks along x (the kernel's __cluster_dims__; the host launches
+// 2 min(cluster tiles, SMs / 2) blocks), the two taking two tiles of one column of C on adjacent rows in lockstep
+// (ClusterTiles). Each loads its A and half of the slice of B they share, BN / 2 rows (tmB: a map in boxes of BN / 2 x
+// 128), which the TMA multicasts into both blocks' stages at the same offset: each operand byte of B leaves the L2
+// once for two tiles. The ring's barriers span the cluster (Ring<STAGES, 2>). The same wgmmas in the same order on
+// the same tiles: C bit for bit the one-block kernel's.
+template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT, int CLUSTER = 1>
 __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
                                                     const float* __restrict__ scale_a,
                                                     const float* __restrict__ scale_b, int M, int N, int K,
                                                     int group_m) {
 #ifdef GPUCOURSE_WGMMA
+  static_assert(CLUSTER == 1 || CLUSTER == 2, "one block, or clusters of two");
   constexpr int BK8 = 2 * BK;
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK8, B_BYTES = BN * BK8;
   constexpr unsigned C_BYTES = CONSUMERS * 2 * STORE_PIECE_BYTES;  // two pieces of C a consumer, used in turn
+  static_assert((B_BYTES / CLUSTER) % 1024 == 0, "each block's part of B starts on the swizzle's 1024-byte grid");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   unsigned char* sA = smem;                     // STAGES x [BM][128] e4m3
   unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][128] e4m3
   unsigned char* sC = sB + STAGES * B_BYTES;    // CONSUMERS x 2 x [64][64] of OUT, swizzled
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
-  const Ring<STAGES> ring{full, full + STAGES};
+  const Ring<STAGES, CLUSTER> ring{full, full + STAGES};
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) ring.init(CONSUMERS);
-  __syncthreads();
+  if constexpr (CLUSTER > 1)
+    cluster_sync();  // both blocks' barriers exist before either block's TMA or consumers reach the other's
+  else
+    __syncthreads();
 
-  const GroupedTiles<BM, BN> tiles(M, N, group_m);
+  const typename TilesOf<BM, BN, CLUSTER>::type tiles(M, N, group_m);
   const int kblocks = (K + BK8 - 1) / BK8;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0)
-      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
+      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,  // this block's A and all of B: both halves land here
                     [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
                       tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK8, m0);
-                      tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK8, n0);
+                      if constexpr (CLUSTER == 1) {
+                        tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK8, n0);
+                      } else {  // rows r BN / 2 .. of the slice, into both blocks (mask: every rank of the cluster)
+                        const unsigned r = tiles.rank;
+                        tma_load_2d_multicast(sB + s * B_BYTES + r * (B_BYTES / CLUSTER), tmB, bar, kb * BK8,
+                                              n0 + static_cast<int>(r) * (BN / CLUSTER), (1u << CLUSTER) - 1);
+                      }
                     });
   } else {  // ---------------------------------------------------------------------- consumers
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
@@ -214,9 +234,9 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
     const float alpha = __ldg(scale_a) * __ldg(scale_b);
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of C this consumer has handed to the TMA
-    for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    for (int t = tiles.first(); t < tiles.count; t += tiles.step()) {
       int m0, n0;
-      tiles.origin(t, m0, n0);
+      const bool in_c = tiles.origin(t, m0, n0);  // false: a cluster's tile below C's last row, loaded, not stored
       float d[BN / 16][8];
 #pragma unroll
       for (int i = 0; i < BN / 16; ++i)
@@ -224,16 +244,19 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
         for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
       for (int kb = 0; kb < kblocks; ++kb, ++g) {
         const int s = ring.wait_full(g);
-        fp8_stage<BN, PROMOTED>(d, smem_addr(sA + s * A_BYTES + c * 64 * 128), smem_addr(sB + s * B_BYTES),
-                                &ring.empty[s]);
+        fp8_stage<BN, PROMOTED, CLUSTER>(d, smem_addr(sA + s * A_BYTES + c * 64 * 128), smem_addr(sB + s * B_BYTES),
+                                         &ring.empty[s]);
       }
       // The epilogue, while the producer loads the next tile's first slices: each value times scale_a scale_b,
       // rounded once to OUT, as gemm_fp8_tile's.
-      store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
-                         [alpha](float x, float y) { return pack_pair<OUT>(alpha * x, alpha * y); });
+      if (in_c)
+        store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
+                           [alpha](float x, float y) { return pack_pair<OUT>(alpha * x, alpha * y); });
     }
     store_tma_drain();
   }
+  if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while its partner may still multicast into it or
+                                              // arrive on its barriers
 #else
   __trap();
 #endif
@@ -271,6 +294,21 @@ FP8_GEMM_PERSISTENT(128, 256, 4, fast, false, f16, __half)
 FP8_GEMM_PERSISTENT(128, 256, 4, fast, false, bf16, __nv_bfloat16)
 FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, f16, __half)
 FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
+
+// ... and in clusters of two blocks along M sharing B's tile, half of it loaded by each and multicast to both (tmB: B
+// in boxes of BN / 2 x 128); the grid's size a multiple of 2.
+#define FP8_GEMM_PERSISTENT_C2(BM, BN, S, ACC, PROMOTED, OUTNAME, OUT)                                             \
+  extern "C" __global__ void GPUCOURSE_CLUSTER_DIMS(2) __launch_bounds__((BM / 64 + 1) * 128, 1)                 \
+      fp8_gemm_##BM##x##BN##x128_s##S##_##ACC##_persistent_tmastore_c2_##OUTNAME(                                 \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                           \
+          const __grid_constant__ TensorMap tmC, const float* scale_a, const float* scale_b, int M, int N, int K, \
+          int group_m) {                                                                                          \
+    hopper::gemm_fp8_persistent<BM, BN, S, PROMOTED, OUT, 2>(&tmA, &tmB, &tmC, scale_a, scale_b, M, N, K,       \
+                                                             group_m);                                            \
+  }
+
+FP8_GEMM_PERSISTENT_C2(128, 256, 4, fast, false, f16, __half)
+FP8_GEMM_PERSISTENT_C2(128, 256, 4, fast, false, bf16, __nv_bfloat16)
 
 // e4m3 codes of x / scale, a scale for each ``block`` consecutive elements (n for one scale per tensor; rows x d for
 // lesson 10's blocks of rows), rounded as the GPU rounds (e4m3_code of e4m3.cuh: to nearest, ties to even,

@@ -27,6 +27,9 @@
 // cuBLAS does for FP16 inputs, in FP16 (rounded once), either straight from the registers or, "tmastore", through
 // shared memory: each 64-column piece of a consumer's rows goes there by stmatrix (16-byte rows, in the TMA's
 // 128-byte swizzle), and one thread hands it to the TMA, which writes it to C while the consumers go on.
+// The "_c2" kernel does the same in thread-block clusters of two blocks, which take two tiles of one column of C on
+// adjacent rows and share B's slices: each block loads half of them and the TMA multicasts it into both, so B crosses
+// from the L2 to the SMs once for two tiles.
 //
 // Everything below needs sm_90a (compute capability 9.0 exactly); compiled for any other architecture the
 // kernels are empty stubs that trap (tests/test_gpu_archs.py compiles every source for every GPU).
@@ -157,10 +160,17 @@ __device__ __forceinline__ void store_c1(__half* out, float a) { *out = __float2
 // next slice's work queued while the last one finishes, and hands that previous stage back; 0: it waits for this
 // slice's own MMAs before the next (the pipeline drains at every stage). IN_FLIGHT = 1 keeps one stage less free for
 // the producer.
-template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE, int IN_FLIGHT = 0>
+// CLUSTER = 2 ("kn" B, the TMA store): launched in clusters of two blocks along x (the kernel's __cluster_dims__; the
+// host launches 2 min(cluster tiles, SMs / 2) blocks), which take two tiles of one column of C on adjacent rows in
+// lockstep (hopper_gemm.cuh's ClusterTiles) and share B's slices: each block loads half of a slice's BN / 64 boxes of
+// B and the TMA multicasts them into both blocks' stages at the same offsets; the ring's barriers span the cluster
+// (Ring<STAGES, 2>). The same MMAs on the same tiles: C bit for bit the one-block kernel's.
+template <int BM, int BN, int STAGES, bool B_KN, typename OUT, bool TMA_STORE, int IN_FLIGHT = 0, int CLUSTER = 1>
 __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
                                                 OUT* __restrict__ C, int M, int N, int K, int group_m) {
 #ifdef GPUCOURSE_WGMMA
+  static_assert(CLUSTER == 1 || (CLUSTER == 2 && B_KN && TMA_STORE && BN % (64 * CLUSTER) == 0),
+                "clusters of two: B in K x N boxes of 64 columns, split evenly between the blocks; C by the TMA");
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr unsigned C_BYTES = TMA_STORE ? CONSUMERS * 2 * STORE_PIECE_BYTES : 0;  // two pieces a consumer, in turn
@@ -171,22 +181,31 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
   unsigned char* sB = smem + STAGES * A_BYTES;  // STAGES x [BN][64] (nk) or [BN/64][64][64] (kn) FP16
   unsigned char* sC = sB + STAGES * B_BYTES;    // TMA_STORE: CONSUMERS x 2 x [64][64] FP16, swizzled
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
-  const Ring<STAGES> ring{full, full + STAGES};
+  const Ring<STAGES, CLUSTER> ring{full, full + STAGES};
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   if (threadIdx.x == 0) ring.init(CONSUMERS);
-  __syncthreads();
+  if constexpr (CLUSTER > 1)
+    cluster_sync();  // both blocks' barriers exist before either block's TMA or consumers reach the other's
+  else
+    __syncthreads();
 
-  const GroupedTiles<BM, BN> tiles(M, N, group_m);
+  const typename TilesOf<BM, BN, CLUSTER>::type tiles(M, N, group_m);
   const int kblocks = (K + BK - 1) / BK;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0)
-      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,
+      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,  // (in a cluster: all of B lands in each block)
                     [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
                       tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK, m0);
-                      if constexpr (B_KN) {
+                      if constexpr (CLUSTER > 1) {  // this block's BN / 128 boxes of B, into both blocks
+                        constexpr int MINE = BN / 64 / CLUSTER;
+                        for (int j = static_cast<int>(tiles.rank) * MINE; j < (static_cast<int>(tiles.rank) + 1) * MINE;
+                             ++j)
+                          tma_load_2d_multicast(sB + s * B_BYTES + j * (BK * 128), tmB, bar, n0 + 64 * j, kb * BK,
+                                                (1u << CLUSTER) - 1);
+                      } else if constexpr (B_KN) {
                         for (int j = 0; j < BN / 64; ++j)
                           tma_load_2d(sB + s * B_BYTES + j * (BK * 128), tmB, bar, n0 + 64 * j, kb * BK);
                       } else {
@@ -198,9 +217,9 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // TMA_STORE: pieces of C this consumer has handed to the TMA
-    for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
+    for (int t = tiles.first(); t < tiles.count; t += tiles.step()) {
       int m0, n0;
-      tiles.origin(t, m0, n0);
+      const bool in_c = tiles.origin(t, m0, n0);  // false: a cluster's tile below C's last row, loaded, not stored
       float d[BN / 16][8];
 #pragma unroll
       for (int i = 0; i < BN / 16; ++i)
@@ -237,8 +256,9 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
       }
       // The epilogue. Meanwhile the producer fills the stages just freed with the next tile's first slices.
       if constexpr (TMA_STORE) {
-        store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
-                           [](float x, float y) { return half2_bits(x, y); });
+        if (in_c)
+          store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
+                             [](float x, float y) { return half2_bits(x, y); });
       } else {
         // As gemm_tile: warp w holds rows 16w .. 16w + 15; lane l rows l/4 and l/4 + 8, columns 8i + 2 (l % 4)
         // and the next one.
@@ -265,6 +285,8 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
     }
     if constexpr (TMA_STORE) store_tma_drain();
   }
+  if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while its partner may still multicast into it or
+                                              // arrive on its barriers
 #else
   __trap();
 #endif
@@ -324,3 +346,15 @@ WGMMA_PERSISTENT_TMA_STORE(128, 256, 4, kn, true)
 WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 256, 4, kn, true)
 WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 192, 4, kn, true)
 WGMMA_PERSISTENT_TMA_STORE_WAIT1(128, 128, 6, kn, true)
+
+// ... and the TMA-store kernel in clusters of two blocks along M sharing B's slices, each block loading half of B's
+// boxes and the TMA multicasting them to both; the grid's size a multiple of 2
+#define WGMMA_PERSISTENT_TMA_STORE_C2(BM, BN, S, LAYOUT, KN)                                                    \
+  extern "C" __global__ void GPUCOURSE_CLUSTER_DIMS(2) __launch_bounds__((BM / 64 + 1) * 128, 1)               \
+      wgmma_##BM##x##BN##x64_s##S##_##LAYOUT##_persistent_f16_tmastore_c2(                                     \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                         \
+          const __grid_constant__ TensorMap tmC, int M, int N, int K, int group_m) {                           \
+    hopper::gemm_persistent<BM, BN, S, KN, __half, true, 0, 2>(&tmA, &tmB, &tmC, nullptr, M, N, K, group_m);  \
+  }
+
+WGMMA_PERSISTENT_TMA_STORE_C2(128, 256, 4, kn, true)
