@@ -259,11 +259,11 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
 
 def fp8_row_name(config: str) -> str:
     """The name fp8_table gives an FP8 configuration's row: tile and accumulation, "persistent, TMA store" for the
-    persistent kernels, whose C leaves by the TMA, and the cluster's size for those that run in clusters."""
+    persistent kernels, whose C leaves by the TMA, and "persistent, clusters of 2" for the same kernel in clusters."""
     c = F.fp8_config(config)
     return (f"wgmma FP8, {c['bm']} x {c['bn']}, {c['accumulate']}"
-            + (", persistent, TMA store" if c["persistent"] else "")
-            + (f", clusters of {c['cluster']} sharing B (multicast)" if c["cluster"] > 1 else ""))
+            + ((f", persistent, clusters of {c['cluster']}" if c["cluster"] > 1 else ", persistent, TMA store")
+               if c["persistent"] else ""))
 
 
 def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
@@ -340,6 +340,17 @@ def format_fp8_table(table: dict) -> str:
                                  + (f" ({table['note']})" if table.get("note") else "")))
 
 
+def wgmma_reading(table: dict) -> list:
+    """What the deep dive of lesson 4 says of the steps table (figure "wgmma") beyond its bullets: the persistent FP16
+    kernel with the TMA store in clusters of 2 sharing B is no faster than the same kernel alone. [(statement, True,
+    False or None)]; a records test asserts it on every record."""
+    by = {r.get("config"): r for r in table.get("rows", []) if r.get("config")}
+    alone = "wgmma_128x256x64_s4_kn_persistent_f16_tmastore"
+    return [claims.compare("the persistent FP16 kernel with the TMA store in clusters of 2 (B multicast)",
+                           "no faster than", "it alone", lambda: by[alone + "_c2"]["tflops"],
+                           lambda: by[alone]["tflops"])]
+
+
 def fp8_reading(table: dict) -> list:
     """What the deep dive of lesson 4 says of the FP8 GEMM (section 5), each statement with whether it holds in
     ``table`` (a run's or a record's figure "fp8"): [(statement, True, False or None)]. A records test asserts every
@@ -377,6 +388,9 @@ def fp8_reading(table: dict) -> list:
                                   if F.fp8_config(r["config"])["persistent"] and not clustered(r)) if ours else None)),
         ("on the 128 x 128 tile, fast accumulation: faster than promoted",
          claims.holds(lambda: cfg("fast", 128) > cfg("promoted", 128) if ours else None)),
+        claims.compare("the same kernel in clusters of 2 (B multicast by the TMA)", "level with", "it alone",
+                       lambda: next(r for r in ours if clustered(r))["tflops"], lambda: persistent("fast", 256)["tflops"],
+                       margin=0.02),
         ("every FP8 kernel's error: at most 1.1x cuBLAS's FP8 GEMM's with the same accumulation",
          claims.holds(lambda: all(r["check_error"] <= 1.1 * by[CUBLAS_FP8[F.fp8_config(r["config"])["accumulate"]]]["check_error"]
                                   for r in ours) if ours else None)),

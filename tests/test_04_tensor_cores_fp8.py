@@ -516,7 +516,7 @@ def test_fp8_benchmark_plan_on_hopper_and_elsewhere():
     assert (B.fp8_row_name("fp8_gemm_128x128x128_s6_promoted_persistent_tmastore")
             == "wgmma FP8, 128 x 128, promoted, persistent, TMA store")
     assert (B.fp8_row_name("fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2")
-            == "wgmma FP8, 128 x 256, fast, persistent, TMA store, clusters of 2 sharing B (multicast)")
+            == "wgmma FP8, 128 x 256, fast, persistent, clusters of 2")
     assert {r["config"] for r in plan if r["kind"] == "library" and r["precision"] == "fp8"} == {"fast", "promoted"}
     assert plan[0]["name"] == "cuBLAS FP16"
     assert not any(r["kind"] == "library" and r["precision"] == "fp8" for r in B.fp8_plan(cc=(9, 0), torch_fp8=False))
@@ -526,13 +526,14 @@ def test_fp8_benchmark_plan_on_hopper_and_elsewhere():
 
 
 def test_recorded_fp8_and_transformer_statements_the_deep_dive_prints_hold_on_every_record():
-    """What lesson 4's deep dive prints under the transformer GEMMs (transformer_reading) and the FP8 GEMM
-    (fp8_reading) holds in every record of those figures, and at least one record has each."""
+    """What lesson 4's deep dive prints under the transformer GEMMs (transformer_reading), the FP8 GEMM
+    (fp8_reading) and the steps table (wgmma_reading) holds in every record of those figures, and at least one record
+    has each."""
     import benchmarks.tensor_cores as L
     from gpucourse import records
 
     recs = records.all_records("04_tensor_cores")
-    for name, reading in (("fp8", L.fp8_reading), ("transformer", L.transformer_reading)):
+    for name, reading in (("fp8", L.fp8_reading), ("transformer", L.transformer_reading), ("wgmma", L.wgmma_reading)):
         having = [r for r in recs if name in r["figures"]]
         assert having, f"no record of lesson 4 has {name!r}"
         for rec in having:
@@ -563,3 +564,8 @@ def test_the_fp8_and_transformer_statements_follow_the_figures():
     read = dict(L.transformer_reading(tf))
     assert read["the TMA store: faster than the same kernel's stores from its threads on every GEMM"] is False
     assert dict(L.fp8_reading({"rows": []}))[one_tile] is None and dict(L.fp8_reading({"rows": []}))[level] is None
+    wg = copy.deepcopy(rec["figures"]["wgmma"])
+    (text, holds), = L.wgmma_reading(wg)
+    assert holds is True
+    next(r for r in wg["rows"] if (r.get("config") or "").endswith("_tmastore_c2"))["tflops"] *= 1.1
+    assert L.wgmma_reading(wg) == [(text, False)] and L.wgmma_reading({"rows": []}) == [(text, None)]
