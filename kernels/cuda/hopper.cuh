@@ -55,28 +55,15 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned long long* bar, unsigned
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
-// CLUSTER: the wait acquires at the cluster's scope what the arrivals released there (arrivals from another block of
-// the cluster, mbar_arrive_remote); otherwise at the block's.
-template <bool CLUSTER = false>
 __device__ __forceinline__ bool mbar_try_wait(unsigned addr, unsigned parity) {
   unsigned done;
-  if constexpr (CLUSTER) {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  }
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
   return done != 0;
 }
 // How long a wait may last on the GPU's own clock before the kernel gives up: far more than any stage takes,
@@ -98,13 +85,12 @@ constexpr unsigned long long MBAR_TIMEOUT_NS = GPUCOURSE_MBAR_TIMEOUT_NS;
 // never completes (a TMA delivering fewer bytes than expect_tx announced, a load never issued) would spin
 // forever; instead the kernel stops after MBAR_TIMEOUT_NS and its launch fails with an error the host sees.
 // The clock is read only once the first try has found the data not yet there.
-template <bool CLUSTER = false>
 __device__ __forceinline__ void mbar_wait(unsigned long long* bar, unsigned parity) {
   const unsigned addr = smem_addr(bar);
-  if (mbar_try_wait<CLUSTER>(addr, parity)) return;
+  if (mbar_try_wait(addr, parity)) return;
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  while (!mbar_try_wait<CLUSTER>(addr, parity)) {
+  while (!mbar_try_wait(addr, parity)) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > MBAR_TIMEOUT_NS) GPUCOURSE_FAIL();
   }
