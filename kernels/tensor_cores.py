@@ -781,7 +781,7 @@ def gemm_wgmma(A, B, C, *, config: str | None = None, group_m: int = WGMMA_GROUP
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
                                        f"{c['name']}, which launches " +
                                        ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
-    _check_cluster_blocks(c, blocks)
+    check_cluster_blocks(c, blocks)
     gpus.step("04.wgmma")  # compute capability 9.0 exactly, else one line saying so
     fn = hopper_kernel(WGMMA_SOURCE, c["name"], c["smem_bytes"])
     map_a = tensor_map(A, (c["bm"], c["bk"]))
@@ -817,7 +817,7 @@ def wgmma_blocks(c: dict, M: int, N: int, sms: int | None = None) -> int:
     return size * min(cluster_tiles, sms // size)
 
 
-def _check_cluster_blocks(c: dict, blocks) -> None:
+def check_cluster_blocks(c: dict, blocks) -> None:
     """A kernel launched in clusters (``c["cluster"]`` > 1) needs a grid that is a whole number of clusters: refuse a
     ``blocks`` that is not (None: the launcher's choice, always whole)."""
     size = c.get("cluster", 1)

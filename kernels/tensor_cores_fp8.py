@@ -262,7 +262,7 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, a whole number >= 1 (got "
                                        f"{blocks!r} for {c['name']}, which launches " +
                                        ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
-    tc._check_cluster_blocks(c, blocks)
+    tc.check_cluster_blocks(c, blocks)
     gpus.step("04.wgmma_fp8")  # compute capability 9.0 exactly, else one line saying so
     name = f"{c['name']}_{FP8_OUTPUTS[out]}"
     fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])

@@ -564,10 +564,10 @@ def test_the_cluster_kernel_parses_and_launches_whole_clusters():
             tc.wgmma_config(bad)
     for blocks in (3, 1, 2.5, True):
         with pytest.raises(runtime.CourseInputError, match="multiple of 2"):
-            tc._check_cluster_blocks(c2, blocks)
-    tc._check_cluster_blocks(c2, 4)
-    tc._check_cluster_blocks(c2, None)
-    tc._check_cluster_blocks(twin, 3)  # one block: any count
+            tc.check_cluster_blocks(c2, blocks)
+    tc.check_cluster_blocks(c2, 4)
+    tc.check_cluster_blocks(c2, None)
+    tc.check_cluster_blocks(twin, 3)  # one block: any count
 
 
 def test_the_tile_rule_fills_the_waves():

@@ -122,7 +122,7 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
   const int kblocks = (K + BK8 - 1) / BK8;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    producer_regs<CONSUMERS>();
     if (tid == 0) {
       for (int kb = 0; kb < kblocks; ++kb) {
         const int s = kb % STAGES;
@@ -133,7 +133,7 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
       }
     }
   } else {  // ---------------------------------------------------------------------- consumers
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    consumer_regs<CONSUMERS>();
     const int c = wg - 1;
     float d[BN / 16][8];
 #pragma unroll
@@ -215,7 +215,7 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
   const int kblocks = (K + BK8 - 1) / BK8;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    producer_regs<CONSUMERS>();
     if (tid == 0)
       produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,  // this block's A and all of B: both halves land here
                     [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
@@ -229,7 +229,7 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
                       }
                     });
   } else {  // ---------------------------------------------------------------------- consumers
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    consumer_regs<CONSUMERS>();
     const int c = wg - 1;
     const float alpha = __ldg(scale_a) * __ldg(scale_b);
     int g = 0;       // slices used so far, as the producer counts them

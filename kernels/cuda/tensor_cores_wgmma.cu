@@ -194,7 +194,7 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
   const int kblocks = (K + BK - 1) / BK;
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    producer_regs<CONSUMERS>();
     if (tid == 0)
       produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,  // (in a cluster: all of B lands in each block)
                     [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
@@ -213,7 +213,7 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
                       }
                     });
   } else {  // ---------------------------------------------------------------------- consumers
-    if constexpr (CONSUMERS > 1) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    consumer_regs<CONSUMERS>();
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // TMA_STORE: pieces of C this consumer has handed to the TMA
