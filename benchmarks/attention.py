@@ -651,9 +651,9 @@ def fp8_reading(t: dict) -> list:
          every(lambda r: r["fp8_of_fp16"] < t["goals"]["fp8_of_fp16"])),
         ("FP8: its RMSE at least 10x the FP16 kernel's in every column",
          every(lambda r: r["rmse"]["FP8 (CUDA C)"] >= 10 * r["rmse"]["FP16 (CUDA C)"])),
-        ("the pre-pass (quantise, transpose V): under a tenth of the FP8 forward's time at N = 16k, causal or not",
+        ("the pre-pass (quantise, transpose V): under an eighth of the FP8 forward's time at N = 16k, causal or not",
          claims.every([r for r in runs if r["N"] == 16384],
-                      lambda r: r["prepass_ms"] < 0.1 * r["median_ms"]["FP8 (CUDA C)"])),
+                      lambda r: r["prepass_ms"] < 0.125 * r["median_ms"]["FP8 (CUDA C)"])),
     ]
 
 

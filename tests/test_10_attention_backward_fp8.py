@@ -337,6 +337,82 @@ def test_fp8_attention_kernels_compile_to_e4m3_wgmma():
     assert "e4m3" not in plain
 
 
+def _ex2_fma_coefficients() -> list:
+    """The cubic of fast_math.cuh's ex2_fma, highest power first, as its source writes them."""
+    text = (ROOT / "kernels" / "cuda" / "fast_math.cuh").read_text()
+    line = re.search(r"float p = (fmaf\(.*\));", text).group(1)
+    return [float(x) for x in re.findall(r"(-?\d+\.\d+)f", line)]
+
+
+def ex2_fma_emulated(x: np.ndarray) -> np.ndarray:
+    """ex2_fma's steps in float32 (each fmaf as a float64 product and sum rounded once to float32)."""
+    f32 = np.float32
+    x = np.maximum(x.astype(f32), f32(-126.0))
+    t = (x + f32(12582912.0)).astype(f32)
+    f = (x - (t - f32(12582912.0))).astype(f32)
+    c3, c2, c1, c0 = _ex2_fma_coefficients()
+    p = f32(c3)
+    for c in (c2, c1, c0):
+        p = (p.astype(np.float64) * f + c).astype(f32)
+    bits = (p.view(np.int32).astype(np.int64) + (t.view(np.int32).astype(np.int64) << 23)) & 0xFFFFFFFF
+    return bits.astype(np.uint32).view(f32)
+
+
+def test_ex2_fma_is_exp2_within_its_bound():
+    """The FP8 forward's exponentials on the FMA pipes: 2^x to a relative 7.5e-5 (the cubic's bound, far inside
+    e4m3's 2^-4) from x = -125 to 0, the range a softmax exponent takes; below that (and a masked -inf) about 1e-38,
+    which e4m3 rounds to 0 (at -126 the result falls among float32's subnormals and keeps about 1e-4)."""
+    assert len(_ex2_fma_coefficients()) == 4
+    x = np.concatenate([np.linspace(-125.0, 0.0, 200001), -np.arange(0, 126, dtype=np.float64)]).astype(np.float32)
+    got = ex2_fma_emulated(x).astype(np.float64)
+    rel = np.abs(got / np.exp2(x.astype(np.float64)) - 1)
+    assert rel.max() < 7.6e-5, rel.max()
+    tiny = ex2_fma_emulated(np.array([-126.5, -200.0, -np.inf], np.float32)).astype(np.float64)
+    assert (tiny >= 0).all() and (tiny < 2e-38).all(), tiny
+
+
+@needs_compiler
+def test_fp8_forward_folds_p_scale_into_its_exponent_and_runs_a_block_of_exps_on_the_fma_pipes():
+    """P times 256 comes from adding 8 to the exponent (no multiply by 256), and one column block a tile takes
+    ex2_fma (its rounding constant 1.5 * 2^23 appears); the FP16 kernels use the special-function unit only."""
+    from gpucourse import cuda_c
+    from kernels.attention.flash import WGMMA_SOURCE
+
+    ptx = cuda_c.compile_ptx(WGMMA_SOURCE, arch="sm_90a")
+    for name in ("flash_fp8_d128", "flash_fp8_d128_causal"):
+        body = cuda_c.ptx_entry(ptx, name)
+        assert "0f4B400000" in body, name
+        assert "0f43800000" not in body, name  # 256.0
+    for name in ("flash_wgmma_d128_pingpong", "flash_wgmma_d64_qregs_causal"):
+        assert "0f4B400000" not in cuda_c.ptx_entry(ptx, name), name
+
+
+@pytest.mark.gpu
+def test_ex2_fma_on_gpu_matches_its_emulation():
+    """fast_math.cuh's ex2_fma run on the GPU: within an ulp of the float32 emulation above, and 2^x to 7.6e-5."""
+    cp = runtime.cupy()
+    from gpucourse import cuda_c
+
+    code = cuda_c.source("fast_math.cuh") + r'''
+extern "C" __global__ void run(const float* x, float* y, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = ex2_fma(x[i]);
+}
+'''
+    fn = cp.RawModule(code=code, options=("-std=c++17", *(f"-I{d}" for d in cuda_c.include_dirs()))).get_function("run")
+    x = np.concatenate([np.linspace(-125.0, 0.0, 100001), [-126.5, -300.0, -np.inf]]).astype(np.float32)
+    xd = cp.asarray(x)
+    yd = cp.empty_like(xd)
+    fn(((x.size + 255) // 256,), (256,), (xd, yd, np.int32(x.size)))
+    got = yd.get()
+    want = ex2_fma_emulated(x)
+    ulps = np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
+    assert ulps.max() <= 1, ulps.max()
+    rel = np.abs(got[:-3].astype(np.float64) / np.exp2(x[:-3].astype(np.float64)) - 1)
+    assert rel.max() < 7.6e-5, rel.max()
+    assert (got[-3:] < 2e-38).all() and (got[-3:] >= 0).all()
+
+
 def _prepass_constant(name: str) -> int:
     """A constexpr int of the fused pre-pass's source (kernels/cuda/attention_fp8_prepass.cu)."""
     text = (ROOT / "kernels" / "cuda" / "attention_fp8_prepass.cu").read_text()

@@ -42,12 +42,14 @@ struct RowState {
 // region: flash_wgmma_softmax
 // The online softmax of one 64 x BN tile of scores S held as wgmma accumulators. Thread (warp w, lane) holds rows
 // r = 16w + lane/4 (h = 0) and r + 8 (h = 1); element e of column block j is row h = (e / 2) % 2, column
-// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. Masks the keys past the diagonal when ``diag`` (causal), updates the
-// running max and sum, overwrites S with exp2(S scale - m), and returns the factor alpha[h] by which the output's
-// rows must be scaled to the new max.
+// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. In two steps (the FP8 kernel takes turns at the second):
+// softmax_max masks the keys past the diagonal when ``diag`` (causal), updates the running max and returns the
+// factor alpha[h] by which the output's rows must be scaled to the new max; softmax_exps overwrites S with
+// exp2(S scale - m + bias) and adds it to the running sum (bias 0: P itself; the FP8 kernel's 8 gives P times 256
+// for free).
 template <int BN>
-__device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState& st, float (&alpha)[2],
-                                               float scale_log2, bool diag, int row0, int key0) {
+__device__ __forceinline__ void softmax_max(float (&s)[BN / 16][8], RowState& st, float (&alpha)[2], float scale_log2,
+                                            bool diag, int row0, int key0) {
   const int lane = threadIdx.x % 32;
   if (diag) {  // keys past the row are not seen: -inf
 #pragma unroll
@@ -58,28 +60,49 @@ __device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState&
         if (key > row) s[j][e] = __int_as_float(0xff800000);
       }
   }
-  float mx[2] = {__int_as_float(0xff800000), __int_as_float(0xff800000)};
+  // Each row's max in four independent running maxima (column blocks j % 4), then combined: one chain of BN / 4
+  // dependent fmaxf a row would make every step wait for the last.
+  float mx4[2][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) mx4[h][c] = __int_as_float(0xff800000);
 #pragma unroll
   for (int j = 0; j < BN / 16; ++j)
 #pragma unroll
-    for (int e = 0; e < 8; ++e) mx[(e >> 1) & 1] = fmaxf(mx[(e >> 1) & 1], s[j][e]);
+    for (int e = 0; e < 8; ++e) mx4[(e >> 1) & 1][j % 4] = fmaxf(mx4[(e >> 1) & 1][j % 4], s[j][e]);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // the row's four threads agree on its max
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 1));
-    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffff, mx[h], 2));
-    const float m_new = fmaxf(st.m[h], mx[h] * scale_log2);
+    float mx = fmaxf(fmaxf(mx4[h][0], mx4[h][1]), fmaxf(mx4[h][2], mx4[h][3]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    const float m_new = fmaxf(st.m[h], mx * scale_log2);
     alpha[h] = ex2(st.m[h] - m_new);  // 0 on a row's first tile (m = -inf)
     st.m[h] = m_new;
     st.l[h] *= alpha[h];
   }
+}
+
+template <int BN, int FMA_BLOCKS = 0>
+__device__ __forceinline__ void softmax_exps(float (&s)[BN / 16][8], RowState& st, float scale_log2,
+                                             float bias = 0.0f) {
+  const float mb[2] = {st.m[0] - bias, st.m[1] - bias};
 #pragma unroll
   for (int j = 0; j < BN / 16; ++j)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const int h = (e >> 1) & 1;
-      s[j][e] = ex2(fmaf(s[j][e], scale_log2, -st.m[h]));
+      const float x = fmaf(s[j][e], scale_log2, -mb[h]);
+      s[j][e] = j >= BN / 16 - FMA_BLOCKS ? ex2_fma(x) : ex2(x);  // the last FMA_BLOCKS blocks on the FMA pipes
       st.l[h] += s[j][e];
     }
+}
+
+template <int BN>
+__device__ __forceinline__ void online_softmax(float (&s)[BN / 16][8], RowState& st, float (&alpha)[2],
+                                               float scale_log2, bool diag, int row0, int key0) {
+  softmax_max<BN>(s, st, alpha, scale_log2, diag, row0, key0);
+  softmax_exps<BN>(s, st, scale_log2);
 }
 
 // P as wgmma's A operand: register i of block j holds elements 2i and 2i + 1 of the accumulator's block j, as two
@@ -412,7 +435,14 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 //   * S = Q K^T on wgmma's e4m3 path: a row of 128 codes is 128 bytes, one row of the swizzle, so Q's and K's tiles
 //     are one box each, and k steps 32 codes (32 bytes) a wgmma, as FP16's k steps 16.
 //   * The softmax runs on S times sq sk (folded into its scale), P is rounded to e4m3 times 256 (FP8 has few
-//     values below 2^-6: see fp8.py), and the row sums are the float32 P's, so dividing O by them cancels the 256.
+//     values below 2^-6: see fp8.py) by adding 8 to the exponent before exp2 (no multiply), and the row sums are of
+//     that float32 P, so dividing O by them cancels the 256.
+//   * Here the matrix products take half FP16's time and the softmax does not shrink, so a consumer's chain from
+//     one turn at the tensor cores to its next sets the pace (about 2,500 cycles a tile on an H200, measured with
+//     clock stamps). Three things shorten it: the waits for the next tile's K and V are made while the tensor cores
+//     work on S (not before the turn), the wgmma descriptors are made before the turn, and one column block of
+//     eight takes its exponentials on the FMA pipes (fast_math.cuh's ex2_fma), since the special-function unit
+//     also does the e4m3 conversions (an exp2 costs a warp 8 cycles there, a conversion of two values 5).
 //   * P V: FP8 wgmma reads B K-major only, so V comes transposed (d x N, the keys contiguous), made by a pre-pass
 //     (flash_fp8's prepare_v) that also orders each 32 keys as P's registers hold them: the accumulator gives a
 //     thread keys 2q, 2q + 1, 2q + 8, 2q + 9 (and 16 more) of each 32 (q = lane % 4), while the 8-bit A operand
@@ -429,12 +459,16 @@ __device__ __forceinline__ unsigned e4m3x4_bits(float a, float b, float c, float
   return lo | (hi << 16);
 }
 
-// P (64 x BN, FP32 accumulator places) times 256 as the A operand of BN / 32 e4m3 wgmmas: of keys 32b .. 32b + 31,
-// register h (h = 0, 1: rows r, r + 8) holds this thread's keys 2q, 2q + 1, 2q + 8, 2q + 9 of the first 16, register
-// 2 + h those of the next 16 (the order prepare_v stores V's keys in).
+// P (64 x BN, FP32 accumulator places, already times 256: online_softmax's bias) as the A operand of BN / 32 e4m3
+// wgmmas: of keys 32b .. 32b + 31, register h (h = 0, 1: rows r, r + 8) holds this thread's keys 2q, 2q + 1, 2q + 8,
+// 2q + 9 of the first 16, register 2 + h those of the next 16 (the order prepare_v stores V's keys in).
+constexpr float P_SCALE_LOG2 = 8.0f;  // P times 2^8 before e4m3 rounds it (kernels/attention/fp8.py's P_SCALE)
+// Of a tile's BN / 16 column blocks, how many take their exponentials on the FMA pipes (ex2_fma) rather than the
+// special-function unit, which the e4m3 conversions of P share: one of eight paid (3-8% at N = 16k on an H200), two
+// cost more issue slots than they saved.
+constexpr int FP8_FMA_BLOCKS = 1;
 template <int BN>
 __device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], unsigned (&p)[BN / 32][4]) {
-  constexpr float P_SCALE = 256.0f;
 #pragma unroll
   for (int b = 0; b < BN / 32; ++b)
 #pragma unroll
@@ -442,22 +476,35 @@ __device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], uns
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float* x = s[2 * b + half];
-        p[b][2 * half + h] = e4m3x4_bits(x[2 * h] * P_SCALE, x[2 * h + 1] * P_SCALE, x[4 + 2 * h] * P_SCALE,
-                                         x[5 + 2 * h] * P_SCALE);
+        p[b][2 * half + h] = e4m3x4_bits(x[2 * h], x[2 * h + 1], x[4 + 2 * h], x[5 + 2 * h]);
       }
+}
+
+// The descriptors of a tile's four k steps of 32 codes (rows of 128 bytes in the 128-byte swizzle): step kk starts
+// 32 kk bytes on, 2 kk in the descriptor's address field (in 16-byte units; no carry, shared memory is below 256 KB).
+// The kernel makes them before it waits at the barrier for its turn, so that its turn is spent issuing (the address
+// arithmetic after the barrier was a fifth of the consumers' stall samples).
+__device__ __forceinline__ void fp8_descs(unsigned long long (&d)[4], unsigned addr) {
+  const unsigned long long base = make_desc(addr, 16, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    d[kk] = base + 2 * kk;
+    asm volatile("" : "+l"(d[kk]));  // made here, not where they are used
+  }
 }
 
 // S = Q K^T (k = 32 codes a wgmma, both from shared memory) and O += P V^T (P from registers, V transposed).
 template <int BN>
-__device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], unsigned q_addr, unsigned k_addr) {
+__device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], const unsigned long long (&dq)[4],
+                                                 const unsigned long long (&dk)[4]) {
 #pragma unroll
-  for (int kk = 0; kk < 128 / 32; ++kk)
-    wgmma_k32_e4m3<BN>(s, make_desc(q_addr + kk * 32, 16, 1024), make_desc(k_addr + kk * 32, 16, 1024), kk > 0);
+  for (int kk = 0; kk < 128 / 32; ++kk) wgmma_k32_e4m3<BN>(s, dq[kk], dk[kk], kk > 0);
 }
 template <int BN>
-__device__ __forceinline__ void issue_pv_fp8(float (&o)[8][8], const unsigned (&p)[BN / 32][4], unsigned vt_addr) {
+__device__ __forceinline__ void issue_pv_fp8(float (&o)[8][8], const unsigned (&p)[BN / 32][4],
+                                             const unsigned long long (&dv)[BN / 32]) {
 #pragma unroll
-  for (int b = 0; b < BN / 32; ++b) wgmma_rs_m64n128k32_e4m3(o, p[b], make_desc(vt_addr + b * 32, 16, 1024));
+  for (int b = 0; b < BN / 32; ++b) wgmma_rs_m64n128k32_e4m3(o, p[b], dv[b]);
 }
 #endif  // GPUCOURSE_WGMMA
 
@@ -544,6 +591,8 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
       const int2 item = item_of(i);
       const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
       const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
+      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
+      float s[BN / 16][8], alpha[2];
       const float* sk = SK + static_cast<size_t>(item.x) * tiles_n;
       const float* sv = SV + static_cast<size_t>(item.x) * tiles_n;
       const float qk_scale = scale_log2 * __ldg(&SQ[static_cast<size_t>(item.x) * blocks_m + m0 / BM]);
@@ -555,38 +604,48 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
       for (int j = 0; j < D / 16; ++j)
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
-      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
-      float s[BN / 16][8], alpha[2];
       unsigned p[BN / 32][4];
 
+      unsigned long long dq[4], dk[4], dv[4];
+      fp8_descs(dq, q_addr);
+      fp8_descs(dk, smem_addr(sK + stage(0) * KV_BYTES));
       mbar_wait(&k_full[stage(0)], phase(0));
       if (c == 1) named_sync(mine, 256);
       wgmma_fence();
-      issue_scores_fp8<BN>(s, q_addr, smem_addr(sK + stage(0) * KV_BYTES));
+      issue_scores_fp8<BN>(s, dq, dk);
       wgmma_commit();
       named_arrive(other, 256);
+      // what the next turn reads (K(1), V(0)), waited for while the tensor cores work on S: the chain from one turn
+      // to the next is the kernel's pace, and a wait that finds its stage full still costs about 100 cycles
+      if (tiles > 1) mbar_wait(&k_full[stage(1)], phase(1));
+      mbar_wait(&v_full[stage(0)], phase(0));
       wgmma_wait<0>();
       pin(s);
       if (tiles == 1) q_done();
       float sv_prev = __ldg(&sv[0]);
-      online_softmax<BN>(s, st, alpha, qk_scale * __ldg(&sk[0]), CAUSAL && BN > m0, row0, 0);
+      const float qk0 = qk_scale * __ldg(&sk[0]);
+      softmax_max<BN>(s, st, alpha, qk0, CAUSAL && BN > m0, row0, 0);
+      softmax_exps<BN, FP8_FMA_BLOCKS>(s, st, qk0, P_SCALE_LOG2);
       to_fp8_operand<BN>(s, p);
       for (int t = 1; t < tiles; ++t) {
         const int sc = stage(t), sp = stage(t - 1);
         const float sk_t = __ldg(&sk[t]), sv_t = __ldg(&sv[t]);
-        mbar_wait(&k_full[sc], phase(t));
-        mbar_wait(&v_full[sp], phase(t - 1));
+        fp8_descs(dk, smem_addr(sK + sc * KV_BYTES));
+        fp8_descs(dv, smem_addr(sV + sp * KV_BYTES));
         named_sync(mine, 256);
         wgmma_fence();
-        issue_scores_fp8<BN>(s, q_addr, smem_addr(sK + sc * KV_BYTES));
+        issue_scores_fp8<BN>(s, dq, dk);
         wgmma_commit();
-        issue_pv_fp8<BN>(o, p, smem_addr(sV + sp * KV_BYTES));
+        issue_pv_fp8<BN>(o, p, dv);
         wgmma_commit();
         named_arrive(other, 256);
+        if (t + 1 < tiles) mbar_wait(&k_full[stage(t + 1)], phase(t + 1));
+        mbar_wait(&v_full[sc], phase(t));
         wgmma_wait<1>();
         pin(s);
         if (t == tiles - 1) q_done();
-        online_softmax<BN>(s, st, alpha, qk_scale * sk_t, CAUSAL && t * BN + BN > m0, row0, t * BN);
+        softmax_max<BN>(s, st, alpha, qk_scale * sk_t, CAUSAL && t * BN + BN > m0, row0, t * BN);
+        softmax_exps<BN, FP8_FMA_BLOCKS>(s, st, qk_scale * sk_t, P_SCALE_LOG2);
         wgmma_wait<0>();
         pin(o);
         pin(p);
@@ -600,9 +659,9 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
       }
       if (c == 0) named_sync(mine, 256);
       const int sl = stage(tiles - 1);
-      mbar_wait(&v_full[sl], phase(tiles - 1));
+      fp8_descs(dv, smem_addr(sV + sl * KV_BYTES));
       wgmma_fence();
-      issue_pv_fp8<BN>(o, p, smem_addr(sV + sl * KV_BYTES));
+      issue_pv_fp8<BN>(o, p, dv);
       wgmma_commit();
       wgmma_wait<0>();
       pin(o);
@@ -610,20 +669,21 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
       if (tid == 0) mbar_arrive(&empty[sl]);
       g += tiles;
 
-      // as flash_wgmma's end: O times V's last scale, over 256 l (P was rounded times 256); the log-sum-exp
+      // as flash_wgmma's end: O times V's last scale, over l (P and l are both times 256); the log-sum-exp
       float inv[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
         st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
-        inv[h] = st.l[h] > 0.0f ? sv_prev / (256.0f * st.l[h]) : 0.0f;
+        inv[h] = st.l[h] > 0.0f ? sv_prev / st.l[h] : 0.0f;
       }
       store_rows_fp16<D>(O + static_cast<size_t>(head_row) * D, o, inv, row0, lane);
       if (lane % 4 == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           LSE[head_row + row0 + 8 * h] =
-              st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h])) * 0.6931471805599453f : __int_as_float(0xff800000);
+              st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h]) - P_SCALE_LOG2) * 0.6931471805599453f  // l is 256 sums
+                             : __int_as_float(0xff800000);
       }
     }  // items
   }
