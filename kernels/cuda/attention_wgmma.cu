@@ -42,7 +42,8 @@ struct RowState {
 // region: flash_wgmma_softmax
 // The online softmax of one 64 x BN tile of scores S held as wgmma accumulators. Thread (warp w, lane) holds rows
 // r = 16w + lane/4 (h = 0) and r + 8 (h = 1); element e of column block j is row h = (e / 2) % 2, column
-// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. In two steps (the FP8 kernel takes turns at the second):
+// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. In two steps (the FP8 kernel calls them itself, with a bias and some
+// exponentials on the FMA pipes):
 // softmax_max masks the keys past the diagonal when ``diag`` (causal), updates the running max and returns the
 // factor alpha[h] by which the output's rows must be scaled to the new max; softmax_exps overwrites S with
 // exp2(S scale - m + bias) and adds it to the running sum (bias 0: P itself; the FP8 kernel's 8 gives P times 256
@@ -459,7 +460,7 @@ __device__ __forceinline__ unsigned e4m3x4_bits(float a, float b, float c, float
   return lo | (hi << 16);
 }
 
-// P (64 x BN, FP32 accumulator places, already times 256: online_softmax's bias) as the A operand of BN / 32 e4m3
+// P (64 x BN, FP32 accumulator places, already times 256: softmax_exps's bias) as the A operand of BN / 32 e4m3
 // wgmmas: of keys 32b .. 32b + 31, register h (h = 0, 1: rows r, r + 8) holds this thread's keys 2q, 2q + 1, 2q + 8,
 // 2q + 9 of the first 16, register 2 + h those of the next 16 (the order prepare_v stores V's keys in).
 constexpr float P_SCALE_LOG2 = 8.0f;  // P times 2^8 before e4m3 rounds it (kernels/attention/fp8.py's P_SCALE)
@@ -480,10 +481,11 @@ __device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], uns
       }
 }
 
-// The descriptors of a tile's four k steps of 32 codes (rows of 128 bytes in the 128-byte swizzle): step kk starts
-// 32 kk bytes on, 2 kk in the descriptor's address field (in 16-byte units; no carry, shared memory is below 256 KB).
-// The kernel makes them before it waits at the barrier for its turn, so that its turn is spent issuing (the address
-// arithmetic after the barrier was a fifth of the consumers' stall samples).
+// The descriptors of a tile's four k steps of 32 codes (one box of 128-byte rows in the 128-byte swizzle): step kk
+// starts 32 kk bytes on, 2 kk in the descriptor's address field (16-byte units; no carry, shared memory is below
+// 256 KB). flash_hopper.cuh's k_step_desc gives the same values but makes each from scratch: 40 more instructions a
+// tile on the consumer's chain. The kernel makes them before it waits at the barrier for its turn, so that its turn is
+// spent issuing (the address arithmetic after the barrier was a fifth of the consumers' stall samples).
 __device__ __forceinline__ void fp8_descs(unsigned long long (&d)[4], unsigned addr) {
   const unsigned long long base = make_desc(addr, 16, 1024);
 #pragma unroll
