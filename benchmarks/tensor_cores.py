@@ -259,11 +259,12 @@ def fp8_plan(cc=None, torch_fp8: bool = True) -> list:
 
 def fp8_row_name(config: str) -> str:
     """The name fp8_table gives an FP8 configuration's row: tile and accumulation, "persistent, TMA store" for the
-    persistent kernels, whose C leaves by the TMA, and "persistent, clusters of 2" for the same kernel in clusters."""
+    persistent kernels, whose C leaves by the TMA, "persistent, clusters of 2" for the same kernel in clusters and
+    "persistent, stream-K tail" for it with the last wave shared out by slices."""
     c = F.fp8_config(config)
-    return (f"wgmma FP8, {c['bm']} x {c['bn']}, {c['accumulate']}"
-            + ((f", persistent, clusters of {c['cluster']}" if c["cluster"] > 1 else ", persistent, TMA store")
-               if c["persistent"] else ""))
+    kind = (f", persistent, clusters of {c['cluster']}" if c["cluster"] > 1 else
+            ", persistent, stream-K tail" if c["stream_k"] else ", persistent, TMA store")
+    return f"wgmma FP8, {c['bm']} x {c['bn']}, {c['accumulate']}" + (kind if c["persistent"] else "")
 
 
 def fp8_table(n: int | None = None, repeats: int = 10) -> dict:
@@ -366,10 +367,13 @@ def fp8_reading(table: dict) -> list:
     def clustered(r):  # a kernel in thread-block clusters (absent from the records made before there was one)
         return F.fp8_config(r["config"])["cluster"] > 1
 
-    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation (one block, no cluster)
-        return next(r for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate
+    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation (one block, no cluster,
+        return next(r for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate  # no stream-K tail)
                     and F.fp8_config(r["config"])["bn"] == bn and F.fp8_config(r["config"])["persistent"]
-                    and not clustered(r))
+                    and not clustered(r) and not F.fp8_config(r["config"])["stream_k"])
+
+    def stream_k():  # the persistent kernel with a stream-K tail (absent from the records made before there was one)
+        return next(r for r in ours if F.fp8_config(r["config"])["stream_k"])
 
     return [
         ("the fastest FP8 kernel: faster than cuBLAS FP16 and than the lesson's FP16 kernel",
@@ -391,6 +395,11 @@ def fp8_reading(table: dict) -> list:
         claims.compare("the same kernel in clusters of 2 (B multicast by the TMA)", "level with", "it alone",
                        lambda: next(r for r in ours if clustered(r))["tflops"], lambda: persistent("fast", 256)["tflops"],
                        margin=0.02),
+        claims.compare("the same kernel with a stream-K tail", "no slower than", "it alone",
+                       lambda: stream_k()["tflops"], lambda: persistent("fast", 256)["tflops"], margin=0.005,
+                       how="(within half a percent)"),
+        claims.compare("the same kernel with a stream-K tail", "no slower than",
+                       "cuBLAS's FP8 GEMM with fast accumulation", lambda: stream_k()["of_cublas_fp8"], 1.0),
         ("every FP8 kernel's error: at most 1.1x cuBLAS's FP8 GEMM's with the same accumulation",
          claims.holds(lambda: all(r["check_error"] <= 1.1 * by[CUBLAS_FP8[F.fp8_config(r["config"])["accumulate"]]]["check_error"]
                                   for r in ours) if ours else None)),

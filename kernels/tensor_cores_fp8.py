@@ -186,6 +186,9 @@ FP8_CONFIGS = (
     # ... and the 128 x 256 one in thread-block clusters of two blocks ("_c2"), which take two tiles of one column of C
     # on adjacent rows and share B's slices, each block loading half and the TMA multicasting it into both
     "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2",
+    # ... and the 128 x 256 one with a stream-K tail ("_sk"): the tiles of the last, partial wave shared out among all
+    # the blocks by slices of K, each tile's pieces summed by the block that holds its first (stream_k_tiles)
+    "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_sk",
 )
 DEFAULT_FP8 = "fp8_gemm_128x256x128_s4_fast"
 FP8_OUTPUTS = {"float16": "f16", "bfloat16": "bf16"}  # C's type -> the kernel's suffix (bf16: BF16 bits in uint16)
@@ -194,10 +197,11 @@ FP8_OUTPUTS = {"float16": "f16", "bfloat16": "bf16"}  # C's type -> the kernel's
 def fp8_config(name: str) -> dict:
     """Tile, stages, accumulation, threads, shared memory, persistence, epilogue and the blocks of a thread-block
     cluster (``cluster``: 2 for "_c2", else 1) of an FP8 GEMM configuration, from its name:
-    fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore[_c2]]."""
+    fp8_gemm_<BM>x<BN>x<BK>_s<stages>_<fast|promoted>[_persistent_tmastore[_c2|_sk]]; ``stream_k``: True for
+    "_sk"."""
     import re
 
-    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore(_c2)?)?", name)
+    m = re.fullmatch(r"fp8_gemm_(\d+)x(\d+)x(\d+)_s(\d+)_(fast|promoted)(_persistent_tmastore(_c2|_sk)?)?", name)
     if not m or name not in FP8_CONFIGS:
         raise runtime.CourseInputError(f"no FP8 GEMM kernel {name!r}; known: {', '.join(FP8_CONFIGS)}")
     bm, bn, bk, stages = map(int, m.groups()[:4])
@@ -207,7 +211,49 @@ def fp8_config(name: str) -> dict:
     smem = 1024 + stages * (bm + bn) * bk + staging + 2 * stages * 8  # alignment, tiles (a byte a code), C, mbarriers
     return {"name": name, "bm": bm, "bn": bn, "bk": bk, "stages": stages, "accumulate": m.group(5),
             "consumers": consumers, "threads": 128 * (consumers + 1), "smem_bytes": smem, "persistent": tma_store,
-            "epilogue": "tma" if tma_store else "registers", "cluster": 2 if m.group(7) else 1}
+            "epilogue": "tma" if tma_store else "registers", "cluster": 2 if m.group(7) == "_c2" else 1,
+            "stream_k": m.group(7) == "_sk"}
+
+
+# The stream-K tail ("_sk", hopper_gemm.cuh's StreamK). When it pays: its fix-up moves every block's piece (BM x BN
+# FP32, 128 KiB for 128 x 256) out to L2 and back, about 17 MB on 132 SMs, which cost about 9 µs on an H200 whatever
+# the GEMM; it saves the time the last wave's idle SMs would wait, a share (blocks - tail) / blocks of a tile of kblocks
+# slices. Measured on an H200 (in turns): at 8192^3 (tail 68 of 132, 64 slices a tile: 31 idle slices) 1% faster with
+# the tail; at 4096^3 (116 of 132, 32 slices: 4), 6144^3 (96, 48: 13) and 8192 x 3072 x 8192 (108, 64: 12), 1-7%
+# slower. The tail is taken where the idle share of the last wave times the slices a tile is at least this many.
+# (The FP16 kernel with the same tail was 1.4% slower at 8192^3 on an H100, where this one was 0.9% faster: not kept.)
+STREAM_K_MIN_IDLE_SLICES = 24
+
+
+def stream_k_tiles(tiles: int, blocks: int, kblocks: int, *, force: bool = False) -> int:
+    """How many of a persistent GEMM's ``tiles`` (the last ones, in the block order) a stream-K launch of ``blocks``
+    blocks, with ``kblocks`` slices of K a tile, shares out by slices: the last wave's tiles, tiles % blocks (all of
+    them when there are fewer tiles than blocks), where the SMs that wave leaves idle would wait at least
+    STREAM_K_MIN_IDLE_SLICES slices' time (``force``: whatever they would wait); otherwise 0, every tile whole."""
+    for name, v, least in (("tiles", tiles, 0), ("blocks", blocks, 1), ("kblocks", kblocks, 1)):
+        if isinstance(v, bool) or int(v) != v or v < least:
+            raise runtime.CourseInputError(f"{name} must be a whole number >= {least}, got {v!r}")
+    tail = int(tiles) % int(blocks)
+    idle = (blocks - tail) / blocks * kblocks
+    return tail if force or idle >= STREAM_K_MIN_IDLE_SLICES else 0
+
+
+_STREAM_K: dict = {}  # device id -> {"partials", "flags", "epoch"}: one workspace, grown as needed
+
+
+def _stream_k_workspace(blocks: int, consumers: int, bm: int, bn: int) -> tuple:
+    """(partials, flags, epoch) for a stream-K launch: FP32 room for every block's piece (blocks x BM x BN), a flag
+    per block and consumer, and a new epoch, the value this launch's flags are set to (so they need no clearing).
+    Launches on one stream run one after the other; two launched at once on different streams would share them."""
+    cp = runtime.cupy()
+    dev = cp.cuda.Device().id
+    ws = _STREAM_K.get(dev)
+    if ws is None or ws["partials"].size < blocks * bm * bn or ws["flags"].size < blocks * consumers:
+        size, flags = max(blocks * bm * bn, ws["partials"].size if ws else 0), blocks * consumers
+        ws = _STREAM_K[dev] = {"partials": cp.empty(size, cp.float32),
+                               "flags": cp.zeros(max(flags, ws["flags"].size if ws else 0), cp.int32), "epoch": 0}
+    ws["epoch"] = ws["epoch"] % (2**31 - 2) + 1
+    return ws["partials"], ws["flags"], ws["epoch"]
 
 
 def bf16_bits_to_float(bits) -> np.ndarray:
@@ -217,7 +263,8 @@ def bf16_bits_to_float(bits) -> np.ndarray:
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: int = 8, blocks: int | None = None):
+def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: int = 8, blocks: int | None = None,
+             stream_k: bool | None = None):
     """C = (from_e4m3(A) scale_a) (from_e4m3(B) scale_b)^T on Hopper's FP8 wgmma fed by the TMA (GPU mode, compute
     capability 9.0; CuPy arrays). Asynchronous.
 
@@ -227,7 +274,9 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     multiple of 8 for the "_tmastore" configurations (the TMA writes C's rows, whole 16-byte units too). ``config``:
     one of FP8_CONFIGS. The "_persistent" ones launch one block per SM (or one per tile, if fewer), each walking its
     tiles; ``blocks`` launches that many instead (what the tests use to walk many tiles a block). The "_c2" ones run in
-    clusters of two blocks (``tensor_cores.wgmma_blocks``): ``blocks`` must then be even."""
+    clusters of two blocks (``tensor_cores.wgmma_blocks``): ``blocks`` must then be even. The "_sk" one launches a
+    block per SM (or ``blocks``) even for fewer tiles, and shares the last wave's tiles out among all of them by slices
+    of K where ``stream_k_tiles`` says it pays (``stream_k=True``: wherever there is a last partial wave)."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -263,6 +312,8 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
                                        f"{blocks!r} for {c['name']}, which launches " +
                                        ("one block per tile)" if not c["persistent"] else "a block per SM by default)"))
     tc.check_cluster_blocks(c, blocks)
+    if stream_k is not None and not c["stream_k"]:
+        raise runtime.CourseInputError(f"stream_k is for the stream-K configuration (\"_sk\"), not {c['name']}")
     gpus.step("04.wgmma_fp8")  # compute capability 9.0 exactly, else one line saying so
     name = f"{c['name']}_{FP8_OUTPUTS[out]}"
     fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])
@@ -271,6 +322,13 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     grid = tc.wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
     scales_dims = [ctypes.c_uint64(scale_a.data.ptr), ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M),
                    ctypes.c_int32(N), ctypes.c_int32(K), ctypes.c_int32(group_m)]
+    if c["stream_k"]:  # a block an SM (or ``blocks``) even with fewer tiles: the tail's slices go to all of them
+        grid = blocks or runtime.get().device.get("sms")
+        partials, flags, epoch = _stream_k_workspace(grid, c["consumers"], c["bm"], c["bn"])
+        tiles = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
+        sk_tiles = stream_k_tiles(tiles, grid, math.ceil(K / c["bk"]), force=bool(stream_k))
+        scales_dims += [ctypes.c_uint64(partials.data.ptr), ctypes.c_uint64(flags.data.ptr), ctypes.c_int32(sk_tiles),
+                        ctypes.c_int32(epoch)]
     if c["epilogue"] == "tma":  # C written by the TMA in boxes of 64 x 64 (FP16 or BF16: 2 bytes an element)
         args = [map_a, map_b, tc.tensor_map(C, (tc.WGMMA_STORE_PIECE, tc.WGMMA_STORE_PIECE)), *scales_dims]
     else:

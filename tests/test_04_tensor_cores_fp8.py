@@ -178,6 +178,7 @@ def test_fp8_configs_parse_and_fit_in_a_hopper_block():
         assert c["persistent"] is ("_persistent_tmastore" in name), name
         assert c["epilogue"] == ("tma" if c["persistent"] else "registers"), name
         assert c["cluster"] == (2 if name.endswith("_c2") else 1), name
+        assert c["stream_k"] is name.endswith("_sk"), name
     # the persistent ones: 4 stages of 128 + 256 rows of 128 codes (or 6 of 128 + 128), 192 KiB either way, and two
     # 64 x 64 pieces of 2-byte C a consumer warpgroup: 230,464 and 230,496 bytes of the 232,448 a block may have
     for name in ("fp8_gemm_128x256x128_s4_fast_persistent_tmastore", "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore"):
@@ -189,14 +190,32 @@ def test_fp8_configs_parse_and_fit_in_a_hopper_block():
     twin = F.fp8_config("fp8_gemm_128x256x128_s4_fast_persistent_tmastore")
     assert {k: v for k, v in c2.items() if k not in ("name", "cluster")} == \
         {k: v for k, v in twin.items() if k not in ("name", "cluster")}
+    sk = F.fp8_config("fp8_gemm_128x256x128_s4_fast_persistent_tmastore_sk")  # the same kernel, a stream-K tail
+    assert {k: v for k, v in sk.items() if k not in ("name", "stream_k")} == \
+        {k: v for k, v in twin.items() if k not in ("name", "stream_k")}
     assert tc.wgmma_blocks(c2, 8192, 8192, sms=132) == 132 and tc.wgmma_blocks(c2, 300, 264, sms=132) == 8
     assert tc.wgmma_blocks(c2, 1, 8, sms=132) == 2 and tc.wgmma_blocks(twin, 1, 8, sms=132) == 1
     for bad in ("fp8_gemm_128x256x128_s9_fast", "fp8_gemm_128x256x128_s4_promoted_persistent_tmastore",
                 "fp8_gemm_128x256x128_s4_fast_persistent", "fp8_gemm_128x128x128_s6_fast_persistent_tmastore_f16",
                 "fp8_gemm_128x256x128_s4_fast_c2", "fp8_gemm_128x128x128_s6_promoted_persistent_tmastore_c2",
-                "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c4"):
+                "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c4", "fp8_gemm_128x256x128_s4_fast_sk",
+                "fp8_gemm_128x256x128_s4_fast_persistent_tmastore_c2_sk"):
         with pytest.raises(runtime.CourseInputError, match="no FP8 GEMM kernel"):
             F.fp8_config(bad)
+
+
+def test_the_stream_k_tail_is_the_last_partial_wave_where_it_pays():
+    # 8192^3 in 128 x 256 tiles on 132 SMs: 2,048 tiles, 15 whole waves and 68 tiles left, whose wave would leave 64
+    # SMs idle for a tile of 64 slices: shared by all 132 blocks
+    assert F.stream_k_tiles(64 * 32, 132, 64) == 68
+    assert F.stream_k_tiles(32 * 16, 132, 32) == 0  # 4096^3: 116 of 132 busy in the last wave, short tiles
+    assert F.stream_k_tiles(32 * 16, 132, 32, force=True) == 116
+    assert F.stream_k_tiles(264, 132, 64, force=True) == 0 and F.stream_k_tiles(0, 132, 64) == 0  # whole waves
+    assert F.stream_k_tiles(6, 132, 64) == 6  # fewer tiles than blocks and long tiles: every tile is shared out
+    assert F.stream_k_tiles(6, 132, 8) == 0
+    for bad in ((-1, 4, 8), (8, 0, 8), (2.5, 4, 8), (True, 4, 8), (8, 4, 0)):
+        with pytest.raises(runtime.CourseInputError, match="must be a whole number"):
+            F.stream_k_tiles(*bad)
 
 
 def test_fp8_gemm_needs_a_gpu_or_says_so():
@@ -235,6 +254,13 @@ def test_fp8_source_compiles_to_e4m3_wgmma_and_tma_for_sm90a_only():
             assert (".reqnctapercluster" in body) is (c["cluster"] > 1), name
             stores = set(re.findall(r"st\.global[.\w]*", body))
             tma_store = "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in body
+            # stream-K: a piece's FP32 sums leave through L2 (st.global.cg), its mark is a release at the GPU's scope,
+            # the owner's wait an acquire; nothing of the kind in the other kernels
+            assert ("st.release.gpu.global.s32" in body and "ld.acquire.gpu.global.s32" in body
+                    and "ld.global.cg.v4.f32" in body) is c["stream_k"], name
+            if c["stream_k"]:
+                assert stores == {"st.global.cg.v4.f32"}, (name, stores)
+                stores = set()
             if c["epilogue"] == "tma":  # pieces of C by stmatrix into shared memory, stored by the TMA; no thread stores
                 assert tma_store and "stmatrix.sync.aligned.m8n8.x4.shared.b16" in body and not stores, name
                 assert "fence.proxy.async.shared::cta" in body and "cp.async.bulk.wait_group.read" in body, name
@@ -323,12 +349,12 @@ def _gpu_shapes(c: dict) -> list:
     return shapes
 
 
-def _run_fp8(cp, ca, cb, sa, sb, out, config, blocks=None):
+def _run_fp8(cp, ca, cb, sa, sb, out, config, blocks=None, **kw):
     """The GPU kernel's C (FP16 or BF16 bits, uint16, NaN until written) for these codes and scales."""
     M, N = ca.shape[0], cb.shape[0]
     C = cp.full((M, N), 0x7E00 if out == "float16" else 0x7FC0, cp.uint16)
     F.gemm_fp8(cp.asarray(ca), cp.asarray(cb), cp.asarray([sa]), cp.asarray([sb]),
-               C.view(cp.float16) if out == "float16" else C, config=config, blocks=blocks)
+               C.view(cp.float16) if out == "float16" else C, config=config, blocks=blocks, **kw)
     return C.get()
 
 
@@ -362,11 +388,12 @@ def test_fp8_gemm_on_gpu(rng, config, out):
 
 PERSISTENT_FP8 = [c for c in F.FP8_CONFIGS if F.fp8_config(c)["persistent"]]
 CLUSTER_FP8 = [c for c in PERSISTENT_FP8 if F.fp8_config(c)["cluster"] > 1]
+STREAM_K_FP8 = [c for c in PERSISTENT_FP8 if F.fp8_config(c)["stream_k"]]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("out", list(F.FP8_OUTPUTS))
-@pytest.mark.parametrize("config", [c for c in PERSISTENT_FP8 if c not in CLUSTER_FP8])
+@pytest.mark.parametrize("config", [c for c in PERSISTENT_FP8 if c not in CLUSTER_FP8 + STREAM_K_FP8])
 def test_fp8_persistent_writes_the_bits_of_its_one_tile_twin(rng, config, out):
     """The persistent kernel with its TMA store runs the same wgmmas on each tile, in the same order, and scales and
     rounds the same FP32 sums: its C is the one-tile-per-block kernel's of the same tile and accumulation, bit for bit,
@@ -403,6 +430,45 @@ def test_fp8_cluster_writes_the_bits_of_the_persistent_kernel(rng, config, out):
         want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
         err = np.abs(_as_float(ours, out) - want).max() / np.abs(want).max()
         assert err <= max(FP8_KERNEL_REL[out], FP8_FAST_REL), (config, out, M, N, K, blocks, err)
+
+
+# (M, N, K, blocks): tails that start and end inside tiles, one tile shared by many blocks (some with no slice at
+# all), more blocks than tiles, and whole waves (no tail: every tile whole, to one block)
+STREAM_K_SHAPES = [(2100, 2312, 1408, 3), (2100, 2312, 1408, 7), (300, 264, 2064, 7), (128, 256, 1408, 40),
+                   (1000, 1032, 2064, None), (640, 776, 1408, 5), (512, 1024, 640, 16), (2100, 2312, 256, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out", list(F.FP8_OUTPUTS))
+@pytest.mark.parametrize("config", STREAM_K_FP8)
+def test_fp8_stream_k_tail_sums_every_slice_once(rng, config, out):
+    """With a stream-K tail, each tile of the last wave is summed in pieces by several blocks and its owner adds them:
+    C within the bound of fast accumulation of the exact product at every shape (a slice summed twice or lost would
+    be off by order 1 / kblocks), the same bits from one launch to the next (the pieces are added in a fixed order),
+    and, where the tiles fill whole waves (no tail), the persistent kernel's bits."""
+    cp = _on_hopper()
+    twin = config.removesuffix("_sk")
+    c = F.fp8_config(config)
+    sms = runtime.get().device["sms"]
+    tails = 0
+    for M, N, K, blocks in STREAM_K_SHAPES:
+        tiles = -(-M // c["bm"]) * -(-N // c["bn"])
+        tail = F.stream_k_tiles(tiles, blocks or sms, -(-K // c["bk"]), force=True)
+        tails += tail > 0
+        ca, sa, cb, sb = _gpu_operands(rng, M, N, K, outlier=True)
+        ours = _run_fp8(cp, ca, cb, sa, sb, out, config, blocks, stream_k=True)
+        again = _run_fp8(cp, ca, cb, sa, sb, out, config, blocks, stream_k=True)
+        assert np.isfinite(_as_float(ours, out)).all(), (config, out, M, N, K, blocks)
+        assert (ours == again).all(), (config, out, M, N, K, blocks)
+        want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
+        err = np.abs(_as_float(ours, out) - want).max() / np.abs(want).max()
+        assert err <= max(FP8_KERNEL_REL[out], FP8_FAST_REL), (config, out, M, N, K, blocks, err)
+        if tail == 0:
+            theirs = _run_fp8(cp, ca, cb, sa, sb, out, twin, blocks)
+            assert (ours == theirs).all(), (config, out, M, N, K, blocks, int((ours != theirs).sum()))
+    assert tails >= 5  # most shapes do have a tail
+    with pytest.raises(runtime.CourseInputError, match="stream_k is for"):
+        _run_fp8(cp, ca, cb, sa, sb, out, twin, stream_k=True)
 
 
 @pytest.mark.gpu

@@ -14,6 +14,8 @@
 //     (thread-block cluster of 2 along M) taking the two tiles of one column of C on adjacent rows, in lockstep,
 //     each loading its own A and half of the B they share, multicast by the TMA into both blocks' stages (a stage is
 //     refilled only when the consumers of both blocks have released it);
+//   * StreamK, for_each_unit, produce_units, sk_store_piece, sk_add_pieces: the last wave's tiles shared out among
+//     all the blocks by slices (stream-K), the pieces of a tile summed by its owner before its epilogue;
 //   * store_tile_tma: the epilogue that writes a consumer warpgroup's 64 rows of C through shared memory, 64 columns
 //     at a time, by stmatrix in the TMA's 128-byte swizzle, each piece stored by the TMA (clipped at C's edges).
 #pragma once
@@ -21,6 +23,14 @@
 #include "hopper.cuh"
 
 namespace hopper {
+
+// The stream-K tail's state (below, with the functions that use it).
+struct StreamK {
+  float* partials;  // gridDim.x x consumers x 64 x BN FP32: block b's first piece, if it is not a tile's first
+  int* flags;       // gridDim.x x consumers: epoch once block b's consumer has written its piece
+  int sk_tiles;     // the last sk_tiles tiles are shared out by slices (0: every tile whole, to a block)
+  int epoch;        // a number no earlier launch on these flags used
+};
 
 #ifdef GPUCOURSE_WGMMA
 template <int BM, int BN>
@@ -160,6 +170,122 @@ __device__ __forceinline__ void produce_tiles(const Tiles& tiles, const Ring<STA
                                               unsigned bytes, Load load) {
   produce_tiles(tiles, ring, kblocks, bytes, [](int, int) { return 0; },
                 [&](int s, unsigned long long* bar, int kb, int m0, int n0, int) { load(s, bar, kb, m0, n0); });
+}
+
+// ------------------------------------------------------------------ stream-K: the last wave shared out by slices
+// T tiles on P blocks (one an SM) make T / P waves; when T is not a multiple of P, the last wave runs T % P tiles
+// and leaves the other SMs idle (2,048 tiles of 128 x 256 on 132 SMs: 15.5 waves, timed as 16). With a stream-K
+// tail, the first T - sk_tiles tiles go to the blocks in turn as before (block b: b, b + P, ...), and the slices of
+// the last sk_tiles tiles, sk_tiles x kblocks of them in one row (tile by tile, each tile's slices in order), are
+// cut into P runs of equal length, block b taking run b. A run may start or end inside a tile: then a tile's slices
+// are summed by several blocks, a "piece" each. The block whose piece holds the tile's first slice (the tile's owner:
+// the piece is the last of its run) adds the others' sums to its own and stores C; every other piece is the first
+// of its block's run, and that block writes its FP32 sums to ``partials`` (its consumers' accumulators, in their
+// registers' order) and then marks ``flags`` with this launch's ``epoch``. The owner waits for those marks, which
+// are set by blocks with higher indices and never wait themselves: no cycle, as long as every block of the grid is
+// resident at once (a persistent launch, at most a block an SM). The owner adds the pieces in the order of the
+// blocks, so the same launch on the same grid gives the same bits every time.
+
+// Where block b's run of the stream-K slices begins (b = gridDim.x: where the last one ends).
+__device__ __forceinline__ long long sk_run_start(int b, long long slices) {
+  return slices * b / gridDim.x;
+}
+
+// The units of work of this block, in order: f(t, k0, k1) for tile t's slices k0 .. k1 - 1. First the whole tiles
+// (b, b + P, ... below count - sk_tiles), then the block's run of the stream-K tail, piece by piece.
+template <typename F>
+__device__ __forceinline__ void for_each_unit(int count, int kblocks, int sk_tiles, F f) {
+  const int whole = count - sk_tiles;
+  const long long slices = static_cast<long long>(sk_tiles) * kblocks;
+  int t = static_cast<int>(blockIdx.x);
+  long long i = sk_run_start(blockIdx.x, slices);
+  const long long end = sk_run_start(blockIdx.x + 1, slices);
+  for (;;) {  // one call of f, so that the mainloop it holds is compiled once
+    int tile, k0, k1;
+    if (t < whole) {
+      tile = t, k0 = 0, k1 = kblocks;
+      t += static_cast<int>(gridDim.x);
+    } else if (i < end) {
+      tile = whole + static_cast<int>(i / kblocks), k0 = static_cast<int>(i % kblocks);
+      k1 = static_cast<int>(min(static_cast<long long>(kblocks), k0 + (end - i)));
+      i += k1 - k0;
+    } else {
+      break;
+    }
+    f(tile, k0, k1);
+  }
+}
+
+// The persistent producer under a stream-K tail: produce_tiles' loads, unit by unit (tiles: GroupedTiles).
+template <typename Tiles, int STAGES, typename Load>
+__device__ __forceinline__ void produce_units(const Tiles& tiles, const Ring<STAGES, 1>& ring, int kblocks,
+                                              int sk_tiles, unsigned bytes, Load load) {
+  int g = 0;
+  for_each_unit(tiles.count, kblocks, sk_tiles, [&](int t, int k0, int k1) {
+    int m0, n0;
+    tiles.origin(t, m0, n0);
+    for (int kb = k0; kb < k1; ++kb, ++g) {
+      const int s = ring.acquire(g, bytes);
+      load(s, &ring.full[s], kb, m0, n0);
+    }
+  });
+}
+
+// A consumer warpgroup's piece of a stream-K tile that is not the tile's first: its 64 x BN sums to partials (thread
+// tid's 8 BN / 16 values at float4 q .. : q x 128 + tid, so that each store instruction writes 2 KiB in a row), then
+// the mark. bar: the warpgroup's named barrier. The mark is a release at the GPU's scope by one thread after the
+// barrier, as CUTLASS's stream-K barrier: the other threads' stores are ordered before it.
+template <int BN>
+__device__ __forceinline__ void sk_store_piece(const float (&d)[BN / 16][8], const StreamK& sk, int consumers, int c,
+                                               int bar) {
+  const int tid = threadIdx.x % 128;
+  const int slot = static_cast<int>(blockIdx.x) * consumers + c;
+  float4* out = reinterpret_cast<float4*>(sk.partials) + static_cast<size_t>(slot) * (BN / 16) * 2 * 128 + tid;
+#pragma unroll
+  for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      __stcg(out + (2 * i + h) * 128, make_float4(d[i][4 * h], d[i][4 * h + 1], d[i][4 * h + 2], d[i][4 * h + 3]));
+  named_sync(bar, 128);
+  if (tid == 0) asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sk.flags + slot), "r"(sk.epoch) : "memory");
+}
+
+// The owner of stream-K tile u (the u-th of the tail), whose piece held the tile's first slices and ended at slice
+// k1: add the pieces of the blocks after this one that hold the rest, in block order, each once its mark is set.
+template <int BN>
+__device__ __forceinline__ void sk_add_pieces(float (&d)[BN / 16][8], const StreamK& sk, int consumers, int c, int u,
+                                              int kblocks, int bar) {
+  const int tid = threadIdx.x % 128;
+  const long long slices = static_cast<long long>(sk.sk_tiles) * kblocks, tile_end = (u + 1LL) * kblocks;
+  for (int b = static_cast<int>(blockIdx.x) + 1; b < static_cast<int>(gridDim.x); ++b) {
+    const long long start = sk_run_start(b, slices);
+    if (start >= tile_end) break;
+    if (sk_run_start(b + 1, slices) == start) continue;  // an empty run: no piece
+    const int slot = b * consumers + c;
+    if (tid == 0) {
+      int mark;
+      unsigned long long t0 = 0, t;
+      for (;;) {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(mark) : "l"(sk.flags + slot) : "memory");
+        if (mark == sk.epoch) break;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t0 == 0) t0 = t;
+        if (t - t0 > MBAR_TIMEOUT_NS) GPUCOURSE_FAIL();
+      }
+    }
+    named_sync(bar, 128);
+    const float4* in = reinterpret_cast<const float4*>(sk.partials) + static_cast<size_t>(slot) * (BN / 16) * 2 * 128 + tid;
+#pragma unroll
+    for (int i = 0; i < BN / 16; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 v = __ldcg(in + (2 * i + h) * 128);
+        d[i][4 * h] += v.x;
+        d[i][4 * h + 1] += v.y;
+        d[i][4 * h + 2] += v.z;
+        d[i][4 * h + 3] += v.w;
+      }
+  }
 }
 
 // stmatrix: four 8 x 8 matrices of 16-bit values from the registers of a warp to shared memory. Register q of lane l

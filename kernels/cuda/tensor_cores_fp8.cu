@@ -184,13 +184,18 @@ __device__ __forceinline__ void gemm_fp8_tile(const TensorMap* tmA, const Tensor
 // 128), which the TMA multicasts into both blocks' stages at the same offset: each operand byte of B leaves the L2
 // once for two tiles. The ring's barriers span the cluster (Ring<STAGES, 2>). The same wgmmas in the same order on
 // the same tiles: C bit for bit the one-block kernel's.
-template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT, int CLUSTER = 1>
+//
+// STREAM_K (one block, no cluster): the last sk.sk_tiles tiles are shared out by slices (hopper_gemm.cuh's StreamK): a
+// consumer's piece that is not its tile's first leaves as FP32 sums to sk.partials; the tile's owner adds them before
+// its epilogue. sk.sk_tiles = 0: the same units, the same bits, as the kernel without it.
+template <int BM, int BN, int STAGES, bool PROMOTED, typename OUT, int CLUSTER = 1, bool STREAM_K = false>
 __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const TensorMap* tmB, const TensorMap* tmC,
                                                     const float* __restrict__ scale_a,
                                                     const float* __restrict__ scale_b, int M, int N, int K,
-                                                    int group_m) {
+                                                    int group_m, const StreamK& sk = StreamK{}) {
 #ifdef GPUCOURSE_WGMMA
   static_assert(CLUSTER == 1 || CLUSTER == 2, "one block, or clusters of two");
+  static_assert(!STREAM_K || CLUSTER == 1, "the stream-K tail: one block, no cluster");
   constexpr int BK8 = 2 * BK;
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK8, B_BYTES = BN * BK8;
@@ -216,25 +221,30 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
     producer_regs<CONSUMERS>();
-    if (tid == 0)
-      produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES,  // this block's A and all of B: both halves land here
-                    [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
-                      tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK8, m0);
-                      if constexpr (CLUSTER == 1) {
-                        tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK8, n0);
-                      } else {  // rows r BN / 2 .. of the slice, into both blocks (mask: every rank of the cluster)
-                        const unsigned r = tiles.rank;
-                        tma_load_2d_multicast(sB + s * B_BYTES + r * (B_BYTES / CLUSTER), tmB, bar, kb * BK8,
-                                              n0 + static_cast<int>(r) * (BN / CLUSTER), (1u << CLUSTER) - 1);
-                      }
-                    });
+    const auto load = [&](int s, unsigned long long* bar, int kb, int m0, int n0) {
+      tma_load_2d(sA + s * A_BYTES, tmA, bar, kb * BK8, m0);
+      if constexpr (CLUSTER == 1) {
+        tma_load_2d(sB + s * B_BYTES, tmB, bar, kb * BK8, n0);
+      } else {  // rows r BN / 2 .. of the slice, into both blocks (mask: every rank of the cluster)
+        const unsigned r = tiles.rank;
+        tma_load_2d_multicast(sB + s * B_BYTES + r * (B_BYTES / CLUSTER), tmB, bar, kb * BK8,
+                              n0 + static_cast<int>(r) * (BN / CLUSTER), (1u << CLUSTER) - 1);
+      }
+    };
+    if (tid == 0) {  // this block's A and all of B (in a cluster both halves land here)
+      if constexpr (STREAM_K)
+        produce_units(tiles, ring, kblocks, sk.sk_tiles, A_BYTES + B_BYTES, load);
+      else
+        produce_tiles(tiles, ring, kblocks, A_BYTES + B_BYTES, load);
+    }
   } else {  // ---------------------------------------------------------------------- consumers
     consumer_regs<CONSUMERS>();
     const int c = wg - 1;
     const float alpha = __ldg(scale_a) * __ldg(scale_b);
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of C this consumer has handed to the TMA
-    for (int t = tiles.first(); t < tiles.count; t += tiles.step()) {
+    // Tile t's slices k0 .. k1 - 1 (all of them but in a stream-K tail).
+    const auto unit = [&](int t, int k0, int k1) {
       int m0, n0;
       const bool in_c = tiles.origin(t, m0, n0);  // false: a cluster's tile below C's last row, loaded, not stored
       float d[BN / 16][8];
@@ -242,17 +252,28 @@ __device__ __forceinline__ void gemm_fp8_persistent(const TensorMap* tmA, const 
       for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
         for (int j = 0; j < 8; ++j) d[i][j] = 0.0f;
-      for (int kb = 0; kb < kblocks; ++kb, ++g) {
+      for (int kb = k0; kb < k1; ++kb, ++g) {
         const int s = ring.wait_full(g);
         fp8_stage<BN, PROMOTED, CLUSTER>(d, smem_addr(sA + s * A_BYTES + c * 64 * 128), smem_addr(sB + s * B_BYTES),
                                          &ring.empty[s]);
+      }
+      if constexpr (STREAM_K) {
+        if (k0 > 0) {  // a piece after the tile's first: its sums go to the tile's owner
+          sk_store_piece<BN>(d, sk, CONSUMERS, c, 1 + c);
+          return;
+        }
+        if (k1 < kblocks) sk_add_pieces<BN>(d, sk, CONSUMERS, c, t - (tiles.count - sk.sk_tiles), kblocks, 1 + c);
       }
       // The epilogue, while the producer loads the next tile's first slices: each value times scale_a scale_b,
       // rounded once to OUT, as gemm_fp8_tile's.
       if (in_c)
         store_tile_tma<BN>(d, sC + c * 2 * STORE_PIECE_BYTES, stored, tmC, m0 + c * 64, n0, M, N, 1 + c,
                            [alpha](float x, float y) { return pack_pair<OUT>(alpha * x, alpha * y); });
-    }
+    };
+    if constexpr (STREAM_K)
+      for_each_unit(tiles.count, kblocks, sk.sk_tiles, unit);
+    else
+      for (int t = tiles.first(); t < tiles.count; t += tiles.step()) unit(t, 0, kblocks);
     store_tma_drain();
   }
   if constexpr (CLUSTER > 1) cluster_sync();  // no block leaves while its partner may still multicast into it or
@@ -309,6 +330,22 @@ FP8_GEMM_PERSISTENT(128, 128, 6, promoted, true, bf16, __nv_bfloat16)
 
 FP8_GEMM_PERSISTENT_C2(128, 256, 4, fast, false, f16, __half)
 FP8_GEMM_PERSISTENT_C2(128, 256, 4, fast, false, bf16, __nv_bfloat16)
+
+// ... and one block an SM with the last wave shared out by slices (hopper_gemm.cuh's StreamK): partials, flags,
+// sk_tiles and epoch as kernels/tensor_cores_fp8.py's launcher gives them.
+#define FP8_GEMM_PERSISTENT_SK(BM, BN, S, ACC, PROMOTED, OUTNAME, OUT)                                             \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                           \
+      fp8_gemm_##BM##x##BN##x128_s##S##_##ACC##_persistent_tmastore_sk_##OUTNAME(                                 \
+          const __grid_constant__ TensorMap tmA, const __grid_constant__ TensorMap tmB,                           \
+          const __grid_constant__ TensorMap tmC, const float* scale_a, const float* scale_b, int M, int N, int K, \
+          int group_m, float* partials, int* flags, int sk_tiles, int epoch) {                                    \
+    hopper::gemm_fp8_persistent<BM, BN, S, PROMOTED, OUT, 1, true>(&tmA, &tmB, &tmC, scale_a, scale_b, M, N, K, \
+                                                                   group_m,                                       \
+                                                                   hopper::StreamK{partials, flags, sk_tiles, epoch}); \
+  }
+
+FP8_GEMM_PERSISTENT_SK(128, 256, 4, fast, false, f16, __half)
+FP8_GEMM_PERSISTENT_SK(128, 256, 4, fast, false, bf16, __nv_bfloat16)
 
 // e4m3 codes of x / scale, a scale for each ``block`` consecutive elements (n for one scale per tensor; rows x d for
 // lesson 10's blocks of rows), rounded as the GPU rounds (e4m3_code of e4m3.cuh: to nearest, ties to even,
