@@ -521,17 +521,20 @@ WGMMA_SOURCE = "convolution_wgmma"  # kernels/cuda/convolution_wgmma.cu, compile
 # (BM x BN, stages); each as a box of the image (TH x TW pixels) and as BM consecutive output pixels read by the
 # TMA's im2col mode ("i2c"), which computes no row for nothing
 _WGMMA_TILES = ("128x128_s4", "128x64_s4", "128x256_s3", "64x128_s4", "64x64_s6")
-# ... and, im2col only, 256 x 128: four consumer warpgroups of 64 rows (104 registers each, hopper::consumer_regs)
+# ... and, im2col only, 256 x 128: four consumer warpgroups of 64 rows (104 registers each, hopper::consumer_regs);
+# 128 x 224: 2,048 output channels in 10 tiles, so that ResNet-50's conv5_x 1x1 512->2048 at batch 32 (1,568 output
+# pixels) is 130 tiles, one wave on 132 SMs, where 128 x 256 leaves 28 SMs idle (the tile cuDNN's fastest kernel uses)
 WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2c_") for t in _WGMMA_TILES) + (
-    "conv_wgmma_i2c_256x128_s3_nhwc_f16",)
+    "conv_wgmma_i2c_256x128_s3_nhwc_f16", "conv_wgmma_i2c_128x224_s4_nhwc_f16")
 # The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next
 # tile's taps loaded while this one's y is stored) with y written by the TMA through shared memory. Stages: as many as
 # fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not among the tiles
 # WGMMA_CONV_CONFIGS lists: the race (benchmarks/convolution.py) sweeps them as a kind of their own.
-_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3")
+_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3", "128x224_s4")
 WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
 WGMMA_STORE_PIECE = 64  # persistent: y leaves in pieces of 64 rows x 64 channels, two buffers a consumer warpgroup
+# (a tile 32 channels past whole pieces, 128 x 224, ends with one of 64 x 32)
 
 
 def wgmma_conv_config(name: str) -> dict:
@@ -667,6 +670,8 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
         if blocks is None:  # as many as the SMs hold at once
             blocks = runtime.get().device["sms"] * tc.blocks_per_sm(fn, cfg["threads"], cfg["smem_bytes"])
         args = [map_x, map_w, map_y, *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, tc.WGMMA_GROUP_M))]
+        if cfg["bn"] % WGMMA_STORE_PIECE:  # the tile's last 32 channels: y in boxes of 64 x 32 (64-byte swizzle)
+            args.append(tc.tensor_map(y.reshape(n * P * Q, k), (WGMMA_STORE_PIECE, WGMMA_STORE_PIECE // 2)))
         tc.launch_hopper(fn, (min(tiles, blocks),), cfg["threads"], cfg["smem_bytes"], args, cfg["name"])
         return y
     args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),

@@ -639,8 +639,11 @@ def test_wgmma_conv_tiles():
         cv.wgmma_conv_config("conv_wgmma_256x256_s4_nhwc_f16")
     assert cv.wgmma_conv_config("conv_wgmma_i2c_128x64_s4_nhwc_f16")["im2col"]
     assert not cv.wgmma_conv_config("conv_wgmma_128x64_s4_nhwc_f16")["im2col"]
-    assert {n.replace("i2c_", "") for n in cv.WGMMA_CONV_CONFIGS if "i2c_" in n and "_256x" not in n} == \
-        {n for n in cv.WGMMA_CONV_CONFIGS if "i2c_" not in n}  # every tile of 128 rows or fewer both ways
+    assert {n.replace("i2c_", "") for n in cv.WGMMA_CONV_CONFIGS if "i2c_" in n and "_256x" not in n
+            and "x224_" not in n} == {n for n in cv.WGMMA_CONV_CONFIGS if "i2c_" not in n}  # both ways, but two
+    c = cv.wgmma_conv_config("conv_wgmma_i2c_128x224_s4_persistent_nhwc_f16")  # 130 tiles at conv5_x 1x1 512->2048
+    assert (c["bn"], c["stages"], c["smem_bytes"]) == (224, 4, 1024 + 4 * (128 + 224) * 128 + 2 * 2 * 8192 + 64)
+    assert math.prod(cv.wgmma_conv_tiles(32, 7, 7, 2048, 128, 224, im2col=True)["grid"]) == 130
     c = cv.wgmma_conv_config("conv_wgmma_i2c_256x128_s3_nhwc_f16")  # four consumers, im2col only
     assert (c["consumers"], c["threads"], c["smem_bytes"]) == (4, 640, 1024 + 3 * (256 + 128) * 128 + 48)
 

@@ -75,6 +75,7 @@ WGMMA_CONV(i2c_, true, 128, 256, 3)
 WGMMA_CONV(i2c_, true, 64, 128, 4)
 WGMMA_CONV(i2c_, true, 64, 64, 6)
 WGMMA_CONV(i2c_, true, 256, 128, 3)
+WGMMA_CONV(i2c_, true, 128, 224, 4)
 
 namespace hopper {
 
@@ -87,15 +88,17 @@ struct ConvTap {
 // The i2c tiles, persistent: conv_tile's producer and consumers on lesson 4's schedule (GroupedTiles over the
 // (N P Q) x K matrix y, the Ring's phases running across tiles, produce_tiles' producer) and its TMA-stored epilogue
 // (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
+// BN = 224 (128 x 224: 2,048 output channels in 10 tiles): y's last 32 channels of a tile leave through tmY32, y in
+// boxes of 64 x 32 (store_tile_tma's half piece).
 template <int BM, int BN, int STAGES>
 __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const TensorMap* tmW, const TensorMap* tmY, int N,
                                                 int P, int Q, int K, int C, int R, int S, int ph, int pw,
-                                                int group_m) {
+                                                int group_m, const TensorMap* tmY32 = nullptr) {
 #ifdef GPUCOURSE_WGMMA
   constexpr int CONSUMERS = BM / 64;
   constexpr unsigned A_BYTES = BM * BK * 2, B_BYTES = BN * BK * 2;
   constexpr unsigned Y_BYTES = CONSUMERS * 2 * STORE_PIECE_BYTES;  // two pieces of y a consumer, used in turn
-  static_assert(BN % STORE_PIECE == 0, "the TMA store: whole 64-channel pieces");
+  static_assert(B_BYTES % 1024 == 0, "each stage's w starts on the swizzle's 1024-byte grid");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's 1 KiB
   unsigned char* sA = smem;                     // STAGES x [BM][64] FP16: BM output pixels' input pixels, one tap
@@ -164,7 +167,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
       if (tid == 0 && held >= 0) ring.release(held);
       // The epilogue, while the producer fills the stages just freed with the next tile's first taps.
       store_tile_tma<BN>(d, sY + c * 2 * STORE_PIECE_BYTES, stored, tmY, m0 + c * 64, k0, rows, K, 1 + c,
-                         [](float x, float y) { return half2_bits(x, y); });
+                         [](float x, float y) { return half2_bits(x, y); }, tmY32);
     }
     store_tma_drain();
     // endregion
@@ -193,3 +196,15 @@ WGMMA_CONV_PERSISTENT(128, 256, 4)
 WGMMA_CONV_PERSISTENT(64, 128, 3)
 WGMMA_CONV_PERSISTENT(64, 64, 5)
 WGMMA_CONV_PERSISTENT(256, 128, 3)
+
+// ... and 128 x 224, whose tiles' last 32 channels leave through tmY32 (y in boxes of 64 x 32)
+#define WGMMA_CONV_PERSISTENT_HALF(BM, BN, S)                                                                     \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      conv_wgmma_i2c_##BM##x##BN##_s##S##_persistent_nhwc_f16(                                                   \
+          const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW,                         \
+          const __grid_constant__ TensorMap tmY, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, \
+          int group_m, const __grid_constant__ TensorMap tmY32) {                                               \
+    hopper::conv_persistent<BM, BN, S>(&tmX, &tmW, &tmY, N, P, Q, K, C, R, Sw, ph, pw, group_m, &tmY32);       \
+  }
+
+WGMMA_CONV_PERSISTENT_HALF(128, 224, 4)

@@ -309,10 +309,16 @@ constexpr unsigned STORE_PIECE_BYTES = STORE_PIECE * STORE_PIECE * 2;
 // 32-bit word, x in the low half (the lower column). bufs: the warpgroup's two pieces (1024-byte aligned); stored:
 // the pieces it has handed to the TMA so far, over all its tiles (the buffer is stored % 2); bar: the warpgroup's
 // named barrier. Pieces wholly outside C are not stored; the TMA clips the others at C's edges.
+//
+// A tile 32 columns past whole pieces (BN = 224, lesson 5's 128 x 224 convolution tile) ends with a half piece: its
+// last 32 columns, d[BN / 16 - 2 ..], 64 bytes a row in the 64-byte swizzle (the TMA's: 16-byte chunk k of row r at
+// chunk k ^ ((r / 2) % 4)), stored through tmC32, a map of C in boxes of 64 x 32.
 template <int BN, typename Pack>
 __device__ __forceinline__ void store_tile_tma(const float (&d)[BN / 16][8], unsigned char* bufs, int& stored,
-                                               const TensorMap* tmC, int m0, int n0, int M, int N, int bar, Pack pack) {
-  static_assert(BN % STORE_PIECE == 0, "the TMA store: whole 64-column pieces");
+                                               const TensorMap* tmC, int m0, int n0, int M, int N, int bar, Pack pack,
+                                               const TensorMap* tmC32 = nullptr) {
+  static_assert(BN % STORE_PIECE == 0 || BN % STORE_PIECE == STORE_PIECE / 2,
+                "the TMA store: whole 64-column pieces, and at most one of 32 columns");
   const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
 #pragma unroll
   for (int p = 0; p < BN / STORE_PIECE; ++p, ++stored) {
@@ -332,6 +338,26 @@ __device__ __forceinline__ void store_tile_tma(const float (&d)[BN / 16][8], uns
       if (m0 < M && n0 + STORE_PIECE * p < N) tma_store_2d(tmC, buf, n0 + STORE_PIECE * p, m0);
       bulk_commit();
     }
+  }
+  if constexpr (BN % STORE_PIECE != 0) {  // the half piece: columns BN - 32 .. BN - 1
+    constexpr int J = BN / 16 - 2, HALF = STORE_PIECE / 2;
+    unsigned char* buf = bufs + (stored % 2) * STORE_PIECE_BYTES;
+    if (tid == 0) bulk_wait_read<1>();
+    named_sync(bar, 128);
+    const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = J + jj, chunk = 2 * jj + q / 2;
+      stmatrix_x4(smem_addr(buf + row * 64 + ((chunk ^ ((row / 2) % 4)) * 16)), pack(d[j][0], d[j][1]),
+                  pack(d[j][2], d[j][3]), pack(d[j][4], d[j][5]), pack(d[j][6], d[j][7]));
+    }
+    fence_async_shared();
+    named_sync(bar, 128);
+    if (tid == 0) {
+      if (m0 < M && n0 + BN - HALF < N) tma_store_2d(tmC32, buf, n0 + BN - HALF, m0);
+      bulk_commit();
+    }
+    ++stored;
   }
 }
 
