@@ -367,8 +367,8 @@ def fp8_reading(table: dict) -> list:
     def clustered(r):  # a kernel in thread-block clusters (absent from the records made before there was one)
         return F.fp8_config(r["config"])["cluster"] > 1
 
-    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation (one block, no cluster,
-        return next(r for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate  # no stream-K tail)
+    def persistent(accumulate, bn):  # the persistent kernel of that tile and accumulation: one block, no cluster,
+        return next(r for r in ours if F.fp8_config(r["config"])["accumulate"] == accumulate  # no stream-K tail
                     and F.fp8_config(r["config"])["bn"] == bn and F.fp8_config(r["config"])["persistent"]
                     and not clustered(r) and not F.fp8_config(r["config"])["stream_k"])
 

@@ -276,7 +276,8 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     tiles; ``blocks`` launches that many instead (what the tests use to walk many tiles a block). The "_c2" ones run in
     clusters of two blocks (``tensor_cores.wgmma_blocks``): ``blocks`` must then be even. The "_sk" one launches a
     block per SM (or ``blocks``) even for fewer tiles, and shares the last wave's tiles out among all of them by slices
-    of K where ``stream_k_tiles`` says it pays (``stream_k=True``: wherever there is a last partial wave)."""
+    of K where ``stream_k_tiles`` says it pays (``stream_k=True``: wherever there is a last partial wave; False:
+    nowhere, every tile whole as the kernel without the tail has them)."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -319,16 +320,17 @@ def gemm_fp8(A, B, scale_a, scale_b, C, *, config: str | None = None, group_m: i
     fn = tc.hopper_kernel(FP8_SOURCE, name, c["smem_bytes"])
     # B in boxes of BN rows, or in a cluster of two of BN / 2: each block loads its half of B's slice, for both
     map_a, map_b = tc.tensor_map(A, (c["bm"], c["bk"])), tc.tensor_map(B, (c["bn"] // c["cluster"], c["bk"]))
-    grid = tc.wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
     scales_dims = [ctypes.c_uint64(scale_a.data.ptr), ctypes.c_uint64(scale_b.data.ptr), ctypes.c_int32(M),
                    ctypes.c_int32(N), ctypes.c_int32(K), ctypes.c_int32(group_m)]
     if c["stream_k"]:  # a block an SM (or ``blocks``) even with fewer tiles: the tail's slices go to all of them
         grid = blocks or runtime.get().device.get("sms")
         partials, flags, epoch = _stream_k_workspace(grid, c["consumers"], c["bm"], c["bn"])
         tiles = math.ceil(M / c["bm"]) * math.ceil(N / c["bn"])
-        sk_tiles = stream_k_tiles(tiles, grid, math.ceil(K / c["bk"]), force=bool(stream_k))
+        sk_tiles = 0 if stream_k is False else stream_k_tiles(tiles, grid, math.ceil(K / c["bk"]), force=bool(stream_k))
         scales_dims += [ctypes.c_uint64(partials.data.ptr), ctypes.c_uint64(flags.data.ptr), ctypes.c_int32(sk_tiles),
                         ctypes.c_int32(epoch)]
+    else:
+        grid = tc.wgmma_blocks(c, M, N, (blocks or runtime.get().device.get("sms")) if c["persistent"] else None)
     if c["epilogue"] == "tma":  # C written by the TMA in boxes of 64 x 64 (FP16 or BF16: 2 bytes an element)
         args = [map_a, map_b, tc.tensor_map(C, (tc.WGMMA_STORE_PIECE, tc.WGMMA_STORE_PIECE)), *scales_dims]
     else:

@@ -463,9 +463,11 @@ def test_fp8_stream_k_tail_sums_every_slice_once(rng, config, out):
         want = F.gemm_fp8_spec(ca, cb, sa, sb, out="float64")
         err = np.abs(_as_float(ours, out) - want).max() / np.abs(want).max()
         assert err <= max(FP8_KERNEL_REL[out], FP8_FAST_REL), (config, out, M, N, K, blocks, err)
+        theirs = _run_fp8(cp, ca, cb, sa, sb, out, twin, blocks)
         if tail == 0:
-            theirs = _run_fp8(cp, ca, cb, sa, sb, out, twin, blocks)
             assert (ours == theirs).all(), (config, out, M, N, K, blocks, int((ours != theirs).sum()))
+        whole = _run_fp8(cp, ca, cb, sa, sb, out, config, blocks, stream_k=False)  # no tail: every tile whole
+        assert (whole == theirs).all(), (config, out, M, N, K, blocks, int((whole != theirs).sum()))
     assert tails >= 5  # most shapes do have a tail
     with pytest.raises(runtime.CourseInputError, match="stream_k is for"):
         _run_fp8(cp, ca, cb, sa, sb, out, twin, stream_k=True)

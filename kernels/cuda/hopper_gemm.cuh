@@ -302,61 +302,60 @@ __device__ __forceinline__ void stmatrix_x4(unsigned addr, unsigned r0, unsigned
 constexpr int STORE_PIECE = 64;
 constexpr unsigned STORE_PIECE_BYTES = STORE_PIECE * STORE_PIECE * 2;
 
+// One piece of C, columns col .. col + W - 1 of the tile (d[j0 .. j0 + W / 16 - 1]), through buffer buf and map tm
+// (boxes of 64 x W). A row of the piece is 2 W bytes (128 or 64), in the TMA's swizzle of that width: 16-byte chunk k
+// of row r at chunk k ^ ((2 W r / 128) % (2 W / 16)), that is k ^ (r % 8) for 128-byte rows, k ^ ((r / 2) % 4) for
+// 64-byte ones. Stored only where it lies in C (``inside``).
+template <int W, int NJ, typename Pack>
+__device__ __forceinline__ void store_piece_tma(const float (&d)[NJ][8], int j0, unsigned char* buf,
+                                                const TensorMap* tm, int col, int m0, bool inside, int bar, Pack pack) {
+  constexpr int ROW = 2 * W, CHUNKS = ROW / 16;  // bytes and 16-byte chunks a row
+  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
+  if (tid == 0) bulk_wait_read<1>();  // the store from this buffer, two pieces ago, has read it
+  named_sync(bar, 128);
+  const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
+#pragma unroll
+  for (int jj = 0; jj < W / 16; ++jj) {
+    const int j = j0 + jj, chunk = 2 * jj + q / 2;
+    stmatrix_x4(smem_addr(buf + row * ROW + ((chunk ^ ((row * ROW / 128) % CHUNKS)) * 16)), pack(d[j][0], d[j][1]),
+                pack(d[j][2], d[j][3]), pack(d[j][4], d[j][5]), pack(d[j][6], d[j][7]));
+  }
+  fence_async_shared();  // the piece, seen by the TMA
+  named_sync(bar, 128);
+  if (tid == 0) {
+    if (inside) tma_store_2d(tm, buf, col, m0);
+    bulk_commit();
+  }
+}
+
 // A consumer warpgroup's 64 x BN accumulators d, rows m0 .. m0 + 63 and columns n0 .. of C, stored through shared
 // memory. Piece p (columns 64p .. 64p + 63) is held in d[4p .. 4p + 3]; d[j] covers 16 rows x 16 columns of each warp
-// as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix. The piece's row r is 128 bytes; its
-// 16-byte chunk k lies at chunk k ^ (r % 8), the swizzle the TMA undoes. pack(x, y): two values of C's type in one
+// as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix (store_piece_tma). pack(x, y): two
+// values of C's type in one
 // 32-bit word, x in the low half (the lower column). bufs: the warpgroup's two pieces (1024-byte aligned); stored:
 // the pieces it has handed to the TMA so far, over all its tiles (the buffer is stored % 2); bar: the warpgroup's
 // named barrier. Pieces wholly outside C are not stored; the TMA clips the others at C's edges.
 //
 // A tile 32 columns past whole pieces (BN = 224, lesson 5's 128 x 224 convolution tile) ends with a half piece: its
-// last 32 columns, d[BN / 16 - 2 ..], 64 bytes a row in the 64-byte swizzle (the TMA's: 16-byte chunk k of row r at
-// chunk k ^ ((r / 2) % 4)), stored through tmC32, a map of C in boxes of 64 x 32.
+// last 32 columns, d[BN / 16 - 2 ..], 64 bytes a row in the 64-byte swizzle, stored through tmC32, a map of C in boxes
+// of 64 x 32.
 template <int BN, typename Pack>
 __device__ __forceinline__ void store_tile_tma(const float (&d)[BN / 16][8], unsigned char* bufs, int& stored,
                                                const TensorMap* tmC, int m0, int n0, int M, int N, int bar, Pack pack,
                                                const TensorMap* tmC32 = nullptr) {
   static_assert(BN % STORE_PIECE == 0 || BN % STORE_PIECE == STORE_PIECE / 2,
                 "the TMA store: whole 64-column pieces, and at most one of 32 columns");
-  const int tid = threadIdx.x % 128, warp = tid / 32, lane = tid % 32;
 #pragma unroll
   for (int p = 0; p < BN / STORE_PIECE; ++p, ++stored) {
-    unsigned char* buf = bufs + (stored % 2) * STORE_PIECE_BYTES;
-    if (tid == 0) bulk_wait_read<1>();  // the store from this buffer, two pieces ago, has read it
-    named_sync(bar, 128);
-    const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) {
-      const int j = 4 * p + jj, chunk = 2 * jj + q / 2;
-      stmatrix_x4(smem_addr(buf + row * 128 + ((chunk ^ (row % 8)) * 16)), pack(d[j][0], d[j][1]),
-                  pack(d[j][2], d[j][3]), pack(d[j][4], d[j][5]), pack(d[j][6], d[j][7]));
-    }
-    fence_async_shared();  // the piece, seen by the TMA
-    named_sync(bar, 128);
-    if (tid == 0) {
-      if (m0 < M && n0 + STORE_PIECE * p < N) tma_store_2d(tmC, buf, n0 + STORE_PIECE * p, m0);
-      bulk_commit();
-    }
+    const int col = n0 + STORE_PIECE * p;
+    store_piece_tma<STORE_PIECE>(d, 4 * p, bufs + (stored % 2) * STORE_PIECE_BYTES, tmC, col, m0, m0 < M && col < N,
+                                 bar, pack);
   }
   if constexpr (BN % STORE_PIECE != 0) {  // the half piece: columns BN - 32 .. BN - 1
-    constexpr int J = BN / 16 - 2, HALF = STORE_PIECE / 2;
-    unsigned char* buf = bufs + (stored % 2) * STORE_PIECE_BYTES;
-    if (tid == 0) bulk_wait_read<1>();
-    named_sync(bar, 128);
-    const int q = lane / 8, row = warp * 16 + (q % 2) * 8 + lane % 8;
-#pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int j = J + jj, chunk = 2 * jj + q / 2;
-      stmatrix_x4(smem_addr(buf + row * 64 + ((chunk ^ ((row / 2) % 4)) * 16)), pack(d[j][0], d[j][1]),
-                  pack(d[j][2], d[j][3]), pack(d[j][4], d[j][5]), pack(d[j][6], d[j][7]));
-    }
-    fence_async_shared();
-    named_sync(bar, 128);
-    if (tid == 0) {
-      if (m0 < M && n0 + BN - HALF < N) tma_store_2d(tmC32, buf, n0 + BN - HALF, m0);
-      bulk_commit();
-    }
+    constexpr int HALF = STORE_PIECE / 2;
+    const int col = n0 + BN - HALF;
+    store_piece_tma<HALF>(d, BN / 16 - 2, bufs + (stored % 2) * STORE_PIECE_BYTES, tmC32, col, m0, m0 < M && col < N,
+                          bar, pack);
     ++stored;
   }
 }
