@@ -216,6 +216,10 @@ def hub_cli(*, instructors, students=(), group=None, ip="127.0.0.1", port=8000, 
     def interrupted(signum, frame):
         raise KeyboardInterrupt
 
+    # Ctrl-C (SIGINT) and SIGTERM stop the class. SIGINT's handler is set here too, not left to Python: a process
+    # started in the background of a script (nohup ... &, a CI job) inherits SIGINT ignored, and Python then keeps it
+    # ignored, so Ctrl-C would do nothing and the hub would run on.
+    signal.signal(signal.SIGINT, interrupted)
     signal.signal(signal.SIGTERM, interrupted)
     hub = None
     try:

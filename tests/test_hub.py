@@ -213,8 +213,8 @@ class Classroom:
         leftovers = []
         if self.launcher is not None and self.launcher.poll() is None:
             self.launcher.send_signal(signal.SIGINT)
-            try:  # the hub stops every user's server first; under a full parallel test run that once took over 60 s
-                self.launcher.wait(timeout=120)
+            try:
+                self.launcher.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 leftovers.append(f"launcher {self.launcher.pid}")
                 os.killpg(self.launcher.pid, signal.SIGKILL)
