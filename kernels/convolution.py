@@ -528,9 +528,12 @@ WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2
     "conv_wgmma_i2c_256x128_s3_nhwc_f16", "conv_wgmma_i2c_128x224_s4_nhwc_f16")
 # The i2c tiles, persistent (lesson 4's schedule: as many blocks as the SMs hold, each walking the tiles, the next
 # tile's taps loaded while this one's y is stored) with y written by the TMA through shared memory. Stages: as many as
-# fit beside y's pieces (the 64-row tiles: as many as leave room for two blocks an SM). Not among the tiles
-# WGMMA_CONV_CONFIGS lists: the race (benchmarks/convolution.py) sweeps them as a kind of their own.
-_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3", "128x224_s4")
+# fit beside y's pieces (64x128_s3 and 64x64_s5: as many as leave room for two blocks an SM). Not among the tiles
+# WGMMA_CONV_CONFIGS lists: the race (benchmarks/convolution.py) sweeps them as a kind of their own. 64 x 128 with 8
+# stages, one block an SM: a layer with a long reduction and few tiles (conv5_x 1x1 2048->512 at batch 32: 100 tiles
+# on 132 SMs, 32 slices each) keeps more of its slices in flight
+_WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3", "128x224_s4",
+                           "64x128_s8")
 WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
 WGMMA_STORE_PIECE = 64  # persistent: y leaves in pieces of 64 rows x 64 channels, two buffers a consumer warpgroup
