@@ -331,10 +331,10 @@ __device__ __forceinline__ void store_piece_tma(const float (&d)[NJ][8], int j0,
 // A consumer warpgroup's 64 x BN accumulators d, rows m0 .. m0 + 63 and columns n0 .. of C, stored through shared
 // memory. Piece p (columns 64p .. 64p + 63) is held in d[4p .. 4p + 3]; d[j] covers 16 rows x 16 columns of each warp
 // as four 8 x 8 matrices (rows 0-7 / 8-15, columns 0-7 / 8-15): one stmatrix (store_piece_tma). pack(x, y): two
-// values of C's type in one
-// 32-bit word, x in the low half (the lower column). bufs: the warpgroup's two pieces (1024-byte aligned); stored:
-// the pieces it has handed to the TMA so far, over all its tiles (the buffer is stored % 2); bar: the warpgroup's
-// named barrier. Pieces wholly outside C are not stored; the TMA clips the others at C's edges.
+// values of C's type in one 32-bit word, x in the low half (the lower column). bufs: the warpgroup's two pieces
+// (1024-byte aligned); stored: the pieces it has handed to the TMA so far, over all its tiles (the buffer is
+// stored % 2); bar: the warpgroup's named barrier. Pieces wholly outside C are not stored; the TMA clips the others
+// at C's edges.
 //
 // A tile 32 columns past whole pieces (BN = 224, lesson 5's 128 x 224 convolution tile) ends with a half piece: its
 // last 32 columns, d[BN / 16 - 2 ..], 64 bytes a row in the 64-byte swizzle, stored through tmC32, a map of C in boxes
