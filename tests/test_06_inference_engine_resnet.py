@@ -392,9 +392,10 @@ def test_the_fp16_tma_tiles_are_the_tuners_candidates_and_fit_in_shared_memory()
     """FP16 has tiles with the TMA epilogue (wgpt): in the catalog, among the FP16 candidates the auto-tuner times,
     and each one's shared memory (stages, two or three buffers of 64 rows x BN halves a consumer, mbarriers) within
     a Hopper SM's 227 KB, as its 8-bit tiles'."""
-    assert FP16_TMA == ["wgpt_i2c_128x128_s4", "wgpt_i2c_128x256_s2", "wgpt_i2c_128x64_s4"]
+    assert FP16_TMA == ["wgpt_i2c_128x128_s4", "wgpt_i2c_128x256_s2", "wgpt_i2c_128x64_s4", "wgpt_i2c_128x64_s8",
+                        "wgpt_i2c_64x128_s8", "wgpt_i2c_128x128_s5"]
     assert set(FP16_TMA) <= set(E.catalog.CANDIDATES["fp16"])
-    assert not {"wgpt_i2c_128x256_s2", "wgpt_i2c_128x64_s4"} & set(E.catalog.CANDIDATES["int8"])
+    assert not set(FP16_TMA[1:]) & set(E.catalog.CANDIDATES["int8"])
     for k in FP16_TMA:
         assert E.executor.wg_shared_bytes(k, 2) <= 227 * 1024, k
     # 128 x 256: three stages and two buffers a consumer would need more than an SM has
@@ -421,7 +422,7 @@ def test_the_fp16_tma_epilogue_reads_the_residual_writes_by_stmatrix_and_stores_
         stretches = [p for p in order.split("b") if p]
         assert stretches == [("l" * 16 + "s" * 4) * (bn // 64), "s" * (bn // 16)], (name, stretches[:4])
         checked += 1
-    assert checked == 3
+    assert checked == len(FP16_TMA)
 
 
 @needs_compiler
