@@ -63,16 +63,14 @@ WG.update({f"wgpw_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, True, False, 1)
 # The seventh field; WG_TMA_PRECISIONS says which precision has which.
 WG.update({f"wgpt{'w' if wide else ''}_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, wide, True, 1)
            for wide in (False, True) for bm, bn, st in [(128, 256, 3), (128, 128, 4)]})
-WG.update({f"wgpt_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, True, 1)
-           for bm, bn, st in [(128, 256, 2), (128, 64, 4)]})
-# ... and, FP16 only, lesson 5's deeper rings (its race against cuDNN: 128x64_s8 on conv2_x's 3 x 3 layers, 64x128_s8
-# on conv5_x 1 x 1 2048->512 at one block an SM), with as many stages as fit beside two buffers a consumer
-WG.update({f"wgpt_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, True, 1)
-           for bm, bn, st in [(128, 64, 8), (64, 128, 8), (128, 128, 5)]})
+# FP16's own (bm, bn, stages); the last three are lesson 5's deeper rings (its race against cuDNN: 128x64_s8 on
+# conv2_x's 3 x 3 layers, 64x128_s8 on conv5_x 1 x 1 2048->512, one block an SM), with as many stages as fit beside
+# two buffers a consumer
+_WGPT_FP16_ONLY = [(128, 256, 2), (128, 64, 4), (128, 64, 8), (64, 128, 8), (128, 128, 5)]
+WG.update({f"wgpt_i2c_{bm}x{bn}_s{st}": (True, bm, bn, st, True, False, True, 1) for bm, bn, st in _WGPT_FP16_ONLY})
 WG_TMA_PRECISIONS = {"wgpt_i2c_128x256_s3": ("int8", "fp8"), "wgpt_i2c_128x128_s4": ("fp16", "int8", "fp8"),
                      "wgptw_i2c_128x256_s3": ("int8", "fp8"), "wgptw_i2c_128x128_s4": ("int8", "fp8"),
-                     "wgpt_i2c_128x256_s2": ("fp16",), "wgpt_i2c_128x64_s4": ("fp16",),
-                     "wgpt_i2c_128x64_s8": ("fp16",), "wgpt_i2c_64x128_s8": ("fp16",), "wgpt_i2c_128x128_s5": ("fp16",)}
+                     **{f"wgpt_i2c_{bm}x{bn}_s{st}": ("fp16",) for bm, bn, st in _WGPT_FP16_ONLY}}
 # The "wgs<k>" tiles: one-tile FP16 ones whose reduction is split over k blocks a tile (conv_wgmma.cuh's kb_lo ..
 # kb_hi), each writing its partial sums to a workspace that a second kernel (split_reduce_f16) adds up and ends with
 # the epilogue: for layers with a long reduction and few tiles, ResNet-50's last layers at batch 1 (8 to 32 tiles of
