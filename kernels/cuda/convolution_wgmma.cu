@@ -85,6 +85,14 @@ struct ConvTap {
   int n, p0, q0, c0, r, sx;
 };
 
+#ifdef GPUCOURSE_WGMMA
+__device__ __forceinline__ unsigned long long desc_of(unsigned lo, unsigned hi) {
+  unsigned long long d;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(hi));
+  return d;
+}
+#endif
+
 // The i2c tiles, persistent: conv_tile's producer and consumers on lesson 4's schedule (GroupedTiles over the
 // (N P Q) x K matrix y, the Ring's phases running across tiles, produce_tiles' producer) and its TMA-stored epilogue
 // (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
@@ -107,7 +115,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sY + Y_BYTES);
   const Ring<STAGES> ring{full, full + STAGES};
 
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), tid = threadIdx.x % 128;  // wg: warp-uniform
   if (threadIdx.x == 0) ring.init(CONSUMERS);
   __syncthreads();
 
@@ -138,6 +146,9 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
     const int c = wg - 1;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of y this consumer has handed to the TMA
+    const unsigned long long d0 = make_desc(smem_addr(sA + c * 64 * 128), 16, 1024);
+    const unsigned lo_a = static_cast<unsigned>(d0), hi = static_cast<unsigned>(d0 >> 32);
+    const unsigned lo_b = static_cast<unsigned>(make_desc(smem_addr(sB), 16, 1024));
     // region: conv_persistent_consumers
     for (int t = blockIdx.x; t < tiles.count; t += gridDim.x) {
       int m0, k0;
@@ -152,12 +163,12 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
       int held = -1;
       for (int kb = 0; kb < kblocks; ++kb, ++g) {
         const int s = ring.wait_full(g);
-        const unsigned a0 = smem_addr(sA + s * A_BYTES + c * 64 * 128);  // this warpgroup's 64 rows
-        const unsigned b0 = smem_addr(sB + s * B_BYTES);
+        // the descriptors' low words (the address, in 16-byte units) for this stage; the high words are constants
+        const unsigned alo = lo_a + s * (A_BYTES >> 4), blo = lo_b + s * (B_BYTES >> 4);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk)  // both K-major, 128-byte swizzle
-          wgmma_k16<BN, 0>(d, make_desc(a0 + kk * 32, 16, 1024), make_desc(b0 + kk * 32, 16, 1024), 1);
+          wgmma_k16<BN, 0>(d, desc_of(alo + 2 * kk, hi), desc_of(blo + 2 * kk, hi), 1);
         wgmma_commit();
         wgmma_wait<1>();
         if (tid == 0 && held >= 0) ring.release(held);
