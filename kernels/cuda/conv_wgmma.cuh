@@ -190,7 +190,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
   unsigned long long* rempty = rfull + RBUF * CONSUMERS;
   auto rbuf = [&](int b, int c) { return sE + (b * CONSUMERS + c) * R_BYTES; };
 
-  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), tid = threadIdx.x % 128;  // wg: warp-uniform
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
   // PERSIST: the tile the consumers began last (paces the residual's prefetch), after the mbarriers
   volatile int& started = *reinterpret_cast<volatile int*>(empty + STAGES);
   if (threadIdx.x == 0) {

@@ -85,14 +85,6 @@ struct ConvTap {
   int n, p0, q0, c0, r, sx;
 };
 
-#ifdef GPUCOURSE_WGMMA
-__device__ __forceinline__ unsigned long long desc_of(unsigned lo, unsigned hi) {
-  unsigned long long d;
-  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(hi));
-  return d;
-}
-#endif
-
 // The i2c tiles, persistent: conv_tile's producer and consumers on lesson 4's schedule (GroupedTiles over the
 // (N P Q) x K matrix y, the Ring's phases running across tiles, produce_tiles' producer) and its TMA-stored epilogue
 // (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
@@ -115,7 +107,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sY + Y_BYTES);
   const Ring<STAGES> ring{full, full + STAGES};
 
-  const int wg = __shfl_sync(0xffffffff, threadIdx.x / 128, 0), tid = threadIdx.x % 128;  // wg: warp-uniform
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
   if (threadIdx.x == 0) ring.init(CONSUMERS);
   __syncthreads();
 
@@ -146,6 +138,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
     const int c = wg - 1;
     int g = 0;       // slices used so far, as the producer counts them
     int stored = 0;  // pieces of y this consumer has handed to the TMA
+    // stage 0's descriptors as 32-bit words (desc_of); A's and B's share their high word (offsets, swizzle)
     const unsigned long long d0 = make_desc(smem_addr(sA + c * 64 * 128), 16, 1024);
     const unsigned lo_a = static_cast<unsigned>(d0), hi = static_cast<unsigned>(d0 >> 32);
     const unsigned lo_b = static_cast<unsigned>(make_desc(smem_addr(sB), 16, 1024));

@@ -241,6 +241,21 @@ __device__ __forceinline__ unsigned long long make_desc(unsigned addr, unsigned 
 __device__ __forceinline__ unsigned long long make_desc_64b(unsigned addr, unsigned lbo, unsigned sbo) {
   return desc_field(addr) | (desc_field(lbo) << 16) | (desc_field(sbo) << 32) | (2ull << 62);
 }
+// A descriptor from its two 32-bit words. The low word holds the address (divided by 16, bits 0-13) and the leading
+// offset, the high word the stride offset and the swizzle. A consumer's loop makes stage 0's descriptor once and adds
+// a stage's or a k-step's offset (divided by 16) to its low word alone (shared-memory addresses stay under 2^18): no
+// 64-bit arithmetic a slice.
+__device__ __forceinline__ unsigned long long desc_of(unsigned lo, unsigned hi) {
+  unsigned long long d;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"(hi));
+  return d;
+}
+
+// This thread's warpgroup, 0 .. blockDim.x / 128 - 1. threadIdx.x / 128 is the same in every lane of a warp, but the
+// compiler cannot tell; read from lane 0 by a shuffle it can, and what is derived from it (a consumer's rows of a
+// stage, hence its wgmma descriptors) stays in uniform registers instead of being moved there before every wgmma.
+// Call it where every lane of the warp runs.
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffff, threadIdx.x / 128, 0); }
 
 // A warp-specialised block's registers: its producer warpgroup gives most of its own up (setmaxnreg.dec to 40), its
 // consumers take them (setmaxnreg.inc). Only what the block was given at launch moves: the launch bound's count a
