@@ -56,7 +56,7 @@ __device__ __forceinline__ void gemm_tile(const TensorMap* tmA, const TensorMap*
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sB + STAGES * B_BYTES);
   unsigned long long* empty = full + STAGES;
 
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
   if (threadIdx.x == 0) Ring<STAGES>{full, empty}.init(CONSUMERS);  // full: the producer + the TMA's bytes
   __syncthreads();
 
@@ -183,7 +183,7 @@ __device__ __forceinline__ void gemm_persistent(const TensorMap* tmA, const Tens
   unsigned long long* full = reinterpret_cast<unsigned long long*>(sC + C_BYTES);
   const Ring<STAGES, CLUSTER> ring{full, full + STAGES};
 
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
   if (threadIdx.x == 0) ring.init(CONSUMERS);
   if constexpr (CLUSTER > 1)
     cluster_sync();  // both blocks' barriers exist before either block's TMA or consumers reach the other's
