@@ -683,8 +683,8 @@ def test_flash_fp8_on_gpu(causal, n):
 def test_cuda_backward_compiles_to_its_five_products():
     """Per (query tile, key tile): S^T and dP^T, d / 16 wgmmas each (16 a step, both operands from shared memory);
     dV and dK, 4 each from registers (64 queries, n = d); dQ with both operands read transposed, 8 (128 keys, a
-    consumer's 64 columns) at d = 128, 4 (a consumer's 64 keys, all 64 columns) at d = 64; and the TMA's bulk atomic
-    add of the dQ tile. The second pass: S and dP (n = 128 keys), d / 16 each, dQ += dS K 8 from registers."""
+    consumer's 64 columns) at d = 128, 4 (a consumer's 64 keys, all 64 columns) at d = 64; the TMA's bulk atomic
+    add of the dQ tile; at d = 64 the consumers' turns. The second pass: S and dP (n = 128 keys), d / 16 each, dQ += dS K 8 from registers."""
     from gpucourse import cuda_c
     from kernels.attention.backward_cuda import BWD_SOURCE
 
@@ -705,6 +705,9 @@ def test_cuda_backward_compiles_to_its_five_products():
         assert len(kinds) == d // 8 + 8 + dq_steps, (name, kinds)
         assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in body, name
         assert "setmaxnreg" in body and "%globaltimer" in body, name
+        # d = 64: the consumers take turns at S^T and dP^T (consumer 1's first hand-over, then one each a tile); d =
+        # 128: they run in step (both read every dS^T row), no turns
+        assert body.count("bar.arrive") == (3 if d == 64 else 0), name
     for d in (128, 64):
         for name in (f"flash_bwd_wgmma_d{d}_dkdv", f"flash_bwd_wgmma_d{d}_dkdv_causal"):  # dQ left to the second pass
             body = cuda_c.ptx_entry(ptx, name)

@@ -36,7 +36,10 @@
 //      swizzle, so the consumers split dQ's k instead: consumer c forms dQ_c = dS_c K_c over its own 64 keys (64
 //      queries x 64, both operands as at D = 128, 4 k steps) and adds it with its own bulk reduction (16 KiB), the
 //      TMA summing the two. A consumer reads only the dS^T rows it wrote, so the barriers are its own (128 threads)
-//      and the consumers never wait for each other; the dQ traffic is the same 32 KiB a tile.
+//      and the consumers never wait for each other; the dQ traffic is the same 32 KiB a tile. Free of each other,
+//      they take turns at issuing step 1 (two more named barriers), so that one's exponentials run while the
+//      other's products do (at D = 128 both need every dS^T row of the tile, so they run in step; splitting dQ's k
+//      there too, to free them, doubles the dQ traffic and was slower).
 // At the end dK (times the scale) and dV leave as FP16.
 //
 // Compiled for any architecture other than sm_90a the kernels are stubs that trap (tests/test_gpu_archs.py).
@@ -130,6 +133,11 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
 #pragma unroll
       for (int e = 0; e < 8; ++e) dk[a][e] = dv[a][e] = 0.0f;
     mbar_wait(kv_full, 0);
+    // D = 64, dQ by atomics: the consumers take turns at issuing S^T and dP^T (named barrier 5: consumer 0's turn, 6: consumer 1's);
+    // consumer 0 goes first
+    constexpr bool TURNS = DQ_KEY_SPLIT && DQ_ATOMIC;  // (measured with the atomic dQ only)
+    if constexpr (TURNS)
+      if (c == 1) named_arrive(5, 256);
 
     for (int i = first, it = 0; i < tiles_m; ++i, ++it) {
       const int s = it % STAGES;
@@ -137,11 +145,18 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       mbar_wait(&full[s], (it / STAGES) & 1);
       // 1. S^T = K Q^T and dP^T = V dO^T: 64 keys x 64 queries, k = d
       float st[BM / 16][8], dpt[BM / 16][8];
+      if constexpr (TURNS) {  // this consumer's turn (ids as constants: ptxas counts the barriers in use)
+        if (c == 0) named_sync(5, 256);
+        else named_sync(6, 256);
+      }
       wgmma_fence();
       issue_scores<D, BN, BM>(st, k_rows, q_tile);
       wgmma_commit();
       issue_scores<D, BN, BM>(dpt, v_rows, do_tile);
       wgmma_commit();
+      if constexpr (TURNS)  // the other's turn (consumer 1's last tile hands none on: no one would take it)
+        if (c == 0) named_arrive(6, 256);
+        else if (i + 1 < tiles_m) named_arrive(5, 256);
       // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
       // (a query past N reads the padding: lse = +inf, D = 0)
       float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
