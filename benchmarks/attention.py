@@ -901,6 +901,11 @@ def results_rows(record: dict) -> list:
     n = f.get("softmax", {}).get("lengths", [])
     of_copy = [x for r in soft.values() for length, x in zip(n, r["of_copy"]) if length >= SOFTMAX_GOAL_FROM]
     big = f"N = {largest // 1024}k" if largest else "the largest N"
+    fp8_runs = f.get("fp8", {}).get("runs", [])
+    fp8_largest = max((r["N"] for r in fp8_runs), default=None)
+    fp8_big = f"N = {fp8_largest // 1024}k" if fp8_largest else "the largest N"
+    at = sorted((r for r in fp8_runs if r["N"] == fp8_largest), key=lambda r: r["causal"])
+    fp8_tflops = R.joined([r["tflops"].get("FP8 (CUDA C)") for r in at], R.number) if len(at) == 2 else None
     return [
         ("Hopper attention forward, speed against the fastest SDPA backend", R.span(hopper), "field"),
         (f"Hopper attention forward, {big}, full / causal, TFLOP/s", tflops(ours), "field"),
@@ -909,6 +914,11 @@ def results_rows(record: dict) -> list:
          "field"),
         ("Triton backward, speed against the fastest backend's", R.span([r.get("Triton bwd / fastest") for r in q]),
          "field"),
+        ("CUDA C backward (Hopper), speed against the fastest backend's",
+         R.span([r.get("CUDA C bwd / fastest") for r in q]), "field"),
+        ("FP8 forward (Hopper), speed against the course's FP16 forward",
+         R.span([r.get("fp8_of_fp16") for r in fp8_runs]), "fp8"),
+        (f"FP8 forward, {fp8_big}, full / causal, TFLOP/s", fp8_tflops, "fp8"),
         ("mma.sync kernel (sm_80 on), speed against the fastest", R.span([r.get(f"{MMA_NAME} / fastest") for r in q]),
          "field"),
         (f"row softmax, rows of {SOFTMAX_GOAL_FROM // 1024}k and more, share of the copy's GB/s",
