@@ -133,8 +133,8 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
 #pragma unroll
       for (int e = 0; e < 8; ++e) dk[a][e] = dv[a][e] = 0.0f;
     mbar_wait(kv_full, 0);
-    // D = 64, dQ by atomics: the consumers take turns at issuing S^T and dP^T (named barrier 5: consumer 0's turn, 6: consumer 1's);
-    // consumer 0 goes first
+    // D = 64, dQ by atomics: the consumers take turns at issuing S^T and dP^T (named barrier 5: consumer 0's turn,
+    // 6: consumer 1's); consumer 0 goes first
     constexpr bool TURNS = DQ_KEY_SPLIT && DQ_ATOMIC;  // (measured with the atomic dQ only)
     if constexpr (TURNS)
       if (c == 1) named_arrive(5, 256);
