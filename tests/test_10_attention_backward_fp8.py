@@ -684,7 +684,8 @@ def test_cuda_backward_compiles_to_its_five_products():
     """Per (query tile, key tile): S^T and dP^T, d / 16 wgmmas each (16 a step, both operands from shared memory);
     dV and dK, 4 each from registers (64 queries, n = d); dQ with both operands read transposed, 8 (128 keys, a
     consumer's 64 columns) at d = 128, 4 (a consumer's 64 keys, all 64 columns) at d = 64; the TMA's bulk atomic
-    add of the dQ tile; at d = 64 the consumers' turns. The second pass: S and dP (n = 128 keys), d / 16 each, dQ += dS K 8 from registers."""
+    add of the dQ tile; at d = 64 the consumers' turns. The second pass: S and dP (n = 128 keys), d / 16 each, dQ +=
+    dS K 8 from registers."""
     from gpucourse import cuda_c
     from kernels.attention.backward_cuda import BWD_SOURCE
 
