@@ -440,6 +440,17 @@ def test_the_fp16_tma_tiles_neither_spill_nor_serialise_their_wgmmas():
         assert "bytes smem" not in part or re.search(r"\b0 bytes smem", part), part
 
 
+@needs_compiler
+def test_no_engine_kernel_has_its_wgmmas_serialised():
+    """ptxas's remarks over every kernel of the engine's wgmma source, FP16, INT8 and FP8 (no GPU needed): none has
+    its wgmmas serialised, for want of registers (C7512) or because something other than a wgmma reads their
+    accumulators (C7514: INT32 sums zeroed as ``= 0``, one register made zero and copied into the others, did it in
+    every INT8 kernel; conv_wgmma.cuh's zero_acc)."""
+    log = cuda_c.ptxas_log(E.catalog.WG_SOURCE, "sm_90a").replace("\x00", "")
+    assert log.count("Compiling entry function") > 50, log[:2000]
+    assert "serialized" not in log, [line for line in log.splitlines() if "serialized" in line][:5]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["fp16", "int8", "fp8"])
 def test_every_resnet_kernel_gives_the_numpy_engines_logits(calibrated, precision):

@@ -30,6 +30,12 @@ struct E4M3 {
   using Acc = float;
 };
 
+// An accumulator set to zero. INT32 sums by an instruction of their own each: written as ``= 0``, the compiler makes
+// one register zero and copies it into the others, and ptxas, seeing an accumulator read by something other than a
+// wgmma, serialises every wgmma of the kernel (C7514: each one waited for before the next is issued).
+__device__ __forceinline__ void zero_acc(float& x) { x = 0.0f; }
+__device__ __forceinline__ void zero_acc(int& x) { asm volatile("mov.b32 %0, 0;" : "=r"(x)); }
+
 // ``store(m, k, v0, v1)`` writes the sums of output pixel m (n P + p) Q + q, channels k and k + 1 (k even): lesson 5
 // rounds them into y. A Store with kStaged true is called as ``store.row(m, k, v, raw, f)`` for Store::kVec channels
 // k, k + 1, ... (16 bytes of its output) instead, after the tile went through shared memory, with ``raw =
@@ -313,7 +319,7 @@ __device__ __forceinline__ void conv_tile(const TensorMap* tmX, const TensorMap*
 #pragma unroll
     for (int i = 0; i < BN / 16; ++i)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) d[i][j] = 0;
+      for (int j = 0; j < 8; ++j) zero_acc(d[i][j]);
     // A slice's wgmma run while the next slice's are issued: after issuing slice kb, wait only until slice kb - 1's
     // are done (wgmma_wait<1>) and give its stage back to the producer then, so the tensor cores never drain between
     // slices (waiting for each slice's own wgmma, wgmma_wait<0>, they did: a short reduction spent a good part of
