@@ -887,12 +887,21 @@ def results_rows(record: dict) -> list:
     runs, q = field.get("runs", []), (ratios(field) if field.get("runs") else [])
     hopper = [max((v for k, v in r.items() if k.startswith("wgmma ") and k.endswith(" / fastest")), default=None)
               for r in q]
-    largest = max((r["N"] for r in runs), default=None)
-    at_largest = sorted((r for r in runs if r["N"] == largest), key=lambda r: r["causal"])
+    def at_largest(rs):  # a figure's runs at its largest N, full then causal, and their label
+        n = max((r["N"] for r in rs), default=None)
+        return (f"N = {n // 1024}k" if n else "the largest N"), sorted((r for r in rs if r["N"] == n),
+                                                                      key=lambda r: r["causal"])
+
+    def full_causal(rs, pick):  # "full / causal" TFLOP/s
+        values = [pick(r) for r in rs]
+        return R.joined(values, R.number) if len(values) == 2 else None
+
+    big, field_top = at_largest(runs)
+    fp8_runs = f.get("fp8", {}).get("runs", [])
+    fp8_big, fp8_top = at_largest(fp8_runs)
 
     def tflops(pick):
-        values = [pick(r["fwd"]) for r in at_largest]
-        return R.joined(values, R.number) if len(values) == 2 else None
+        return full_causal(field_top, lambda r: pick(r["fwd"]))
 
     def ours(fwd):
         return max((v for k, v in fwd.items() if k.startswith("wgmma ")), default=None)
@@ -900,12 +909,7 @@ def results_rows(record: dict) -> list:
     soft = softmax_ratios(f["softmax"]) if f.get("softmax") else {}
     n = f.get("softmax", {}).get("lengths", [])
     of_copy = [x for r in soft.values() for length, x in zip(n, r["of_copy"]) if length >= SOFTMAX_GOAL_FROM]
-    big = f"N = {largest // 1024}k" if largest else "the largest N"
-    fp8_runs = f.get("fp8", {}).get("runs", [])
-    fp8_largest = max((r["N"] for r in fp8_runs), default=None)
-    fp8_big = f"N = {fp8_largest // 1024}k" if fp8_largest else "the largest N"
-    at = sorted((r for r in fp8_runs if r["N"] == fp8_largest), key=lambda r: r["causal"])
-    fp8_tflops = R.joined([r["tflops"].get("FP8 (CUDA C)") for r in at], R.number) if len(at) == 2 else None
+    fp8_tflops = full_causal(fp8_top, lambda r: r["tflops"].get("FP8 (CUDA C)"))
     return [
         ("Hopper attention forward, speed against the fastest SDPA backend", R.span(hopper), "field"),
         (f"Hopper attention forward, {big}, full / causal, TFLOP/s", tflops(ours), "field"),

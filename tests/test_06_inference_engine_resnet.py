@@ -426,10 +426,15 @@ def test_the_fp16_tma_epilogue_reads_the_residual_writes_by_stmatrix_and_stores_
 
 
 @needs_compiler
-def test_the_fp16_tma_tiles_neither_spill_nor_serialise_their_wgmmas():
-    """ptxas's account of the FP16 TMA-epilogue kernels (no GPU needed): no spills, no wgmma serialised for want of
-    registers (C7512), and their static shared memory none (all of it dynamic, as the launcher sizes it)."""
+def test_no_engine_kernel_has_its_wgmmas_serialised():
+    """ptxas's account of the engine's wgmma source (no GPU needed, one compile): no kernel, FP16, INT8 or FP8, has
+    its wgmmas serialised, for want of registers (C7512) or because something other than a wgmma reads their
+    accumulators (C7514: INT32 sums zeroed as ``= 0``, one register made zero and copied into the others, did it in
+    the one-tile INT8 kernels; conv_wgmma.cuh's zero_acc); and the FP16 TMA-epilogue kernels neither spill nor use
+    static shared memory (all of it dynamic, as the launcher sizes it)."""
     log = cuda_c.ptxas_log(E.catalog.WG_SOURCE, "sm_90a").replace("\x00", "")
+    assert log.count("Compiling entry function") > 50, log[:2000]
+    assert "serialized" not in log, [line for line in log.splitlines() if "serialized" in line][:5]
     for name in FP16_TMA:
         fn = f"conv_{name}_f16"
         start = log.index(f"Compiling entry function '{fn}'")
@@ -438,17 +443,6 @@ def test_the_fp16_tma_tiles_neither_spill_nor_serialise_their_wgmmas():
         assert "0 bytes spill stores, 0 bytes spill loads" in part, part
         assert "C7512" not in part and "serialized" not in part, part
         assert "bytes smem" not in part or re.search(r"\b0 bytes smem", part), part
-
-
-@needs_compiler
-def test_no_engine_kernel_has_its_wgmmas_serialised():
-    """ptxas's remarks over every kernel of the engine's wgmma source, FP16, INT8 and FP8 (no GPU needed): none has
-    its wgmmas serialised, for want of registers (C7512) or because something other than a wgmma reads their
-    accumulators (C7514: INT32 sums zeroed as ``= 0``, one register made zero and copied into the others, did it in
-    every INT8 kernel; conv_wgmma.cuh's zero_acc)."""
-    log = cuda_c.ptxas_log(E.catalog.WG_SOURCE, "sm_90a").replace("\x00", "")
-    assert log.count("Compiling entry function") > 50, log[:2000]
-    assert "serialized" not in log, [line for line in log.splitlines() if "serialized" in line][:5]
 
 
 @pytest.mark.gpu
