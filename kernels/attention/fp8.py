@@ -11,8 +11,9 @@ FP8 kernel is checked against, beside the same tiled forward in FP16.
 * P quantised to e4m3 for P V. P = exp(S - max) lies in [0, 1], where e4m3 has its normals only down to 2^-6 and
   its subnormals to 2^-9: everything below ~0.001 would lose bits or vanish. So P is computed times
   ``p_scale`` = 256 = 2^8 (FlashAttention-3 subtracts 8 from the exponent before its exp2: the scale costs no
-  instruction, is exact, and its largest value 256 stays below 448); the row sum is taken from the float32 P times
-  the same 256, so dividing O by it cancels the scale. P V then gets V's block scale.
+  instruction, is exact, and its largest value 256 stays below 448). The row sum is taken from the same rounded P
+  times 256 (on Hopper the tensor cores sum it, a tile at a time, as they do P V), so dividing O by it cancels the
+  scale, and O is a weighted mean of V with weights that sum to 1. P V then gets V's block scale.
 * FP8 ``wgmma`` on Hopper accumulates with fewer bits than float32 (DeepSeek-V3's report: about 14); NumPy
   accumulates in full float32, so these figures are a floor for the kernel's error, not its value.
 
@@ -73,9 +74,11 @@ def random_hadamard(d: int, seed=0) -> np.ndarray:
     return w * s[None, :] / math.sqrt(d)
 
 
-def _tiled_forward(q, k, v, sq, sk, sv, *, causal, scale, block_m, block_n, round_p, p_scale):
+def _tiled_forward(q, k, v, sq, sk, sv, *, causal, scale, block_m, block_n, round_p, p_scale,
+                   sum_rounded=False):
     """The tiled forward over (BH, N, d) operand values q, k, v (float32, exactly what the tensor cores read) with a
-    scale per tile (sq per query tile, sk and sv per key tile): returns (o, lse) in float32."""
+    scale per tile (sq per query tile, sk and sv per key tile): returns (o, lse) in float32. ``sum_rounded``: the
+    row sums of P as rounded for P V (the FP8 kernel's), else of the float32 P (the FP16 kernel's)."""
     bh, n, d = q.shape
     f32 = np.float32
     sc = f32(_scale(d, scale))
@@ -95,8 +98,9 @@ def _tiled_forward(q, k, v, sq, sk, sv, *, causal, scale, block_m, block_n, roun
             safe = np.where(np.isneginf(m_new), 0, m_new).astype(f32)
             alpha = np.where(np.isneginf(m), 0, np.exp(m - safe)).astype(f32)
             p = np.exp(s - safe[..., None]) * f32(p_scale)  # in [0, p_scale]
-            l = l * alpha + p.sum(axis=-1)  # the row sum of the float32 P, as the kernel keeps it
-            acc = acc * alpha[..., None] + (round_p(p) @ v[:, cols]) * sv[:, j, None, None]
+            pr = round_p(p)
+            l = l * alpha + (pr if sum_rounded else p).sum(axis=-1)
+            acc = acc * alpha[..., None] + (pr @ v[:, cols]) * sv[:, j, None, None]
             m = m_new
         ok = l > 0
         o[:, rows] = np.where(ok[..., None], acc / np.where(ok, l, 1)[..., None], 0)
@@ -129,7 +133,7 @@ def fp8_attention(q, k, v, *, causal: bool = False, scale=None, block_m: int = 6
         sk, sv = (np.repeat(s, -(-n // block_n), axis=-1) for s in (sk, sv))
     o, lse = _tiled_forward(from_e4m3(cq), from_e4m3(ck), from_e4m3(cv), sq, sk, sv, causal=causal, scale=scale,
                             block_m=block_m, block_n=block_n, round_p=lambda p: from_e4m3(to_e4m3(p)),
-                            p_scale=p_scale)
+                            p_scale=p_scale, sum_rounded=True)
     return o.reshape(out_shape), lse.reshape(out_shape[:-1])
 
 

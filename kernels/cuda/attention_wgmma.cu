@@ -42,12 +42,12 @@ struct RowState {
 // region: flash_wgmma_softmax
 // The online softmax of one 64 x BN tile of scores S held as wgmma accumulators. Thread (warp w, lane) holds rows
 // r = 16w + lane/4 (h = 0) and r + 8 (h = 1); element e of column block j is row h = (e / 2) % 2, column
-// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. In two steps (the FP8 kernel calls them itself, with a bias and some
-// exponentials on the FMA pipes):
+// 16j + 8 (e / 4) + 2 (lane % 4) + e % 2. In two steps (the FP8 kernel calls them itself, with a bias, and takes
+// the row sums from the tensor cores instead):
 // softmax_max masks the keys past the diagonal when ``diag`` (causal), updates the running max and returns the
 // factor alpha[h] by which the output's rows must be scaled to the new max; softmax_exps overwrites S with
-// exp2(S scale - m + bias) and adds it to the running sum (bias 0: P itself; the FP8 kernel's 8 gives P times 256
-// for free).
+// exp2(S scale - m + bias) and, with SUM, adds it to the running sum (bias 0: P itself; the FP8 kernel's 8 gives P
+// times 256 for free).
 template <int BN>
 __device__ __forceinline__ void softmax_max(float (&s)[BN / 16][8], RowState& st, float (&alpha)[2], float scale_log2,
                                             bool diag, int row0, int key0) {
@@ -84,7 +84,7 @@ __device__ __forceinline__ void softmax_max(float (&s)[BN / 16][8], RowState& st
   }
 }
 
-template <int BN, int FMA_BLOCKS = 0>
+template <int BN, bool SUM = true>
 __device__ __forceinline__ void softmax_exps(float (&s)[BN / 16][8], RowState& st, float scale_log2,
                                              float bias = 0.0f) {
   const float mb[2] = {st.m[0] - bias, st.m[1] - bias};
@@ -94,8 +94,8 @@ __device__ __forceinline__ void softmax_exps(float (&s)[BN / 16][8], RowState& s
     for (int e = 0; e < 8; ++e) {
       const int h = (e >> 1) & 1;
       const float x = fmaf(s[j][e], scale_log2, -mb[h]);
-      s[j][e] = j >= BN / 16 - FMA_BLOCKS ? ex2_fma(x) : ex2(x);  // the last FMA_BLOCKS blocks on the FMA pipes
-      st.l[h] += s[j][e];
+      s[j][e] = ex2(x);
+      if (SUM) st.l[h] += s[j][e];
     }
 }
 
@@ -431,24 +431,28 @@ __device__ __forceinline__ void flash_wgmma(const TensorMap* tmQ, const TensorMa
 
 
 // ------------------------------------------------------------------------------------------ FP8 (e4m3)
-// The forward in FP8, d = 128: Q, K and V as e4m3 codes with one float32 scale per tile of 128 rows (sq per query
-// tile, sk and sv per key tile: kernels/attention/fp8.py's numerics), the ping-pong pipelined schedule above.
+// The forward in FP8, d = 128: Q, K and V as e4m3 codes with one float32 scale per tile of 128 rows (sq per 128
+// query rows, sk and sv per key tile: kernels/attention/fp8.py's numerics). A block computes 192 rows of O with a
+// producer and THREE consumers of 64 rows (512 threads), free-running (no turns at the tensor cores).
 //   * S = Q K^T on wgmma's e4m3 path: a row of 128 codes is 128 bytes, one row of the swizzle, so Q's and K's tiles
 //     are one box each, and k steps 32 codes (32 bytes) a wgmma, as FP16's k steps 16.
-//   * The softmax runs on S times sq sk (folded into its scale), P is rounded to e4m3 times 256 (FP8 has few
-//     values below 2^-6: see fp8.py) by adding 8 to the exponent before exp2 (no multiply), and the row sums are of
-//     that float32 P, so dividing O by them cancels the 256.
-//   * Here the matrix products take half FP16's time and the softmax does not shrink, so a consumer's chain from
-//     one turn at the tensor cores to its next sets the pace (about 2,500 cycles a tile on an H200, measured with
-//     clock stamps). Three things shorten it: the waits for the next tile's K and V are made while the tensor cores
-//     work on S (not before the turn), the wgmma descriptors are made before the turn, and one column block of
-//     eight takes its exponentials on the FMA pipes (fast_math.cuh's ex2_fma), since the special-function unit
-//     also does the e4m3 conversions (an exp2 costs a warp 8 cycles there, a conversion of two values 5).
+//   * The softmax runs on S times sq sk (folded into its scale), and P is rounded to e4m3 times 256 (FP8 has few
+//     values below 2^-6: see fp8.py) by adding 8 to the exponent before exp2 (no multiply).
+//   * Why three consumers: the matrix products take half FP16's time and the softmax does not shrink, so with two
+//     consumers each one's chain (wait for S, row max, exponentials, rounding, rescale) left the tensor cores idle
+//     60% of the time. A third consumer fills them; the registers allow it because of the next two points
+//     (setmaxnreg: 128 x 24 + 384 x 160 of the SM's 64 K).
+//   * P goes to shared memory (a tile of 64 x 128 codes a consumer, Q's layout), and P V reads it there: with S, O
+//     and P all in registers while both products run, a consumer needs more than 160 registers.
+//   * The rows' sums of P come from the tensor cores too: a wgmma m64n8 of P times a tile of ones (8 x 128 codes of
+//     1.0) gives each row's sum of the rounded P, in FP32, a tile at a time (added to l in FP32: summed in the
+//     accumulator over all tiles, l lost an order of magnitude of accuracy at N = 16k). That removes a tile's 64
+//     additions a thread, and O is divided by the sum of the very weights it summed.
 //   * P V: FP8 wgmma reads B K-major only, so V comes transposed (d x N, the keys contiguous), made by a pre-pass
-//     (flash_fp8's prepare_v) that also orders each 32 keys as P's registers hold them: the accumulator gives a
-//     thread keys 2q, 2q + 1, 2q + 8, 2q + 9 (and 16 more) of each 32 (q = lane % 4), while the 8-bit A operand
-//     wants codes 4q .. 4q + 3 (and 16 more) in its registers. Packing the thread's own four as they come and
-//     storing V's keys in that same order pairs every p with its v: no thread exchanges anything.
+//     (flash_fp8's prepare_v) that also orders each 32 keys as the thread that packs P holds them: the accumulator
+//     gives a thread keys 2q, 2q + 1, 2q + 8, 2q + 9 (and 16 more) of each 32 (q = lane % 4), which it packs into one
+//     word of four codes; storing V's keys in that same order pairs every p with its v, so P's words go to shared
+//     memory as they come.
 //   * V's scale changes from tile to tile, and O sums over tiles in the MMA's registers: O is kept in units of the
 //     latest tile's scale, so before P(t) V(t) is added the rows are scaled by alpha sv(t-1) / sv(t), and the end
 //     multiplies by sv(last).
@@ -460,16 +464,15 @@ __device__ __forceinline__ unsigned e4m3x4_bits(float a, float b, float c, float
   return lo | (hi << 16);
 }
 
-// P (64 x BN, FP32 accumulator places, already times 256: softmax_exps's bias) as the A operand of BN / 32 e4m3
-// wgmmas: of keys 32b .. 32b + 31, register h (h = 0, 1: rows r, r + 8) holds this thread's keys 2q, 2q + 1, 2q + 8,
-// 2q + 9 of the first 16, register 2 + h those of the next 16 (the order prepare_v stores V's keys in).
 constexpr float P_SCALE_LOG2 = 8.0f;  // P times 2^8 before e4m3 rounds it (kernels/attention/fp8.py's P_SCALE)
-// Of a tile's BN / 16 column blocks, how many take their exponentials on the FMA pipes (ex2_fma) rather than the
-// special-function unit, which the e4m3 conversions of P share: one of eight paid (3-8% at N = 16k on an H200), two
-// cost more issue slots than they saved.
-constexpr int FP8_FMA_BLOCKS = 1;
+
+// P (64 x BN, FP32 accumulator places, already times 256: softmax_exps's bias) as e4m3 codes in shared memory,
+// where P V's wgmma reads it as its A operand (K-major, 128-byte rows, the 16-byte chunk x of row r at x ^ (r % 8)).
+// Of keys 32b .. 32b + 31 a thread packs keys 2q, 2q + 1, 2q + 8, 2q + 9 of the first 16 (rows r and r + 8: h = 0,
+// 1) into one word each, and the same of the next 16: bytes 4q .. 4q + 3 of chunk 2b (+ 1), the order prepare_v
+// stores V's keys in. A warp's 32 stores of one (b, half, h) fall on 8 rows x 4 words: all 32 banks.
 template <int BN>
-__device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], unsigned (&p)[BN / 32][4]) {
+__device__ __forceinline__ void store_p_fp8(const float (&s)[BN / 16][8], unsigned p_addr, int warp, int lane) {
 #pragma unroll
   for (int b = 0; b < BN / 32; ++b)
 #pragma unroll
@@ -477,25 +480,33 @@ __device__ __forceinline__ void to_fp8_operand(const float (&s)[BN / 16][8], uns
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float* x = s[2 * b + half];
-        p[b][2 * half + h] = e4m3x4_bits(x[2 * h], x[2 * h + 1], x[4 + 2 * h], x[5 + 2 * h]);
+        const int r = 16 * warp + lane / 4 + 8 * h;
+        const unsigned word = e4m3x4_bits(x[2 * h], x[2 * h + 1], x[4 + 2 * h], x[5 + 2 * h]);
+        const unsigned addr = p_addr + r * 128 + (((2 * b + half) ^ (r % 8)) << 4) + 4 * (lane % 4);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(word) : "memory");
       }
 }
 
 // The descriptors of a tile's four k steps of 32 codes (one box of 128-byte rows in the 128-byte swizzle): step kk
 // starts 32 kk bytes on, 2 kk in the descriptor's address field (16-byte units; no carry, shared memory is below
-// 256 KB). flash_hopper.cuh's k_step_desc gives the same values but makes each from scratch: 40 more instructions a
-// tile on the consumer's chain. The kernel makes them before it waits at the barrier for its turn, so that its turn is
-// spent issuing (the address arithmetic after the barrier was a fifth of the consumers' stall samples).
+// 256 KB).
 __device__ __forceinline__ void fp8_descs(unsigned long long (&d)[4], unsigned addr) {
   const unsigned long long base = make_desc(addr, 16, 1024);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
-    d[kk] = base + 2 * kk;
-    asm volatile("" : "+l"(d[kk]));  // made here, not where they are used
-  }
+  for (int kk = 0; kk < 4; ++kk) d[kk] = base + 2 * kk;
 }
 
-// S = Q K^T (k = 32 codes a wgmma, both from shared memory) and O += P V^T (P from registers, V transposed).
+// D (64 x 8, FP32) += A (64 x 32) B (32 x 8), e4m3, both K-major in shared memory: with B all ones, A's row sums.
+__device__ __forceinline__ void wgmma_m64n8k32_e4m3(float (&d)[4], unsigned long long da, unsigned long long db,
+                                                    int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// S = Q K^T (k = 32 codes a wgmma, both from shared memory); O += P V^T and l = P 1, P from shared memory.
 template <int BN>
 __device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], const unsigned long long (&dq)[4],
                                                  const unsigned long long (&dk)[4]) {
@@ -503,54 +514,60 @@ __device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], const u
   for (int kk = 0; kk < 128 / 32; ++kk) wgmma_k32_e4m3<BN>(s, dq[kk], dk[kk], kk > 0);
 }
 template <int BN>
-__device__ __forceinline__ void issue_pv_fp8(float (&o)[8][8], const unsigned (&p)[BN / 32][4],
-                                             const unsigned long long (&dv)[BN / 32]) {
+__device__ __forceinline__ void issue_pv_fp8(float (&o)[8][8], float (&l)[4], const unsigned long long (&dp)[4],
+                                             const unsigned long long (&dv)[4], const unsigned long long (&d1)[4]) {
 #pragma unroll
-  for (int b = 0; b < BN / 32; ++b) wgmma_rs_m64n128k32_e4m3(o, p[b], dv[b]);
+  for (int kk = 0; kk < BN / 32; ++kk) wgmma_k32_e4m3<128>(o, dp[kk], dv[kk], 1);
+#pragma unroll
+  for (int kk = 0; kk < BN / 32; ++kk) wgmma_m64n8k32_e4m3(l, dp[kk], d1[kk], kk > 0);  // this tile's sums alone
 }
 #endif  // GPUCOURSE_WGMMA
 
-// Q, K: (heads x N) x 128 codes; VT: (heads x 128) x N codes (prepare_v's); SQ: heads x N/128 scales, SK and SV heads x
-// N/BN. The rest as flash_wgmma's (MODE 0, PIPELINED, PINGPONG).
-template <int BN, int STAGES, bool CAUSAL>
+// Q, K: (heads x N) x 128 codes; VT: (heads x 128) x N codes (prepare_v's); SQ, SK, SV: heads x N/128 scales. N a
+// multiple of 128; a block's 192 rows may reach past N (its last consumers then only pass the tiles on). The rest
+// as flash_wgmma's.
+template <int STAGES, bool CAUSAL>
 __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const TensorMap* tmK, const TensorMap* tmVT,
                                                 const float* __restrict__ SQ, const float* __restrict__ SK,
                                                 const float* __restrict__ SV, half* __restrict__ O,
                                                 float* __restrict__ LSE, int* next_item, int N, int heads, int section,
                                                 float scale_log2) {
 #ifdef GPUCOURSE_WGMMA
-  constexpr int BM = 128, D = 128;
-  static_assert(BN == 128, "tiles of 128 keys: a row of V transposed is then 128 bytes, one row of the swizzle");
-  constexpr unsigned Q_BYTES = BM * D, KV_BYTES = BN * D;  // a byte a code
+  constexpr int CONS = 3, BM = 64 * CONS, BN = 128, D = 128;  // BN: a row of V transposed is one swizzle row
+  constexpr unsigned Q_BYTES = BM * D, KV_BYTES = BN * D, P_BYTES = 64 * BN;  // a byte a code
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);
   unsigned char* sQ = smem;                    // [BM][128]
   unsigned char* sK = sQ + Q_BYTES;            // STAGES x [BN][128]
   unsigned char* sV = sK + STAGES * KV_BYTES;  // STAGES x [128 (d)][BN]
-  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sV + STAGES * KV_BYTES);
+  unsigned char* sP = sV + STAGES * KV_BYTES;  // CONS x [64][BN]: each consumer's P
+  unsigned char* sOnes = sP + CONS * P_BYTES;  // [8][BN] codes of 1.0: the row sums' B operand
+  unsigned long long* bars = reinterpret_cast<unsigned long long*>(sOnes + 8 * BN);
   unsigned long long *q_full = bars, *q_empty = bars + 1, *k_full = bars + 2, *v_full = k_full + STAGES,
                      *empty = v_full + STAGES;
   volatile int* item_slot = reinterpret_cast<volatile int*>(empty + STAGES);
 
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-  const int blocks_m = N / BM, items = blocks_m * heads, tiles_n = N / BN;
+  const int wg = warpgroup_index(), tid = threadIdx.x % 128;
+  const int blocks_m = (N + BM - 1) / BM, items = blocks_m * heads, tiles_n = N / BN;
   auto item_of = [&](int i) {
     if (!CAUSAL) return make_int2(i / blocks_m, i % blocks_m * BM);
     const int first = i / (section * blocks_m) * section, in_section = min(section, heads - first);
     const int j = i - first * blocks_m;
     return make_int2(first + j % in_section, (blocks_m - 1 - j / in_section) * BM);
   };
-  auto tiles_of = [&](int m0) { return CAUSAL ? (m0 + BM) / BN : N / BN; };
+  auto tiles_of = [&](int m0) { return CAUSAL ? (min(m0 + BM, N) + BN - 1) / BN : tiles_n; };
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_empty, 2);
+    mbar_init(q_empty, CONS);
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(&k_full[s], 1);
       mbar_init(&v_full[s], 1);
-      mbar_init(&empty[s], 2);
+      mbar_init(&empty[s], CONS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  for (int x = threadIdx.x; x < 8 * BN / 4; x += blockDim.x) reinterpret_cast<unsigned*>(sOnes)[x] = 0x38383838u;
+  fence_async_shared();  // the ones, written by threads, read by wgmma
   __syncthreads();
 
   if (wg == 0) {  // ------------------------------------------------------------------ producer
@@ -581,111 +598,129 @@ __device__ __forceinline__ void flash_fp8_wgmma(const TensorMap* tmQ, const Tens
       }
     }
   } else {  // ---------------------------------------------------------------------- consumers
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 160;");  // 128 x 24 + 384 x 160 <= 64 K registers
     const int c = wg - 1, warp = tid / 32, lane = tid % 32;
-    const unsigned q_addr = smem_addr(sQ) + c * 64 * 128;
-    const int mine = 1 + c, other = 2 - c;
+    const unsigned p_addr = smem_addr(sP) + c * P_BYTES;
+    unsigned long long dq[4], dk[4], dv[4], dp[4], d1[4];
+    fp8_descs(dq, smem_addr(sQ) + c * 64 * 128);
+    fp8_descs(dp, p_addr);
+    fp8_descs(d1, smem_addr(sOnes));
     int g = 0;
     for (int k = 0;; ++k) {
       mbar_wait(q_full, k & 1);
-      const int i = *item_slot;
+      const int i = __shfl_sync(0xffffffff, *item_slot, 0);  // known to be one value a warp: uniform registers
       if (i < 0) break;
       const int2 item = item_of(i);
       const int m0 = item.y, head_row = item.x * N, tiles = tiles_of(m0);
-      const int row0 = m0 + 64 * c + 16 * warp + lane / 4;
-      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
-      float s[BN / 16][8], alpha[2];
-      const float* sk = SK + static_cast<size_t>(item.x) * tiles_n;
-      const float* sv = SV + static_cast<size_t>(item.x) * tiles_n;
-      const float qk_scale = scale_log2 * __ldg(&SQ[static_cast<size_t>(item.x) * blocks_m + m0 / BM]);
       auto stage = [&](int t) { return (g + t) % STAGES; };
       auto phase = [&](int t) { return static_cast<unsigned>(((g + t) / STAGES) & 1); };
       auto q_done = [&]() { if (tid == 0) mbar_arrive(q_empty); };
+      auto pass = [&](int t) {  // release a stage this consumer does not compute on, once it is full (so that it
+        mbar_wait(&k_full[stage(t)], phase(t));  // never releases a stage twice before the others release it once)
+        mbar_wait(&v_full[stage(t)], phase(t));
+        if (tid == 0) mbar_arrive(&empty[stage(t)]);
+      };
+      // The tiles this consumer computes: causal, the block's last tile may lie past all of its rows; in N's last
+      // block its rows may all lie past N.
+      const int first_row = m0 + 64 * c;
+      const int mine = first_row >= N ? 0 : CAUSAL ? min(tiles, (min(first_row + 64, N) + BN - 1) / BN) : tiles;
+      if (mine == 0) {
+        for (int t = 0; t < tiles; ++t) pass(t);
+        q_done();
+        g += tiles;
+        continue;
+      }
+      const int row0 = first_row + 16 * warp + lane / 4;
+      RowState st = {{__int_as_float(0xff800000), __int_as_float(0xff800000)}, {0.0f, 0.0f}};
+      float s[BN / 16][8], alpha[2], lsum[4];
+      const float* sk = SK + static_cast<size_t>(item.x) * tiles_n;
+      const float* sv = SV + static_cast<size_t>(item.x) * tiles_n;
+      const float qk_scale = scale_log2 * __ldg(&SQ[static_cast<size_t>(item.x) * tiles_n + first_row / 128]);
+      auto make_p = [&]() {  // P to shared memory; the warpgroup's four warps have written it before P V reads it
+        store_p_fp8<BN>(s, p_addr, warp, lane);
+        fence_async_shared();
+        named_sync(1 + c, 128);
+      };
       float o[D / 16][8];
 #pragma unroll
       for (int j = 0; j < D / 16; ++j)
 #pragma unroll
         for (int e = 0; e < 8; ++e) o[j][e] = 0.0f;
-      unsigned p[BN / 32][4];
 
-      unsigned long long dq[4], dk[4], dv[4];
-      fp8_descs(dq, q_addr);
       fp8_descs(dk, smem_addr(sK + stage(0) * KV_BYTES));
       mbar_wait(&k_full[stage(0)], phase(0));
-      if (c == 1) named_sync(mine, 256);
       wgmma_fence();
       issue_scores_fp8<BN>(s, dq, dk);
       wgmma_commit();
-      named_arrive(other, 256);
-      // what the next turn reads (K(1), V(0)), waited for while the tensor cores work on S: the chain from one turn
-      // to the next is the kernel's pace, and a wait that finds its stage full still costs about 100 cycles
-      if (tiles > 1) mbar_wait(&k_full[stage(1)], phase(1));
+      // what the next products read (K(1), V(0)), waited for while the tensor cores work on S
+      if (mine > 1) mbar_wait(&k_full[stage(1)], phase(1));
       mbar_wait(&v_full[stage(0)], phase(0));
       wgmma_wait<0>();
       pin(s);
-      if (tiles == 1) q_done();
+      if (mine == 1) q_done();
       float sv_prev = __ldg(&sv[0]);
       const float qk0 = qk_scale * __ldg(&sk[0]);
-      softmax_max<BN>(s, st, alpha, qk0, CAUSAL && BN > m0, row0, 0);
-      softmax_exps<BN, FP8_FMA_BLOCKS>(s, st, qk0, P_SCALE_LOG2);
-      to_fp8_operand<BN>(s, p);
-      for (int t = 1; t < tiles; ++t) {
+      softmax_max<BN>(s, st, alpha, qk0, CAUSAL && BN > first_row + 1, row0, 0);
+      softmax_exps<BN, false>(s, st, qk0, P_SCALE_LOG2);
+      make_p();
+      for (int t = 1; t < mine; ++t) {
         const int sc = stage(t), sp = stage(t - 1);
-        const float sk_t = __ldg(&sk[t]), sv_t = __ldg(&sv[t]);
         fp8_descs(dk, smem_addr(sK + sc * KV_BYTES));
         fp8_descs(dv, smem_addr(sV + sp * KV_BYTES));
-        named_sync(mine, 256);
         wgmma_fence();
         issue_scores_fp8<BN>(s, dq, dk);
         wgmma_commit();
-        issue_pv_fp8<BN>(o, p, dv);
+        issue_pv_fp8<BN>(o, lsum, dp, dv, d1);
         wgmma_commit();
-        named_arrive(other, 256);
-        if (t + 1 < tiles) mbar_wait(&k_full[stage(t + 1)], phase(t + 1));
+        const float sk_t = __ldg(&sk[t]), sv_t = __ldg(&sv[t]);
+        if (t + 1 < mine) mbar_wait(&k_full[stage(t + 1)], phase(t + 1));
         mbar_wait(&v_full[sc], phase(t));
         wgmma_wait<1>();
         pin(s);
-        if (t == tiles - 1) q_done();
-        softmax_max<BN>(s, st, alpha, qk_scale * sk_t, CAUSAL && t * BN + BN > m0, row0, t * BN);
-        softmax_exps<BN, FP8_FMA_BLOCKS>(s, st, qk_scale * sk_t, P_SCALE_LOG2);
+        if (t == mine - 1) q_done();
+        softmax_max<BN>(s, st, alpha, qk_scale * sk_t, CAUSAL && t * BN + BN > first_row + 1, row0, t * BN);
+        softmax_exps<BN, false>(s, st, qk_scale * sk_t, P_SCALE_LOG2);
         wgmma_wait<0>();
         pin(o);
-        pin(p);
+        pin(lsum);
         if (tid == 0) mbar_arrive(&empty[sp]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) st.l[h] = fmaf(lsum[2 * h], alpha[h], st.l[h]);  // P(t - 1)'s sums, to m(t)
         const float unit = sv_prev / sv_t;  // O from units of V(t-1)'s scale to V(t)'s
         alpha[0] *= unit;
         alpha[1] *= unit;
         scale_rows<D, BN>(o, alpha);
         sv_prev = sv_t;
-        to_fp8_operand<BN>(s, p);
+        make_p();
       }
-      if (c == 0) named_sync(mine, 256);
-      const int sl = stage(tiles - 1);
+      const int sl = stage(mine - 1);
       fp8_descs(dv, smem_addr(sV + sl * KV_BYTES));
       wgmma_fence();
-      issue_pv_fp8<BN>(o, p, dv);
+      issue_pv_fp8<BN>(o, lsum, dp, dv, d1);
       wgmma_commit();
       wgmma_wait<0>();
       pin(o);
-      pin(p);
+      pin(lsum);
       if (tid == 0) mbar_arrive(&empty[sl]);
+      for (int t = mine; t < tiles; ++t) pass(t);
       g += tiles;
 
-      // as flash_wgmma's end: O times V's last scale, over l (P and l are both times 256); the log-sum-exp
+      // as flash_wgmma's end: O times V's last scale, over l (P and l are both times 256); the log-sum-exp. Each of
+      // a row's four threads holds the whole row's sum (the m64n8 product's columns are all the same).
       float inv[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 1);
-        st.l[h] += __shfl_xor_sync(0xffffffff, st.l[h], 2);
+        st.l[h] += lsum[2 * h];
         inv[h] = st.l[h] > 0.0f ? sv_prev / st.l[h] : 0.0f;
       }
-      store_rows_fp16<D>(O + static_cast<size_t>(head_row) * D, o, inv, row0, lane);
+      store_rows_fp16<D>(O + static_cast<size_t>(head_row) * D, o, inv, row0, lane, N);
       if (lane % 4 == 0) {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          LSE[head_row + row0 + 8 * h] =
-              st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h]) - P_SCALE_LOG2) * 0.6931471805599453f  // l is 256 sums
-                             : __int_as_float(0xff800000);
+          if (row0 + 8 * h < N)
+            LSE[head_row + row0 + 8 * h] =
+                st.l[h] > 0.0f ? (st.m[h] + __log2f(st.l[h]) - P_SCALE_LOG2) * 0.6931471805599453f  // l: 256 sums
+                               : __int_as_float(0xff800000);
       }
     }  // items
   }
@@ -730,15 +765,14 @@ FLASH_WGMMA(flash_wgmma_d128_serial_causal, 128, 128, 3, true, false, false, fal
 FLASH_WGMMA(flash_wgmma_d128_probe_scores, 128, 128, 2, false, false, false, false, false, 1)
 FLASH_WGMMA(flash_wgmma_d128_probe_pv, 128, 128, 2, false, false, false, false, false, 2)
 
-// The FP8 forward (kernels/attention/flash.py, flash_fp8): d = 128, tiles of 128 keys, causal or not.
+// The FP8 forward (kernels/attention/flash.py, flash_fp8): d = 128, 192 query rows a block, causal or not.
 #define FLASH_FP8(NAME, S, C)                                                                                     \
-  extern "C" __global__ void __launch_bounds__(384, 1)                                                          \
+  extern "C" __global__ void __launch_bounds__(512, 1)                                                          \
       NAME(const __grid_constant__ TensorMap tmQ, const __grid_constant__ TensorMap tmK,                        \
            const __grid_constant__ TensorMap tmVT, const float* SQ, const float* SK, const float* SV, half* O,  \
            float* LSE, int* next_item, int N, int heads, int section, float scale_log2) {                      \
-    hopper::flash_fp8_wgmma<128, S, C>(&tmQ, &tmK, &tmVT, SQ, SK, SV, O, LSE, next_item, N, heads, section,    \
-                                       scale_log2);                                                             \
+    hopper::flash_fp8_wgmma<S, C>(&tmQ, &tmK, &tmVT, SQ, SK, SV, O, LSE, next_item, N, heads, section, scale_log2); \
   }
 
-FLASH_FP8(flash_fp8_d128, 4, false)
-FLASH_FP8(flash_fp8_d128_causal, 4, true)
+FLASH_FP8(flash_fp8_d128, 5, false)
+FLASH_FP8(flash_fp8_d128_causal, 5, true)
