@@ -324,6 +324,7 @@ def flash_wgmma(q, k, v, *, causal: bool = False, scale=None, variant: str | Non
 
 FP8_HEAD_DIM, FP8_BLOCK, FP8_STAGES = 128, 128, 5  # d, the rows a scale covers (a tile of Q, K or V), K/V stages
 FP8_CONSUMERS = 3  # consumer warpgroups of 64 query rows: a block computes 192 rows of O (flash_fp8_wgmma)
+FP8_BLOCK_M = 64 * FP8_CONSUMERS  # a block's query rows; the last block of a head may reach past N
 
 
 def _fp8_key_order() -> np.ndarray:
@@ -358,9 +359,8 @@ def fp8_smem_bytes(stages: int = FP8_STAGES) -> int:
     """Shared memory of one block of the FP8 kernel: alignment, Q's tile (64 rows a consumer), the stages of K and V
     transposed (a byte a code), each consumer's P, the tile of ones for the row sums (8 rows), the mbarriers and the
     item's number (as wgmma_smem_bytes)."""
-    rows = 64 * FP8_CONSUMERS
-    return (1024 + rows * FP8_HEAD_DIM + 2 * stages * FP8_BLOCK * FP8_HEAD_DIM + rows * FP8_BLOCK + 8 * FP8_BLOCK
-            + 8 * (2 + 3 * stages) + 8)
+    return (1024 + FP8_BLOCK_M * FP8_HEAD_DIM + 2 * stages * FP8_BLOCK * FP8_HEAD_DIM + FP8_BLOCK_M * FP8_BLOCK
+            + 8 * FP8_BLOCK + 8 * (2 + 3 * stages) + 8)
 
 
 PREPASS_SOURCE, PREPASS_THREADS = "attention_fp8_prepass", 512  # the fused pre-pass: a block of 512 threads a tile
@@ -413,8 +413,8 @@ def fp8_operands(q, k, v, *, hadamard=None) -> dict:
 def flash_fp8(q=None, k=None, v=None, *, causal: bool = False, scale=None, operands: dict | None = None) -> tuple:
     """FlashAttention forward in FP8 on Hopper (compute capability 9.0; d = 128): Q, K, V quantised to e4m3 with a
     scale per 128 rows (``fp8_operands``; or pass ``operands`` it made, and no q, k, v), P rounded to e4m3 times 256,
-    FP32 softmax, the row sums of the rounded P, FP16 output. Returns (o float16 of q's shape (B, H, N, 128), lse float32). The numerics
-    are kernels/attention/fp8.py's fp8_attention(..., block_m=128, block_n=128)."""
+    FP32 softmax, the row sums of the rounded P, FP16 output. Returns (o float16 of q's shape (B, H, N, 128), lse
+    float32). The numerics are kernels/attention/fp8.py's fp8_attention(..., block_m=128, block_n=128)."""
     import ctypes
 
     runtime.require_gpu("the FP8 attention kernel")
@@ -436,14 +436,13 @@ def flash_fp8(q=None, k=None, v=None, *, causal: bool = False, scale=None, opera
     fn = hopper_kernel(WGMMA_SOURCE, name, smem)
     o = cp.empty((B, H, N, D), cp.float16)
     lse = cp.empty((B, H, N), cp.float32)
-    rows = 64 * FP8_CONSUMERS  # a block's query rows; the last block of a head may reach past N
-    maps = [tensor_map(operands["q"], (rows, D)), tensor_map(operands["k"], (FP8_BLOCK, D)),
+    maps = [tensor_map(operands["q"], (FP8_BLOCK_M, D)), tensor_map(operands["k"], (FP8_BLOCK, D)),
             tensor_map(operands["vt"], (D, FP8_BLOCK))]
     next_item = cp.zeros(1, dtype=cp.int32)
     sms = runtime.get().device["sms"]
     args = [*maps, *(ctypes.c_uint64(operands[s].data.ptr) for s in ("sq", "sk", "sv")), ctypes.c_uint64(o.data.ptr),
             ctypes.c_uint64(lse.data.ptr), ctypes.c_uint64(next_item.data.ptr), ctypes.c_int32(N),
             ctypes.c_int32(bh), ctypes.c_int32(wgmma_section(N, bh, sms)), ctypes.c_float(_scale(D, scale) * LOG2E)]
-    items = -(-N // rows) * bh
+    items = -(-N // FP8_BLOCK_M) * bh
     launch_hopper(fn, (min(items, sms), 1), 128 * (FP8_CONSUMERS + 1), smem, args, name)
     return o, lse

@@ -496,16 +496,6 @@ __device__ __forceinline__ void fp8_descs(unsigned long long (&d)[4], unsigned a
   for (int kk = 0; kk < 4; ++kk) d[kk] = base + 2 * kk;
 }
 
-// D (64 x 8, FP32) += A (64 x 32) B (32 x 8), e4m3, both K-major in shared memory: with B all ones, A's row sums.
-__device__ __forceinline__ void wgmma_m64n8k32_e4m3(float (&d)[4], unsigned long long da, unsigned long long db,
-                                                    int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // S = Q K^T (k = 32 codes a wgmma, both from shared memory); O += P V^T and l = P 1, P from shared memory.
 template <int BN>
 __device__ __forceinline__ void issue_scores_fp8(float (&s)[BN / 16][8], const unsigned long long (&dq)[4],

@@ -615,6 +615,16 @@ __device__ __forceinline__ void wgmma_k32_s8(int (&d)[BN / 16][8], unsigned long
   }
 }
 
+// D (64 x 8, FP32) += A (64 x 32) B (32 x 8), e4m3, both K-major in shared memory: with B all ones, A's row sums.
+__device__ __forceinline__ void wgmma_m64n8k32_e4m3(float (&d)[4], unsigned long long da, unsigned long long db,
+                                                    int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+
 template <int BN>
 __device__ __forceinline__ void wgmma_k32_e4m3(float (&d)[BN / 16][8], unsigned long long da, unsigned long long db,
                                               int scale_d) {
