@@ -544,6 +544,112 @@ def race_reading(data: dict) -> list:
     ]
 
 
+# ------------------------------------------------------------------------------------ where a layer's time goes
+
+# conv5_x 1x1 2048->512 at batch 32, the layer where the race's persistent tile stays behind cuDNN's fastest: its tile,
+# and the input channels it is timed at (the layer's, halved and half again as many): 16, 32 and 48 slices
+TIME_GOES_CONFIG = "conv_wgmma_i2c_64x128_s8_persistent_nhwc_f16"
+TIME_GOES_CHANNELS = (1024, 2048, 3072)
+TIME_GOES_KINDS = {"whole": "the whole kernel", "loads": "its loads alone", "mma": "its products alone",
+                   "cudnn": "cuDNN's fastest"}
+
+
+def time_goes_fit(slices, us) -> tuple:
+    """The straight line through (slices of the reduction, µs a call): (ns a slice, µs at no slice: the fixed cost,
+    launch included), least squares."""
+    if len(slices) != len(us) or len(set(slices)) < 2:
+        raise runtime.CourseInputError("a straight line needs times at two numbers of slices at least")
+    slope, fixed = np.polyfit(np.asarray(slices, float), np.asarray(us, float), 1)
+    return float(slope * 1e3), float(fixed)
+
+
+def where_time_goes(channels=TIME_GOES_CHANNELS, *, n: int = 32, hw: int = 7, k: int = 512, rounds: int = 3,
+                    repeats: int = 10, batch: int = 8) -> dict:
+    """Where a 1x1 layer's time goes on the course's tile (TIME_GOES_CONFIG): conv5_x's last layer (n x hw x hw
+    pixels, k output channels) with each number of input ``channels``, timed four ways in turns: the whole kernel,
+    the same kernel with its loads alone and with its products alone (conv_wgmma's ``ablate``), and cuDNN's fastest
+    algorithm (Find, every algorithm timed). The whole kernel is checked against float64 first, the loads alone
+    against zeros. A straight line through each kind's times against the slices of the reduction (64 channels
+    each) splits them into a time a slice and a fixed cost (time_goes_fit)."""
+    if len(set(channels)) < 2 or any(c < cv.WGMMA_BK or c % cv.WGMMA_BK for c in channels):
+        raise runtime.CourseInputError(f"where_time_goes needs two or more numbers of input channels, each a multiple "
+                                       f"of {cv.WGMMA_BK}; got {tuple(channels)}")
+    cp = runtime.cupy()
+    gpus.step("05.wgmma")
+    us = {kind: [] for kind in TIME_GOES_KINDS}
+    algos = []
+    with cudnn.Handle() as handle:
+        for c in bench.progress(list(channels), desc="input channels"):
+            layer = (n, c, hw, hw, k, 1, 1, 0, 1)
+            o = _operands(layer, dtypes=("float16",))
+            x, wt = o["float16", "NHWC"]
+            ref = o["ref", "float16", "NHWC"]
+            del o
+            y = cp.empty((n, hw, hw, k), cp.float16)
+            launches = {kind: (lambda a=a: cv.conv_wgmma(x, wt, y, config=TIME_GOES_CONFIG, ablate=a))
+                        for kind, a in (("whole", None), ("loads", "loads"), ("mma", "mma"))}
+            y.fill(cp.nan)
+            launches["whole"]()
+            err, limit = cv.rel_error(y, ref), cv.tolerance("float16", c) * 2
+            if not err <= limit:
+                raise RuntimeError(f"{TIME_GOES_CONFIG} at C = {c}: error {err:.2e} against float64 (limit {limit:.1e})")
+            y.fill(cp.nan)
+            launches["loads"]()
+            if bool(cp.any(y != 0)):
+                raise RuntimeError(f"{TIME_GOES_CONFIG} with its loads alone at C = {c}: y is not all zeros")
+            best = fastest_timed(find_table(handle, layer, "float16", "NHWC", "tensor_op", (x, wt, y),
+                                            repeats=repeats, batch=batch))
+            algos.append(best["algo"])
+            xd, fd, conv, yd = _descriptors(layer, "float16", "NHWC", best["math"])
+            launches["cudnn"] = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])
+            timed = bench.in_turns(list(launches), rounds, lambda name, r: bench.time_per_call(
+                launches[name], batch=batch, repeats=repeats, warmup=3 if r == 0 else 1))
+            for kind in TIME_GOES_KINDS:
+                us[kind].append(timed[kind].median_ms * 1e3)
+            del launches
+            for d in (xd, fd, conv, yd):
+                d.destroy()
+            del x, wt, ref, y
+            cp.get_default_memory_pool().free_all_blocks()
+    slices = [c // cv.WGMMA_BK for c in channels]
+    fits = {kind: time_goes_fit(slices, t) for kind, t in us.items()}
+    return {"config": TIME_GOES_CONFIG, "layer": f"1x1, {hw}x{hw}, K={k}, batch {n}", "channels": list(channels),
+            "slices": slices, "us": us, "per_slice_ns": {kind: f[0] for kind, f in fits.items()},
+            "fixed_us": {kind: f[1] for kind, f in fits.items()}, "cudnn": cudnn.version(), "cudnn_algos": algos}
+
+
+def text_time_goes(data: dict) -> str:
+    """The four kinds' times at each number of input channels, and their lines' time a slice and fixed cost."""
+    head = ["", *(f"C = {c:,}" for c in data["channels"]), "a slice (ns)", "fixed (µs)"]
+    rows = [[label, *(f"{t:.2f}" for t in data["us"][kind]), f"{data['per_slice_ns'][kind]:.0f}",
+             f"{data['fixed_us'][kind]:.2f}"] for kind, label in TIME_GOES_KINDS.items()]
+    tile = _tile(data["config"]).removeprefix("i2c_")
+    return str(plots.table(head, rows, align="l" + "r" * (len(head) - 1),
+                           title=f"Where the time goes: tile {tile} on {data['layer']}, C input channels\n"
+                                 f"(µs a call, medians in turns; cuDNN {data.get('cudnn', '?')})"))
+
+
+def plot_time_goes(data: dict, source: str):
+    """Each kind's time a call against the slices of the reduction: the slopes are the times a slice."""
+    series = {label: (data["slices"], data["us"][kind]) for kind, label in TIME_GOES_KINDS.items()}
+    return plots.lines(series, xlabel="slices of the reduction (64 input channels each)", ylabel="µs a call",
+                       source=source, title=f"Where the time goes: {data['layer']}", logx=False, logy=False)
+
+
+def time_goes_reading(data: dict) -> list:
+    """What lesson 5's deep dive says of where the time goes, each statement with whether it holds in ``data``."""
+    ns, fixed = data.get("per_slice_ns", {}), data.get("fixed_us", {})
+    return [
+        claims.compare("the whole kernel, a slice", "above", "its loads alone", lambda: ns["whole"],
+                       lambda: ns["loads"]),
+        claims.compare("its loads alone, a slice", "above", "its products alone", lambda: ns["loads"],
+                       lambda: ns["mma"]),
+        claims.compare("cuDNN's fastest, a slice", "below", "the course's loads alone", lambda: ns["cudnn"],
+                       lambda: ns["loads"]),
+        claims.compare("the course's fixed cost", "below", "cuDNN's", lambda: fixed["whole"], lambda: fixed["cudnn"]),
+    ]
+
+
 def cudnn_info() -> dict:
     return {"version": cudnn.version(), "library": str(getattr(cudnn.load(), "_name", ""))}
 
@@ -564,6 +670,7 @@ def run() -> tuple:
     figures = {"cudnn": cudnn_info(), "layers": all_layers(), "fused": fused()}
     if gpus.status("05.wgmma").runs:
         figures["race"] = race()
+        figures["time_goes"] = where_time_goes()
     return figures, ceilings
 
 
@@ -970,6 +1077,7 @@ FIGURES = {
     "layers": Figure(all_layers),
     "fused": Figure(fused),
     "race": Figure(race, None, text_race, optional=True, step="05.wgmma"),
+    "time_goes": Figure(where_time_goes, plot_time_goes, text_time_goes, optional=True, step="05.wgmma"),
 }
 
 

@@ -535,6 +535,10 @@ WGMMA_CONV_CONFIGS = tuple(f"conv_wgmma_{mode}{t}_nhwc_f16" for mode in ("", "i2
 _WGMMA_PERSISTENT_TILES = ("128x128_s6", "128x64_s8", "128x256_s4", "64x128_s3", "64x64_s5", "256x128_s3", "128x224_s4",
                            "64x128_s8")
 WGMMA_CONV_PERSISTENT_CONFIGS = tuple(f"conv_wgmma_i2c_{t}_persistent_nhwc_f16" for t in _WGMMA_PERSISTENT_TILES)
+# ... and the 64 x 128, 8-stage tile with a part taken out, to time what is left (conv_wgmma's ``ablate``; lesson 5's
+# deep dive, benchmarks/convolution.py's where_time_goes): "loads" issues no wgmma (y comes out zero), "mma" loads
+# nothing (the products read whatever the stages hold: y is meaningless)
+WGMMA_CONV_ABLATED = {"conv_wgmma_i2c_64x128_s8_persistent_nhwc_f16": ("loads", "mma")}
 WGMMA_BK = 64  # channels a slice of the reduction: 128 bytes of FP16, one row of the 128-byte swizzle
 WGMMA_STORE_PIECE = 64  # persistent: y leaves in pieces of 64 rows x 64 channels, two buffers a consumer warpgroup
 # (a tile 32 channels past whole pieces, 128 x 224, ends with one of 64 x 32)
@@ -629,7 +633,8 @@ def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128, im2col: bool = Fals
     return y
 
 
-def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None, blocks: int | None = None):
+def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None, blocks: int | None = None,
+               ablate: str | None = None):
     """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
     x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 4's wgmma GEMM with A read from the image:
     for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
@@ -637,7 +642,8 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     mode gathers. Stride 1 and no dilation; C a multiple of 64, K of 8. ``config``: one of WGMMA_CONV_CONFIGS, or of
     WGMMA_CONV_PERSISTENT_CONFIGS: as many blocks as the SMs hold at once (or one per tile, if fewer), each walking
     its tiles, y written by the TMA; ``blocks`` launches that many instead (what the tests use to walk many tiles a
-    block). Asynchronous."""
+    block). ``ablate`` ("loads" or "mma", for a configuration WGMMA_CONV_ABLATED lists): the same kernel with only
+    its loads or only its products, for timing, not for y. Asynchronous."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -653,6 +659,11 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     if n * P * Q >= 2**31 or x.size >= 2**31 or max(h, wd) > 2**15:
         raise runtime.CourseInputError("the wgmma convolution indexes pixels with 32-bit integers")
     cfg = wgmma_conv_config(config or WGMMA_CONV_CONFIGS[0])
+    if ablate is not None:
+        if ablate not in WGMMA_CONV_ABLATED.get(cfg["name"], ()):
+            known = ", ".join(f"{n} ({' or '.join(p)})" for n, p in WGMMA_CONV_ABLATED.items())
+            raise runtime.CourseInputError(f"no {cfg['name']} with only its {ablate!r}; ablate: {known}")
+        cfg = {**cfg, "name": cfg["name"].removesuffix("_nhwc_f16") + f"_{ablate}_only_nhwc_f16"}
     if blocks is not None and (not cfg["persistent"] or blocks < 1):
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
                                        f"{cfg['name']})")

@@ -1274,6 +1274,98 @@ def test_race_small():
     assert "b" in bm.text_race(data)
 
 
+def _time_goes(whole=(6.3, 9.3, 12.4), loads=(5.8, 8.5, 11.2), mma=(5.4, 7.7, 10.0), cudnn=(6.0, 8.2, 10.5)):
+    from benchmarks import convolution as bm
+
+    us = {"whole": list(whole), "loads": list(loads), "mma": list(mma), "cudnn": list(cudnn)}
+    fits = {k: bm.time_goes_fit([16, 32, 48], t) for k, t in us.items()}
+    return {"config": bm.TIME_GOES_CONFIG, "layer": "1x1, 7x7, K=512, batch 32", "channels": [1024, 2048, 3072],
+            "slices": [16, 32, 48], "us": us, "per_slice_ns": {k: f[0] for k, f in fits.items()},
+            "fixed_us": {k: f[1] for k, f in fits.items()}, "cudnn": "9.19.0", "cudnn_algos": ["x"] * 3}
+
+
+def test_where_time_goes_fit_text_and_reading():
+    """The straight line's slope (ns a slice) and intercept (the fixed cost), the table, the plot, and the deep dive's
+    statements, which turn false when the figures do."""
+    from benchmarks import convolution as bm
+    from gpucourse import claims
+
+    assert bm.time_goes_fit([16, 32, 48], [5.0, 8.2, 11.4]) == pytest.approx((200.0, 1.8))
+    with pytest.raises(runtime.CourseInputError):
+        bm.time_goes_fit([32, 32], [1.0, 2.0])
+    data = _time_goes()
+    text = bm.text_time_goes(data)
+    assert "64x128_s8_persistent" in text and "C = 2,048" in text and "its loads alone" in text and "9.30" in text
+    assert f"{data['per_slice_ns']['whole']:.0f}" in text
+    read = bm.time_goes_reading(data)
+    assert [ok for _, ok in read] == [True] * 4, claims.lines(read)
+    slow = _time_goes(cudnn=(5.0, 8.5, 12.0))  # cuDNN slower a slice than the loads alone, and a smaller fixed cost
+    assert [ok for _, ok in bm.time_goes_reading(slow)] == [True, True, False, False]
+    assert all(ok is None for _, ok in bm.time_goes_reading({}))
+    bm.plot_time_goes(data, "synthetic")
+
+
+def test_where_time_goes_refuses_bad_channels():
+    from benchmarks import convolution as bm
+
+    for channels in ((2048,), (1000, 2048), (2048, 2048)):
+        with pytest.raises(runtime.CourseInputError, match="two or more"):
+            bm.where_time_goes(channels)
+
+
+def test_ablated_kernels_are_declared_in_the_source():
+    """conv_wgmma's ``ablate`` names kernels that kernels/cuda/convolution_wgmma.cu instantiates, for the one tile it
+    lists; the whole kernel is the race's."""
+    from pathlib import Path
+
+    src = (Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "convolution_wgmma.cu").read_text()
+    for name, parts in cv.WGMMA_CONV_ABLATED.items():
+        assert name in cv.WGMMA_CONV_PERSISTENT_CONFIGS
+        bm_, bn, stages = (int(v) for v in re.fullmatch(r"conv_wgmma_i2c_(\d+)x(\d+)_s(\d+)_persistent_nhwc_f16",
+                                                        name).groups())
+        for part in parts:
+            assert f"WGMMA_CONV_PERSISTENT_ABLATED({bm_}, {bn}, {stages}, {part}," in src
+
+
+@pytest.mark.gpu
+def test_ablated_tile_and_where_time_goes_small():
+    """The loads alone leave y all zeros, the products alone run; where_time_goes on small layers checks the whole
+    kernel against float64 and fits a line to each kind's times."""
+    from benchmarks import convolution as bm
+    from gpucourse import gpus
+
+    if not gpus.status("05.wgmma").runs:
+        pytest.skip("needs the wgmma convolution's GPU")
+    cp = runtime.cupy()
+    x = cp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, 7, 7, 256)), cp.float16)
+    w = cp.asarray(np.random.default_rng(1).uniform(-1, 1, (128, 1, 1, 256)), cp.float16)
+    y = cp.full((2, 7, 7, 128), cp.nan, cp.float16)
+    cv.conv_wgmma(x, w, y, config=bm.TIME_GOES_CONFIG, ablate="loads")
+    assert not bool(cp.any(y != 0))
+    cv.conv_wgmma(x, w, y, config=bm.TIME_GOES_CONFIG, ablate="mma")
+    cp.cuda.Device().synchronize()
+    with pytest.raises(runtime.CourseInputError, match="ablate"):
+        cv.conv_wgmma(x, w, y, config=cv.WGMMA_CONV_PERSISTENT_CONFIGS[0], ablate="loads")
+    data = bm.where_time_goes((128, 256, 384), n=2, k=128, rounds=1, repeats=2, batch=2)
+    assert data["slices"] == [2, 4, 6] and set(data["us"]) == set(bm.TIME_GOES_KINDS)
+    assert all(len(t) == 3 and min(t) > 0 for t in data["us"].values())
+    assert set(data["per_slice_ns"]) == set(data["fixed_us"]) == set(bm.TIME_GOES_KINDS)
+    assert "C = 384" in bm.text_time_goes(data)
+
+
+def test_recorded_time_goes_claims_hold_on_every_record_that_has_it():
+    """What the deep dive says of where conv5_x 2048->512's time goes holds in every record with the figure."""
+    from benchmarks import convolution as bm
+    from gpucourse import claims
+
+    recs = [r for r in records.all_records(LESSON) if "time_goes" in r["figures"]]
+    if not recs:
+        pytest.skip("no record of where the time goes")
+    for rec in recs:
+        read = bm.time_goes_reading(rec["figures"]["time_goes"])
+        assert [ok for _, ok in read] == [True] * len(read), (rec["path"], claims.lines(read))
+
+
 def test_checked_times_times_the_right_and_lists_the_wrong(monkeypatch):
     """The loop layer_table's sweeps and the race share: each launch's output is checked against the reference before
     it is timed; a wrong one, or one whose launch refuses, raises, or with ``errors`` is listed there and not timed.

@@ -90,7 +90,11 @@ struct ConvTap {
 // (store_tile_tma). tmY: y as (N P Q) x K in boxes of 64 x 64, the 128-byte swizzle.
 // BN = 224 (128 x 224: 2,048 output channels in 10 tiles): y's last 32 channels of a tile leave through tmY32, y in
 // boxes of 64 x 32 (store_tile_tma's half piece).
-template <int BM, int BN, int STAGES>
+// ABLATE: the same kernel with a part taken out, to time what is left (benchmarks/convolution.py, where_time_goes):
+// LOADS_ONLY issues no wgmma (y is stored as zeros), MMA_ONLY loads nothing (the producer announces no bytes, and the
+// products read whatever the stages hold). Everything else, barriers and stores included, runs as in the whole kernel.
+enum Ablate { WHOLE = 0, LOADS_ONLY = 1, MMA_ONLY = 2 };
+template <int BM, int BN, int STAGES, int ABLATE = WHOLE>
 __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const TensorMap* tmW, const TensorMap* tmY, int N,
                                                 int P, int Q, int K, int C, int R, int S, int ph, int pw,
                                                 int group_m, const TensorMap* tmY32 = nullptr) {
@@ -123,11 +127,13 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
       // its next slice, moved on a slice at a time (channels fastest, then the filter's columns, then its rows: w's
       // order), without a division per slice. Slice kb loads as conv_tile's i2c producer does.
       produce_tiles(
-          tiles, ring, kblocks, A_BYTES + B_BYTES,
+          tiles, ring, kblocks, ABLATE == MMA_ONLY ? 0u : A_BYTES + B_BYTES,
           [&](int m0, int) { return ConvTap{m0 / (P * Q), (m0 % (P * Q)) / Q, m0 % Q, 0, 0, 0}; },
           [&](int s, unsigned long long* bar, int kb, int, int k0, ConvTap& at) {
-            tma_load_im2col_4d(sA + s * A_BYTES, tmX, bar, at.c0, at.q0 - pw, at.p0 - ph, at.n, at.sx, at.r);
-            tma_load_2d(sB + s * B_BYTES, tmW, bar, kb * BK, k0);  // w's columns (r S + sx) C + c0 ..
+            if constexpr (ABLATE != MMA_ONLY) {
+              tma_load_im2col_4d(sA + s * A_BYTES, tmX, bar, at.c0, at.q0 - pw, at.p0 - ph, at.n, at.sx, at.r);
+              tma_load_2d(sB + s * B_BYTES, tmW, bar, kb * BK, k0);  // w's columns (r S + sx) C + c0 ..
+            }
             if ((at.c0 += BK) == C) {
               at.c0 = 0;
               if (++at.sx == S) at.sx = 0, ++at.r;
@@ -159,9 +165,10 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
         // the descriptors' low words (the address, in 16-byte units) for this stage; the high words are constants
         const unsigned alo = lo_a + s * (A_BYTES >> 4), blo = lo_b + s * (B_BYTES >> 4);
         wgmma_fence();
+        if constexpr (ABLATE != LOADS_ONLY)  // (where_time_goes: the loads alone)
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)  // both K-major, 128-byte swizzle
-          wgmma_k16<BN, 0>(d, desc_of(alo + 2 * kk, hi), desc_of(blo + 2 * kk, hi), 1);
+          for (int kk = 0; kk < BK / 16; ++kk)  // both K-major, 128-byte swizzle
+            wgmma_k16<BN, 0>(d, desc_of(alo + 2 * kk, hi), desc_of(blo + 2 * kk, hi), 1);
         wgmma_commit();
         wgmma_wait<1>();
         if (tid == 0 && held >= 0) ring.release(held);
@@ -201,6 +208,19 @@ WGMMA_CONV_PERSISTENT(64, 128, 3)
 WGMMA_CONV_PERSISTENT(64, 128, 8)
 WGMMA_CONV_PERSISTENT(64, 64, 5)
 WGMMA_CONV_PERSISTENT(256, 128, 3)
+
+// ... and 64 x 128 with 8 stages with a part taken out (ABLATE; kernels/convolution.py's conv_wgmma(ablate=...))
+#define WGMMA_CONV_PERSISTENT_ABLATED(BM, BN, S, PART, ABLATE)                                                      \
+  extern "C" __global__ void __launch_bounds__((BM / 64 + 1) * 128, 1)                                         \
+      conv_wgmma_i2c_##BM##x##BN##_s##S##_persistent_##PART##_only_nhwc_f16(                                     \
+          const __grid_constant__ TensorMap tmX, const __grid_constant__ TensorMap tmW,                         \
+          const __grid_constant__ TensorMap tmY, int N, int P, int Q, int K, int C, int R, int Sw, int ph, int pw, \
+          int group_m) {                                                                                         \
+    hopper::conv_persistent<BM, BN, S, hopper::ABLATE>(&tmX, &tmW, &tmY, N, P, Q, K, C, R, Sw, ph, pw, group_m);  \
+  }
+
+WGMMA_CONV_PERSISTENT_ABLATED(64, 128, 8, loads, LOADS_ONLY)
+WGMMA_CONV_PERSISTENT_ABLATED(64, 128, 8, mma, MMA_ONLY)
 
 // ... and 128 x 224, whose tiles' last 32 channels leave through tmY32 (y in boxes of 64 x 32)
 #define WGMMA_CONV_PERSISTENT_HALF(BM, BN, S)                                                                     \
