@@ -7,6 +7,7 @@ back: bench.time_per_call), each checked first against the float64 convolution o
 """
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
 
@@ -72,6 +73,18 @@ def _descriptors(layer, dtype, layout, math_):
     conv = cudnn.ConvolutionDescriptor(pad, stride, 1, compute="float32", math=math_)
     y = cudnn.TensorDescriptor(conv.output_dims(x, f), dtype, layout)
     return x, f, conv, y
+
+
+@contextlib.contextmanager
+def cudnn_launcher(handle, layer, dtype, layout, row, x, wt, y):
+    """A launcher of cuDNN's algorithm ``row`` (a Find table's row: its algo and math) on arrays x, wt and y of the
+    layer (handle.forward_launcher: for timing), its descriptors made for it and destroyed after the block."""
+    descs = _descriptors(layer, dtype, layout, row["math"])
+    try:
+        yield handle.forward_launcher(x, wt, y, *descs, algo=row["algo"])
+    finally:
+        for d in descs:
+            d.destroy()
 
 
 def find_table(handle, layer, dtype, layout, math_, arrays=None, *, repeats: int = 5, batch: int = 4) -> list:
@@ -176,15 +189,12 @@ def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: in
             table = find_table(handle, layer, dtype, layout, math_, (x, wt, y))
             tables[f"{dtype}/{layout}/{math_}"] = table
             best = fastest_timed(table)
-            xd, fd, conv, yd = _descriptors(layer, dtype, layout, best["math"])
-            launch = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])
-            row = add(f"cuDNN {best['algo']} ({best['math']} math)", dtype, layout, "cudnn",
-                      _precision(dtype, math_), launch, y)
+            with cudnn_launcher(handle, layer, dtype, layout, best, x, wt, y) as launch:
+                row = add(f"cuDNN {best['algo']} ({best['math']} math)", dtype, layout, "cudnn",
+                          _precision(dtype, math_), launch, y)
             row.update(math=math_, row_math=best["math"], algo=best["algo"], workspace_bytes=best["workspace_bytes"])
             cudnn_best[dtype, layout, math_] = row
             del launch
-            for d in (xd, fd, conv, yd):
-                d.destroy()
 
         for dtype in ("float32", "float16"):
             x, wt = o[dtype, layout]
@@ -472,24 +482,22 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
             # slower clocks falls on all of them, not on one; the faster finalist in the turns is the kind's
             finalists = {kind: sorted((c for c in ms if c in configs), key=ms.get)[:RACE_FINALISTS]
                          for kind, configs in RACE_KINDS.items()}
-            xd, fd, conv, yd = _descriptors(layer, "float16", "NHWC", best["math"])
-            launches = {"cudnn": handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])}
-            y.fill(cp.nan)
-            launches["cudnn"]()
-            cudnn_error = cv.rel_error(y, ref)
-            launches.update({cfg: (lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg))
-                             for cfgs in finalists.values() for cfg in cfgs})
-            timed = {key: [] for key in launches}
-            for _ in range(RACE_TURNS):
-                for key, launch in launches.items():
-                    timed[key].append(bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms)
+            with cudnn_launcher(handle, layer, "float16", "NHWC", best, x, wt, y) as launch_cudnn:
+                launches = {"cudnn": launch_cudnn}
+                y.fill(cp.nan)
+                launches["cudnn"]()
+                cudnn_error = cv.rel_error(y, ref)
+                launches.update({cfg: (lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg))
+                                 for cfgs in finalists.values() for cfg in cfgs})
+                timed = {key: [] for key in launches}
+                for _ in range(RACE_TURNS):
+                    for key, launch in launches.items():
+                        timed[key].append(bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms)
             fastest = {kind: min(cfgs, key=lambda c: np.median(timed[c]), default=None)
                        for kind, cfgs in finalists.items()}
             turns = {"cudnn": timed["cudnn"], **{kind: timed[cfg] for kind, cfg in fastest.items() if cfg}}
             med = {kind: float(np.median(t)) for kind, t in turns.items()}
-            del launches
-            for d in (xd, fd, conv, yd):
-                d.destroy()
+            del launches, launch_cudnn
             row = {"layer": name, "shape": f"{r}x{s}", "layer_dims": list(layer), "flops": cv.layer_flops(layer),
                    "cudnn": best["algo"], "cudnn_math": best["math"], "cudnn_find_ms": best["timed_ms"],
                    "cudnn_ms": med["cudnn"], "cudnn_error": cudnn_error, "configs_ms": ms, "errors": errors,
@@ -602,16 +610,12 @@ def where_time_goes(channels=TIME_GOES_CHANNELS, *, n: int = 32, hw: int = 7, k:
             best = fastest_timed(find_table(handle, layer, "float16", "NHWC", "tensor_op", (x, wt, y),
                                             repeats=repeats, batch=batch))
             algos.append(best["algo"])
-            xd, fd, conv, yd = _descriptors(layer, "float16", "NHWC", best["math"])
-            launches["cudnn"] = handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=best["algo"])
-            timed = bench.in_turns(list(launches), rounds, lambda name, r: bench.time_per_call(
-                launches[name], batch=batch, repeats=repeats, warmup=3 if r == 0 else 1))
+            with cudnn_launcher(handle, layer, "float16", "NHWC", best, x, wt, y) as launch_cudnn:
+                launches["cudnn"] = launch_cudnn
+                timed = bench.interleaved(launches, rounds=rounds, repeats=repeats, batch=batch)
             for kind in TIME_GOES_KINDS:
                 us[kind].append(timed[kind].median_ms * 1e3)
-            del launches
-            for d in (xd, fd, conv, yd):
-                d.destroy()
-            del x, wt, ref, y
+            del launches, launch_cudnn, x, wt, ref, y
             cp.get_default_memory_pool().free_all_blocks()
     slices = [c // cv.WGMMA_BK for c in channels]
     fits = {kind: time_goes_fit(slices, t) for kind, t in us.items()}

@@ -1313,6 +1313,93 @@ def test_where_time_goes_refuses_bad_channels():
             bm.where_time_goes(channels)
 
 
+def test_cudnn_launcher_destroys_its_descriptors(monkeypatch):
+    """The launcher of cuDNN's chosen algorithm gets descriptors made for its math, and they are destroyed when the
+    block ends, also when it raises. (Stand-ins for cuDNN's handle and descriptors.)"""
+    from types import SimpleNamespace
+
+    from benchmarks import convolution as bm
+
+    made = []
+
+    def descriptors(layer, dtype, layout, math_):
+        made.append([SimpleNamespace(math=math_, destroyed=False) for _ in range(4)])
+        for d in made[-1]:
+            d.destroy = lambda d=d: setattr(d, "destroyed", True)
+        return tuple(made[-1])
+
+    monkeypatch.setattr(bm, "_descriptors", descriptors)
+    handle = SimpleNamespace(forward_launcher=lambda x, w, y, *descs, algo: (algo, descs))
+    row = {"algo": "IMPLICIT_PRECOMP_GEMM", "math": "tensor_op"}
+    with bm.cudnn_launcher(handle, "layer", "float16", "NHWC", row, "x", "w", "y") as launch:
+        assert launch[0] == "IMPLICIT_PRECOMP_GEMM" and all(d.math == "tensor_op" for d in launch[1])
+        assert not any(d.destroyed for d in made[0])
+    assert all(d.destroyed for d in made[0])
+    with pytest.raises(ZeroDivisionError):
+        with bm.cudnn_launcher(handle, "layer", "float16", "NHWC", row, "x", "w", "y"):
+            1 / 0
+    assert all(d.destroyed for d in made[1])
+
+
+def test_where_time_goes_checks_times_and_fits(monkeypatch):
+    """where_time_goes' bookkeeping, with NumPy for CuPy and stand-ins for the GPU's parts: the whole kernel is
+    checked against float64 and the loads alone against zeros (a wrong one raises), every kind is timed at each
+    number of channels, and a line through each gives its cost a slice and its fixed cost."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from benchmarks import convolution as bm
+    from gpucourse import bench, gpus
+
+    pool = SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setattr(runtime, "cupy", lambda: SimpleNamespace(empty=np.empty, float16=np.float16, nan=np.nan,
+                                                                 any=np.any, get_default_memory_pool=lambda: pool))
+    monkeypatch.setattr(gpus, "step", lambda name: None)
+    monkeypatch.setattr(bm.cudnn, "Handle", nullcontext)
+    monkeypatch.setattr(bm.cudnn, "version", lambda: "9.19.0")
+    refs = {}
+
+    def operands(layer, dtypes):
+        n, c, h, w, k = layer[:5]
+        refs[c] = np.full((n, h, w, k), 1.0 + c / 1024)
+        return {("float16", "NHWC"): (np.zeros((n, h, w, c)), np.zeros((k, 1, 1, c))),
+                ("ref", "float16", "NHWC"): refs[c]}
+
+    monkeypatch.setattr(bm, "_operands", operands)
+    monkeypatch.setattr(bm, "find_table", lambda *a, **kw: [{"algo": "GEMM", "math": "tensor_op", "timed_ms": 0.01}])
+    monkeypatch.setattr(bm, "cudnn_launcher", lambda *a: nullcontext(lambda: None))
+    wrong = {"part": "none"}  # which launch gives a wrong y: None the whole kernel, "loads" the loads alone
+    channels = []
+
+    def conv(x, w, y, *, config, ablate=None):
+        assert config == bm.TIME_GOES_CONFIG
+        channels.append(x.shape[-1])
+        y[...] = refs[x.shape[-1]] if ablate is None else 0.0
+        if ablate == wrong.get("part"):
+            y[...] += 1.0
+
+    monkeypatch.setattr(bm.cv, "conv_wgmma", conv)
+    # each kind's fixed cost and cost a slice, µs
+    cost = {"whole": (3.0, 0.195), "loads": (3.0, 0.169), "mma": (3.0, 0.148), "cudnn": (3.7, 0.141)}
+
+    def interleaved(launches, **kw):  # each kind's time at the channels of the launches just checked
+        assert set(launches) == set(bm.TIME_GOES_KINDS)
+        slices = channels[-1] // 64
+        return {name: SimpleNamespace(median_ms=(cost[name][0] + cost[name][1] * slices) / 1e3) for name in launches}
+
+    monkeypatch.setattr(bench, "interleaved", interleaved)
+    data = bm.where_time_goes((1024, 2048), n=2, hw=3, k=8)
+    assert data["slices"] == [16, 32] and data["cudnn_algos"] == ["GEMM", "GEMM"]
+    for kind, (fixed, slope) in cost.items():
+        assert data["per_slice_ns"][kind] == pytest.approx(slope * 1e3)
+        assert data["fixed_us"][kind] == pytest.approx(fixed)
+    for part, match in ((None, "wrong result"), ("loads", "not all zeros")):
+        wrong["part"] = part
+        refs.clear()
+        with pytest.raises(runtime.CourseError, match=match):
+            bm.where_time_goes((1024, 2048), n=2, hw=3, k=8)
+
+
 def test_ablated_kernels_are_declared_in_the_source():
     """conv_wgmma's ``ablate`` names kernels that kernels/cuda/convolution_wgmma.cu instantiates, for the one tile it
     lists; the whole kernel is the race's."""
