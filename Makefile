@@ -9,7 +9,8 @@ CUDA_EXTRA := $(if $(filter 13 14 15 16,$(CUDA_MAJOR)),cu13,cu12)
 # The tests run on every core (pytest-xdist), at most 4 at once (each holds TensorFlow: about 2 GB); PARALLEL= runs
 # them in one process. make test keeps each test file (each class) to one worker, so that a fixture its tests share
 # (a class of graded notebooks, the JupyterHub and its users) is built once (--dist loadscope; pytest-xdist 3.8's
-# loadgroup does not group under pytest 9, whose node ids it cannot rename); make test-fast's shared fixtures take
+# loadgroup does not group under pytest 9, whose node ids it cannot rename), handing out the longest files first
+# (--no-loadscope-reorder keeps the order tests/conftest.py gives them); make test-fast's shared fixtures take
 # seconds, so its tests go to whichever worker is free.
 PARALLEL ?= -n auto --maxprocesses 4
 # make matrix CC="8.0 native": the compute capabilities (make's own CC, the C compiler, counts only when given so)
@@ -31,7 +32,7 @@ lab: setup                              ## open the course in JupyterLab (option
 	$(BIN)/python -m gpucourse lab $(ARGS)
 
 test: setup                             ## run the whole test suite (CPU mode without a GPU): what CI runs
-	$(BIN)/python -m pytest $(PARALLEL) $(if $(PARALLEL),--dist loadscope)
+	$(BIN)/python -m pytest $(PARALLEL) $(if $(PARALLEL),--dist loadscope --no-loadscope-reorder)
 
 test-fast: setup                        ## the unit tests alone, for day-to-day work (no notebooks, grading, hub, archs, records)
 	$(BIN)/python -m pytest -q -m "not slow and not records and not archs" $(PARALLEL)

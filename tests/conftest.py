@@ -51,12 +51,40 @@ def pytest_report_header(config):
     return f"gpucourse: {RT.mode.upper()} mode ({RT.reason})" + (f", {RT.device['name']}" if RT.gpu else "")
 
 
+# make test runs the files on pytest-xdist workers a whole file (or class) at a time (--dist loadscope), in the order
+# collected (--no-loadscope-reorder; by default pytest-xdist would start the files with the most tests first). A
+# long file handed out last keeps one worker busy while the others have nothing left to do, so the workers get the
+# longest first: these, which each take minutes on 2 cores, then every other file or class with a slow or archs test
+# (whole notebooks, classes graded, machine code for every GPU), then the rest, each group in its usual order.
+LONGEST_FIRST = ("tests/test_gpu_archs.py", "tests/test_notebooks.py", "tests/test_grading_hostile.py",
+                 "tests/test_hosted_install.py")
+
+
+def _xdist_scope(item) -> str:
+    """The unit pytest-xdist's loadscope hands a worker: the test's class, else its file."""
+    parts = item.nodeid.split("::")
+    return "::".join(parts[:2]) if item.cls is not None else parts[0]
+
+
+def _longest_first(items) -> None:
+    heavy = {_xdist_scope(i) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("archs")}
+    first = {scope: rank for rank, scope in enumerate(LONGEST_FIRST)}
+
+    def rank(scope):
+        return (first.get(scope, len(first)), scope not in heavy)
+
+    order = {scope: rank(scope) for scope in dict.fromkeys(_xdist_scope(i) for i in items)}
+    items.sort(key=lambda i: order[_xdist_scope(i)])  # stable: each scope's tests keep their order
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.add_marker(gpu_only)
         if item.name.startswith(("test_recorded", "test_committed_records")):  # checks of results/, not of code
             item.add_marker(pytest.mark.records)
+    if hasattr(config, "workerinput") and not config.getoption("loadscopereorder", True):  # make test's workers
+        _longest_first(items)
 
 
 @pytest.fixture
@@ -67,3 +95,15 @@ def rng(request):
     import numpy as np
 
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(scope="session")
+def exercise_differences():
+    """(the lessons, grading.check_exercises()'s differences for all of them): every lesson's exercise generated from
+    its solution once a session (once per pytest-xdist worker), not once in tests/test_grading.py and again in each
+    lesson's tests/test_NN_*_exercises.py. Each difference names its lesson (exercises/NN_*/...), and a lesson's are
+    what check_exercises([lesson]) gives."""
+    from gpucourse.grading import check_exercises
+    from gpucourse.grading.course import resolve_assignments
+
+    return resolve_assignments(None), check_exercises()

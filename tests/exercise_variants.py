@@ -46,6 +46,32 @@ def graded_variants(tmp: Path, solution: Path, exercise: Path, variants, *, time
     return grade_all(jobs, timeout=timeout)
 
 
+def graded_as_a_class(tmp: Path, solution: Path, exercise: Path, variants, *, timeout: int) -> dict:
+    """What ``graded_variants`` gives, for less: the solution graded alone by ``grading.grade`` (the learner's
+    command), the released exercise and every variant handed in as one class to ``grading.grade_class`` (the same
+    preparation, worker and guarded kernel, per notebook), which builds the course and its gradebook once for them
+    all instead of once a notebook. A notebook the class run could not grade is a GradingError, as from ``grade``."""
+    lesson, name = solution.parent.name, solution.name
+    alone = learner_copy(tmp, solution)
+    folder = tmp / "class"
+    for v in variants:
+        learner_copy(folder, solution, v)
+    handed_in = folder / "exercise" / lesson / name
+    handed_in.parent.mkdir(parents=True)
+    handed_in.write_bytes(exercise.read_bytes())
+    with ThreadPoolExecutor(max_workers=1) as pool:  # alongside the class's two workers, as a third
+        single = pool.submit(grading.grade, alone, timeout=timeout, mode="cpu")
+        report = grading.grade_class(folder, assignment=lesson, course_dir=tmp / "course", mode="cpu",
+                                     timeout=timeout, workers=2, progress=False)
+        graded = {"solution": single.result() if single.exception() is None else single.exception()}
+    names = ["exercise", *(v.__name__ for v in variants)]
+    assert set(report.reports) | set(report.errors) == set(names), (sorted(report.reports), report.errors)
+    for student in names:
+        graded[student] = (report.reports[student] if student in report.reports
+                           else grading.GradingError(f"{student} could not be graded: {report.errors[student]}"))
+    return graded
+
+
 # ------------------------------------------------------------------ what every lesson's exercise must meet
 
 def gradable_points(points: dict, lacking=()) -> float:
@@ -190,9 +216,10 @@ class LessonExercises:
     @pytest.fixture(scope="class")
     @classmethod
     def graded(cls, tmp_path_factory):
-        """The solution, the generated exercise and every wrong variant, graded once (two at a time)."""
-        return graded_variants(tmp_path_factory.mktemp("graded"), cls.solution(), cls.exercise(), cls.VARIANTS,
-                               timeout=cls.TIMEOUT)
+        """The solution, the generated exercise and every wrong variant, graded once (the solution by grade, the
+        rest as one class, two at a time)."""
+        return graded_as_a_class(tmp_path_factory.mktemp("graded"), cls.solution(), cls.exercise(), cls.VARIANTS,
+                                 timeout=cls.TIMEOUT)
 
     def test_solution_scores_every_gradable_point(self, graded):
         assert_full_marks(graded["solution"], self.POINTS, self.lacking())
@@ -213,8 +240,10 @@ class LessonExercises:
     def test_wrong_variant_gets_exactly_its_partial_score(self, graded, variant):
         assert_loses_exactly(graded[variant.__name__], self.POINTS, self.VARIANTS[variant], self.lacking())
 
-    def test_exercise_matches_generation(self):
-        assert grading.check_exercises([self.LESSON]) == []
+    def test_exercise_matches_generation(self, exercise_differences):
+        lessons, differences = exercise_differences  # grading.check_exercises() of every lesson, once a session
+        assert self.LESSON in lessons
+        assert [d for d in differences if d.startswith(f"exercises/{self.LESSON}/")] == []
 
     def test_exercise_hides_the_answers(self):
         assert_exercise_hides_the_answers(self.solution(), self.exercise(), self.ANSWERS)
