@@ -79,12 +79,9 @@ def _descriptors(layer, dtype, layout, math_):
 def cudnn_launcher(handle, layer, dtype, layout, row, x, wt, y):
     """A launcher of cuDNN's algorithm ``row`` (a Find table's row: its algo and math) on arrays x, wt and y of the
     layer (handle.forward_launcher: for timing), its descriptors made for it and destroyed after the block."""
-    descs = _descriptors(layer, dtype, layout, row["math"])
-    try:
-        yield handle.forward_launcher(x, wt, y, *descs, algo=row["algo"])
-    finally:
-        for d in descs:
-            d.destroy()
+    xd, fd, conv, yd = _descriptors(layer, dtype, layout, row["math"])
+    with xd, fd, conv, yd:  # each descriptor destroys itself on the way out (as in find_table)
+        yield handle.forward_launcher(x, wt, y, xd, fd, conv, yd, algo=row["algo"])
 
 
 def find_table(handle, layer, dtype, layout, math_, arrays=None, *, repeats: int = 5, batch: int = 4) -> list:

@@ -31,12 +31,17 @@ def learner_copy(tmp: Path, solution: Path, edit=None) -> Path:
     return path
 
 
+def _outcome(future):
+    """A grading's GradeReport, or the exception it raised."""
+    return future.result() if future.exception() is None else future.exception()
+
+
 def grade_all(jobs: dict, *, timeout: int, workers: int = 2) -> dict:
     """{name: GradeReport, or the exception grading raised} for {name: notebook path}, graded in CPU mode,
     ``workers`` at a time."""
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {name: pool.submit(grading.grade, path, timeout=timeout, mode="cpu") for name, path in jobs.items()}
-        return {name: f.result() if f.exception() is None else f.exception() for name, f in futures.items()}
+        return {name: _outcome(f) for name, f in futures.items()}
 
 
 def graded_variants(tmp: Path, solution: Path, exercise: Path, variants, *, timeout: int) -> dict:
@@ -63,7 +68,7 @@ def graded_as_a_class(tmp: Path, solution: Path, exercise: Path, variants, *, ti
         single = pool.submit(grading.grade, alone, timeout=timeout, mode="cpu")
         report = grading.grade_class(folder, assignment=lesson, course_dir=tmp / "course", mode="cpu",
                                      timeout=timeout, workers=2, progress=False)
-        graded = {"solution": single.result() if single.exception() is None else single.exception()}
+        graded = {"solution": _outcome(single)}
     names = ["exercise", *(v.__name__ for v in variants)]
     assert set(report.reports) | set(report.errors) == set(names), (sorted(report.reports), report.errors)
     for student in names:

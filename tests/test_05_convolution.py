@@ -1322,10 +1322,18 @@ def test_cudnn_launcher_destroys_its_descriptors(monkeypatch):
 
     made = []
 
+    class Descriptor:  # as cudnn's: a context manager that destroys itself on exit
+        def __init__(self, math_):
+            self.math, self.destroyed = math_, False
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.destroyed = True
+
     def descriptors(layer, dtype, layout, math_):
-        made.append([SimpleNamespace(math=math_, destroyed=False) for _ in range(4)])
-        for d in made[-1]:
-            d.destroy = lambda d=d: setattr(d, "destroyed", True)
+        made.append([Descriptor(math_) for _ in range(4)])
         return tuple(made[-1])
 
     monkeypatch.setattr(bm, "_descriptors", descriptors)
