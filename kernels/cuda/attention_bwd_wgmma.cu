@@ -19,11 +19,14 @@
 //
 // A block owns BN = 128 keys of one head and keeps their dK and dV in registers (FP32) while it walks the query
 // tiles of BM = 64 rows that see them (causal: from the diagonal on). Warpgroup 0 is the PRODUCER: one thread
-// asks the TMA for the block's K and V tiles once, then for each query tile's Q and dO into a ring of STAGES
-// stages. Warpgroups 1 and 2 are CONSUMERS, 64 of the block's keys each; for each query tile:
+// asks the TMA for the block's K and V tiles once, then for each query tile's Q and dO, and its 64 rows of LSE and
+// D (a plain bulk copy each, 256 bytes), into a ring of STAGES stages. Warpgroups 1 and 2 are CONSUMERS, 64 of the
+// block's keys each; for each query tile:
 //   1. S^T = K Q^T and dP^T = dO V^T transposed (= V dO^T), both 64 keys x 64 queries, both operands from shared
 //      memory: the keys are the MMA's rows, so each consumer's rows are its own keys;
-//   2. P^T = exp(S^T scale - lse) from the forward's log-sum-exp (recomputed, never stored), dS^T = P^T (dP^T - D);
+//   2. P^T = exp(S^T scale - lse) from the forward's log-sum-exp (recomputed, never stored), dS^T = P^T (dP^T - D),
+//      lse and D read from the stage once step 1 is done (read from global memory there instead, and held in
+//      registers through the wait, they made the backward 3-8% slower at D = 128 and 6-12% at D = 64);
 //   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as the A operand straight from registers (the accumulator's
 //      places are the A operand's, as in the forward's P V), dO and Q MN-major from shared memory;
 //   4. dQ: every key of the block contributes to every query row, so dS^T goes to shared memory (FP16, 128 keys x
@@ -73,6 +76,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
                                                 float scale_log2) {
 #ifdef GPUCOURSE_WGMMA
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  static_assert(STAGES <= 7, "the barriers (1 + 2 STAGES) fit the 128 bytes before the stages' LSE and D");
   constexpr int BM = 64, BN = 128;
   constexpr bool DQ_KEY_SPLIT = D == 64;  // dQ's k split between the consumers (D = 128: its columns)
   constexpr unsigned KV_BYTES = BN * D * 2, QO_BYTES = BM * D * 2, DS_BYTES = BN * BM * 2;
@@ -88,6 +92,7 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
   float* sdQ = reinterpret_cast<float*>(sdS + DS_BYTES);
   unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(sdQ) + 65536);
   unsigned long long *kv_full = bars, *full = bars + 1, *empty = full + STAGES;
+  float* sLD = reinterpret_cast<float*>(bars + 16);  // STAGES x (BM rows of LSE, then BM of D), after the barriers
 
   const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
   const int j = blockIdx.x, head = blockIdx.y;  // the block's key tile and head
@@ -114,11 +119,14 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       for (int i = first, it = 0; i < tiles_m; ++i, ++it) {
         const int s = it % STAGES;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) + 1) & 1);
-        mbar_expect_tx(&full[s], 2 * QO_BYTES);
+        mbar_expect_tx(&full[s], 2 * QO_BYTES + 2 * BM * 4);
         for (int c = 0; c < D / 64; ++c) {
           tma_load_3d(sQ + s * QO_BYTES + c * BM * 128, tmQ, &full[s], 64 * c, i * BM, head);
           tma_load_3d(sdO + s * QO_BYTES + c * BM * 128, tmdO, &full[s], 64 * c, i * BM, head);
         }
+        // the tile's rows of LSE and D (padded to NP rows a head: always there)
+        bulk_load(sLD + s * 2 * BM, LSE + lse_row + i * BM, BM * 4, &full[s]);
+        bulk_load(sLD + s * 2 * BM + BM, Dsum + lse_row + i * BM, BM * 4, &full[s]);
       }
     }
   } else {  // ---------------------------------------------------------------------- consumers
@@ -157,22 +165,24 @@ __device__ __forceinline__ void flash_bwd_wgmma(const TensorMap* tmQ, const Tens
       if constexpr (TURNS)  // the other's turn (consumer 1's last tile hands none on: no one would take it)
         if (c == 0) named_arrive(6, 256);
         else if (i + 1 < tiles_m) named_arrive(5, 256);
-      // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e
-      // (a query past N reads the padding: lse = +inf, D = 0)
-      float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
-#pragma unroll
-      for (int a = 0; a < BM / 16; ++a)
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int row = lse_row + i * BM + 16 * a + 8 * b + 2 * q + e;
-            lse2[a][b][e] = __ldg(&LSE[row]) * LOG2E;
-            dsum[a][b][e] = __ldg(&Dsum[row]);
-          }
       wgmma_wait<0>();
       pin(st);
       pin(dpt);
+      // what P^T and dS^T subtract: lse (in log2 units) and D of this thread's 16 queries, column 16a + 8b + 2q + e,
+      // from the stage (a query past N reads the padding: lse = +inf, D = 0)
+      float lse2[BM / 16][2][2], dsum[BM / 16][2][2];
+      const float* ld = sLD + s * 2 * BM;
+#pragma unroll
+      for (int a = 0; a < BM / 16; ++a)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const float2 l = *reinterpret_cast<const float2*>(ld + 16 * a + 8 * b + 2 * q);
+          const float2 d2 = *reinterpret_cast<const float2*>(ld + BM + 16 * a + 8 * b + 2 * q);
+          lse2[a][b][0] = l.x * LOG2E;
+          lse2[a][b][1] = l.y * LOG2E;
+          dsum[a][b][0] = d2.x;
+          dsum[a][b][1] = d2.y;
+        }
       // 2. P^T = exp(S^T scale - lse), dS^T = P^T (dP^T - D); element e of block a: key key0 + 8 ((e / 2) % 2),
       // query i BM + 16a + 8 (e / 4) + 2q + e % 2. Causal: a key past the query gives P = 0; not causal: a key past
       // N does (causal needs no second test: a key past N is past every query before N).
@@ -439,6 +449,30 @@ extern "C" __global__ void attention_bwd_prepass(const half* O, const half* dO, 
 }
 extern "C" __global__ void attention_bwd_prepass_d64(const half* O, const half* dO, float* Dsum, int rows, int N) {
   bwd_prepass<64>(O, dO, Dsum, rows, N);
+}
+
+// dQ from the atomic backward's FP32 buffer (rows x HD, heads of N rows; the columns of a row r' of its head stored
+// XOR 8 (r' % 4)) in row order, rounded to FP16: a thread per 8 columns of a row. The XOR moves whole groups of 8
+// columns (group g of row r' sits at group g ^ (r' % 4)), so a thread reads its 8 floats as two 16-byte loads and
+// writes one 16-byte store.
+template <int HD>
+__device__ __forceinline__ void bwd_dq_round(const float* __restrict__ acc, half* __restrict__ dq, long long rows,
+                                             int N) {
+  const long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= rows * (HD / 8)) return;
+  const long long r = t / (HD / 8);
+  const int g = static_cast<int>(t % (HD / 8)), src = g ^ static_cast<int>((r % N) % 4);
+  const float4* in = reinterpret_cast<const float4*>(acc + r * HD + 8 * src);
+  const float4 a = in[0], b = in[1];
+  const __half2 h[4] = {__floats2half2_rn(a.x, a.y), __floats2half2_rn(a.z, a.w), __floats2half2_rn(b.x, b.y),
+                        __floats2half2_rn(b.z, b.w)};
+  *reinterpret_cast<uint4*>(dq + r * HD + 8 * g) = *reinterpret_cast<const uint4*>(h);
+}
+extern "C" __global__ void attention_bwd_dq_round(const float* acc, half* dq, long long rows, int N) {
+  bwd_dq_round<128>(acc, dq, rows, N);
+}
+extern "C" __global__ void attention_bwd_dq_round_d64(const float* acc, half* dq, long long rows, int N) {
+  bwd_dq_round<64>(acc, dq, rows, N);
 }
 
 #define FLASH_BWD(NAME, D, S, C, DQ)                                                                                 \

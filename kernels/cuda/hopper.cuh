@@ -207,6 +207,15 @@ __device__ __forceinline__ void tma_load_im2col_4d(void* dst, const TensorMap* m
       : "memory");
 }
 
+// ``bytes`` of global memory at src into shared memory at dst, counted on ``bar`` like a box (no tensor map: a plain run
+// of bytes; ``bytes`` a multiple of 16, both addresses 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
+}
+
 // A 2-D box from shared memory at src into the tensor that ``map`` describes, at (c0, c1); the parts of the box outside
 // the tensor are not written. Asynchronous: the thread's stores issued since its last ``bulk_commit`` form a group;
 // ``bulk_wait_read<N>()`` returns once all but the newest N groups have read their shared memory (which may then be
