@@ -837,7 +837,7 @@ def test_recorded_hopper_kernel_at_cudnns_speed():
 
 def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
     """The deep dive's table of the Hopper kernel's orders against the fastest backend, read over every record:
-    pipelined is faster than serial at every N; ahead is never more than a hundredth faster than serial; Q in
+    pipelined is faster than serial at every N; ahead is never more than three hundredths faster than serial; Q in
     registers is the fastest order in most columns and at or above the fastest backend in most of them;
     ping-pong alone is under it at N = 16k causal (the lesson learned: Q in registers took that run to cuDNN's
     speed)."""
@@ -850,7 +850,7 @@ def test_recorded_what_the_deep_dive_says_of_the_orders_of_work():
         for q in qs:
             where = (rec["gpu"]["name"], q["N"], q["causal"])
             r = {name: q[key] for name, key in orders.items()}
-            assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.01, (where, r)
+            assert r["pipelined"] > r["serial"] and r["ahead"] <= r["serial"] + 0.03, (where, r)
             assert max(r.values()) >= 0.95, (where, r)
             if (q["N"], q["causal"]) == (16384, True):
                 assert r["pingpong"] < 1.0, (where, r)
@@ -1085,21 +1085,24 @@ def test_recorded_backward_and_fp8_statements_the_deep_dive_prints_hold_on_every
 
 
 def test_the_backward_and_fp8_statements_follow_the_figures():
-    """A field where the atomic dQ beats the second pass at 4k, or the backward passes cuDNN's, prints NO for those
-    statements; an FP8 run slower than FP16 prints NO; a field without the CUDA C rows prints "-"."""
+    """A field where the second pass beats the atomic dQ at 4k, or the backward falls under 0.85x cuDNN's, prints NO
+    for those statements; an FP8 run slower than FP16 prints NO; a field without the CUDA C rows prints "-"."""
     import copy
 
     from benchmarks import attention as B
 
     rec = next(r for r in _field_records() if any(B.CUDA_BWD_NAME in x["bwd"] for x in r["figures"]["field"]["runs"]))
     field = copy.deepcopy(rec["figures"]["field"])
-    run = next(r for r in field["runs"] if r["N"] == 1024)
-    run["bwd"][B.CUDA_BWD_NAME] = 2 * run["bwd"][B.CUDA_BWD_NAME + ", dQ by a second pass"]
+    run = next(r for r in field["runs"] if r["N"] == 4096)
+    run["bwd"][B.CUDA_BWD_NAME + ", dQ by a second pass"] = 2 * run["bwd"][B.CUDA_BWD_NAME]
     read = dict(B.backward_reading(field))
-    assert read["dQ by a second pass, in every column below N = 4k: no slower than by atomics (within 2%)"] is False
-    assert read["dQ by atomics: faster than by a second pass in every column from N = 4k"] is True
-    assert read["the CUDA C backward (the faster dQ): under cuDNN's backward in every column"] is False
+    assert read["dQ by atomics: faster than by a second pass in every column from N = 4k"] is False
+    assert read["the CUDA C backward (the faster dQ): at least 0.85x cuDNN's backward in every column"] is True
     assert read["the CUDA C backward (the faster dQ): faster than Triton's in every column"] is True
+    for key in (B.CUDA_BWD_NAME, B.CUDA_BWD_NAME + ", dQ by a second pass"):
+        run["bwd"][key] = 0.8 * run["bwd"]["cuDNN"]
+    read = dict(B.backward_reading(field))
+    assert read["the CUDA C backward (the faster dQ): at least 0.85x cuDNN's backward in every column"] is False
     for r in field["runs"]:
         r["bwd"] = {k: v for k, v in r["bwd"].items() if not k.startswith(B.CUDA_BWD_NAME)}
     assert {holds for _, holds in B.backward_reading(field)} == {None}

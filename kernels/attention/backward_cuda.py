@@ -22,9 +22,10 @@ BWD_SOURCE = "attention_bwd_wgmma"
 BWD_HEAD_DIMS, BWD_BLOCK_M, BWD_BLOCK_N, BWD_STAGES = (64, 128), 64, 128, 2
 DQ_BLOCK_M = 128  # the second pass: query rows a block (two consumers of 64), against tiles of BWD_BLOCK_N keys
 DQ_MODES = ("atomic", "second-pass")  # as backward_tiles.DQ_MODES
-# dq="auto": the second pass below this many keys, atomics from it on. Measured (results/, field's two CUDA C rows),
-# with the dQ tile's columns swizzled: on an H100 the second pass was faster at N = 1k, the atomics at 4k and 16k.
-DQ_AUTO_SECOND_PASS_BELOW = 4096
+# dq="auto": the way measured faster (results/, the field's two CUDA C rows): the atomics, at N = 1k, 4k and 16k, causal
+# and not, on an H200 with LSE and D in the stages (the H100's record, older, had the second pass faster at 1k). The
+# second pass stays for what it shows and for a dQ that is the same from run to run (no atomics, no order to vary).
+DQ_AUTO = "atomic"
 PREPASS_ROWS = 8  # rows of the pre-pass a block of 256 threads (a warp a row)
 
 
@@ -150,8 +151,8 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
     """(dq, dk, dv) of attention for CuPy float16 arrays q, k, v, o, do of shape (batch, heads, N, d) (or (heads, N,
     d), (N, d)), d 64 or 128, any N >= 1, lse float32 of the same shape without d (the forward's, natural log), on
     Hopper (compute capability 9.0). ``dq``: "atomic" (each key block adds its dQ tile into an FP32 buffer) or
-    "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ), or "auto" (the one measured faster at
-    this N: DQ_AUTO_SECOND_PASS_BELOW). Returns float16 arrays of q's shape."""
+    "second-pass" (a kernel per 128 query rows recomputes S, P and dP for dQ), or "auto" (the one measured faster:
+    DQ_AUTO). Returns float16 arrays of q's shape."""
     import ctypes
 
     runtime.require_gpu("the CUDA C backward")
@@ -172,7 +173,7 @@ def flash_backward_wgmma(q, k, v, o, lse, do, *, causal: bool = False, scale=Non
         raise runtime.CourseInputError(f"flash_backward_wgmma: dq must be one of {(*DQ_MODES, 'auto')}, got {dq!r}")
     gpus.step("10.wgmma_bwd")
     if dq == "auto":
-        dq = "second-pass" if N < DQ_AUTO_SECOND_PASS_BELOW else "atomic"
+        dq = DQ_AUTO
     rows, NP = B * H * N, padded_rows(N)
     # LSE and D with NP rows a head: the padding's lse = +inf and D = 0 give a query row past N P = 0
     lse_p = lse.reshape(B * H, N)
