@@ -25,8 +25,8 @@
 //   1. S^T = K Q^T and dP^T = dO V^T transposed (= V dO^T), both 64 keys x 64 queries, both operands from shared
 //      memory: the keys are the MMA's rows, so each consumer's rows are its own keys;
 //   2. P^T = exp(S^T scale - lse) from the forward's log-sum-exp (recomputed, never stored), dS^T = P^T (dP^T - D),
-//      lse and D read from the stage once step 1 is done (read from global memory there instead, and held in
-//      registers through the wait, they made the backward 3-8% slower at D = 128 and 6-12% at D = 64);
+//      lse and D read from the stage once step 1 is done, not from global memory and held in registers through the
+//      wait (engineering note 10: that was several per cent slower);
 //   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as the A operand straight from registers (the accumulator's
 //      places are the A operand's, as in the forward's P V), dO and Q MN-major from shared memory;
 //   4. dQ: every key of the block contributes to every query row, so dS^T goes to shared memory (FP16, 128 keys x
