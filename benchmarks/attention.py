@@ -5,7 +5,8 @@ naive: attention with S and P in memory, time and peak memory against N, until i
 memory: FlashAttention's peak memory against Q + K + V + O + lse;
 field: the course's kernels (WMMA, mma.sync in FlashAttention-2's shape, Hopper's wgmma, Triton) against PyTorch's
 scaled_dot_product_attention
-with each backend forced, forward and forward + backward, in TFLOP/s and as a share of the dense FP16 peak.
+with each backend forced, forward and forward + backward, in TFLOP/s and as a share of the dense FP16 peak;
+held (benchmarks/attention_held.py): the CUDA C backward and cuDNN's held for seconds, at the GPU's power cap.
 """
 from __future__ import annotations
 
@@ -857,6 +858,11 @@ def profile_reading(p: dict) -> list:
     return out
 
 
+def _held():  # the figure "held" has its own module, which takes this one's names
+    from benchmarks import attention_held
+    return attention_held
+
+
 FIGURES = {
     "softmax": Figure(measure_softmax, plot_softmax, text_softmax),
     "naive": Figure(measure_naive, plot_naive, text_naive),
@@ -865,6 +871,8 @@ FIGURES = {
     "profile": Figure(measure_profile, None, text_profile, optional=True),
     "fp8": Figure(measure_fp8, None, text_fp8, optional=True, step="10.wgmma_fp8"),
     "fp8_errors": Figure(fp8_errors, optional=True, step="10.wgmma_fp8"),
+    "held": Figure(lambda: _held().measure_held(), None, lambda t: _held().text_held(t), optional=True,
+                   step="10.wgmma_bwd"),
 }
 
 

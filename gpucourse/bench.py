@@ -144,6 +144,32 @@ def in_turns(names: list, rounds: int, time_one: Callable, desc: str | None = No
     return {name: Timing(s) for name, s in samples.items()}
 
 
+def time_held(work: Callable, *, seconds: float = 2.0, warmup: int = 2, sync_every: int = 8) -> tuple:
+    """The GPU's time per call of ``work`` run back to back for about ``seconds`` (host time; at least ``sync_every``
+    calls), as a long training step runs it: (ms a call, calls). Timed by CUDA events around all of the calls, the
+    host waiting for the GPU every ``sync_every`` calls so that the queue stays short. Held that long, a GPU reaches
+    its power cap and lowers its clock, which the turns of ``time_in_turns`` (milliseconds each) mostly do not."""
+    if not (seconds > 0 and warmup >= 0 and sync_every >= 1):
+        raise runtime.CourseInputError("time_held needs seconds > 0, warmup >= 0 and sync_every >= 1")
+    runtime.require_gpu("timing GPU work")
+    cp = runtime.cupy()
+    for _ in range(warmup):
+        work()
+    device = cp.cuda.Device()
+    device.synchronize()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    calls, t0 = 0, time.perf_counter()
+    start.record()
+    while calls < sync_every or time.perf_counter() - t0 < seconds:
+        work()
+        calls += 1
+        if calls % sync_every == 0:
+            device.synchronize()
+    end.record()
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end) / calls, calls
+
+
 def rotating_inputs(make: Callable, nbytes: int, *, cache_multiple: int = 4) -> Callable:
     """A ``setup`` for time_gpu that cycles through enough input sets made by ``make()`` (each touching
     ``nbytes``) to exceed the GPU's L2 cache ``cache_multiple`` times: no repeat finds its inputs cached."""

@@ -18,17 +18,22 @@ from .runtime import CourseError, NeedsGPU, get
 FIELDS = ("util_gpu", "util_mem", "mem_used_mib", "power_w", "sm_clock_mhz")
 
 
-def nvml_reader(index: int = 0):
-    """A function returning one sample of GPU ``index`` through nvidia-ml-py (pynvml)."""
+def _nvml(index: int):
+    """(pynvml, the handle of GPU ``index``), NVML initialised."""
     try:
         import pynvml
     except ImportError:
         raise CourseError("nvidia-ml-py is not installed: `pip install nvidia-ml-py`") from None
     try:
         pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
     except Exception as exc:
         raise NeedsGPU(f"NVML cannot open GPU {index}: {exc}") from None
+
+
+def nvml_reader(index: int = 0):
+    """A function returning one sample of GPU ``index`` through nvidia-ml-py (pynvml)."""
+    pynvml, h = _nvml(index)
 
     def read() -> dict:
         u = pynvml.nvmlDeviceGetUtilizationRates(h)
@@ -38,6 +43,13 @@ def nvml_reader(index: int = 0):
                 "sm_clock_mhz": pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)}
 
     return read
+
+
+def limits(index: int = 0) -> dict:
+    """GPU ``index``'s enforced power limit (W) and highest SM clock (MHz), through nvidia-ml-py."""
+    pynvml, h = _nvml(index)
+    return {"power_limit_w": pynvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000,
+            "max_sm_clock_mhz": pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)}
 
 
 class Sampler:

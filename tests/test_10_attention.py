@@ -1115,6 +1115,63 @@ def test_the_backward_and_fp8_statements_follow_the_figures():
                                     "time at N = 16k, causal or not"] is False
 
 
+def _held_figure(turns=(542.0, 547.0), held=(473.0, 479.0), clock=1650, power=690.0) -> dict:
+    """A figure "held" as measure_held writes it: one N, causal and not, two holds a kernel."""
+    from benchmarks.attention_held import CUDNN
+    from benchmarks.attention import CUDA_BWD_NAME
+
+    def holds(tflops):
+        return [{"tflops": tflops, "calls": 400, "sm_clock_mhz": clock, "power_w": power}] * 2
+
+    return {"d": 128, "heads": 16, "seconds": 2.0, "limits": {"power_limit_w": 700.0, "max_sm_clock_mhz": 1980},
+            "runs": [{"N": 4096, "batch": 8, "causal": causal,
+                      "turns": {CUDA_BWD_NAME: turns[0], CUDNN: turns[1]},
+                      "held": {CUDA_BWD_NAME: holds(held[0]), CUDNN: holds(held[1])}} for causal in (False, True)]}
+
+
+def test_the_held_statements_follow_the_figures():
+    """What the deep dive prints under the figure "held" is true of a figure like the H200's and turns false, one
+    statement at a time, when the power stays under the limit, the clock at its highest, the kernels as fast held as
+    in turns, or the ratio moves; a figure without NVML's samples reads "-". The table prints each kernel's line and
+    the ratio both ways."""
+    from benchmarks import attention_held as H
+
+    def read(**kw):
+        return [holds for _, holds in H.held_reading(_held_figure(**kw))]
+
+    assert read() == [True] * 4
+    assert read(power=500.0) == [False, True, True, True]
+    assert read(clock=1980) == [True, False, True, True]
+    assert read(held=(530.0, 540.0)) == [True, True, False, True]
+    assert read(held=(440.0, 479.0)) == [True, True, True, False]
+    fig = _held_figure()
+    for r in fig["runs"]:
+        for hs in r["held"].values():
+            for h in hs:
+                h["sm_clock_mhz"] = h["power_w"] = None
+    assert [holds for _, holds in H.held_reading(fig)][:2] == [None, None]
+    text = H.text_held(_held_figure())
+    assert "power limit 700 W" in text and max(map(len, text.splitlines())) <= 100 and text.count("CUDA C / cuDNN") == 2
+    assert "0.991" in text and "0.987" in text and "1650" in text
+
+
+def test_measure_held_refuses_what_it_cannot_measure():
+    from benchmarks import attention_held as H
+
+    for kw in ({"ns": ()}, {"seconds": 0}, {"rounds": 0}):
+        with pytest.raises(runtime.CourseInputError, match="measure_held needs"):
+            H.measure_held(**kw)
+
+
+def test_recorded_held_statements_the_deep_dive_prints_hold_on_every_record():
+    """What the deep dive prints under the figure "held" holds in every record of it."""
+    from benchmarks import attention_held as H
+
+    for rec in records_of("held"):
+        read = H.held_reading(rec["figures"]["held"])
+        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+
+
 def test_the_profile_statements_without_the_hopper_kernel_read_none():
     """A profile measured on a GPU without the Hopper kernel (ncu ran, no flash_wgmma rows: a GPU faked below 9.0)
     reads "-" for the statements about it, not an error (a next() inside a generator raises RuntimeError)."""

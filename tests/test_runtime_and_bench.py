@@ -360,6 +360,33 @@ def test_hold_lets_the_events_time_the_gpu_not_python():
     assert 1.9 < t.median_ms < 2.5
 
 
+def test_time_held_is_checked():
+    for kw in ({"seconds": 0}, {"warmup": -1}, {"sync_every": 0}):
+        with pytest.raises(runtime.CourseInputError, match="time_held needs"):
+            bench.time_held(lambda: None, **kw)
+
+
+@pytest.mark.gpu
+def test_time_held_times_the_gpu_for_as_long_as_asked():
+    """Held for 0.3 s, a 1 ms hold kernel takes 1 ms a call on the events (not the host's time between syncs), and
+    the number of calls is what 0.3 s holds; at least ``sync_every`` calls however short the time asked."""
+    ms, calls = bench.time_held(lambda: bench.hold(1.0), seconds=0.3)
+    assert 0.95 < ms < 1.2 and 200 <= calls <= 400
+    ms, calls = bench.time_held(lambda: bench.hold(1.0), seconds=1e-6, sync_every=5)
+    assert calls == 5 and 0.95 < ms < 1.2
+
+
+@pytest.mark.gpu
+def test_monitor_limits_are_this_gpus():
+    """The power limit and the highest SM clock NVML reports: positive, and the clock above what it reads idle or
+    at work now."""
+    from gpucourse import monitor
+
+    lim = monitor.limits(runtime.cupy().cuda.Device().id)
+    now = monitor.nvml_reader(runtime.cupy().cuda.Device().id)()
+    assert lim["power_limit_w"] > 50 and lim["max_sm_clock_mhz"] >= now["sm_clock_mhz"] > 0
+
+
 def test_time_in_turns_is_checked():
     with pytest.raises(runtime.CourseInputError, match="at least one round"):
         bench.time_in_turns({"a": lambda: None}, rounds=0)
