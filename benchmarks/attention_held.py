@@ -30,8 +30,8 @@ def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, ro
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
-    out = {"d": d, "heads": HEADS, "seconds": seconds, "limits": monitor.limits(runtime.cupy().cuda.Device().id),
-           "runs": []}
+    index = runtime.cupy().cuda.Device().id  # NVML's number for it (the same unless CUDA_VISIBLE_DEVICES reorders)
+    out = {"d": d, "heads": HEADS, "seconds": seconds, "limits": monitor.limits(index), "runs": []}
     for n in ns:
         for causal in bench.progress((False, True), desc=f"held, N = {_k(n)}"):
             batch, (q, k, v, do) = _inputs(n, d)
@@ -55,7 +55,7 @@ def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, ro
                    "held": {name: [] for name in works}}
             for r in range(rounds):
                 for name in list(works) if r % 2 == 0 else list(works)[::-1]:
-                    with monitor.Sampler(interval_s=0.02) as s:
+                    with monitor.Sampler(monitor.nvml_reader(index), interval_s=0.02) as s:
                         ms, calls = bench.time_held(works[name], seconds=seconds)
                     late = [x for x in s.samples if x["t"] >= s.samples[-1]["t"] / 2] if s.samples else []
                     run["held"][name].append({
@@ -85,9 +85,9 @@ def text_held(t: dict) -> str:
     for r in t["runs"]:
         for name in (CUDA_BWD_NAME, CUDNN):
             clock, power = _held(r, name, "sm_clock_mhz"), _held(r, name, "power_w")
+            clock, power = ("-" if x is None else f"{x:.0f}" for x in (clock, power))  # no NVML samples: "-"
             lines.append(f"{_k(r['N']) + (' causal' if r['causal'] else ''):12} {name:16} {r['turns'][name]:9.0f} "
-                         f"{_held(r, name, 'tflops'):7.0f} {clock if clock is None else f'{clock:.0f}':>9} "
-                         f"{power if power is None else f'{power:.0f}':>6}")
+                         f"{_held(r, name, 'tflops'):7.0f} {clock:>9} {power:>6}")
         turns = r["turns"][CUDA_BWD_NAME] / r["turns"][CUDNN]
         held = _held(r, CUDA_BWD_NAME, "tflops") / _held(r, CUDNN, "tflops")
         lines.append(f"{'':12} {'CUDA C / cuDNN':16} {turns:9.3f} {held:7.3f}")

@@ -1150,6 +1150,7 @@ def test_the_held_statements_follow_the_figures():
             for h in hs:
                 h["sm_clock_mhz"] = h["power_w"] = None
     assert [holds for _, holds in H.held_reading(fig)][:2] == [None, None]
+    assert " - " in H.text_held(fig).splitlines()[3]
     text = H.text_held(_held_figure())
     assert "power limit 700 W" in text and max(map(len, text.splitlines())) <= 100 and text.count("CUDA C / cuDNN") == 2
     assert "0.991" in text and "0.987" in text and "1650" in text
