@@ -299,6 +299,24 @@ def _inputs(n: int, d: int = HEAD_DIM, heads: int = HEADS, tokens: int = TOKENS,
                    for _ in range(4)]
 
 
+def sdpa_backward_only(backend, q, k, v, do, causal: bool):
+    """A PyTorch SDPA backend's backward alone, as the field times it: one forward of fresh leaf copies of q, k, v
+    with ``backend`` (an SDPBackend) forced, its graph kept; each call of the function returned clears the gradients
+    and runs that graph's backward again (retain_graph)."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    grads = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel(backend):
+        out = sdpa(*grads, is_causal=causal)
+
+    def run_backward():
+        for g in grads:
+            g.grad = None
+        out.backward(do, retain_graph=True)
+    return run_backward
+
+
 def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
     """Forward, backward, and forward + backward, TFLOP/s of PyTorch's SDPA with each backend forced, and of the
     course's kernels, on the same inputs in the same run; FP16, batch x N = 32k tokens, 16 heads of d; causal and not.
@@ -338,20 +356,11 @@ def measure_field(ns=FIELD_N, d: int = HEAD_DIM, repeats: int = 12) -> dict:
                     with sdpa_kernel(backend):
                         sdpa(*grads, is_causal=causal).backward(tdo)
 
-                def backward_only(backend=backend, grads=[x.detach().clone().requires_grad_() for x in (tq, tk, tv)]):
-                    with sdpa_kernel(backend):
-                        out = sdpa(*grads, is_causal=causal)  # one forward; its graph kept for every call
-
-                    def run_backward():
-                        for g in grads:
-                            g.grad = None
-                        out.backward(tdo, retain_graph=True)
-                    return run_backward
-
                 try:
                     run["errors"][name] = float((forward().float() - ref).abs().max())
                     backward()  # a backend that does not take this shape says so here
-                    fwd[name], bwd[name], both[name] = forward, backward_only(), backward
+                    fwd[name], bwd[name], both[name] = forward, sdpa_backward_only(backend, tq, tk, tv, tdo, causal), \
+                        backward
                 except RuntimeError as exc:
                     run["errors"][name] = f"not run: {str(exc).splitlines()[0][:200]}"
             for name, kernel in _flash_kernels(torch, causal, d).items():

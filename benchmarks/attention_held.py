@@ -8,7 +8,7 @@ import statistics
 from gpucourse import bench, claims, gpus, monitor, runtime
 from kernels import attention as A
 
-from benchmarks.attention import CUDA_BWD_NAME, HEAD_DIM, HEADS, HOLD_MS, _inputs, _k, _torch
+from benchmarks.attention import CUDA_BWD_NAME, HEAD_DIM, HEADS, HOLD_MS, _inputs, _k, _torch, sdpa_backward_only
 
 HELD_N = (4096,)
 HELD_SECONDS = 2.0  # each kernel alone, after a warm-up; the GPU's power cap acts within a fraction of that
@@ -18,7 +18,7 @@ CUDNN = "cuDNN"
 
 def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, rounds: int = HELD_ROUNDS) -> dict:
     """For N in ``ns``, causal and not (batch x N = 32k tokens, 16 heads of d, FP16): the CUDA C backward (dQ by
-    atomics) and cuDNN's backward (its autograd node run again on one saved forward, as the field's), timed in turns
+    atomics) and cuDNN's backward (sdpa_backward_only, as the field's), timed in turns
     (bench.time_in_turns), then each held alone for ``seconds`` (bench.time_held), ``rounds`` times in turns, with
     NVML sampled every 20 ms: TFLOP/s, and the median SM clock and power over each hold's second half."""
     if not (ns and seconds > 0 and rounds >= 1):
@@ -27,8 +27,7 @@ def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, ro
     torch = _torch()
     if torch is None:
         raise runtime.CourseError("held: cuDNN's backward comes through PyTorch with CUDA, not importable here")
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from torch.nn.attention import SDPBackend
 
     index = runtime.cupy().cuda.Device().id  # NVML's number for it (the same unless CUDA_VISIBLE_DEVICES reorders)
     out = {"d": d, "heads": HEADS, "seconds": seconds, "limits": monitor.limits(index), "runs": []}
@@ -37,17 +36,8 @@ def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, ro
             batch, (q, k, v, do) = _inputs(n, d)
             tq, tk, tv, tdo = (torch.from_dlpack(a) for a in (q, k, v, do))
             o, lse = A.flash_wgmma(q, k, v, causal=causal)
-            grads = [x.detach().clone().requires_grad_() for x in (tq, tk, tv)]
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                saved = sdpa(*grads, is_causal=causal)  # one forward; its graph kept for every backward
-
-            def cudnn():
-                for g in grads:
-                    g.grad = None
-                saved.backward(tdo, retain_graph=True)
-
             works = {CUDA_BWD_NAME: lambda: A.flash_backward_wgmma(q, k, v, o, lse, do, causal=causal, dq="atomic"),
-                     CUDNN: cudnn}
+                     CUDNN: sdpa_backward_only(SDPBackend.CUDNN_ATTENTION, tq, tk, tv, tdo, causal)}
             flops = 2.5 * A.attention_flops(batch, HEADS, n, d, causal=causal)
             turns = bench.time_in_turns(works, hold_ms=HOLD_MS)
             run = {"N": n, "batch": batch, "causal": causal,
@@ -63,7 +53,7 @@ def measure_held(ns=HELD_N, d: int = HEAD_DIM, seconds: float = HELD_SECONDS, ro
                         "sm_clock_mhz": statistics.median(x["sm_clock_mhz"] for x in late) if late else None,
                         "power_w": statistics.median(x["power_w"] for x in late) if late else None})
             out["runs"].append(run)
-            del q, k, v, do, tq, tk, tv, tdo, o, lse, grads, saved, works
+            del q, k, v, do, tq, tk, tv, tdo, o, lse, works
             runtime.cupy().get_default_memory_pool().free_all_blocks()
             torch.cuda.empty_cache()
     return out
