@@ -444,6 +444,10 @@ RACE_TURNS = 3  # cuDNN's fastest and the fastest tile of each kind, timed in tu
 RACE_FINALISTS = 2
 # the kinds of wgmma tile the race keeps the fastest of: a row's keys, with their configurations
 RACE_KINDS = {"one_tile": cv.WGMMA_CONV_CONFIGS, "persistent": cv.WGMMA_CONV_PERSISTENT_CONFIGS}
+# ... and the persistent finalists once more, launched with PDL (programmatic dependent launch: cv.conv_wgmma's pdl),
+# in the same turns: the same kernel, whose blocks set up while the kernel before it on the stream ends
+RACE_PDL = "persistent_pdl"
+RACE_COLUMNS = {"one_tile": "one-tile", "persistent": "persistent", RACE_PDL: "with PDL"}
 
 
 def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> dict:
@@ -453,8 +457,9 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
     and persistent (WGMMA_CONV_PERSISTENT_CONFIGS), checked against float64 and timed the same way in the same run.
     A tile that fails its check or its launch is listed in the row's ``errors`` and not timed. Then cuDNN's fastest
     and the RACE_FINALISTS fastest tiles of each kind are timed again in turns, RACE_TURNS times (``finalists_ms``:
-    the tiles' medians); the faster finalist is the kind's (``turns_ms``: its times and cuDNN's): each row holds their
-    medians and each kind's time over cuDNN's (``of_cudnn``). RACE_GOALS says what the lesson aims for."""
+    the tiles' medians), the persistent ones also launched with PDL (kind RACE_PDL, their keys there ending in
+    "+pdl"); the faster finalist is the kind's (``turns_ms``: its times and cuDNN's): each row holds their medians and
+    each kind's time over cuDNN's (``of_cudnn``). RACE_GOALS says what the lesson aims for."""
     cp = runtime.cupy()
     gpus.step("05.wgmma")
     layers = layers or {**cv.LAYERS, **cv.LAYERS_1X1}
@@ -479,13 +484,22 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
             # slower clocks falls on all of them, not on one; the faster finalist in the turns is the kind's
             finalists = {kind: sorted((c for c in ms if c in configs), key=ms.get)[:RACE_FINALISTS]
                          for kind, configs in RACE_KINDS.items()}
+            finalists[RACE_PDL] = [cfg + "+pdl" for cfg in finalists["persistent"]]
             with cudnn_launcher(handle, layer, "float16", "NHWC", best, x, wt, y) as launch_cudnn:
                 launches = {"cudnn": launch_cudnn}
                 y.fill(cp.nan)
                 launches["cudnn"]()
                 cudnn_error = cv.rel_error(y, ref)
-                launches.update({cfg: (lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg))
-                                 for cfgs in finalists.values() for cfg in cfgs})
+                launches.update({key: (lambda cfg=key.removesuffix("+pdl"), pdl=key.endswith("+pdl"): cv.conv_wgmma(
+                    x, wt, y, pad=pad, stride=stride, config=cfg, pdl=pdl)) for cfgs in finalists.values() for key in cfgs})
+                for key in list(finalists[RACE_PDL]):  # checked as the plain launches were in the sweep
+                    y.fill(cp.nan)
+                    launches[key]()
+                    err = cv.rel_error(y, ref)
+                    if not err <= limit:
+                        errors[key] = f"{key} gave a wrong result on {name}: error {err:.2e}, allowed {limit:.2e}"
+                        finalists[RACE_PDL].remove(key)
+                        del launches[key]
                 timed = {key: [] for key in launches}
                 for _ in range(RACE_TURNS):
                     for key, launch in launches.items():
@@ -501,7 +515,8 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
                    "turns_ms": turns, "finalists_ms": {cfg: float(np.median(timed[cfg]))
                                                        for cfgs in finalists.values() for cfg in cfgs}}
             for kind, cfg in fastest.items():
-                row[kind] = {"config": cfg, "ms": med.get(kind), "of_cudnn": med[kind] / med["cudnn"] if cfg else None}
+                row[kind] = {"config": cfg and cfg.removesuffix("+pdl"), "ms": med.get(kind),
+                             "of_cudnn": med[kind] / med["cudnn"] if cfg else None}
             rows.append(row)
             del x, wt, ref, y
             cp.get_default_memory_pool().free_all_blocks()
@@ -514,21 +529,21 @@ def _tile(cfg: str | None) -> str:
 
 def text_race(data: dict) -> str:
     """The race as a table: each layer's time with cuDNN's fastest algorithm, the fastest one-tile and persistent
-    wgmma tiles' times over it ("-" where a kind was not run), and the fastest tile; cuDNN's algorithms and the
-    goals in the title."""
-    head = ["layer", "cuDNN µs", *(k.replace("_", "-") for k in RACE_KINDS), "fastest tile"]
+    wgmma tiles' times over it, the persistent ones launched with PDL ("-" where a kind was not run), and the fastest
+    tile; cuDNN's algorithms and the goals in the title."""
+    head = ["layer", "cuDNN µs", *RACE_COLUMNS.values(), "fastest tile"]
     out = []
     for r in data["rows"]:
         dims = r["layer_dims"]
-        timed = {kind: r[kind] for kind in RACE_KINDS if (r.get(kind) or {}).get("config")}
-        best = min(timed.values(), key=lambda e: e["of_cudnn"], default={"config": None})
+        timed = {kind: r[kind] for kind in RACE_COLUMNS if (r.get(kind) or {}).get("config")}
+        best = min(timed, key=lambda kind: timed[kind]["of_cudnn"], default=None)
         out.append([r["layer"].split(":")[0] + ("" if r["shape"] == "3x3" else f" {dims[1]}->{dims[4]}"),
                     f"{r['cudnn_ms'] * 1e3:.1f}",
-                    *(f"{timed[kind]['of_cudnn']:.2f}" if kind in timed else "-" for kind in RACE_KINDS),
-                    _tile(best["config"])])
+                    *(f"{timed[kind]['of_cudnn']:.2f}" if kind in timed else "-" for kind in RACE_COLUMNS),
+                    _tile(best and timed[best]["config"]) + (", PDL" if best == RACE_PDL else "")])
     algos = ", ".join(a.removeprefix("CUDNN_CONVOLUTION_FWD_ALGO_") for a in dict.fromkeys(r["cudnn"] for r in data["rows"]))
     goals = ", ".join(f"{g:g}x on {shape}" for shape, g in data["goals"].items())
-    return str(plots.table(head, out, align="lr" + "r" * len(RACE_KINDS) + "l",
+    return str(plots.table(head, out, align="lr" + "r" * len(RACE_COLUMNS) + "l",
                            title=f"wgmma convolution / cuDNN {data.get('cudnn', '?')}'s fastest ({algos}), FP16 NHWC, "
                                  f"batch 32\n(goals: at most {goals})"))
 
@@ -546,6 +561,8 @@ def race_reading(data: dict) -> list:
          claims.every(three, lambda r: r["one_tile"]["of_cudnn"] > 1.0)),
         ("persistent: ahead of cuDNN's fastest on every 3 x 3 layer",
          claims.every(three, lambda r: r["persistent"]["of_cudnn"] < 1.0)),
+        ("persistent, launched with PDL: faster than without on every layer",
+         claims.every(rows, lambda r: r[RACE_PDL]["ms"] < r["persistent"]["ms"])),
     ]
 
 
@@ -1108,11 +1125,14 @@ def results_rows(record: dict) -> list:
     wgmma = per_layer(TC_WGMMA)
     race_rows = f.get("race", {}).get("rows", [])
 
-    def raced(shape):  # the persistent tiles' time over cuDNN's fastest, in turns, on the race's layers of a shape
-        return [r["persistent"]["of_cudnn"] for r in race_rows if r["shape"] == shape and r["persistent"]["config"]]
+    def raced(shape, kind="persistent"):  # the persistent tiles' time over cuDNN's fastest, in turns, on the race's
+        return [r[kind]["of_cudnn"] for r in race_rows  # layers of a shape
+                if r["shape"] == shape and (r.get(kind) or {}).get("config")]
+    pdl = [R.span(raced(shape, RACE_PDL)) for shape in ("3x3", "1x1")]
     return [
         ("Hopper persistent convolution, time against cuDNN's fastest, 3x3 layers", R.span(raced("3x3")), "race"),
         ("the same, 1x1 layers", R.span(raced("1x1")), "race"),
+        ("the same launched with PDL, 3x3 / 1x1 layers", " / ".join(pdl) if all(pdl) else None, "race"),
         ("Hopper wgmma convolution, one tile a block, time against cuDNN's", R.span(wgmma), "layers"),
         (f"the same per layer ({sizes})", R.joined(wgmma), "layers"),
         ("WMMA direct convolution, time against cuDNN's", R.joined(per_layer(TC_DIRECT)), "layers"),

@@ -310,10 +310,33 @@ def driver():
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
         raise runtime.CourseError(f"the CUDA driver library (libcuda.so.1) could not be loaded: {exc}") from None
-    for name in ("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuLaunchKernel", "cuGetErrorString",
-                 "cuCtxGetStreamPriorityRange"):
+    for name in ("cuTensorMapEncodeTiled", "cuTensorMapEncodeIm2col", "cuLaunchKernel", "cuLaunchKernelEx",
+                 "cuGetErrorString", "cuCtxGetStreamPriorityRange"):
         getattr(lib, name).restype = ctypes.c_int
     return lib
+
+
+def _launch_structs():
+    """cuda.h's CUlaunchAttribute and CUlaunchConfig as ctypes structures (cuLaunchKernelEx's arguments)."""
+    import ctypes
+
+    class LaunchAttributeValue(ctypes.Union):  # CUlaunchAttributeValue: 64 bytes, 8-byte aligned
+        _fields_ = [("pad", ctypes.c_char * 64), ("int_value", ctypes.c_int), ("pointer", ctypes.c_void_p)]
+
+    class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: the id, padded to 8 bytes, then the value
+        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", LaunchAttributeValue)]
+
+    class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+        _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                    ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                    ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                    ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+    return LaunchAttribute, LaunchConfig
+
+
+LaunchAttribute, LaunchConfig = _launch_structs()
+PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 
 def driver_check(status: int, what: str) -> None:

@@ -634,7 +634,7 @@ def wgmma_conv_spec(x, w, pad, bm: int = 128, bn: int = 128, im2col: bool = Fals
 
 
 def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = None, blocks: int | None = None,
-               ablate: str | None = None):
+               ablate: str | None = None, pdl: bool = False):
     """y = conv2d(x, w) on Hopper's warpgroup MMA (GPU mode, compute capability 9.0; CuPy float16 arrays in NHWC):
     x (N, H, W, C), w (K, R, S, C), y (N, P, Q, K); FP32 sums. Lesson 4's wgmma GEMM with A read from the image:
     for each tap and 64 channels a block's tile of A is one 4-D box of x, which the TMA copies (zeros for the
@@ -643,7 +643,9 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
     WGMMA_CONV_PERSISTENT_CONFIGS: as many blocks as the SMs hold at once (or one per tile, if fewer), each walking
     its tiles, y written by the TMA; ``blocks`` launches that many instead (what the tests use to walk many tiles a
     block). ``ablate`` ("loads" or "mma", for a configuration WGMMA_CONV_ABLATED lists): the same kernel with only
-    its loads or only its products, for timing, not for y. Asynchronous."""
+    its loads or only its products, for timing, not for y. ``pdl`` (persistent configurations): a programmatic
+    dependent launch, whose blocks set up while the kernel before it on the stream finishes (tensor_cores'
+    launch_hopper). Asynchronous."""
     import ctypes
 
     from . import tensor_cores as tc
@@ -664,6 +666,8 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
             known = ", ".join(f"{n} ({' or '.join(p)})" for n, p in WGMMA_CONV_ABLATED.items())
             raise runtime.CourseInputError(f"no {cfg['name']} with only its {ablate!r}; ablate: {known}")
         cfg = {**cfg, "name": cfg["name"].removesuffix("_nhwc_f16") + f"_{ablate}_only_nhwc_f16"}
+    if pdl and not cfg["persistent"]:
+        raise runtime.CourseInputError(f"pdl is for the persistent configurations (got {cfg['name']})")
     if blocks is not None and (not cfg["persistent"] or blocks < 1):
         raise runtime.CourseInputError(f"blocks is for the persistent configurations, at least 1 (got {blocks} for "
                                        f"{cfg['name']})")
@@ -686,7 +690,7 @@ def conv_wgmma(x, w, y, *, pad=0, stride=1, dilation=1, config: str | None = Non
         args = [map_x, map_w, map_y, *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, tc.WGMMA_GROUP_M))]
         if cfg["bn"] % WGMMA_STORE_PIECE:  # the tile's last 32 channels: y in boxes of 64 x 32 (64-byte swizzle)
             args.append(tc.tensor_map(y.reshape(n * P * Q, k), (WGMMA_STORE_PIECE, WGMMA_STORE_PIECE // 2)))
-        tc.launch_hopper(fn, (min(tiles, blocks),), cfg["threads"], cfg["smem_bytes"], args, cfg["name"])
+        tc.launch_hopper(fn, (min(tiles, blocks),), cfg["threads"], cfg["smem_bytes"], args, cfg["name"], pdl=pdl)
         return y
     args = [map_x, map_w, ctypes.c_uint64(y.data.ptr),
             *(ctypes.c_int32(v) for v in (n, P, Q, k, c, r, s, ph, pw, t["TW"], t["tiles_q"], t["tiles_p"]))]

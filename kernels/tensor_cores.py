@@ -717,18 +717,29 @@ def hopper_kernel(source: str, name: str, smem_bytes: int, edits: dict | None = 
     return fn
 
 
-def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, what: str) -> None:
+def launch_hopper(fn, grid: tuple, threads: int, smem_bytes: int, args: list, what: str, *, pdl: bool = False) -> None:
     """Launch ``fn`` on the current CuPy stream through the driver (cuLaunchKernel), since its first parameters are
     128-byte tensor maps passed by value, which CuPy's launcher cannot pass. ``args``: ctypes values in the
-    kernel's order; ``grid``: up to three block counts."""
+    kernel's order; ``grid``: up to three block counts. ``pdl``: a programmatic dependent launch (cuLaunchKernelEx
+    with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION): the kernel may start while the one before it on the
+    stream still runs, so it must wait for it (hopper.cuh's wait_for_previous_kernel) before it touches global
+    memory."""
     import ctypes
 
     params = (ctypes.c_void_p * len(args))(*(ctypes.cast(ctypes.pointer(a), ctypes.c_void_p) for a in args))
     stream = runtime.cupy().cuda.get_current_stream().ptr
     gx, gy, gz = (tuple(grid) + (1, 1))[:3]
-    cuda_c.driver_check(cuda_c.driver().cuLaunchKernel(
-        ctypes.c_void_p(getattr(fn, "kernel", fn).ptr), gx, gy, gz, threads, 1, 1, smem_bytes, ctypes.c_void_p(stream),
-        params, None), f"launching {what}")
+    kernel = ctypes.c_void_p(getattr(fn, "kernel", fn).ptr)
+    if not pdl:
+        status = cuda_c.driver().cuLaunchKernel(kernel, gx, gy, gz, threads, 1, 1, smem_bytes, ctypes.c_void_p(stream),
+                                                params, None)
+    else:
+        attr = cuda_c.LaunchAttribute(id=cuda_c.PROGRAMMATIC_STREAM_SERIALIZATION)
+        attr.value.int_value = 1
+        config = cuda_c.LaunchConfig(gx, gy, gz, threads, 1, 1, smem_bytes, ctypes.c_void_p(stream),
+                                     ctypes.pointer(attr), 1)
+        status = cuda_c.driver().cuLaunchKernelEx(ctypes.byref(config), kernel, params, None)
+    cuda_c.driver_check(status, f"launching {what}")
 
 
 def blocks_per_sm(fn, threads: int, smem: int) -> int:

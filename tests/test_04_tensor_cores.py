@@ -1129,3 +1129,16 @@ def test_reversed_figures_print_the_statements_as_not_holding():
     assert len(read) == 7 and all(ok is False for _, ok in read), read
     assert all(line.startswith(" NO  ") for line in claims.lines(read).splitlines())
     assert len(_readings(dict(rec, gpu={"compute_capability": "8.0"}))["configs"]) == 1  # no Hopper line elsewhere
+
+
+def test_a_programmatic_dependent_launch_passes_cuda_hs_structures():
+    """launch_hopper's pdl goes through cuLaunchKernelEx, whose arguments ctypes lays out as cuda.h does on a 64-bit
+    host: a CUlaunchAttribute is 72 bytes (the id padded to 8, then a 64-byte union), a CUlaunchConfig 56 (seven
+    unsigned ints, then the stream at 32, the attributes at 40, their count at 48)."""
+    import ctypes
+
+    assert ctypes.sizeof(cuda_c.LaunchAttribute) == 72 and cuda_c.LaunchAttribute.value.offset == 8
+    cfg = cuda_c.LaunchConfig
+    assert ctypes.sizeof(cfg) == 56
+    assert (cfg.shared_bytes.offset, cfg.stream.offset, cfg.attrs.offset, cfg.num_attrs.offset) == (24, 32, 40, 48)
+    assert cuda_c.PROGRAMMATIC_STREAM_SERIALIZATION == 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION

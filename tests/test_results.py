@@ -266,8 +266,8 @@ def _derived_ratios(lesson: str, f: dict):
                 yield f"layers/{lt['name']}/targets/{name}/ratio", t["ratio"], t["ratio"] if t["ratio"] in stored \
                     else float("nan")
         for r in f.get("race", {}).get("rows", []):
-            for kind in ("one_tile", "persistent"):
-                k = r[kind]
+            for kind in ("one_tile", "persistent", "persistent_pdl"):
+                k = r.get(kind) or {"config": None}
                 if k["config"] is not None:
                     yield f"race/{r['layer']}/{kind}/of_cudnn", k["of_cudnn"], k["ms"] / r["cudnn_ms"]
     if lesson == "06_inference_engine":

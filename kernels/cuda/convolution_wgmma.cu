@@ -114,6 +114,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
   const int wg = warpgroup_index(), tid = threadIdx.x % 128;
   if (threadIdx.x == 0) ring.init(CONSUMERS);
   __syncthreads();
+  wait_for_previous_kernel();  // launched with pdl: the kernel before may still be running until here
 
   const int rows = N * P * Q;  // y's rows, one an output pixel
   const GroupedTiles<BM, BN> tiles(rows, K, group_m);
@@ -139,6 +140,7 @@ __device__ __forceinline__ void conv_persistent(const TensorMap* tmX, const Tens
               if (++at.sx == S) at.sx = 0, ++at.r;
             }
           });
+    if (tid == 0) let_next_kernel_launch();  // every load issued: the next kernel may set up on the SMs freed
   } else {  // ---------------------------------------------------------------------- consumers
     consumer_regs<CONSUMERS>();
     const int c = wg - 1;

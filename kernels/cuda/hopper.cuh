@@ -238,6 +238,17 @@ __device__ __forceinline__ void bulk_wait() {
 }
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
+// ------------------------------------------------------------------- programmatic dependent launch
+// A kernel launched with the programmatic-serialization attribute (kernels/tensor_cores.py, launch_hopper's pdl) may
+// start while the kernel before it on the stream is still running: its blocks set up (shared memory, barriers) on
+// the SMs that kernel leaves free, then wait here before they touch global memory. The wait returns once the kernel
+// before has finished and its writes are visible (at once, for a kernel launched without the attribute).
+__device__ __forceinline__ void wait_for_previous_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// This block lets the next kernel on the stream start launching (it starts once every block has done so or exited).
+__device__ __forceinline__ void let_next_kernel_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // --------------------------------------------------------------- shared-memory matrix descriptors
 // 64 bits that tell wgmma where an operand lies in shared memory and how it is laid out: the start address,
 // the "leading" and "stride" byte offsets between 8 x 128-byte core blocks, and the swizzle (1 << 62:
