@@ -1529,6 +1529,25 @@ def test_recorded_time_goes_claims_hold_on_every_record_that_has_it():
         assert [ok for _, ok in read] == [True] * len(read), (rec["path"], claims.lines(read))
 
 
+def test_recorded_race_claims_hold_on_every_record_that_has_it():
+    """What the deep dive says under the race holds in every record with the figure ("-" only where a record predates
+    a column: the launches with PDL), and the race's goals are met there: every 3 x 3 layer at most 1.0x cuDNN's
+    fastest and every 1 x 1 layer at most 1.1x, with the fastest of the persistent tiles' launches."""
+    from benchmarks import convolution as bm
+    from gpucourse import claims
+
+    recs = [r for r in records.all_records(LESSON) if "race" in r["figures"]]
+    if not recs:
+        pytest.skip("no record of the race")
+    for rec in recs:
+        race = rec["figures"]["race"]
+        read = bm.race_reading(race)
+        assert all(ok is True or (ok is None and "PDL" in s) for s, ok in read), (rec["path"], claims.lines(read))
+        for r in race["rows"]:
+            best = min(r[kind]["of_cudnn"] for kind in ("persistent", bm.RACE_PDL) if (r.get(kind) or {}).get("config"))
+            assert best <= race["goals"][r["shape"]], (rec["path"], r["layer"], best)
+
+
 def test_checked_times_times_the_right_and_lists_the_wrong(monkeypatch):
     """The loop layer_table's sweeps and the race share: each launch's output is checked against the reference before
     it is timed; a wrong one, or one whose launch refuses, raises, or with ``errors`` is listed there and not timed.
