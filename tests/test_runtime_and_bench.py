@@ -1,6 +1,7 @@
 """The shared tooling: mode, sizes, the probe text, records, timing arithmetic."""
 import json
 import os
+import time
 
 import pytest
 
@@ -368,12 +369,18 @@ def test_time_held_is_checked():
 
 @pytest.mark.gpu
 def test_time_held_times_the_gpu_for_as_long_as_asked():
-    """Held for 0.3 s, a 1 ms hold kernel takes 1 ms a call on the events (not the host's time between syncs), and
-    the number of calls is what 0.3 s holds; at least ``sync_every`` calls however short the time asked."""
+    """Held for 0.3 s, a 1 ms hold kernel takes at least 1 ms a call, and the events span all the calls: calls x ms a
+    call is the 0.3 s the host kept the GPU busy (and the last calls it waited for), within the host's own time
+    around the whole call (its warm-up included). At least ``sync_every`` calls however short the time asked. (How
+    much more than 1 ms a call takes depends on what else runs on the GPU: other processes' kernels take turns with
+    these, so no upper bound is asserted on it.)"""
+    t0 = time.perf_counter()
     ms, calls = bench.time_held(lambda: bench.hold(1.0), seconds=0.3)
-    assert 0.95 < ms < 1.2 and 200 <= calls <= 400
+    host_ms = (time.perf_counter() - t0) * 1e3
+    assert ms > 0.95, ms
+    assert 0.3e3 * 0.97 <= calls * ms <= host_ms + 1, (calls, ms, host_ms)
     ms, calls = bench.time_held(lambda: bench.hold(1.0), seconds=1e-6, sync_every=5)
-    assert calls == 5 and 0.95 < ms < 1.2
+    assert calls == 5 and ms > 0.95, (calls, ms)
 
 
 @pytest.mark.gpu
