@@ -125,13 +125,12 @@ def tradeoff(table: list, limits_mib=WORKSPACE_LIMITS_MIB, *, timed: bool = True
 
 # ------------------------------------------------------------------------------------------ one layer
 
-def checked_times(launches: dict, out, ref, limit: float, layer_name: str, *, batch: int, repeats: int,
-                  errors: dict | None = None) -> dict:
-    """Each configuration's launch checked against the float64 ``ref`` (relative error at most ``limit``) and timed:
-    {configuration: median ms}. A wrong result raises, or, where ``errors`` is given, is recorded there with the
-    reason (a failed launch too) and left untimed."""
+def checked(launches: dict, out, ref, limit: float, layer_name: str, errors: dict | None = None) -> list:
+    """The configurations whose launch gives the float64 ``ref`` within ``limit`` (relative error), in order. A wrong
+    result raises, or, where ``errors`` is given, is recorded there with the reason (a failed launch too) and left
+    out."""
     cp = runtime.cupy()
-    ms = {}
+    right = []
     for key, launch in launches.items():
         out.fill(cp.nan)
         try:
@@ -145,8 +144,16 @@ def checked_times(launches: dict, out, ref, limit: float, layer_name: str, *, ba
                 raise
             errors[key] = str(exc)
             continue
-        ms[key] = bench.time_per_call(launch, batch=batch, repeats=repeats).median_ms
-    return ms
+        right.append(key)
+    return right
+
+
+def checked_times(launches: dict, out, ref, limit: float, layer_name: str, *, batch: int, repeats: int,
+                  errors: dict | None = None) -> dict:
+    """Each configuration's launch checked (``checked``: a wrong one raises, or with ``errors`` is recorded there and
+    left untimed) and timed: {configuration: median ms}."""
+    return {key: bench.time_per_call(launches[key], batch=batch, repeats=repeats).median_ms
+            for key in checked(launches, out, ref, limit, layer_name, errors)}
 
 
 def layer_table(name: str, layer: tuple, handle, *, repeats: int = 10, batch: int = 8, numba: bool = True) -> dict:
@@ -477,29 +484,26 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
             best = fastest_timed(find_table(handle, layer, "float16", "NHWC", "tensor_op", (x, wt, y),
                                             repeats=repeats, batch=batch))
             errors = {}
-            ms = checked_times({cfg: lambda cfg=cfg: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg)
-                                for configs in RACE_KINDS.values() for cfg in configs}, y, ref, limit, name,
-                               batch=batch, repeats=repeats, errors=errors)
+
+            def conv(cfg, pdl=False):
+                return lambda: cv.conv_wgmma(x, wt, y, pad=pad, stride=stride, config=cfg, pdl=pdl)
+
+            ms = checked_times({cfg: conv(cfg) for configs in RACE_KINDS.values() for cfg in configs}, y, ref, limit,
+                               name, batch=batch, repeats=repeats, errors=errors)
             # the sweep's fastest RACE_FINALISTS of each kind and cuDNN's fastest, timed again in turns: a moment of
             # slower clocks falls on all of them, not on one; the faster finalist in the turns is the kind's
             finalists = {kind: sorted((c for c in ms if c in configs), key=ms.get)[:RACE_FINALISTS]
                          for kind, configs in RACE_KINDS.items()}
-            finalists[RACE_PDL] = [cfg + "+pdl" for cfg in finalists["persistent"]]
+            # the persistent finalists launched with PDL too, checked as the plain launches were in the sweep
+            pdl = {cfg + "+pdl": conv(cfg, pdl=True) for cfg in finalists["persistent"]}
+            finalists[RACE_PDL] = checked(pdl, y, ref, limit, name, errors)
             with cudnn_launcher(handle, layer, "float16", "NHWC", best, x, wt, y) as launch_cudnn:
                 launches = {"cudnn": launch_cudnn}
                 y.fill(cp.nan)
                 launches["cudnn"]()
                 cudnn_error = cv.rel_error(y, ref)
-                launches.update({key: (lambda cfg=key.removesuffix("+pdl"), pdl=key.endswith("+pdl"): cv.conv_wgmma(
-                    x, wt, y, pad=pad, stride=stride, config=cfg, pdl=pdl)) for cfgs in finalists.values() for key in cfgs})
-                for key in list(finalists[RACE_PDL]):  # checked as the plain launches were in the sweep
-                    y.fill(cp.nan)
-                    launches[key]()
-                    err = cv.rel_error(y, ref)
-                    if not err <= limit:
-                        errors[key] = f"{key} gave a wrong result on {name}: error {err:.2e}, allowed {limit:.2e}"
-                        finalists[RACE_PDL].remove(key)
-                        del launches[key]
+                launches.update({cfg: conv(cfg) for kind in RACE_KINDS for cfg in finalists[kind]})
+                launches.update({key: pdl[key] for key in finalists[RACE_PDL]})
                 timed = {key: [] for key in launches}
                 for _ in range(RACE_TURNS):
                     for key, launch in launches.items():
@@ -508,7 +512,7 @@ def race(layers: dict | None = None, *, repeats: int = 10, batch: int = 8) -> di
                        for kind, cfgs in finalists.items()}
             turns = {"cudnn": timed["cudnn"], **{kind: timed[cfg] for kind, cfg in fastest.items() if cfg}}
             med = {kind: float(np.median(t)) for kind, t in turns.items()}
-            del launches, launch_cudnn
+            del launches, launch_cudnn, pdl
             row = {"layer": name, "shape": f"{r}x{s}", "layer_dims": list(layer), "flops": cv.layer_flops(layer),
                    "cudnn": best["algo"], "cudnn_math": best["math"], "cudnn_find_ms": best["timed_ms"],
                    "cudnn_ms": med["cudnn"], "cudnn_error": cudnn_error, "configs_ms": ms, "errors": errors,
