@@ -425,16 +425,98 @@ def _head_reference(q, k, v, causal: bool):
     return (p / p.sum(axis=-1, keepdims=True)) @ v64
 
 
+CUDNN_FP8 = "cuDNN FP8"  # cuDNN's own FP8 forward (the cuDNN frontend's sdpa_fp8 graph), where it is installed
+E4M3_MAX = 448.0
+
+
+def _cudnn_frontend():
+    """NVIDIA's cuDNN frontend (the PyPI package nvidia-cudnn-frontend, module ``cudnn``), or None where it is not
+    installed or finds no cuDNN library. Like PyTorch, a comparison, not a course dependency."""
+    try:
+        import cudnn
+    except (ImportError, OSError):
+        return None
+    return cudnn
+
+
+_CUDNN_HANDLES = {}
+
+
+def cudnn_fp8(torch, q, k, v, causal: bool):
+    """cuDNN's FP8 attention forward on q, k, v (CuPy FP16, (batch, heads, N, d)), through the cuDNN frontend's
+    ``sdpa_fp8`` graph, quantised as cuDNN's recipe has it: e4m3 with one scale a tensor (its largest magnitude over
+    448), P times 448 before it is rounded, O written in e4m3 (cuDNN takes no other output type for FP8 on Hopper)
+    with the scale that maps V's largest magnitude to 448. Returns (run, output): run() launches the graph on the
+    current stream; output() runs it and returns O in float32 (a torch tensor, O's codes times their scale). Raises
+    CourseError where the frontend is not installed or cuDNN builds no plan for the graph (its reason)."""
+    cudnn = _cudnn_frontend()
+    if cudnn is None:
+        raise runtime.CourseError("cuDNN's FP8 attention needs the cuDNN frontend: pip install nvidia-cudnn-frontend")
+    e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+    tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
+    b, h, n, d = tq.shape
+    amax = [max(float(t.abs().max()), 1e-30) for t in (tq, tk, tv)]
+    codes = [(t.float() * (E4M3_MAX / a)).to(torch.float8_e4m3fn) for t, a in zip((tq, tk, tv), amax)]
+    scalars = {"descale_q": amax[0] / E4M3_MAX, "descale_k": amax[1] / E4M3_MAX, "descale_v": amax[2] / E4M3_MAX,
+               "descale_s": 1 / E4M3_MAX, "scale_s": E4M3_MAX, "scale_o": E4M3_MAX / amax[2]}
+    device = torch.cuda.current_device()
+    if device not in _CUDNN_HANDLES:
+        _CUDNN_HANDLES[device] = cudnn.create_handle()
+    handle = _CUDNN_HANDLES[device]
+    try:
+        g = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=handle)
+        dims, strides = [b, h, n, d], [h * n * d, n * d, d, 1]
+        qkv = [g.tensor(name=name, dim=dims, stride=strides, data_type=e4m3) for name in "qkv"]
+        scale_nodes = {name: g.tensor(name=name, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
+                       for name in scalars}
+        o, stats, _, amax_o = g.sdpa_fp8(q=qkv[0], k=qkv[1], v=qkv[2], **scale_nodes, attn_scale=1 / math.sqrt(d),
+                                         generate_stats=True, use_causal_mask=causal)
+        o.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
+        stats.set_output(True).set_data_type(f32)
+        amax_o.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+    except Exception as exc:  # the frontend's own exception types differ between its versions
+        raise runtime.CourseError(f"cuDNN built no FP8 attention plan: {str(exc)[:300]}") from exc
+    tensors = {node: torch.full((1, 1, 1, 1), value, dtype=torch.float32, device="cuda")
+               for node, value in zip(scale_nodes.values(), scalars.values())}
+    out = torch.empty(b, h, n, d, dtype=torch.float8_e4m3fn, device="cuda")
+    tensors.update(zip(qkv, codes))
+    tensors.update({o: out, stats: torch.empty(b, h, n, 1, dtype=torch.float32, device="cuda"),
+                    amax_o: torch.empty(1, 1, 1, 1, dtype=torch.float32, device="cuda")})
+    workspace = torch.empty(g.get_workspace_size(), dtype=torch.uint8, device="cuda")
+
+    def run():
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g.execute(tensors, workspace, handle=handle)
+
+    def output():
+        run()
+        return out.float() / scalars["scale_o"]
+    return run, output
+
+
 def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
-    """The FP8 forward (flash_fp8, Hopper) against the course's FP16 forward (flash_wgmma's default) and cuDNN's FP16
-    SDPA, in turns on the same inputs (the field's: 32k tokens, 16 heads of 128), causal and not: TFLOP/s (counted
-    as FP16's: the same attention), the pre-pass that makes FP8's operands (quantising Q, K, V a tile at a time and
-    transposing V) timed apart, and each kernel's RMSE of O against float64 on the first head."""
+    """The FP8 forward (flash_fp8, Hopper) against the course's FP16 forward (flash_wgmma's default), cuDNN's FP16
+    SDPA and, where the cuDNN frontend is installed, cuDNN's own FP8 forward (``cudnn_fp8``), in turns on the same
+    inputs (the field's: 32k tokens, 16 heads of 128), causal and not: TFLOP/s (counted as FP16's: the same
+    attention), the pre-pass that makes FP8's operands (quantising Q, K, V a tile at a time and transposing V) timed
+    apart (cuDNN's quantisation is not timed either), and each kernel's RMSE of O against float64 on the first
+    head. Where cuDNN's FP8 cannot run, ``cudnn_fp8_missing`` says why."""
     cp = runtime.cupy()
     gpus.step("10.wgmma_fp8")
     torch = _torch()
     out = {"d": HEAD_DIM, "heads": HEADS, "tokens": TOKENS, "runs": [], "goals": FP8_GOALS,
            "torch": getattr(torch, "__version__", None)}
+    cudnn = _cudnn_frontend() if torch is not None else None
+    if cudnn is None:
+        out["cudnn_fp8_missing"] = ("PyTorch is not installed" if torch is None
+                                    else "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)")
+    else:
+        out["cudnn"] = cudnn.backend_version()
     for n in bench.progress(ns, desc="FP8 attention N"):
         for causal in (False, True):
             batch, (q, k, v, _) = _inputs(n)
@@ -442,33 +524,44 @@ def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
             ops = A.fp8_operands(q, k, v)
             works = {"FP8 (CUDA C)": lambda: A.flash_fp8(causal=causal, operands=ops),
                      "FP16 (CUDA C)": lambda: A.flash_wgmma(q, k, v, causal=causal)}
+            outputs = {name: (lambda work=work: work()[0]) for name, work in works.items()}
             if torch is not None:
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
                 tq, tk, tv = (torch.from_dlpack(a) for a in (q, k, v))
 
-                def cudnn():
+                def cudnn16():
                     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                         return sdpa(tq, tk, tv, is_causal=causal)
-                works["cuDNN FP16"] = cudnn
+                works["cuDNN FP16"] = outputs["cuDNN FP16"] = cudnn16
+            if "cudnn_fp8_missing" not in out:
+                try:
+                    works[CUDNN_FP8], outputs[CUDNN_FP8] = cudnn_fp8(torch, q, k, v, causal)
+                except runtime.CourseError as exc:
+                    out["cudnn_fp8_missing"] = str(exc)
             ref = _head_reference(q, k, v, causal)
             errors = {}
-            for name, work in works.items():
-                o = work()[0] if name != "cuDNN FP16" else work()
-                o = cp.from_dlpack(o)[0, 0].astype(cp.float64)
+            for name, output in outputs.items():
+                o = cp.from_dlpack(output())[0, 0].astype(cp.float64)
                 errors[name] = float(cp.sqrt(cp.mean((o - ref) ** 2)))
             times = bench.time_in_turns(works, repeats=repeats, hold_ms=HOLD_MS)
             prep = bench.time_gpu(lambda: A.fp8_operands(q, k, v), repeats=max(3, repeats // 3))
             run = {"N": n, "batch": batch, "causal": causal, "rmse": errors,
                    "tflops": {name: t.tflops(flops) for name, t in times.items()},
                    "median_ms": {name: t.median_ms for name, t in times.items()}, "prepass_ms": prep.median_ms}
-            run["fp8_of_fp16"] = run["tflops"]["FP8 (CUDA C)"] / run["tflops"]["FP16 (CUDA C)"]
-            if "cuDNN FP16" in run["tflops"]:
-                run["fp8_of_cudnn_fp16"] = run["tflops"]["FP8 (CUDA C)"] / run["tflops"]["cuDNN FP16"]
+            tf = run["tflops"]
+            run["fp8_of_fp16"] = tf["FP8 (CUDA C)"] / tf["FP16 (CUDA C)"]
+            if "cuDNN FP16" in tf:
+                run["fp8_of_cudnn_fp16"] = tf["FP8 (CUDA C)"] / tf["cuDNN FP16"]
+            if CUDNN_FP8 in tf:
+                run["fp8_of_cudnn_fp8"] = tf["FP8 (CUDA C)"] / tf[CUDNN_FP8]
+                run["cudnn_fp8_of_cudnn_fp16"] = tf[CUDNN_FP8] / tf["cuDNN FP16"]
             out["runs"].append(run)
-            del q, k, v, ops, works
+            del q, k, v, ops, works, outputs
             cp.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
     return out
 
 
@@ -476,7 +569,8 @@ def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
     """RMSE of O against float64 (one head's, ``_head_reference`` over every head) of the FP16 kernel, the FP8 kernel
     and the FP8 kernel with the random Hadamard rotation of Q and K, on Gaussian inputs and on fp8.outlier_inputs'
     two kinds (FlashAttention-3's outlier entries; a few channels of Q and K 5 times larger), d = 128: the GPU's
-    version of fp8.error_figures."""
+    version of fp8.error_figures. Where the cuDNN frontend is installed, cuDNN's FP8 forward too (``cudnn_fp8``: one
+    scale a tensor, O in e4m3)."""
     cp = runtime.cupy()
     from kernels.attention import fp8 as F8
 
@@ -487,26 +581,42 @@ def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
               "outlier entries": F8.outlier_inputs(rng, shape, kind="entries"),
               "outlier channels": F8.outlier_inputs(rng, shape, kind="channels", fraction=2 / HEAD_DIM, std=5.0)}
     out = {"n": n, "heads": heads, "d": HEAD_DIM, "rmse": {}}
+    torch = _torch()
+    cudnn = torch is not None and _cudnn_frontend() is not None  # cuDNN's FP8 (one scale a tensor) beside them
     for name, (q, k, v) in inputs.items():
         q, k, v = (cp.asarray(x.astype(np.float16)) for x in (q, k, v))
         ref = cp.stack([_head_reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], False) for h in range(heads)])
         runs = {"FP16 (CUDA C)": A.flash_wgmma(q, k, v)[0],
                 "FP8 (CUDA C)": A.flash_fp8(q, k, v)[0],
                 "FP8 + Hadamard (CUDA C)": A.flash_fp8(operands=A.fp8_operands(q, k, v, hadamard=seed))[0]}
+        if cudnn:
+            runs[CUDNN_FP8] = cp.from_dlpack(cudnn_fp8(torch, q, k, v, False)[1]())
         out["rmse"][name] = {k2: float(cp.sqrt(cp.mean((o[0].astype(cp.float64) - ref) ** 2))) for k2, o in runs.items()}
     return out
 
 
+FP8_SHORT = {"FP8 (CUDA C)": "FP8", "FP16 (CUDA C)": "FP16", "cuDNN FP16": "cuDNN FP16", CUDNN_FP8: CUDNN_FP8}
+
+
 def text_fp8(t: dict) -> str:
-    """measure_fp8's figures as a table: TFLOP/s of each kernel, FP8 over FP16, the pre-pass, RMSE of O."""
+    """measure_fp8's figures as two tables: TFLOP/s of each kernel, FP8 over FP16 (and over cuDNN's FP8 where it
+    ran), the pre-pass; then the RMSE of each kernel's O. Says why cuDNN's FP8 is missing where it is."""
     names = list(dict.fromkeys(k for r in t["runs"] for k in r["tflops"]))
-    short = {"FP8 (CUDA C)": "FP8", "FP16 (CUDA C)": "FP16", "cuDNN FP16": "cuDNN"}
-    body = [[_run_head(r), *(r["tflops"].get(n) for n in names), f"{r['fp8_of_fp16']:.2f}", r["prepass_ms"],
-             *(f"{r['rmse'][n]:.1e}" if n in r["rmse"] else None for n in names)] for r in t["runs"]]
-    head = ["run", *(short.get(n, n) for n in names), "FP8/FP16", "pre-pass ms", *(f"RMSE {short.get(n, n)}" for n in names)]
-    return str(plots.table(head, body, align="l" + "r" * (len(head) - 1),
-                           title=f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']:,} tokens: "
-                                 "TFLOP/s, and the RMSE of O against float64"))
+    heads = [FP8_SHORT.get(n, n) for n in names]
+    against_cudnn = any("fp8_of_cudnn_fp8" in r for r in t["runs"])
+    body = [[_run_head(r), *(r["tflops"].get(n) for n in names), f"{r['fp8_of_fp16']:.2f}",
+             *([None if "fp8_of_cudnn_fp8" not in r else f"{r['fp8_of_cudnn_fp8']:.2f}"] if against_cudnn else []),
+             r["prepass_ms"]] for r in t["runs"]]
+    head = ["run", *heads, "FP8 / FP16", *(["FP8 / cuDNN FP8"] if against_cudnn else []), "pre-pass ms"]
+    speed = plots.table(head, body, align="l" + "r" * (len(head) - 1),
+                        title=f"FP8 attention forward, d = {t['d']}, {t['heads']} heads, {t['tokens']:,} tokens: "
+                              "TFLOP/s")
+    errors = plots.table(["run", *heads],
+                         [[_run_head(r), *(f"{r['rmse'][n]:.1e}" if n in r["rmse"] else None for n in names)]
+                          for r in t["runs"]],
+                         align="l" + "r" * len(names), title="RMSE of O against float64 (the first head)")
+    missing = f"\n({CUDNN_FP8} not run: {t['cudnn_fp8_missing']})" if t.get("cudnn_fp8_missing") else ""
+    return f"{speed}\n{errors}{missing}"
 
 
 def ratios(t: dict) -> list:
@@ -644,9 +754,10 @@ def fp8_reading(t: dict) -> list:
     """What the deep dive of lesson 10 says of the FP8 forward (section 5), each statement with whether it holds in
     ``t`` (a run's or a record's figure "fp8"). A records test asserts every statement on every record."""
     runs = t.get("runs", [])
+    against = [r for r in runs if "fp8_of_cudnn_fp8" in r]  # the runs with cuDNN's FP8 (where it is installed)
 
-    def every(test):
-        return claims.every(runs, test)
+    def every(test, rows=runs):
+        return claims.every(rows, test)
 
     return [
         ("FP8: faster than the course's FP16 kernel in every column",
@@ -658,6 +769,12 @@ def fp8_reading(t: dict) -> list:
         ("the pre-pass (quantise, transpose V): under an eighth of the FP8 forward's time at N = 16k, causal or not",
          claims.every([r for r in runs if r["N"] == 16384],
                       lambda r: r["prepass_ms"] < 0.125 * r["median_ms"]["FP8 (CUDA C)"])),
+        (f"{CUDNN_FP8} (one scale a tensor): short of 1.6x cuDNN's FP16 forward in every column",
+         every(lambda r: r["cudnn_fp8_of_cudnn_fp16"] < t["goals"]["fp8_of_fp16"], against)),
+        (f"FP8: at least 0.95x {CUDNN_FP8} in every column",
+         every(lambda r: r["fp8_of_cudnn_fp8"] >= 0.95, against)),
+        (f"FP8: its RMSE under {CUDNN_FP8}'s in every column (cuDNN rounds O to e4m3)",
+         every(lambda r: r["rmse"]["FP8 (CUDA C)"] < r["rmse"][CUDNN_FP8], against)),
     ]
 
 
@@ -933,6 +1050,8 @@ def results_rows(record: dict) -> list:
          R.span([r.get("CUDA C bwd / fastest") for r in q]), "field"),
         ("FP8 forward (Hopper), speed against the course's FP16 forward",
          R.span([r.get("fp8_of_fp16") for r in fp8_runs]), "fp8"),
+        ("FP8 forward (Hopper), speed against cuDNN's FP8 forward",
+         R.span([r.get("fp8_of_cudnn_fp8") for r in fp8_runs]), "fp8"),
         (f"FP8 forward, {fp8_big}, full / causal, TFLOP/s", fp8_tflops, "fp8"),
         ("mma.sync kernel (sm_80 on), speed against the fastest", R.span([r.get(f"{MMA_NAME} / fastest") for r in q]),
          "field"),

@@ -1079,9 +1079,13 @@ def test_recorded_backward_and_fp8_statements_the_deep_dive_prints_hold_on_every
     assert seen, "no record has the CUDA C backward"
     fp8 = records_of("fp8")
     assert fp8, "no record has the FP8 forward"
-    for rec in fp8:
+    shown = set()
+    for rec in fp8:  # cuDNN's FP8 is in the records measured where the cuDNN frontend was installed ("-" elsewhere)
         read = B.fp8_reading(rec["figures"]["fp8"])
-        assert [s for s, holds in read if holds is not True] == [], rec["path"]
+        assert [s for s, holds in read if holds is False] == [], rec["path"]
+        assert [s for s, holds in read if holds is None and B.CUDNN_FP8 not in s] == [], rec["path"]
+        shown |= {s for s, holds in read if holds}
+    assert [s for s, _ in B.fp8_reading(fp8[0]["figures"]["fp8"]) if s not in shown] == [], "never shown by a record"
 
 
 def test_the_backward_and_fp8_statements_follow_the_figures():
@@ -1113,6 +1117,50 @@ def test_the_backward_and_fp8_statements_follow_the_figures():
         r["prepass_ms"] = 0.2 * r["median_ms"]["FP8 (CUDA C)"]
     assert dict(B.fp8_reading(fp8))["the pre-pass (quantise, transpose V): under an eighth of the FP8 forward's "
                                     "time at N = 16k, causal or not"] is False
+
+
+def _with_cudnn_fp8(fp8: dict, of_ours=1.0, of_cudnn16=1.5, rmse=1.2) -> dict:
+    """A copy of an "fp8" figure with cuDNN's FP8 forward in every run: at of_cudnn16 x cuDNN's FP16 forward, the
+    course's FP8 kernel at of_ours x cuDNN's FP8, cuDNN FP8's RMSE rmse x the course's FP8 kernel's."""
+    import copy
+
+    from benchmarks import attention as B
+
+    fp8 = copy.deepcopy(fp8)
+    for r in fp8["runs"]:
+        t = r["tflops"]
+        t[B.CUDNN_FP8] = of_cudnn16 * t["cuDNN FP16"]
+        t["FP8 (CUDA C)"] = of_ours * t[B.CUDNN_FP8]
+        r["rmse"][B.CUDNN_FP8] = rmse * r["rmse"]["FP8 (CUDA C)"]
+        r["fp8_of_fp16"] = t["FP8 (CUDA C)"] / t["FP16 (CUDA C)"]
+        r["fp8_of_cudnn_fp8"], r["cudnn_fp8_of_cudnn_fp16"] = of_ours, of_cudnn16
+    return fp8
+
+
+def test_the_cudnn_fp8_statements_and_table_follow_the_figures():
+    """cuDNN's FP8 forward in the FP8 figure: its three statements hold on a figure like the H200's, each turns false
+    on its own (cuDNN's FP8 at 1.7x its FP16, the course's FP8 at 0.9x cuDNN's, its RMSE above cuDNN's), and read "-"
+    on a figure without it, whose table says why it is missing; the tables keep within 100 columns."""
+    from benchmarks import attention as B
+
+    base = next(r for r in records_of("fp8"))["figures"]["fp8"]
+    names = [s for s, _ in B.fp8_reading(base) if B.CUDNN_FP8 in s]
+    assert len(names) == 3
+
+    def read(**kw):
+        return [dict(B.fp8_reading(_with_cudnn_fp8(base, **kw)))[s] for s in names]
+
+    assert read() == [True, True, True]
+    assert read(of_cudnn16=1.7) == [False, True, True]
+    assert read(of_ours=0.9) == [True, False, True]
+    assert read(rmse=0.8) == [True, True, False]
+    bare = {**base, "runs": [{k: v for k, v in r.items() if "cudnn_fp8" not in k} for r in base["runs"]],
+            "cudnn_fp8_missing": "the cuDNN frontend is not installed (pip install nvidia-cudnn-frontend)"}
+    assert [dict(B.fp8_reading(bare))[s] for s in names] == [None, None, None]
+    assert "cuDNN FP8 not run: the cuDNN frontend is not installed" in B.text_fp8(bare)
+    text = B.text_fp8(_with_cudnn_fp8(base))
+    assert "FP8 / cuDNN FP8" in text and "RMSE of O" in text
+    assert max(len(line) for line in text.splitlines()) <= 100, text
 
 
 def _held_figure(turns=(542.0, 547.0), held=(473.0, 479.0), clock=1650, power=690.0) -> dict:

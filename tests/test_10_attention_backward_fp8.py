@@ -808,8 +808,42 @@ def test_fp8_kernel_errors_follow_numpys():
     print(r)
     for name, row in r.items():
         assert row["FP8 (CUDA C)"] > 10 * row["FP16 (CUDA C)"], (name, row)
+        if BA.CUDNN_FP8 in row:  # where the cuDNN frontend is installed: cuDNN's FP8, within FP8's error too
+            assert 10 * row["FP16 (CUDA C)"] < row[BA.CUDNN_FP8] < 3 * row["FP8 (CUDA C)"], (name, row)
     ch = r["outlier channels"]
     assert ch["FP8 + Hadamard (CUDA C)"] < 0.8 * ch["FP8 (CUDA C)"], ch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_fp8_forward_is_attention_within_fp8s_error(causal):
+    """cuDNN's FP8 forward as the benchmark runs it (benchmarks.attention.cudnn_fp8: one scale a tensor, O in
+    e4m3), where PyTorch and the cuDNN frontend are installed: O within FP8's error of float64 (its RMSE under twice
+    the course's FP8 kernel's on the same inputs, above ten times the FP16 kernel's), the same bits on a second run;
+    without the frontend it raises the course's error, which says what to install."""
+    cp = _hopper()
+    import kernels.attention as A
+    from benchmarks import attention as BA
+
+    torch = BA._torch()
+    if torch is None:
+        pytest.skip("PyTorch with CUDA is not installed")
+    q, k, v = (cp.asarray(np.random.default_rng(s).standard_normal((1, 2, 640, 128)).astype(np.float16))
+               for s in range(3))
+    if BA._cudnn_frontend() is None:
+        with pytest.raises(runtime.CourseError, match="pip install nvidia-cudnn-frontend"):
+            BA.cudnn_fp8(torch, q, k, v, causal)
+        pytest.skip("the cuDNN frontend is not installed")
+    run, output = BA.cudnn_fp8(torch, q, k, v, causal)
+    o = cp.from_dlpack(output())
+    assert o.shape == q.shape and o.dtype == cp.float32
+    assert cp.array_equal(o, cp.from_dlpack(output()))
+    ref = cp.stack([BA._head_reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], causal) for h in range(2)])
+
+    def rmse(x):
+        return float(cp.sqrt(cp.mean((x[0].astype(cp.float64) - ref) ** 2)))
+    ours, fp16 = rmse(A.flash_fp8(q, k, v, causal=causal)[0]), rmse(A.flash_wgmma(q, k, v, causal=causal)[0])
+    assert 10 * fp16 < rmse(o) < 2 * ours, (rmse(o), ours, fp16)
 
 
 @pytest.mark.parametrize("d", [128, 64])

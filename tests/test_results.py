@@ -253,6 +253,10 @@ def _derived_ratios(lesson: str, f: dict):
             yield f"{where}/fp8_of_fp16", run["fp8_of_fp16"], t["FP8 (CUDA C)"] / t["FP16 (CUDA C)"]
             if "fp8_of_cudnn_fp16" in run:
                 yield f"{where}/fp8_of_cudnn_fp16", run["fp8_of_cudnn_fp16"], t["FP8 (CUDA C)"] / t["cuDNN FP16"]
+            if "fp8_of_cudnn_fp8" in run:
+                yield f"{where}/fp8_of_cudnn_fp8", run["fp8_of_cudnn_fp8"], t["FP8 (CUDA C)"] / t["cuDNN FP8"]
+                yield (f"{where}/cudnn_fp8_of_cudnn_fp16", run["cudnn_fp8_of_cudnn_fp16"],
+                       t["cuDNN FP8"] / t["cuDNN FP16"])
     if lesson == "05_convolution":
         for lt in f.get("layers", []):
             rows = {(r["name"], r["dtype"], r["layout"]): r for r in lt["rows"]}
