@@ -20,6 +20,7 @@ from kernels import attention as A
 from kernels.attention import triton_kernels as T
 from kernels.attention.flash import WGMMA_DEFAULT, WGMMA_VARIANTS
 from kernels.attention.row_softmax import cluster_missing
+from kernels.inference_engine.precision import E4M3_MAX, e4m3_scale
 
 LESSON = "10_attention"
 ROW_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -426,7 +427,6 @@ def _head_reference(q, k, v, causal: bool):
 
 
 CUDNN_FP8 = "cuDNN FP8"  # cuDNN's own FP8 forward (the cuDNN frontend's sdpa_fp8 graph), where it is installed
-E4M3_MAX = 448.0
 
 
 def _cudnn_frontend():
@@ -455,10 +455,10 @@ def cudnn_fp8(torch, q, k, v, causal: bool):
     e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
     tq, tk, tv = (torch.from_dlpack(x) for x in (q, k, v))
     b, h, n, d = tq.shape
-    amax = [max(float(t.abs().max()), 1e-30) for t in (tq, tk, tv)]
-    codes = [(t.float() * (E4M3_MAX / a)).to(torch.float8_e4m3fn) for t, a in zip((tq, tk, tv), amax)]
-    scalars = {"descale_q": amax[0] / E4M3_MAX, "descale_k": amax[1] / E4M3_MAX, "descale_v": amax[2] / E4M3_MAX,
-               "descale_s": 1 / E4M3_MAX, "scale_s": E4M3_MAX, "scale_o": E4M3_MAX / amax[2]}
+    scale = [float(e4m3_scale(float(t.abs().max()))) for t in (tq, tk, tv)]  # one a tensor
+    codes = [(t.float() / sc).to(torch.float8_e4m3fn) for t, sc in zip((tq, tk, tv), scale)]
+    scalars = {"descale_q": scale[0], "descale_k": scale[1], "descale_v": scale[2],
+               "descale_s": 1 / E4M3_MAX, "scale_s": E4M3_MAX, "scale_o": 1 / scale[2]}
     device = torch.cuda.current_device()
     if device not in _CUDNN_HANDLES:
         _CUDNN_HANDLES[device] = cudnn.create_handle()
