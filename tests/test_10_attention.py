@@ -371,6 +371,13 @@ def test_wgmma_section_is_the_fewest_whole_heads_whose_work_outlasts_their_longe
     assert A.flash.wgmma_section(1 << 20, 1, 132) == 1
 
 
+def test_fp8_section_takes_the_fp8_kernels_192_rows_and_three_sms_of_work():
+    # the field's heads on 132 SMs: s (ceil(N / 192) + 1) >= 396 at N = 1k, 4k, 16k (6, 22 and 86 blocks a head)
+    assert [A.flash.fp8_section(n, 2**15 // n * 16, 132) for n in (1024, 4096, 16384)] == [64, 32, 8]
+    assert A.flash.fp8_section(16384, 6, 132) == 6  # 4.55 heads needed: 6, the next that divides 6
+    assert A.flash.fp8_section(1 << 20, 1, 132) == 1
+
+
 @pytest.mark.gpu
 def test_wgmma_probes_check_each_product(rng):
     """S = Q K^T alone (both operands from shared memory), and (Q K^T) V with P from registers: each GEMM's layout."""

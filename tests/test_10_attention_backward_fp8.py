@@ -615,6 +615,25 @@ def test_flash_fp8_on_gpu(causal, n):
     np.testing.assert_allclose(lse.get(), want_lse, atol=2e-2)
 
 
+@pytest.mark.gpu
+def test_flash_fp8_causal_order_covers_every_item_once(monkeypatch):
+    """The FP8 kernel's causal order (longest items first, heads in sections, fp8_section): sections of 1 head, of 3
+    heads for 7 (the last holds one) and one larger than the heads give the same O and LSE bit for bit as one
+    section of all 7 (4 items of 192 rows a head at N = 640, the last reaching past N): every item is computed
+    once, wherever the order puts it."""
+    cp = _hopper()
+    import kernels.attention as A
+
+    rng = np.random.default_rng(7)
+    ops = A.fp8_operands(*(cp.asarray(rng.standard_normal((1, 7, 640, 128)).astype(np.float16)) for _ in range(3)))
+    monkeypatch.setattr(A.flash, "fp8_section", lambda n, heads, sms: 7)
+    want = A.flash_fp8(causal=True, operands=ops)
+    for section in (1, 3, 8):
+        monkeypatch.setattr(A.flash, "fp8_section", lambda n, heads, sms: section)
+        got = A.flash_fp8(causal=True, operands=ops)
+        assert all(cp.array_equal(a, b) for a, b in zip(got, want)), section
+
+
 # ------------------------------------------------------------------ the backward in CUDA C on Hopper (flash_backward_wgmma)
 
 @needs_compiler
