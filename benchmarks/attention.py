@@ -499,6 +499,12 @@ def cudnn_fp8(torch, q, k, v, causal: bool):
     return run, output
 
 
+def _heads_reference(q, k, v, causal: bool):
+    """``_head_reference`` of every head of the first batch, stacked: (heads, N, d)."""
+    cp = runtime.cupy()
+    return cp.stack([_head_reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], causal) for h in range(q.shape[1])])
+
+
 def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
     """The FP8 forward (flash_fp8, Hopper) against the course's FP16 forward (flash_wgmma's default), cuDNN's FP16
     SDPA and, where the cuDNN frontend is installed, cuDNN's own FP8 forward (``cudnn_fp8``), in turns on the same
@@ -566,8 +572,8 @@ def measure_fp8(ns=FP8_N, repeats: int = 12) -> dict:
 
 
 def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
-    """RMSE of O against float64 (one head's, ``_head_reference`` over every head) of the FP16 kernel, the FP8 kernel
-    and the FP8 kernel with the random Hadamard rotation of Q and K, on Gaussian inputs and on fp8.outlier_inputs'
+    """RMSE of O against float64 (``_heads_reference``: every head) of the FP16 kernel, the FP8 kernel and the FP8
+    kernel with the random Hadamard rotation of Q and K, on Gaussian inputs and on fp8.outlier_inputs'
     two kinds (FlashAttention-3's outlier entries; a few channels of Q and K 5 times larger), d = 128: the GPU's
     version of fp8.error_figures. Where the cuDNN frontend is installed, cuDNN's FP8 forward too (``cudnn_fp8``: one
     scale a tensor, O in e4m3)."""
@@ -585,7 +591,7 @@ def fp8_errors(n: int = 2048, heads: int = 4, seed: int = 0) -> dict:
     cudnn = torch is not None and _cudnn_frontend() is not None  # cuDNN's FP8 (one scale a tensor) beside them
     for name, (q, k, v) in inputs.items():
         q, k, v = (cp.asarray(x.astype(np.float16)) for x in (q, k, v))
-        ref = cp.stack([_head_reference(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], False) for h in range(heads)])
+        ref = _heads_reference(q, k, v, False)
         runs = {"FP16 (CUDA C)": A.flash_wgmma(q, k, v)[0],
                 "FP8 (CUDA C)": A.flash_fp8(q, k, v)[0],
                 "FP8 + Hadamard (CUDA C)": A.flash_fp8(operands=A.fp8_operands(q, k, v, hadamard=seed))[0]}

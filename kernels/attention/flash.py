@@ -273,9 +273,10 @@ def wgmma_section(n: int, heads: int, sms: int) -> int:
     return _section(n // WGMMA_BLOCK_M, heads, sms * 2)
 
 
-def _section(blocks_m: int, heads: int, tiles: int) -> int:
-    """The fewest heads s that divide ``heads`` with s (blocks_m + 1) >= tiles (all of them where none does)."""
-    return next((s for s in range(1, heads + 1) if heads % s == 0 and s * (blocks_m + 1) >= tiles), heads)
+def _section(blocks_m: int, heads: int, enough: int) -> int:
+    """The fewest heads s that divide ``heads`` with s (blocks_m + 1) >= ``enough`` (all of them where none does):
+    wgmma_section's and fp8_section's rule, with their blocks a head and their multiple of the SMs."""
+    return next((s for s in range(1, heads + 1) if heads % s == 0 and s * (blocks_m + 1) >= enough), heads)
 
 
 def fp8_section(n: int, heads: int, sms: int) -> int:
