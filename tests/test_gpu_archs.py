@@ -234,25 +234,27 @@ def test_every_cuda_source_assembles_for_every_architecture(tmp_path):
     assert {p.stem for p in CUDA_SOURCES} >= {"vector_multiply", "warp_divergence", "tensor_cores", "convolution"}
     pairs = [(src, arch) for src in CUDA_SOURCES for arch in gpus.source_archs(src.read_text())]
 
-    def one(pair):
+    def label(src, arch):
+        return f"{src.relative_to(ROOT)} for {arch}"
+
+    def to_ptx(pair):
         src, arch = pair
-        label = f"{src.relative_to(ROOT)} for {arch}"
         try:
-            ptx = tmp_path / f"{src.stem}.{arch}.ptx"
-            ptx.write_text(cuda_c.compile_ptx(src.stem, arch))
+            (tmp_path / f"{src.stem}.{arch}.ptx").write_text(cuda_c.compile_ptx(src.stem, arch))
         except runtime.CourseError as exc:
-            return label, str(exc)[-2000:], None
-        cubin = tmp_path / f"{src.stem}.{arch}.cubin"
-        done = subprocess.run(_assembler(arch, ptx, cubin), capture_output=True, text=True)
-        return label, (None if done.returncode == 0 else done.stderr.strip()[-2000:]), cubin
+            return label(src, arch), str(exc)[-2000:]
+        return None
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
-        results = list(pool.map(one, pairs))
+        failed = [f for f in pool.map(to_ptx, pairs) if f]
+    assert not failed, "\n\n".join(f"{where}:\n{err}" for where, err in failed)
+    cubins = {(src, arch): tmp_path / f"{src.stem}.{arch}.cubin" for src, arch in pairs}
+    failed = _run_all([(label(src, arch), _assembler(arch, tmp_path / f"{src.stem}.{arch}.ptx", cubin))
+                       for (src, arch), cubin in cubins.items()])
     print(f"\n{len(pairs)} sources x architectures to PTX and machine code in {time.perf_counter() - t0:.1f} s")
-    failed = [(label, err) for label, err, _ in results if err]
-    assert not failed, "\n\n".join(f"{label}:\n{err}" for label, err in failed)
-    for _, _, cubin in results:  # real machine code came out of every run
+    assert not failed, "\n\n".join(f"{where}:\n{err}" for where, err in failed)
+    for cubin in cubins.values():  # real machine code came out of every run
         assert cubin.stat().st_size > 1000
 
 
